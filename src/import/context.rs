@@ -1,0 +1,201 @@
+//! The context one ONNX node is translated in: its inputs as IR values, its attributes, and
+//! `add`, which folds any op whose inputs are all constants into a constant. That folding is
+//! what turns exporters' shape sub-graphs (Shape → Gather → Concat → Reshape) into constants.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tract_onnx::pb::{NodeProto, TensorProto};
+
+use super::error::ImportError;
+use super::tensor::from_tract;
+use crate::ir::{self, Graph, NodeId, Op, Origin, Tensor, TensorType};
+
+pub(crate) struct NodeCtx<'a> {
+    pub graph: &'a mut Graph,
+    pub proto: &'a NodeProto,
+    /// One entry per listed input; `None` where ONNX leaves an optional input empty.
+    pub inputs: Vec<Option<NodeId>>,
+    pub opset: i64,
+    pub path: &'a Path,
+}
+
+pub(crate) type Translated = Result<Vec<NodeId>, ImportError>;
+
+impl NodeCtx<'_> {
+    /// The node's name, or its first output's name for unnamed nodes.
+    pub fn name(&self) -> String {
+        node_name(self.proto)
+    }
+
+    pub fn op_type(&self) -> &str {
+        &self.proto.op_type
+    }
+
+    pub fn error(&self, message: impl Into<String>) -> ImportError {
+        ImportError::Node {
+            path: self.path.to_path_buf(),
+            node: self.name(),
+            op_type: self.proto.op_type.clone(),
+            opset: self.opset,
+            message: message.into(),
+        }
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::new(self.name(), self.proto.op_type.clone())
+    }
+
+    pub fn input(&self, i: usize) -> Result<NodeId, ImportError> {
+        self.opt_input(i)
+            .ok_or_else(|| self.error(format!("input {i} is required")))
+    }
+
+    pub fn opt_input(&self, i: usize) -> Option<NodeId> {
+        self.inputs.get(i).copied().flatten()
+    }
+
+    pub fn ty(&self, i: usize) -> Result<TensorType, ImportError> {
+        Ok(self.graph.node(self.input(i)?).ty.clone())
+    }
+
+    pub fn rank(&self, i: usize) -> Result<usize, ImportError> {
+        Ok(self.ty(i)?.rank())
+    }
+
+    /// Input `i`'s value, which must be known at compile time (after folding).
+    pub fn const_input(&self, i: usize, what: &str) -> Result<Arc<Tensor>, ImportError> {
+        let id = self.input(i)?;
+        self.graph.constant(id).cloned().ok_or_else(|| {
+            self.error(format!(
+                "input {i} ('{}', the {what}) must be a constant after folding, but it depends on a graph input",
+                self.proto.input[i]
+            ))
+        })
+    }
+
+    pub fn opt_const_ints(&self, i: usize, what: &str) -> Result<Option<Vec<i64>>, ImportError> {
+        match self.opt_input(i) {
+            Some(_) => Ok(Some(self.const_input(i, what)?.to_i64_vec())),
+            None => Ok(None),
+        }
+    }
+
+    pub fn const_ints(&self, i: usize, what: &str) -> Result<Vec<i64>, ImportError> {
+        Ok(self.const_input(i, what)?.to_i64_vec())
+    }
+
+    fn attr<'b, T: tract_onnx::pb_helpers::AttrScalarType<'b>>(
+        &'b self,
+        name: &str,
+    ) -> Result<Option<T>, ImportError> {
+        self.proto
+            .get_attr_opt(name)
+            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+    }
+
+    pub fn attr_int(&self, name: &str) -> Result<Option<i64>, ImportError> {
+        self.attr(name)
+    }
+
+    pub fn attr_float(&self, name: &str) -> Result<Option<f32>, ImportError> {
+        self.attr(name)
+    }
+
+    pub fn attr_string(&self, name: &str) -> Result<Option<String>, ImportError> {
+        self.attr(name)
+    }
+
+    pub fn attr_tensor(&self, name: &str) -> Result<Option<Tensor>, ImportError> {
+        let Some(proto): Option<&TensorProto> = self.attr(name)? else {
+            return Ok(None);
+        };
+        tensor_from_proto(proto, self.path)
+            .map(Some)
+            .map_err(|m| self.error(format!("attribute {name}: {m}")))
+    }
+
+    pub fn attr_ints(&self, name: &str) -> Result<Option<Vec<i64>>, ImportError> {
+        self.proto
+            .get_attr_opt_vec(name)
+            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+    }
+
+    pub fn attr_floats(&self, name: &str) -> Result<Option<Vec<f32>>, ImportError> {
+        self.proto
+            .get_attr_opt_vec(name)
+            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+    }
+
+    /// `axis` (negative counts from the end) as an index into a rank-`rank` shape.
+    pub fn axis(&self, axis: i64, rank: usize) -> Result<usize, ImportError> {
+        let resolved = if axis < 0 { axis + rank as i64 } else { axis };
+        if resolved < 0 || resolved >= rank as i64 {
+            return Err(self.error(format!("axis {axis} is out of range for rank {rank}")));
+        }
+        Ok(resolved as usize)
+    }
+
+    pub fn axes(&self, axes: &[i64], rank: usize) -> Result<Vec<usize>, ImportError> {
+        axes.iter().map(|&a| self.axis(a, rank)).collect()
+    }
+
+    /// Adds `op` on `inputs` as the value of output 0.
+    pub fn add(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId, ImportError> {
+        let name = self.proto.output.first().cloned().unwrap_or_default();
+        self.add_named(op, inputs, &name)
+    }
+
+    /// Adds `op` on `inputs` as value `name`; folds it to a constant if every input is one.
+    pub fn add_named(
+        &mut self,
+        op: Op,
+        inputs: &[NodeId],
+        name: &str,
+    ) -> Result<NodeId, ImportError> {
+        let constants: Option<Vec<&Arc<Tensor>>> =
+            inputs.iter().map(|&i| self.graph.constant(i)).collect();
+        if let (Some(values), false) = (constants, inputs.is_empty()) {
+            let args: Vec<&Tensor> = values.iter().map(|t| t.as_ref()).collect();
+            let value = ir::ops::evaluate(&op, &args).map_err(|m| self.error(m))?;
+            return Ok(self.constant_named(value, name));
+        }
+        let origin = self.origin();
+        self.graph
+            .add_op(op, inputs, name, origin)
+            .map_err(|e| match e {
+                ir::IrError::Op { message, .. } => self.error(message),
+                other => self.error(other.to_string()),
+            })
+    }
+
+    /// Adds a constant as the value of output 0.
+    pub fn constant(&mut self, value: Tensor) -> NodeId {
+        let name = self.proto.output.first().cloned().unwrap_or_default();
+        self.constant_named(value, &name)
+    }
+
+    fn constant_named(&mut self, value: Tensor, name: &str) -> NodeId {
+        let origin = self.origin();
+        self.graph.add_constant(name, Arc::new(value), origin)
+    }
+}
+
+pub(crate) fn node_name(proto: &NodeProto) -> String {
+    if !proto.name.is_empty() {
+        return proto.name.clone();
+    }
+    proto
+        .output
+        .first()
+        .cloned()
+        .unwrap_or_else(|| format!("<unnamed {}>", proto.op_type))
+}
+
+/// Loads a `TensorProto` (embedded or external data) as an IR tensor.
+pub(crate) fn tensor_from_proto(proto: &TensorProto, path: &Path) -> Result<Tensor, String> {
+    let dir = path.parent().and_then(|d| d.to_str());
+    let resolver = tract_onnx::data_resolver::MmapDataResolver;
+    let t = tract_onnx::tensor::load_tensor(&resolver, proto, dir).map_err(|e| format!("{e:#}"))?;
+    from_tract(&t)
+}

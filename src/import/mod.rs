@@ -1,0 +1,428 @@
+//! ONNX import: tract-onnx parses the file (weights embedded or external); each node is
+//! translated into IR ops through a table of op families; input shapes are made concrete
+//! from the model, `--input` and `--dim`; shape sub-graphs fold into constants.
+
+mod context;
+mod error;
+mod ops;
+mod options;
+mod reference;
+mod tensor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tract_onnx::pb::{self, ModelProto};
+use tract_onnx::prelude::Framework;
+
+pub use error::ImportError;
+pub use ops::SHAPE_OPS;
+pub use options::{DimSpec, ImportOptions, InputSpec};
+pub use reference::run_tract;
+
+use crate::ir::{self, DType, Graph, NodeId, Origin, TensorType};
+use context::{node_name, tensor_from_proto, NodeCtx};
+
+/// One dimension of an input as the model declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeclaredDim {
+    Fixed(usize),
+    Symbolic(String),
+    Unknown,
+}
+
+/// A graph input as the ONNX file declares it.
+#[derive(Clone, Debug)]
+pub struct DeclaredInput {
+    pub name: String,
+    pub dtype: Option<DType>,
+    /// `None` where the model gives no shape at all.
+    pub dims: Option<Vec<DeclaredDim>>,
+}
+
+/// An op the importer cannot translate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    pub node: String,
+    pub op_type: String,
+    pub domain: String,
+}
+
+/// What the ONNX file holds, before any shape is made concrete.
+#[derive(Clone, Debug)]
+pub struct OnnxSummary {
+    pub path: PathBuf,
+    pub opset: i64,
+    pub producer: String,
+    pub inputs: Vec<DeclaredInput>,
+    pub outputs: Vec<String>,
+    pub node_count: usize,
+    /// Node count per `op_type`.
+    pub op_histogram: BTreeMap<String, usize>,
+    /// Elements and bytes of the floating-point initializers (the weights).
+    pub parameters: usize,
+    pub parameter_bytes: usize,
+    pub unsupported: Vec<UnsupportedOp>,
+}
+
+/// An imported model: the IR graph with concrete shapes, and what the file held.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub graph: Graph,
+    pub onnx: OnnxSummary,
+    /// ONNX nodes whose every output folded into a constant at import.
+    pub folded_nodes: usize,
+}
+
+impl Model {
+    /// IR nodes translated from a shape-only ONNX op that are still computed at run time.
+    pub fn remaining_shape_ops(&self) -> usize {
+        self.graph
+            .node_ids()
+            .filter(|&id| {
+                let node = self.graph.node(id);
+                SHAPE_OPS.contains(&node.origin.op_type.as_str())
+                    && !matches!(node.op, ir::Op::Constant(_))
+            })
+            .count()
+    }
+}
+
+/// Reads and decodes an ONNX file, with errors that say what is wrong with it.
+pub fn load_proto(path: &Path) -> Result<ModelProto, ImportError> {
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.is_empty() {
+        return Err(ImportError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    let proto = tract_onnx::onnx()
+        .proto_model_for_read(&mut bytes.as_slice())
+        .map_err(|e| ImportError::Decode {
+            path: path.to_path_buf(),
+            message: format!("{e:#}"),
+        })?;
+    if proto.graph.is_none() {
+        return Err(ImportError::NoGraph {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(proto)
+}
+
+fn graph_of<'a>(proto: &'a ModelProto, path: &Path) -> Result<&'a pb::GraphProto, ImportError> {
+    proto.graph.as_ref().ok_or_else(|| ImportError::NoGraph {
+        path: path.to_path_buf(),
+    })
+}
+
+fn opset_of(proto: &ModelProto) -> i64 {
+    proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version)
+}
+
+fn declared_input(info: &pb::ValueInfoProto) -> DeclaredInput {
+    use pb::tensor_shape_proto::dimension::Value;
+    use pb::type_proto::Value as TypeValue;
+    let tensor = info.r#type.as_ref().and_then(|t| match &t.value {
+        Some(TypeValue::TensorType(tt)) => Some(tt),
+        _ => None,
+    });
+    let dtype = tensor.and_then(|t| DType::from_onnx_code(i64::from(t.elem_type)));
+    let dims = tensor.and_then(|t| t.shape.as_ref()).map(|shape| {
+        shape
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(Value::DimValue(v)) if *v >= 0 => DeclaredDim::Fixed(*v as usize),
+                Some(Value::DimParam(p)) if !p.is_empty() => DeclaredDim::Symbolic(p.clone()),
+                _ => DeclaredDim::Unknown,
+            })
+            .collect()
+    });
+    DeclaredInput {
+        name: info.name.clone(),
+        dtype,
+        dims,
+    }
+}
+
+/// Summarises an ONNX file: inputs, op histogram, weights, unsupported ops. Needs no shapes.
+pub fn summarize(path: &Path) -> Result<OnnxSummary, ImportError> {
+    let proto = load_proto(path)?;
+    summarize_proto(&proto, path)
+}
+
+fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, ImportError> {
+    let graph = graph_of(proto, path)?;
+    let initializers: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let mut op_histogram = BTreeMap::new();
+    let mut unsupported = Vec::new();
+    for node in &graph.node {
+        *op_histogram.entry(node.op_type.clone()).or_insert(0) += 1;
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        if !default_domain || !ops::registry().contains_key(node.op_type.as_str()) {
+            unsupported.push(UnsupportedOp {
+                node: node_name(node),
+                op_type: node.op_type.clone(),
+                domain: node.domain.clone(),
+            });
+        }
+    }
+    let (mut parameters, mut parameter_bytes) = (0, 0);
+    for t in &graph.initializer {
+        if let Some(dtype) = DType::from_onnx_code(i64::from(t.data_type)).filter(|d| d.is_float())
+        {
+            let count = t.dims.iter().map(|&d| d.max(0) as usize).product::<usize>();
+            parameters += count;
+            parameter_bytes += count * dtype.size_bytes();
+        }
+    }
+    Ok(OnnxSummary {
+        path: path.to_path_buf(),
+        opset: opset_of(proto),
+        producer: format!("{} {}", proto.producer_name, proto.producer_version)
+            .trim()
+            .to_string(),
+        inputs: graph
+            .input
+            .iter()
+            .filter(|i| !initializers.contains(i.name.as_str()))
+            .map(declared_input)
+            .collect(),
+        outputs: graph.output.iter().map(|o| o.name.clone()).collect(),
+        node_count: graph.node.len(),
+        op_histogram,
+        parameters,
+        parameter_bytes,
+        unsupported,
+    })
+}
+
+/// The concrete type of every input, from the model, `--input` and `--dim`.
+fn resolve_inputs(
+    summary: &OnnxSummary,
+    options: &ImportOptions,
+) -> Result<Vec<(String, TensorType)>, ImportError> {
+    let path = summary.path.clone();
+    let names = || {
+        summary
+            .inputs
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for spec in &options.inputs {
+        if !summary.inputs.iter().any(|i| i.name == spec.name) {
+            return Err(ImportError::UnknownInput {
+                path,
+                name: spec.name.clone(),
+                available: names(),
+            });
+        }
+    }
+    let symbols: Vec<&str> = summary
+        .inputs
+        .iter()
+        .flat_map(|i| i.dims.iter().flatten())
+        .filter_map(|d| match d {
+            DeclaredDim::Symbolic(s) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    for symbol in options.dims.keys() {
+        if !symbols.contains(&symbol.as_str()) {
+            let available = if symbols.is_empty() {
+                "none".to_string()
+            } else {
+                symbols.join(", ")
+            };
+            return Err(ImportError::UnknownDim {
+                path,
+                symbol: symbol.clone(),
+                available,
+            });
+        }
+    }
+    let mut resolved = Vec::new();
+    for input in &summary.inputs {
+        let fail = |message: String| ImportError::InputShape {
+            path: path.clone(),
+            input: input.name.clone(),
+            message,
+        };
+        let spec = options.inputs.iter().find(|s| s.name == input.name);
+        let dtype = match (spec.and_then(|s| s.dtype), input.dtype) {
+            (Some(given), Some(declared)) if given != declared => {
+                return Err(fail(format!("--input gives {given}, the model declares {declared}")))
+            }
+            (Some(d), _) | (None, Some(d)) => d,
+            (None, None) => return Err(fail("the model declares no supported element type; give one with --input NAME:SHAPE:TYPE".into())),
+        };
+        let shape = match (spec, &input.dims) {
+            (Some(spec), Some(dims)) => {
+                if spec.shape.len() != dims.len() {
+                    return Err(fail(format!(
+                        "--input gives rank {} ({:?}), the model declares rank {}",
+                        spec.shape.len(),
+                        spec.shape,
+                        dims.len()
+                    )));
+                }
+                for (axis, (given, declared)) in spec.shape.iter().zip(dims).enumerate() {
+                    if let DeclaredDim::Fixed(d) = declared {
+                        if d != given {
+                            return Err(fail(format!("--input gives {given} for dimension {axis}, which the model fixes at {d}")));
+                        }
+                    }
+                }
+                spec.shape.clone()
+            }
+            (Some(spec), None) => spec.shape.clone(),
+            (None, None) => {
+                return Err(fail(
+                    "the model declares no shape; give one with --input NAME:SHAPE".into(),
+                ))
+            }
+            (None, Some(dims)) => dims
+                .iter()
+                .enumerate()
+                .map(|(axis, d)| match d {
+                    DeclaredDim::Fixed(v) => Ok(*v),
+                    DeclaredDim::Symbolic(s) => {
+                        options
+                            .dims
+                            .get(s)
+                            .copied()
+                            .ok_or_else(|| ImportError::SymbolicDim {
+                                path: path.clone(),
+                                input: input.name.clone(),
+                                axis,
+                                symbol: s.clone(),
+                            })
+                    }
+                    DeclaredDim::Unknown => Err(ImportError::SymbolicDim {
+                        path: path.clone(),
+                        input: input.name.clone(),
+                        axis,
+                        symbol: "?".into(),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        resolved.push((input.name.clone(), TensorType::new(dtype, shape)));
+    }
+    Ok(resolved)
+}
+
+/// Imports the ONNX model at `path` with concrete input shapes.
+pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError> {
+    let proto = load_proto(path)?;
+    let summary = summarize_proto(&proto, path)?;
+    if !summary.unsupported.is_empty() {
+        let list: Vec<String> = summary
+            .unsupported
+            .iter()
+            .map(|u| {
+                let domain = if u.domain.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}::", u.domain)
+                };
+                format!(
+                    "node '{}' ({domain}{}, opset {})",
+                    u.node, u.op_type, summary.opset
+                )
+            })
+            .collect();
+        return Err(ImportError::Unsupported {
+            path: path.to_path_buf(),
+            count: list.len(),
+            list: list.join(", "),
+        });
+    }
+    let onnx_graph = graph_of(&proto, path)?;
+    let mut graph = Graph::new();
+    let mut values: HashMap<String, NodeId> = HashMap::new();
+    for t in &onnx_graph.initializer {
+        let value = tensor_from_proto(t, path).map_err(|message| ImportError::Initializer {
+            path: path.to_path_buf(),
+            name: t.name.clone(),
+            message,
+        })?;
+        let id = graph.add_constant(
+            &t.name,
+            Arc::new(value),
+            Origin::new(&t.name, "Initializer"),
+        );
+        values.insert(t.name.clone(), id);
+    }
+    for (name, ty) in resolve_inputs(&summary, options)? {
+        values.insert(name.clone(), graph.add_input(&name, ty));
+    }
+    let mut folded_nodes = 0;
+    for node in &onnx_graph.node {
+        let inputs = node
+            .input
+            .iter()
+            .map(|name| match name.as_str() {
+                "" => Ok(None),
+                name => values.get(name).copied().map(Some).ok_or_else(|| ImportError::Node {
+                    path: path.to_path_buf(),
+                    node: node_name(node),
+                    op_type: node.op_type.clone(),
+                    opset: summary.opset,
+                    message: format!("input '{name}' is not produced by any earlier node, input or initializer (an unsupported extra output, like Dropout's mask, or a graph out of order)"),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let translate = ops::registry()[node.op_type.as_str()];
+        let mut ctx = NodeCtx {
+            graph: &mut graph,
+            proto: node,
+            inputs,
+            opset: summary.opset,
+            path,
+        };
+        let outputs = translate(&mut ctx)?;
+        if outputs.iter().all(|&id| graph.constant(id).is_some()) {
+            folded_nodes += 1;
+        }
+        for (name, id) in node.output.iter().zip(outputs) {
+            if !name.is_empty() {
+                values.insert(name.clone(), id);
+            }
+        }
+    }
+    let mut outputs = Vec::new();
+    for name in &summary.outputs {
+        let id = values
+            .get(name)
+            .copied()
+            .ok_or_else(|| ImportError::MissingOutput {
+                path: path.to_path_buf(),
+                name: name.clone(),
+            })?;
+        outputs.push((name.clone(), id));
+    }
+    graph.set_outputs(outputs);
+    graph.remove_unused();
+    ir::verify(&graph).map_err(|source| ImportError::Ir {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Model {
+        graph,
+        onnx: summary,
+        folded_nodes,
+    })
+}

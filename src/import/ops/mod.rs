@@ -1,0 +1,32 @@
+//! The table of supported ONNX ops: `op_type` → translator, one file per op family.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use super::context::{NodeCtx, Translated};
+
+mod elementwise;
+mod layout;
+mod linalg;
+mod reduce;
+mod shape;
+
+pub(crate) type Translate = fn(&mut NodeCtx) -> Translated;
+pub(crate) type Registry = HashMap<&'static str, Translate>;
+
+/// The translators, by ONNX `op_type` (default domain).
+pub(crate) fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut reg = Registry::new();
+        elementwise::register(&mut reg);
+        linalg::register(&mut reg);
+        reduce::register(&mut reg);
+        layout::register(&mut reg);
+        shape::register(&mut reg);
+        reg
+    })
+}
+
+/// ONNX ops that only compute shapes; none may be left after folding.
+pub const SHAPE_OPS: &[&str] = &["Shape", "Size", "ConstantOfShape", "Range"];

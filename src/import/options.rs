@@ -1,0 +1,133 @@
+//! What the user says about input shapes: `--input NAME:8x128[:i64]` and `--dim batch=8`.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use crate::ir::DType;
+
+/// A concrete shape (and optionally the element type) for one named input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: Option<DType>,
+}
+
+impl FromStr for InputSpec {
+    type Err = String;
+
+    /// `NAME:8x128` or `NAME:8x128:i64`; a scalar is `NAME:` with an empty shape.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || format!("'{s}' is not NAME:DIMxDIM[:TYPE], e.g. input_ids:8x128:i64");
+        let mut parts = s.rsplitn(3, ':').collect::<Vec<_>>();
+        parts.reverse();
+        let (name, dims, dtype) = match parts.as_slice() {
+            [name, dims] => (*name, *dims, None),
+            [name, dims, ty] => {
+                let dtype = DType::from_name(ty).ok_or_else(|| {
+                    format!("unknown element type '{ty}' in '{s}' (f32, f16, bf16, f64, i64, i32, bool)")
+                })?;
+                (*name, *dims, Some(dtype))
+            }
+            _ => return Err(usage()),
+        };
+        if name.is_empty() {
+            return Err(usage());
+        }
+        let shape = if dims.is_empty() {
+            vec![]
+        } else {
+            dims.split('x')
+                .map(|d| d.parse::<usize>().map_err(|_| usage()))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(InputSpec {
+            name: name.to_string(),
+            shape,
+            dtype,
+        })
+    }
+}
+
+/// A value for a symbolic dimension: `batch=8`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimSpec {
+    pub symbol: String,
+    pub value: usize,
+}
+
+impl FromStr for DimSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (symbol, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("'{s}' is not NAME=N"))?;
+        let value = value
+            .parse()
+            .map_err(|_| format!("'{value}' in '{s}' is not a size"))?;
+        if symbol.is_empty() {
+            return Err(format!("'{s}' has no dimension name"));
+        }
+        Ok(DimSpec {
+            symbol: symbol.to_string(),
+            value,
+        })
+    }
+}
+
+/// Concrete shapes for the model's inputs.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    pub inputs: Vec<InputSpec>,
+    pub dims: BTreeMap<String, usize>,
+}
+
+impl ImportOptions {
+    pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
+        ImportOptions {
+            inputs,
+            dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect(),
+        }
+    }
+
+    /// Sets symbolic dimension `symbol` to `value`.
+    pub fn dim(mut self, symbol: &str, value: usize) -> Self {
+        self.dims.insert(symbol.to_string(), value);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_specs_parse() {
+        let spec: InputSpec = "input_ids:8x128:i64".parse().unwrap();
+        assert_eq!(
+            spec,
+            InputSpec {
+                name: "input_ids".into(),
+                shape: vec![8, 128],
+                dtype: Some(DType::I64)
+            }
+        );
+        let spec: InputSpec = "x:3".parse().unwrap();
+        assert_eq!((spec.shape, spec.dtype), (vec![3], None));
+        assert!("x".parse::<InputSpec>().is_err());
+        assert!("x:8xq".parse::<InputSpec>().is_err());
+        assert!("x:8:f8"
+            .parse::<InputSpec>()
+            .unwrap_err()
+            .contains("unknown element type"));
+        assert_eq!(
+            "seq=7".parse::<DimSpec>().unwrap(),
+            DimSpec {
+                symbol: "seq".into(),
+                value: 7
+            }
+        );
+        assert!("seq".parse::<DimSpec>().is_err());
+    }
+}

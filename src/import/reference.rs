@@ -1,0 +1,48 @@
+//! The independent CPU reference: tract runs the original ONNX file (its own importer, its
+//! own optimiser) on concrete inputs. Tests and `fusec run --check` compare against it.
+
+use std::path::Path;
+
+use tract_onnx::prelude::*;
+
+use super::tensor::from_tract;
+use crate::ir::Tensor as IrTensor;
+
+fn to_tract(t: &IrTensor) -> Tensor {
+    match t {
+        IrTensor::F32(a) => a.clone().into_tensor(),
+        IrTensor::F16(a) => a.clone().into_tensor(),
+        // tract has no bf16: run bf16 inputs in f32.
+        IrTensor::BF16(a) => a.mapv(f32::from).into_tensor(),
+        IrTensor::F64(a) => a.clone().into_tensor(),
+        IrTensor::I64(a) => a.clone().into_tensor(),
+        IrTensor::I32(a) => a.clone().into_tensor(),
+        IrTensor::Bool(a) => a.clone().into_tensor(),
+    }
+}
+
+/// Runs the ONNX model at `path` with tract on `inputs` (in the model's input order) and
+/// returns its outputs in order.
+pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, String> {
+    let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
+    // Exporters annotate intermediate values with symbolic shapes; with concrete inputs tract
+    // must infer them instead of unifying with the annotations.
+    let onnx = tract_onnx::onnx()
+        .with_ignore_value_info(true)
+        .with_ignore_output_shapes(true);
+    let mut model = onnx.model_for_path(path).map_err(context)?;
+    for (i, t) in inputs.iter().enumerate() {
+        let t = to_tract(t);
+        model
+            .set_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape()))
+            .map_err(context)?;
+    }
+    let plan = model
+        .into_optimized()
+        .map_err(context)?
+        .into_runnable()
+        .map_err(context)?;
+    let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
+    let outputs = plan.run(feeds).map_err(context)?;
+    outputs.iter().map(|t| from_tract(t)).collect()
+}

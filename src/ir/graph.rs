@@ -1,0 +1,248 @@
+//! The IR graph: one petgraph node per op, edges from producer to consumer weighted by the
+//! consumer's input slot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+
+use super::dtype::TensorType;
+use super::error::IrError;
+use super::op::Op;
+use super::ops;
+use super::tensor::Tensor;
+
+pub type NodeId = NodeIndex;
+
+/// Where a node came from: the ONNX node (name and `op_type`) it was translated from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub node: String,
+    pub op_type: String,
+}
+
+impl Origin {
+    pub fn new(node: impl Into<String>, op_type: impl Into<String>) -> Self {
+        Origin {
+            node: node.into(),
+            op_type: op_type.into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub op: Op,
+    /// The static type of the node's one output.
+    pub ty: TensorType,
+    /// The value's name (the ONNX tensor name it stands for).
+    pub name: String,
+    pub origin: Origin,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    g: StableDiGraph<Node, usize>,
+    inputs: Vec<NodeId>,
+    outputs: Vec<(String, NodeId)>,
+}
+
+impl Graph {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add_input(&mut self, name: &str, ty: TensorType) -> NodeId {
+        let op = Op::Input {
+            name: name.to_string(),
+        };
+        let origin = Origin::new(name, "Input");
+        let id = self.g.add_node(Node {
+            op,
+            ty,
+            name: name.to_string(),
+            origin,
+        });
+        self.inputs.push(id);
+        id
+    }
+
+    pub fn add_constant(&mut self, name: &str, value: Arc<Tensor>, origin: Origin) -> NodeId {
+        let ty = value.tensor_type();
+        self.g.add_node(Node {
+            op: Op::Constant(value),
+            ty,
+            name: name.to_string(),
+            origin,
+        })
+    }
+
+    /// Adds `op` applied to `inputs`, inferring its type; a type error names the node.
+    pub fn add_op(
+        &mut self,
+        op: Op,
+        inputs: &[NodeId],
+        name: &str,
+        origin: Origin,
+    ) -> Result<NodeId, IrError> {
+        let ty = self.infer(&op, inputs).map_err(|message| IrError::Op {
+            node: origin.node.clone(),
+            op: op.kind(),
+            message,
+        })?;
+        let id = self.g.add_node(Node {
+            op,
+            ty,
+            name: name.to_string(),
+            origin,
+        });
+        for (slot, &input) in inputs.iter().enumerate() {
+            self.g.add_edge(input, id, slot);
+        }
+        Ok(id)
+    }
+
+    /// The type `op` would have on `inputs`.
+    pub fn infer(&self, op: &Op, inputs: &[NodeId]) -> Result<TensorType, String> {
+        let types: Vec<&TensorType> = inputs.iter().map(|&i| &self.g[i].ty).collect();
+        ops::infer(op, &types)
+    }
+
+    pub fn set_outputs(&mut self, outputs: Vec<(String, NodeId)>) {
+        self.outputs = outputs;
+    }
+
+    pub fn inputs(&self) -> &[NodeId] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[(String, NodeId)] {
+        &self.outputs
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.g[id]
+    }
+
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.g[id]
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.g.contains_node(id)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.g.node_count()
+    }
+
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.g.node_indices()
+    }
+
+    /// The producers of `id`'s inputs, in input-slot order.
+    pub fn inputs_of(&self, id: NodeId) -> Vec<NodeId> {
+        let mut edges: Vec<(usize, NodeId)> = self
+            .g
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
+        edges.sort_unstable();
+        edges.into_iter().map(|(_, src)| src).collect()
+    }
+
+    /// The input slots of `id` in order (to check that they are 0..n).
+    pub(crate) fn input_slots(&self, id: NodeId) -> Vec<usize> {
+        let mut slots: Vec<usize> = self
+            .g
+            .edges_directed(id, Direction::Incoming)
+            .map(|e| *e.weight())
+            .collect();
+        slots.sort_unstable();
+        slots
+    }
+
+    /// The distinct nodes that read `id`.
+    pub fn users_of(&self, id: NodeId) -> Vec<NodeId> {
+        let mut users: Vec<NodeId> = self.g.neighbors_directed(id, Direction::Outgoing).collect();
+        users.sort_unstable();
+        users.dedup();
+        users
+    }
+
+    /// The constant value of `id`, if it is a `Constant` node.
+    pub fn constant(&self, id: NodeId) -> Option<&Arc<Tensor>> {
+        match &self.g[id].op {
+            Op::Constant(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Makes every reader of `old` (and every graph output naming it) read `new` instead.
+    pub fn replace_uses(&mut self, old: NodeId, new: NodeId) {
+        let edges: Vec<_> = self
+            .g
+            .edges_directed(old, Direction::Outgoing)
+            .map(|e| (e.id(), e.target(), *e.weight()))
+            .collect();
+        for (edge, target, slot) in edges {
+            self.g.remove_edge(edge);
+            self.g.add_edge(new, target, slot);
+        }
+        for (_, out) in &mut self.outputs {
+            if *out == old {
+                *out = new;
+            }
+        }
+    }
+
+    /// Removes `id` and its edges. Callers make sure nothing reads it any more.
+    pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
+        self.inputs.retain(|&i| i != id);
+        self.g.remove_node(id)
+    }
+
+    /// Removes every node that no graph output depends on (graph inputs stay); returns how
+    /// many were removed.
+    pub fn remove_unused(&mut self) -> usize {
+        let mut live = std::collections::HashSet::new();
+        let mut stack: Vec<NodeId> = self.outputs.iter().map(|(_, id)| *id).collect();
+        stack.extend(self.inputs.iter().copied());
+        while let Some(id) = stack.pop() {
+            if live.insert(id) {
+                stack.extend(self.g.neighbors_directed(id, Direction::Incoming));
+            }
+        }
+        let dead: Vec<NodeId> = self
+            .g
+            .node_indices()
+            .filter(|id| !live.contains(id))
+            .collect();
+        for &id in &dead {
+            self.g.remove_node(id);
+        }
+        dead.len()
+    }
+
+    /// Nodes ordered so that every producer precedes its readers. The order depends only on
+    /// the graph's structure and insertion order, so it is the same on every run.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, IrError> {
+        petgraph::algo::toposort(&self.g, None).map_err(|cycle| IrError::Cycle {
+            node: self.g[cycle.node_id()].origin.node.clone(),
+        })
+    }
+
+    /// How many nodes of each kind (`Add`, `MatMul`, …), inputs and constants left out.
+    pub fn op_histogram(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for id in self.g.node_indices() {
+            let op = &self.g[id].op;
+            if !matches!(op, Op::Input { .. } | Op::Constant(_)) {
+                *counts.entry(op.kind()).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+}

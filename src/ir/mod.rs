@@ -1,0 +1,23 @@
+//! The IR: a petgraph graph of ops with ONNX-level meaning, every value with a static shape
+//! and element type; a verifier, a text dump and a CPU reference evaluator.
+
+mod dtype;
+mod dump;
+mod error;
+mod eval;
+mod graph;
+mod op;
+pub mod ops;
+mod random;
+mod tensor;
+mod verify;
+
+pub use dtype::{DType, TensorType};
+pub use dump::dump;
+pub use error::IrError;
+pub use eval::evaluate;
+pub use graph::{Graph, Node, NodeId, Origin};
+pub use op::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
+pub use random::random_tensor;
+pub use tensor::{max_abs_diff, rel_l2, Element, Tensor};
+pub use verify::verify;

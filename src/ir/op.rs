@@ -1,0 +1,280 @@
+//! The operations of the IR. They keep ONNX's meaning, with every attribute that ONNX passes
+//! as a constant input (axes, shapes, repeats, …) resolved into a static field, and every
+//! axis normalised to be non-negative. Each op has one output.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::dtype::DType;
+use super::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sqrt,
+    Reciprocal,
+    Exp,
+    Log,
+    Erf,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Sin,
+    Cos,
+    Not,
+    IsNaN,
+    /// ONNX `Gelu` with `approximate="none"` (erf form).
+    Gelu,
+    /// ONNX `Gelu` with `approximate="tanh"`.
+    GeluTanh,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Min,
+    Max,
+    Equal,
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+    And,
+}
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Equal
+                | BinaryOp::Less
+                | BinaryOp::LessOrEqual
+                | BinaryOp::Greater
+                | BinaryOp::GreaterOrEqual
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    Mean,
+    Sum,
+    Max,
+}
+
+/// One axis of a `Slice`: the output takes `len` elements, `start`, `start + step`, ….
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SliceAxis {
+    pub start: usize,
+    pub step: i64,
+    pub len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A graph input, fed at run time.
+    Input {
+        name: String,
+    },
+    /// A constant (weights, folded shape arithmetic).
+    Constant(Arc<Tensor>),
+    Unary(UnaryOp),
+    /// Two inputs, multidirectional broadcasting.
+    Binary(BinaryOp),
+    /// `Where(cond, x, y)`, broadcasting.
+    Where,
+    Cast {
+        to: DType,
+    },
+    /// `min`/`max` are infinite where ONNX leaves them out.
+    Clip {
+        min: f64,
+        max: f64,
+    },
+    /// Inference dropout: the identity, kept so that fusion can account for it.
+    Dropout,
+    Identity,
+    /// numpy `matmul` semantics (batch broadcasting, 1-D promotion).
+    MatMul,
+    /// `alpha · op(A) · op(B) + beta · C`; C is an optional third input.
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// 2-D convolution, NCHW; bias is an optional third input.
+    Conv {
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        group: usize,
+    },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
+    /// Normalises over `axis..rank`; inputs x, scale, optional bias.
+    LayerNorm {
+        axis: usize,
+        epsilon: f32,
+    },
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keep_dims: bool,
+    },
+    CumSum {
+        axis: usize,
+        exclusive: bool,
+        reverse: bool,
+    },
+    Reshape {
+        shape: Vec<usize>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Concat {
+        axis: usize,
+    },
+    /// One entry per input axis.
+    Slice {
+        axes: Vec<SliceAxis>,
+    },
+    /// Inputs data, indices (i64/i32, negative counts from the end).
+    Gather {
+        axis: usize,
+    },
+    GatherElements {
+        axis: usize,
+    },
+    /// Bidirectional broadcast to `shape`.
+    Expand {
+        shape: Vec<usize>,
+    },
+    Tile {
+        repeats: Vec<usize>,
+    },
+    Trilu {
+        upper: bool,
+        k: i64,
+    },
+}
+
+impl Op {
+    /// The op's name in dumps and histograms (stable, one word).
+    pub fn kind(&self) -> String {
+        match self {
+            Op::Input { .. } => "Input".into(),
+            Op::Constant(_) => "Constant".into(),
+            Op::Unary(u) => format!("{u:?}"),
+            Op::Binary(b) => format!("{b:?}"),
+            Op::Where => "Where".into(),
+            Op::Cast { .. } => "Cast".into(),
+            Op::Clip { .. } => "Clip".into(),
+            Op::Dropout => "Dropout".into(),
+            Op::Identity => "Identity".into(),
+            Op::MatMul => "MatMul".into(),
+            Op::Gemm { .. } => "Gemm".into(),
+            Op::Conv { .. } => "Conv".into(),
+            Op::Softmax { .. } => "Softmax".into(),
+            Op::LogSoftmax { .. } => "LogSoftmax".into(),
+            Op::LayerNorm { .. } => "LayerNorm".into(),
+            Op::Reduce { op, .. } => format!("Reduce{op:?}"),
+            Op::CumSum { .. } => "CumSum".into(),
+            Op::Reshape { .. } => "Reshape".into(),
+            Op::Transpose { .. } => "Transpose".into(),
+            Op::Concat { .. } => "Concat".into(),
+            Op::Slice { .. } => "Slice".into(),
+            Op::Gather { .. } => "Gather".into(),
+            Op::GatherElements { .. } => "GatherElements".into(),
+            Op::Expand { .. } => "Expand".into(),
+            Op::Tile { .. } => "Tile".into(),
+            Op::Trilu { .. } => "Trilu".into(),
+        }
+    }
+
+    /// How many inputs the op takes: (least, most).
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            Op::Input { .. } | Op::Constant(_) => (0, 0),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } => (2, 2),
+            Op::Where => (3, 3),
+            Op::Gemm { .. } | Op::Conv { .. } | Op::LayerNorm { .. } => (2, 3),
+            Op::Concat { .. } => (1, usize::MAX),
+            _ => (1, 1),
+        }
+    }
+}
+
+/// Attributes as the text dump prints them, after the op's kind.
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = self.kind();
+        match self {
+            Op::Input { name } => write!(f, "Input \"{name}\""),
+            Op::Cast { to } => write!(f, "{kind}<{to}>"),
+            Op::Clip { min, max } => write!(f, "{kind}<{min}, {max}>"),
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => {
+                write!(
+                    f,
+                    "{kind}<alpha={alpha}, beta={beta}, ta={trans_a}, tb={trans_b}>"
+                )
+            }
+            Op::Conv {
+                strides,
+                pads,
+                dilations,
+                group,
+            } => write!(
+                f,
+                "{kind}<strides={strides:?}, pads={pads:?}, dilations={dilations:?}, group={group}>"
+            ),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
+                write!(f, "{kind}<axis={axis}>")
+            }
+            Op::Gather { axis } | Op::GatherElements { axis } => write!(f, "{kind}<axis={axis}>"),
+            Op::LayerNorm { axis, epsilon } => write!(f, "{kind}<axis={axis}, eps={epsilon:e}>"),
+            Op::Reduce {
+                axes, keep_dims, ..
+            } => {
+                write!(f, "{kind}<axes={axes:?}, keep_dims={keep_dims}>")
+            }
+            Op::CumSum {
+                axis,
+                exclusive,
+                reverse,
+            } => {
+                write!(
+                    f,
+                    "{kind}<axis={axis}, exclusive={exclusive}, reverse={reverse}>"
+                )
+            }
+            Op::Reshape { shape } | Op::Expand { shape } => write!(f, "{kind}<{shape:?}>"),
+            Op::Transpose { perm } => write!(f, "{kind}<{perm:?}>"),
+            Op::Tile { repeats } => write!(f, "{kind}<{repeats:?}>"),
+            Op::Slice { axes } => {
+                let parts: Vec<String> = axes
+                    .iter()
+                    .map(|a| format!("{}:{}:{}", a.start, a.step, a.len))
+                    .collect();
+                write!(f, "{kind}<{}>", parts.join(", "))
+            }
+            Op::Trilu { upper, k } => write!(f, "{kind}<upper={upper}, k={k}>"),
+            _ => f.write_str(&kind),
+        }
+    }
+}

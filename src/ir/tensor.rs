@@ -1,0 +1,238 @@
+//! Host tensors: constants in the IR, inputs and outputs of the reference evaluator.
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, IxDyn};
+
+use super::dtype::{DType, TensorType};
+
+/// A dense, host-side tensor of one of the IR's element types.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tensor {
+    F32(ArrayD<f32>),
+    F16(ArrayD<f16>),
+    BF16(ArrayD<bf16>),
+    F64(ArrayD<f64>),
+    I64(ArrayD<i64>),
+    I32(ArrayD<i32>),
+    Bool(ArrayD<bool>),
+}
+
+/// Applies `$body` to the array inside any variant, yielding a value of one type.
+macro_rules! with_array {
+    ($tensor:expr, $array:ident => $body:expr) => {
+        match $tensor {
+            Tensor::F32($array) => $body,
+            Tensor::F16($array) => $body,
+            Tensor::BF16($array) => $body,
+            Tensor::F64($array) => $body,
+            Tensor::I64($array) => $body,
+            Tensor::I32($array) => $body,
+            Tensor::Bool($array) => $body,
+        }
+    };
+}
+
+/// Applies `$body` (an array of the same element type) to any variant, keeping the variant.
+/// Layout ops (reshape, transpose, gather, …) are written once with it for every type.
+macro_rules! map_array {
+    ($tensor:expr, $array:ident => $body:expr) => {
+        match $tensor {
+            Tensor::F32($array) => Tensor::F32($body),
+            Tensor::F16($array) => Tensor::F16($body),
+            Tensor::BF16($array) => Tensor::BF16($body),
+            Tensor::F64($array) => Tensor::F64($body),
+            Tensor::I64($array) => Tensor::I64($body),
+            Tensor::I32($array) => Tensor::I32($body),
+            Tensor::Bool($array) => Tensor::Bool($body),
+        }
+    };
+}
+
+pub(crate) use map_array;
+
+/// An element type of [`Tensor`]: generic code gets at the typed array through it.
+pub trait Element: Clone + Default + 'static {
+    fn array(tensor: &Tensor) -> Option<&ArrayD<Self>>;
+}
+
+macro_rules! element {
+    ($($ty:ty => $variant:ident),*) => {$(
+        impl Element for $ty {
+            fn array(tensor: &Tensor) -> Option<&ArrayD<Self>> {
+                match tensor {
+                    Tensor::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+element!(f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i64 => I64, i32 => I32, bool => Bool);
+
+impl Tensor {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::F16(_) => DType::F16,
+            Tensor::BF16(_) => DType::BF16,
+            Tensor::F64(_) => DType::F64,
+            Tensor::I64(_) => DType::I64,
+            Tensor::I32(_) => DType::I32,
+            Tensor::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        with_array!(self, a => a.shape())
+    }
+
+    pub fn len(&self) -> usize {
+        with_array!(self, a => a.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn tensor_type(&self) -> TensorType {
+        TensorType::new(self.dtype(), self.shape().to_vec())
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+
+    /// A tensor of `dtype` built from f64 values (rounded, truncated or compared with zero).
+    pub fn from_f64(values: ArrayD<f64>, dtype: DType) -> Tensor {
+        match dtype {
+            DType::F32 => Tensor::F32(values.mapv(|v| v as f32)),
+            DType::F16 => Tensor::F16(values.mapv(f16::from_f64)),
+            DType::BF16 => Tensor::BF16(values.mapv(bf16::from_f64)),
+            DType::F64 => Tensor::F64(values),
+            DType::I64 => Tensor::I64(values.mapv(|v| v as i64)),
+            DType::I32 => Tensor::I32(values.mapv(|v| v as i32)),
+            DType::Bool => Tensor::Bool(values.mapv(|v| v != 0.0)),
+        }
+    }
+
+    /// A tensor of `dtype` built from i64 values.
+    pub fn from_i64(values: ArrayD<i64>, dtype: DType) -> Tensor {
+        match dtype {
+            DType::I64 => Tensor::I64(values),
+            DType::I32 => Tensor::I32(values.mapv(|v| v as i32)),
+            DType::Bool => Tensor::Bool(values.mapv(|v| v != 0)),
+            _ => Tensor::from_f64(values.mapv(|v| v as f64), dtype),
+        }
+    }
+
+    /// Every element as f64 (booleans as 0/1).
+    pub fn to_f64(&self) -> ArrayD<f64> {
+        match self {
+            Tensor::F32(a) => a.mapv(f64::from),
+            Tensor::F16(a) => a.mapv(f64::from),
+            Tensor::BF16(a) => a.mapv(f64::from),
+            Tensor::F64(a) => a.clone(),
+            Tensor::I64(a) => a.mapv(|v| v as f64),
+            Tensor::I32(a) => a.mapv(f64::from),
+            Tensor::Bool(a) => a.mapv(|v| if v { 1.0 } else { 0.0 }),
+        }
+    }
+
+    /// Every element as i64 (floats truncated toward zero, booleans as 0/1).
+    pub fn to_i64(&self) -> ArrayD<i64> {
+        match self {
+            Tensor::I64(a) => a.clone(),
+            Tensor::I32(a) => a.mapv(i64::from),
+            Tensor::Bool(a) => a.mapv(i64::from),
+            other => other.to_f64().mapv(|v| v as i64),
+        }
+    }
+
+    /// Every element as bool (non-zero is true).
+    pub fn to_bool(&self) -> ArrayD<bool> {
+        match self {
+            Tensor::Bool(a) => a.clone(),
+            other if other.dtype().is_float() => other.to_f64().mapv(|v| v != 0.0),
+            other => other.to_i64().mapv(|v| v != 0),
+        }
+    }
+
+    /// Converts to another element type with ONNX `Cast` semantics.
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        match (self.dtype().is_float(), dtype) {
+            (false, _) => Tensor::from_i64(self.to_i64(), dtype),
+            (true, DType::Bool) => Tensor::Bool(self.to_bool()),
+            (true, _) => Tensor::from_f64(self.to_f64(), dtype),
+        }
+    }
+
+    /// The elements as a flat list of i64: for shape-like constants (axes, shapes, indices).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        self.to_i64().iter().copied().collect()
+    }
+
+    /// The elements as a flat list of f64, in logical (row-major) order.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.to_f64().iter().copied().collect()
+    }
+
+    pub fn scalar_f32(value: f32) -> Tensor {
+        Tensor::F32(ArrayD::from_elem(IxDyn(&[]), value))
+    }
+
+    pub fn from_i64_slice(values: &[i64]) -> Tensor {
+        Tensor::I64(ndarray::Array1::from(values.to_vec()).into_dyn())
+    }
+
+    /// A tensor of `ty` filled with `value` (converted to the element type).
+    pub fn full(ty: &TensorType, value: f64) -> Tensor {
+        Tensor::from_f64(ArrayD::from_elem(IxDyn(&ty.shape), value), ty.dtype)
+    }
+
+    /// Reshapes (row-major) to `shape`, which must have the same element count.
+    pub fn reshaped(&self, shape: &[usize]) -> Option<Tensor> {
+        fn reshape<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
+            let values: Vec<T> = a.iter().cloned().collect();
+            ArrayD::from_shape_vec(IxDyn(shape), values).ok()
+        }
+        Some(map_array!(self, a => reshape(a, shape)?))
+    }
+}
+
+/// Relative L2 error `‖a − b‖ / ‖b‖` (with `b` the reference). NaN anywhere gives NaN, so a
+/// comparison `≤ tol` fails; mismatched lengths give infinity.
+pub fn rel_l2(actual: &Tensor, reference: &Tensor) -> f64 {
+    if actual.shape() != reference.shape() {
+        return f64::INFINITY;
+    }
+    let (a, b) = (actual.to_f64(), reference.to_f64());
+    let mut diff = 0.0;
+    let mut norm = 0.0;
+    for (x, y) in a.iter().zip(b.iter()) {
+        diff += (x - y) * (x - y);
+        norm += y * y;
+    }
+    if norm == 0.0 {
+        return if diff == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    (diff / norm).sqrt()
+}
+
+/// Largest absolute element-wise difference; NaN if either side holds a NaN.
+pub fn max_abs_diff(actual: &Tensor, reference: &Tensor) -> f64 {
+    let (a, b) = (actual.to_f64(), reference.to_f64());
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
