@@ -39,8 +39,13 @@ impl FromStr for InputSpec {
         } else {
             dims.split('x')
                 .map(|d| d.parse::<usize>().map_err(|_| usage()))
-                .collect::<Result<_, _>>()?
+                .collect::<Result<Vec<_>, _>>()?
         };
+        if shape.contains(&0) {
+            return Err(format!(
+                "'{s}' has a zero dimension: inputs must not be empty"
+            ));
+        }
         Ok(InputSpec {
             name: name.to_string(),
             shape,
@@ -68,6 +73,9 @@ impl FromStr for DimSpec {
             .map_err(|_| format!("'{value}' in '{s}' is not a size"))?;
         if symbol.is_empty() {
             return Err(format!("'{s}' has no dimension name"));
+        }
+        if value == 0 {
+            return Err(format!("'{s}': a dimension must be at least 1"));
         }
         Ok(DimSpec {
             symbol: symbol.to_string(),
@@ -129,5 +137,13 @@ mod tests {
             }
         );
         assert!("seq".parse::<DimSpec>().is_err());
+        assert!("seq=0"
+            .parse::<DimSpec>()
+            .unwrap_err()
+            .contains("at least 1"));
+        assert!("x:2x0"
+            .parse::<InputSpec>()
+            .unwrap_err()
+            .contains("zero dimension"));
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use super::dtype::DType;
 use super::error::IrError;
 use super::graph::{Graph, NodeId};
 use super::op::Op;
@@ -25,9 +26,19 @@ pub fn dump(graph: &Graph) -> Result<String, IrError> {
             .collect();
         let body = match &node.op {
             Op::Constant(t) if t.len() <= INLINE_CONSTANT_ELEMENTS => {
-                let values: Vec<String> = t.to_f64_vec().iter().map(|v| format!("{v}")).collect();
+                let values: Vec<String> = match t.dtype() {
+                    // Print in the tensor's own precision: 1e-5, not 0.0000099999997….
+                    DType::F32 | DType::F16 | DType::BF16 => t
+                        .to_f64_vec()
+                        .iter()
+                        .map(|&v| (v as f32).to_string())
+                        .collect(),
+                    _ => t.to_f64_vec().iter().map(|v| v.to_string()).collect(),
+                };
                 format!("Constant [{}]", values.join(", "))
             }
+            Op::Constant(_) => format!("Constant \"{}\"", node.name),
+            op @ Op::Input { .. } => op.to_string(),
             op => format!("{op}({})", args.join(", ")),
         };
         let _ = writeln!(out, "%{} = {body} : {}", numbers[&id], node.ty);

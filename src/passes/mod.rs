@@ -1,1 +1,58 @@
-//! Graph passes, one file per pass.
+//! Graph-to-graph passes, one file per pass. [`run_passes`] runs a list of them in order and
+//! verifies the graph after each; [`standard`] is the list compilation uses.
+
+mod const_fold;
+mod cse;
+mod dce;
+mod noop;
+
+pub use const_fold::ConstFold;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use noop::RemoveNoops;
+
+use thiserror::Error;
+
+use crate::ir::{self, Graph, IrError};
+
+/// A transformation that keeps the graph's meaning (the reference evaluator's outputs).
+pub trait Pass {
+    fn name(&self) -> &'static str;
+    /// Rewrites `graph` in place; returns how many nodes it changed or removed.
+    fn run(&self, graph: &mut Graph) -> Result<usize, IrError>;
+}
+
+#[derive(Debug, Error)]
+#[error("pass {pass}: {source}")]
+pub struct PassError {
+    pub pass: &'static str,
+    pub source: IrError,
+}
+
+/// The passes compilation runs, in order.
+pub fn standard() -> Vec<Box<dyn Pass>> {
+    vec![
+        Box::new(ConstFold),
+        Box::new(RemoveNoops),
+        Box::new(Cse),
+        Box::new(Dce),
+    ]
+}
+
+/// Runs `passes` in order, verifying after each; returns (pass, nodes changed) per pass.
+pub fn run_passes(
+    graph: &mut Graph,
+    passes: &[Box<dyn Pass>],
+) -> Result<Vec<(&'static str, usize)>, PassError> {
+    let mut report = Vec::with_capacity(passes.len());
+    for pass in passes {
+        let fail = |source| PassError {
+            pass: pass.name(),
+            source,
+        };
+        let changed = pass.run(graph).map_err(fail)?;
+        ir::verify(graph).map_err(fail)?;
+        report.push((pass.name(), changed));
+    }
+    Ok(report)
+}

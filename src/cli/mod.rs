@@ -1,0 +1,39 @@
+//! Subcommands of `fusec`.
+
+mod inspect;
+mod shapes;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Compile ONNX models into a few fused CUDA kernels plus cuBLAS calls.
+#[derive(Debug, Parser)]
+#[command(name = "fusec", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Inspect(inspect::Inspect),
+}
+
+impl Cli {
+    pub fn execute(self) -> anyhow::Result<ExitCode> {
+        match self.command {
+            Command::Inspect(cmd) => cmd.execute(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

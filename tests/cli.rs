@@ -1,0 +1,199 @@
+//! The `fusec` binary, run as a user runs it.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn fusec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(args)
+        .output()
+        .expect("the fusec binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The `--dim` flags each fixture needs.
+fn dims_for(file: &str) -> Vec<&'static str> {
+    match file {
+        f if ["bert", "gpt2", "llama"].iter().any(|p| f.starts_with(p)) => {
+            vec!["--dim", "batch=3", "--dim", "seq=7"]
+        }
+        "op_coverage.onnx" => vec![],
+        _ => vec!["--dim", "batch=3"],
+    }
+}
+
+#[test]
+fn inspect_every_fixture() {
+    for file in common::all_fixtures() {
+        let path = common::model_path(&file);
+        let mut args = vec!["inspect", path.to_str().unwrap()];
+        args.extend(dims_for(&file));
+        let out = fusec(&args);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{file}: {stderr}");
+        assert!(stdout.contains("unsupported ops: none"), "{file}: {stdout}");
+        let shape_line = stdout
+            .lines()
+            .find(|l| l.starts_with("shape ops"))
+            .expect("a shape-ops line");
+        assert!(
+            shape_line.ends_with(", 0 left after folding"),
+            "{file}: {shape_line}"
+        );
+        assert!(stdout.contains("parameters  "), "{file}: {stdout}");
+        assert!(stdout.contains("output      "), "{file}: {stdout}");
+    }
+}
+
+#[test]
+fn inspect_reports_what_folding_did() {
+    let path = common::model_path("bert_ts.onnx");
+    let out = fusec(&[
+        "inspect",
+        path.to_str().unwrap(),
+        "--input",
+        "input:2x9:i64",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("input       input [batch,seq] -> i64[2,9]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("output      last_hidden_state f32[2,9,64]"),
+        "{stdout}"
+    );
+    // The TorchScript export computes its attention mask from Shape/ConstantOfShape.
+    assert!(
+        stdout.contains("shape ops   14 in the file, 0 left after folding"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Shape 10") && stdout.contains("LayerNormalization 5"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn inspect_dump_prints_the_graph() {
+    let path = common::model_path("gelu_erf_div.onnx");
+    let out = fusec(&[
+        "inspect",
+        path.to_str().unwrap(),
+        "--dim",
+        "batch=2",
+        "--dump",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("= Erf(%") && stdout.contains("output \"y\" = %"),
+        "{stdout}"
+    );
+}
+
+/// Every failure exits non-zero with one `error:` line that names the file, never a panic.
+fn assert_clean_failure(args: &[&str], expect: &[&str]) {
+    let out = fusec(args);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    for needle in expect {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: '{needle}' not in {stderr}"
+        );
+    }
+}
+
+#[test]
+fn bad_files_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.onnx");
+    std::fs::write(&empty, b"").unwrap();
+    let noise = dir.path().join("noise.onnx");
+    std::fs::write(
+        &noise,
+        (0u32..999)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let truncated = dir.path().join("truncated.onnx");
+    let bytes = std::fs::read(common::model_path("gpt2_ts.onnx")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    assert_clean_failure(
+        &["inspect", "missing.onnx"],
+        &["missing.onnx", "cannot read"],
+    );
+    assert_clean_failure(
+        &["inspect", empty.to_str().unwrap()],
+        &["empty.onnx", "empty"],
+    );
+    assert_clean_failure(&["inspect", noise.to_str().unwrap()], &["noise.onnx"]);
+    assert_clean_failure(
+        &["inspect", truncated.to_str().unwrap()],
+        &["truncated.onnx", "protobuf"],
+    );
+}
+
+#[test]
+fn bad_shapes_fail_cleanly() {
+    let bert = common::model_path("bert_ts.onnx");
+    let bert = bert.to_str().unwrap();
+    assert_clean_failure(
+        &["inspect", bert, "--dim", "batch=2"],
+        &["bert_ts.onnx", "'seq'", "--dim seq=N"],
+    );
+    assert_clean_failure(
+        &["inspect", bert, "--input", "ids:2x5"],
+        &["'ids'", "inputs are: input"],
+    );
+    assert_clean_failure(
+        &["inspect", bert, "--input", "input:2x5x1"],
+        &["rank 3", "rank 2"],
+    );
+}
+
+#[test]
+fn unsupported_ops_are_listed_with_a_failing_exit() {
+    use prost::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
+    let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice()).unwrap();
+    for node in &mut proto.graph.as_mut().unwrap().node {
+        if node.op_type == "Erf" || node.op_type == "LayerNormalization" {
+            node.op_type = format!("Custom{}", node.op_type);
+        }
+    }
+    let path = dir.path().join("custom.onnx");
+    std::fs::write(&path, proto.encode_to_vec()).unwrap();
+    let out = fusec(&["inspect", path.to_str().unwrap(), "--dim", "batch=1"]);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success());
+    assert!(stdout.contains("unsupported ops: 2"), "{stdout}");
+    assert!(
+        stdout.contains("node 'gelu_erf': CustomErf (opset 17)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("node 'layer_norm': CustomLayerNormalization (opset 17)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn malformed_flags_are_usage_errors() {
+    let out = fusec(&["inspect", "x.onnx", "--dim", "seq"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("is not NAME=N"));
+    let out = fusec(&["inspect", "x.onnx", "--input", "x:3xq"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("NAME:DIMxDIM"));
+}

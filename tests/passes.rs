@@ -1,0 +1,109 @@
+//! Passes keep the model's meaning, and do what their names say.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fusec::import::import;
+use fusec::ir::{self, rel_l2, BinaryOp, DType, Graph, Op, Origin, Tensor, TensorType, UnaryOp};
+use fusec::passes::{run_passes, standard, ConstFold, Cse, Dce, Pass, RemoveNoops};
+
+#[test]
+fn standard_passes_keep_every_fixture_meaning() {
+    for file in common::all_fixtures() {
+        let options = common::shape_variants(&file).remove(0);
+        let model = import(&common::model_path(&file), &options).unwrap();
+        let feeds: HashMap<_, _> = common::random_inputs(&model, 5).into_iter().collect();
+        let before = ir::evaluate(&model.graph, &feeds).unwrap();
+        let mut graph = model.graph.clone();
+        run_passes(&mut graph, &standard()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let after = ir::evaluate(&graph, &feeds).unwrap();
+        for ((name, a), (_, b)) in after.iter().zip(&before) {
+            let err = rel_l2(a, b);
+            assert!(err <= 1e-6, "{file} {name}: rel-L2 {err:e} after passes");
+        }
+        assert!(
+            graph.node_count() <= model.graph.node_count(),
+            "{file}: passes added nodes"
+        );
+    }
+}
+
+#[test]
+fn llama_identity_casts_are_removed() {
+    let path = common::model_path("llama_ts.onnx");
+    let model = import(&path, &common::shape_variants("llama_ts.onnx")[0]).unwrap();
+    let before = model.graph.op_histogram().get("Cast").copied().unwrap_or(0);
+    assert!(before > 0, "the fixture has run-time casts to start with");
+    let mut graph = model.graph.clone();
+    let report = run_passes(&mut graph, &standard()).unwrap();
+    assert_eq!(graph.op_histogram().get("Cast"), None, "{report:?}");
+}
+
+fn origin(name: &str) -> Origin {
+    Origin::new(name, "Test")
+}
+
+#[test]
+fn cse_merges_twins_and_dce_drops_the_dead() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![4]));
+    let a = g
+        .add_op(Op::Unary(UnaryOp::Exp), &[x], "a", origin("exp_a"))
+        .unwrap();
+    let b = g
+        .add_op(Op::Unary(UnaryOp::Exp), &[x], "b", origin("exp_b"))
+        .unwrap();
+    let sum = g
+        .add_op(Op::Binary(BinaryOp::Add), &[a, b], "sum", origin("add"))
+        .unwrap();
+    g.add_op(Op::Unary(UnaryOp::Tanh), &[x], "dead", origin("dead"))
+        .unwrap();
+    g.set_outputs(vec![("sum".into(), sum)]);
+    assert_eq!(Cse.run(&mut g).unwrap(), 1);
+    let inputs = g.inputs_of(sum);
+    assert!(
+        inputs[0] == inputs[1] && (inputs[0] == a || inputs[0] == b),
+        "{inputs:?}"
+    );
+    assert_eq!(Dce.run(&mut g).unwrap(), 1);
+    assert_eq!(
+        g.op_histogram().into_iter().collect::<Vec<_>>(),
+        vec![("Add".into(), 1), ("Exp".into(), 1)]
+    );
+    ir::verify(&g).unwrap();
+}
+
+#[test]
+fn const_fold_and_noop_removal() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3]));
+    let c = g.add_constant("c", Arc::new(Tensor::scalar_f32(4.0)), origin("c"));
+    let root = g
+        .add_op(Op::Unary(UnaryOp::Sqrt), &[c], "root", origin("sqrt"))
+        .unwrap();
+    let cast = g
+        .add_op(Op::Cast { to: DType::F32 }, &[x], "cast", origin("cast"))
+        .unwrap();
+    let same = g
+        .add_op(
+            Op::Reshape { shape: vec![2, 3] },
+            &[cast],
+            "same",
+            origin("reshape"),
+        )
+        .unwrap();
+    let y = g
+        .add_op(Op::Binary(BinaryOp::Mul), &[same, root], "y", origin("mul"))
+        .unwrap();
+    g.set_outputs(vec![("y".into(), y)]);
+    assert_eq!(ConstFold.run(&mut g).unwrap(), 1);
+    assert_eq!(
+        g.constant(g.inputs_of(y)[1]).unwrap().to_f64_vec(),
+        vec![2.0]
+    );
+    assert_eq!(RemoveNoops.run(&mut g).unwrap(), 2);
+    assert_eq!(g.inputs_of(y)[0], x);
+    ir::verify(&g).unwrap();
+}
