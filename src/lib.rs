@@ -1,8 +1,14 @@
 //! fusec compiles ONNX models into a few fused CUDA kernels plus cuBLAS calls.
 //!
-//! The pipeline runs one way: [`import`] → [`ir`] → [`passes`] → fusion → plan → codegen →
-//! bundle, with the runtime the only part that talks to the GPU.
+//! The pipeline runs one way, one module per stage:
+//! [`import`] → [`ir`] → [`passes`] → [`fusion`] → [`plan`] → [`codegen`] → [`bundle`], with
+//! [`runtime`] the only module that talks to the GPU.
 
+pub mod bundle;
+pub mod codegen;
+pub mod fusion;
 pub mod import;
 pub mod ir;
 pub mod passes;
+pub mod plan;
+pub mod runtime;

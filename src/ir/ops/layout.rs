@@ -206,7 +206,7 @@ pub fn eval_gather_elements(data: &Tensor, indices: &Tensor, axis: usize) -> OpR
             if at.iter().zip(a.shape()).any(|(p, d)| p >= d) {
                 return Err(format!("GatherElements position {at:?} outside {:?}", a.shape()));
             }
-            values.push(a[IxDyn(&at)].clone());
+            values.push(a[IxDyn(&at)]);
         }
         from_vec(idx.shape(), values)?
     }))
