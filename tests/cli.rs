@@ -5,10 +5,7 @@ mod common;
 use std::process::{Command, Output};
 
 fn fusec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fusec"))
-        .args(args)
-        .output()
-        .expect("the fusec binary runs")
+    Command::new(env!("CARGO_BIN_EXE_fusec")).args(args).output().expect("the fusec binary runs")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -36,14 +33,8 @@ fn inspect_every_fixture() {
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "{file}: {stderr}");
         assert!(stdout.contains("unsupported ops: none"), "{file}: {stdout}");
-        let shape_line = stdout
-            .lines()
-            .find(|l| l.starts_with("shape ops"))
-            .expect("a shape-ops line");
-        assert!(
-            shape_line.ends_with(", 0 left after folding"),
-            "{file}: {shape_line}"
-        );
+        let shape_line = stdout.lines().find(|l| l.starts_with("shape ops")).expect("a shape-ops line");
+        assert!(shape_line.ends_with(", 0 left after folding"), "{file}: {shape_line}");
         assert!(stdout.contains("parameters  "), "{file}: {stdout}");
         assert!(stdout.contains("output      "), "{file}: {stdout}");
     }
@@ -52,49 +43,23 @@ fn inspect_every_fixture() {
 #[test]
 fn inspect_reports_what_folding_did() {
     let path = common::model_path("bert_ts.onnx");
-    let out = fusec(&[
-        "inspect",
-        path.to_str().unwrap(),
-        "--input",
-        "input:2x9:i64",
-    ]);
+    let out = fusec(&["inspect", path.to_str().unwrap(), "--input", "input:2x9:i64"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        stdout.contains("input       input [batch,seq] -> i64[2,9]"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("output      last_hidden_state f32[2,9,64]"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("input       input [batch,seq] -> i64[2,9]"), "{stdout}");
+    assert!(stdout.contains("output      last_hidden_state f32[2,9,64]"), "{stdout}");
     // The TorchScript export computes its attention mask from Shape/ConstantOfShape.
-    assert!(
-        stdout.contains("shape ops   14 in the file, 0 left after folding"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("Shape 10") && stdout.contains("LayerNormalization 5"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("shape ops   14 in the file, 0 left after folding"), "{stdout}");
+    assert!(stdout.contains("Shape 10") && stdout.contains("LayerNormalization 5"), "{stdout}");
 }
 
 #[test]
 fn inspect_dump_prints_the_graph() {
     let path = common::model_path("gelu_erf_div.onnx");
-    let out = fusec(&[
-        "inspect",
-        path.to_str().unwrap(),
-        "--dim",
-        "batch=2",
-        "--dump",
-    ]);
+    let out = fusec(&["inspect", path.to_str().unwrap(), "--dim", "batch=2", "--dump"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success());
-    assert!(
-        stdout.contains("= Erf(%") && stdout.contains("output \"y\" = %"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("= Erf(%") && stdout.contains("output \"y\" = %"), "{stdout}");
 }
 
 /// Every failure exits non-zero with one `error:` line that names the file, never a panic.
@@ -105,10 +70,7 @@ fn assert_clean_failure(args: &[&str], expect: &[&str]) {
     assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
     assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
     for needle in expect {
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: '{needle}' not in {stderr}"
-        );
+        assert!(stderr.contains(needle), "{args:?}: '{needle}' not in {stderr}");
     }
 }
 
@@ -118,47 +80,23 @@ fn bad_files_fail_cleanly() {
     let empty = dir.path().join("empty.onnx");
     std::fs::write(&empty, b"").unwrap();
     let noise = dir.path().join("noise.onnx");
-    std::fs::write(
-        &noise,
-        (0u32..999)
-            .map(|i| (i * 7919 % 251) as u8)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
+    std::fs::write(&noise, (0u32..999).map(|i| (i * 7919 % 251) as u8).collect::<Vec<_>>()).unwrap();
     let truncated = dir.path().join("truncated.onnx");
     let bytes = std::fs::read(common::model_path("gpt2_ts.onnx")).unwrap();
     std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
-    assert_clean_failure(
-        &["inspect", "missing.onnx"],
-        &["missing.onnx", "cannot read"],
-    );
-    assert_clean_failure(
-        &["inspect", empty.to_str().unwrap()],
-        &["empty.onnx", "empty"],
-    );
+    assert_clean_failure(&["inspect", "missing.onnx"], &["missing.onnx", "cannot read"]);
+    assert_clean_failure(&["inspect", empty.to_str().unwrap()], &["empty.onnx", "empty"]);
     assert_clean_failure(&["inspect", noise.to_str().unwrap()], &["noise.onnx"]);
-    assert_clean_failure(
-        &["inspect", truncated.to_str().unwrap()],
-        &["truncated.onnx", "protobuf"],
-    );
+    assert_clean_failure(&["inspect", truncated.to_str().unwrap()], &["truncated.onnx", "protobuf"]);
 }
 
 #[test]
 fn bad_shapes_fail_cleanly() {
     let bert = common::model_path("bert_ts.onnx");
     let bert = bert.to_str().unwrap();
-    assert_clean_failure(
-        &["inspect", bert, "--dim", "batch=2"],
-        &["bert_ts.onnx", "'seq'", "--dim seq=N"],
-    );
-    assert_clean_failure(
-        &["inspect", bert, "--input", "ids:2x5"],
-        &["'ids'", "inputs are: input"],
-    );
-    assert_clean_failure(
-        &["inspect", bert, "--input", "input:2x5x1"],
-        &["rank 3", "rank 2"],
-    );
+    assert_clean_failure(&["inspect", bert, "--dim", "batch=2"], &["bert_ts.onnx", "'seq'", "--dim seq=N"]);
+    assert_clean_failure(&["inspect", bert, "--input", "ids:2x5"], &["'ids'", "inputs are: input"]);
+    assert_clean_failure(&["inspect", bert, "--input", "input:2x5x1"], &["rank 3", "rank 2"]);
 }
 
 #[test]
@@ -178,14 +116,8 @@ fn unsupported_ops_are_listed_with_a_failing_exit() {
     let stdout = text(&out.stdout);
     assert!(!out.status.success());
     assert!(stdout.contains("unsupported ops: 2"), "{stdout}");
-    assert!(
-        stdout.contains("node 'gelu_erf': CustomErf (opset 17)"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("node 'layer_norm': CustomLayerNormalization (opset 17)"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("node 'gelu_erf': CustomErf (opset 17)"), "{stdout}");
+    assert!(stdout.contains("node 'layer_norm': CustomLayerNormalization (opset 17)"), "{stdout}");
 }
 
 #[test]

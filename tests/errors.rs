@@ -28,10 +28,7 @@ fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> std::path::PathBu
 fn missing_file() {
     let (err, text) = import_err(Path::new("no/such/model.onnx"), &bert_options());
     assert!(matches!(err, ImportError::Read { .. }), "{text}");
-    assert!(
-        text.contains("no/such/model.onnx") && text.contains("cannot read"),
-        "{text}"
-    );
+    assert!(text.contains("no/such/model.onnx") && text.contains("cannot read"), "{text}");
 }
 
 #[test]
@@ -40,28 +37,17 @@ fn empty_file() {
     let path = write(&dir, "empty.onnx", b"");
     let (err, text) = import_err(&path, &bert_options());
     assert!(matches!(err, ImportError::Empty { .. }), "{text}");
-    assert!(
-        text.contains("empty.onnx") && text.contains("empty"),
-        "{text}"
-    );
+    assert!(text.contains("empty.onnx") && text.contains("empty"), "{text}");
 }
 
 #[test]
 fn random_bytes() {
     let dir = tempfile::tempdir().unwrap();
     // Deterministic noise that is not a protobuf message.
-    let noise: Vec<u8> = (0u32..4096)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    let noise: Vec<u8> = (0u32..4096).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let path = write(&dir, "noise.onnx", &noise);
     let (err, text) = import_err(&path, &bert_options());
-    assert!(
-        matches!(
-            err,
-            ImportError::Decode { .. } | ImportError::NoGraph { .. }
-        ),
-        "{text}"
-    );
+    assert!(matches!(err, ImportError::Decode { .. } | ImportError::NoGraph { .. }), "{text}");
     assert!(text.contains("noise.onnx"), "{text}");
 }
 
@@ -72,10 +58,7 @@ fn truncated_file() {
     let path = write(&dir, "truncated.onnx", &bytes[..bytes.len() / 2]);
     let (err, text) = import_err(&path, &bert_options());
     assert!(matches!(err, ImportError::Decode { .. }), "{text}");
-    assert!(
-        text.contains("truncated.onnx") && text.contains("truncated"),
-        "{text}"
-    );
+    assert!(text.contains("truncated.onnx") && text.contains("truncated"), "{text}");
 }
 
 /// bert_ts.onnx with its first Erf node renamed to an op fusec does not know.
@@ -93,10 +76,7 @@ fn unsupported_op_names_node_op_and_opset() {
     let dir = tempfile::tempdir().unwrap();
     let path = with_unsupported_op(&dir);
     let (err, text) = import_err(&path, &bert_options());
-    assert!(
-        matches!(err, ImportError::Unsupported { count: 1, .. }),
-        "{text}"
-    );
+    assert!(matches!(err, ImportError::Unsupported { count: 1, .. }), "{text}");
     assert!(
         text.contains("NonMaxSuppression") && text.contains("opset 17") && text.contains("node '"),
         "{text}"
@@ -105,18 +85,10 @@ fn unsupported_op_names_node_op_and_opset() {
 
 #[test]
 fn symbolic_dim_without_value() {
-    let (err, text) = import_err(
-        &common::model_path("bert_ts.onnx"),
-        &ImportOptions::default().dim("batch", 2),
-    );
-    assert!(
-        matches!(err, ImportError::SymbolicDim { axis: 1, .. }),
-        "{text}"
-    );
-    assert!(
-        text.contains("'seq'") && text.contains("--dim seq=N"),
-        "{text}"
-    );
+    let (err, text) =
+        import_err(&common::model_path("bert_ts.onnx"), &ImportOptions::default().dim("batch", 2));
+    assert!(matches!(err, ImportError::SymbolicDim { axis: 1, .. }), "{text}");
+    assert!(text.contains("'seq'") && text.contains("--dim seq=N"), "{text}");
 }
 
 #[test]
@@ -125,10 +97,7 @@ fn input_the_model_lacks() {
     let options = ImportOptions::new(vec![spec], vec![]);
     let (err, text) = import_err(&common::model_path("bert_ts.onnx"), &options);
     assert!(matches!(err, ImportError::UnknownInput { .. }), "{text}");
-    assert!(
-        text.contains("input_ids") && text.contains("inputs are: input"),
-        "{text}"
-    );
+    assert!(text.contains("input_ids") && text.contains("inputs are: input"), "{text}");
 }
 
 #[test]
@@ -136,19 +105,14 @@ fn dim_the_model_lacks() {
     let options = ImportOptions::default().dim("batch", 2).dim("sequence", 5);
     let (err, text) = import_err(&common::model_path("bert_ts.onnx"), &options);
     assert!(matches!(err, ImportError::UnknownDim { .. }), "{text}");
-    assert!(
-        text.contains("sequence") && text.contains("batch, seq"),
-        "{text}"
-    );
+    assert!(text.contains("sequence") && text.contains("batch, seq"), "{text}");
 }
 
 #[test]
 fn wrong_rank() {
     let spec: InputSpec = "input:2x5x3".parse().unwrap();
-    let (err, text) = import_err(
-        &common::model_path("bert_ts.onnx"),
-        &ImportOptions::new(vec![spec], vec![]),
-    );
+    let (err, text) =
+        import_err(&common::model_path("bert_ts.onnx"), &ImportOptions::new(vec![spec], vec![]));
     assert!(matches!(err, ImportError::InputShape { .. }), "{text}");
     assert!(text.contains("rank 3") && text.contains("rank 2"), "{text}");
 }
@@ -156,24 +120,16 @@ fn wrong_rank() {
 #[test]
 fn fixed_dim_contradicted() {
     let spec: InputSpec = "x:2x8x40".parse().unwrap();
-    let (_, text) = import_err(
-        &common::model_path("mlp_block.onnx"),
-        &ImportOptions::new(vec![spec], vec![]),
-    );
+    let (_, text) =
+        import_err(&common::model_path("mlp_block.onnx"), &ImportOptions::new(vec![spec], vec![]));
     assert!(text.contains("fixes at 7"), "{text}");
 }
 
 #[test]
 fn wrong_input_type() {
     let spec: InputSpec = "input:2x5:f32".parse().unwrap();
-    let (_, text) = import_err(
-        &common::model_path("bert_ts.onnx"),
-        &ImportOptions::new(vec![spec], vec![]),
-    );
-    assert!(
-        text.contains("--input gives f32, the model declares i64"),
-        "{text}"
-    );
+    let (_, text) = import_err(&common::model_path("bert_ts.onnx"), &ImportOptions::new(vec![spec], vec![]));
+    assert!(text.contains("--input gives f32, the model declares i64"), "{text}");
 }
 
 /// A shape that the model's own ops reject (a 40-wide layer fed 41 wide) names the node.
@@ -183,20 +139,13 @@ fn shape_error_names_the_node() {
     let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
     let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
     let graph = proto.graph.as_mut().unwrap();
-    let w1 = graph
-        .initializer
-        .iter_mut()
-        .find(|t| t.name == "w1")
-        .unwrap();
+    let w1 = graph.initializer.iter_mut().find(|t| t.name == "w1").unwrap();
     w1.dims[0] = 41;
     w1.raw_data.extend(std::iter::repeat_n(0u8, 96 * 4));
     let path = write(&dir, "bad_shape.onnx", &proto.encode_to_vec());
     let (err, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
     assert!(matches!(err, ImportError::Node { .. }), "{text}");
-    assert!(
-        text.contains("fc1_matmul") && text.contains("MatMul") && text.contains("opset 17"),
-        "{text}"
-    );
+    assert!(text.contains("fc1_matmul") && text.contains("MatMul") && text.contains("opset 17"), "{text}");
 }
 
 #[test]
@@ -205,27 +154,13 @@ fn training_mode_dropout_is_refused() {
     let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
     let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
     let graph = proto.graph.as_mut().unwrap();
-    let mut flag = graph
-        .initializer
-        .iter()
-        .find(|t| t.name == "ratio")
-        .unwrap()
-        .clone();
+    let mut flag = graph.initializer.iter().find(|t| t.name == "ratio").unwrap().clone();
     flag.name = "training".into();
     flag.data_type = 9; // BOOL
     flag.raw_data = vec![1];
     graph.initializer.push(flag);
-    graph
-        .node
-        .iter_mut()
-        .find(|n| n.op_type == "Dropout")
-        .unwrap()
-        .input
-        .push("training".into());
+    graph.node.iter_mut().find(|n| n.op_type == "Dropout").unwrap().input.push("training".into());
     let path = write(&dir, "training.onnx", &proto.encode_to_vec());
     let (_, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
-    assert!(
-        text.contains("dropout") && text.contains("training_mode"),
-        "{text}"
-    );
+    assert!(text.contains("dropout") && text.contains("training_mode"), "{text}");
 }

@@ -19,12 +19,8 @@ fn small_graph() -> Graph {
     let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3]));
     let bias = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[3]), vec![0.5, -1.0, 2.0]).unwrap());
     let b = g.add_constant("bias", Arc::new(bias), origin("bias"));
-    let sum = g
-        .add_op(Op::Binary(BinaryOp::Add), &[x, b], "sum", origin("add"))
-        .unwrap();
-    let y = g
-        .add_op(Op::Softmax { axis: 1 }, &[sum], "y", origin("softmax"))
-        .unwrap();
+    let sum = g.add_op(Op::Binary(BinaryOp::Add), &[x, b], "sum", origin("add")).unwrap();
+    let y = g.add_op(Op::Softmax { axis: 1 }, &[sum], "y", origin("softmax")).unwrap();
     g.set_outputs(vec![("y".into(), y)]);
     g
 }
@@ -39,9 +35,8 @@ fn a_small_graph_verifies_and_dumps() {
 #[test]
 fn the_evaluator_computes_softmax_of_a_sum() {
     let g = small_graph();
-    let x = Tensor::F32(
-        ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, -1.0, 0.0, 0.25]).unwrap(),
-    );
+    let x =
+        Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, -1.0, 0.0, 0.25]).unwrap());
     let out = ir::evaluate(&g, &HashMap::from([("x".to_string(), x)])).unwrap();
     let y = out[0].1.to_f64_vec();
     // Row 0: softmax([1.5, 1.0, 5.0]) computed by hand in f64.
@@ -58,17 +53,10 @@ fn type_errors_name_the_node() {
     let mut g = Graph::new();
     let a = g.add_input("a", TensorType::new(DType::F32, vec![2, 3]));
     let b = g.add_input("b", TensorType::new(DType::F32, vec![4, 3]));
-    let err = g
-        .add_op(Op::Binary(BinaryOp::Mul), &[a, b], "c", origin("the_mul"))
-        .unwrap_err();
+    let err = g.add_op(Op::Binary(BinaryOp::Mul), &[a, b], "c", origin("the_mul")).unwrap_err();
     let text = err.to_string();
-    assert!(
-        text.contains("the_mul") && text.contains("do not broadcast"),
-        "{text}"
-    );
-    let err = g
-        .add_op(Op::MatMul, &[a, b], "c", origin("the_matmul"))
-        .unwrap_err();
+    assert!(text.contains("the_mul") && text.contains("do not broadcast"), "{text}");
+    let err = g.add_op(Op::MatMul, &[a, b], "c", origin("the_matmul")).unwrap_err();
     assert!(err.to_string().contains("the_matmul"), "{err}");
 }
 
@@ -78,10 +66,7 @@ fn the_verifier_catches_a_wrong_stored_type() {
     let y = g.outputs()[0].1;
     g.node_mut(y).ty = TensorType::new(DType::F32, vec![3, 2]);
     let err = ir::verify(&g).unwrap_err();
-    assert!(
-        matches!(err, IrError::Verify { ref node, .. } if node == "softmax"),
-        "{err}"
-    );
+    assert!(matches!(err, IrError::Verify { ref node, .. } if node == "softmax"), "{err}");
 }
 
 #[test]
@@ -90,29 +75,20 @@ fn the_verifier_catches_a_wrong_arity() {
     let y = g.outputs()[0].1;
     g.node_mut(y).op = Op::Binary(BinaryOp::Add);
     let err = ir::verify(&g).unwrap_err().to_string();
-    assert!(
-        err.contains("softmax") && err.contains("takes 2 inputs, got 1"),
-        "{err}"
-    );
+    assert!(err.contains("softmax") && err.contains("takes 2 inputs, got 1"), "{err}");
 }
 
 #[test]
 fn the_evaluator_checks_its_inputs() {
     let g = small_graph();
     let err = ir::evaluate(&g, &HashMap::new()).unwrap_err().to_string();
-    assert!(
-        err.contains("'x' was not given") && err.contains("x f32[2,3]"),
-        "{err}"
-    );
+    assert!(err.contains("'x' was not given") && err.contains("x f32[2,3]"), "{err}");
     let wrong = Tensor::F32(ArrayD::zeros(IxDyn(&[3, 2])));
     let err = ir::evaluate(&g, &HashMap::from([("x".to_string(), wrong.clone())])).unwrap_err();
     assert!(err.to_string().contains("f32[3,2]"), "{err}");
     let err = ir::evaluate(
         &g,
-        &HashMap::from([
-            ("x".to_string(), wrong.cast(DType::F32)),
-            ("z".to_string(), wrong),
-        ]),
+        &HashMap::from([("x".to_string(), wrong.cast(DType::F32)), ("z".to_string(), wrong)]),
     )
     .unwrap_err();
     assert!(err.to_string().contains("'z' is not an input"), "{err}");
@@ -122,16 +98,11 @@ fn the_evaluator_checks_its_inputs() {
 fn unary_ops_on_awkward_values() {
     let mut g = Graph::new();
     let x = g.add_input("x", TensorType::new(DType::F32, vec![5]));
-    let gelu = g
-        .add_op(Op::Unary(UnaryOp::Gelu), &[x], "g", origin("gelu"))
-        .unwrap();
-    let nan = g
-        .add_op(Op::Unary(UnaryOp::IsNaN), &[gelu], "n", origin("isnan"))
-        .unwrap();
+    let gelu = g.add_op(Op::Unary(UnaryOp::Gelu), &[x], "g", origin("gelu")).unwrap();
+    let nan = g.add_op(Op::Unary(UnaryOp::IsNaN), &[gelu], "n", origin("isnan")).unwrap();
     g.set_outputs(vec![("g".into(), gelu), ("n".into(), nan)]);
-    let input = Tensor::F32(
-        ArrayD::from_shape_vec(IxDyn(&[5]), vec![-3.0, -0.5, 0.0, 1.0, f32::NAN]).unwrap(),
-    );
+    let input =
+        Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[5]), vec![-3.0, -0.5, 0.0, 1.0, f32::NAN]).unwrap());
     let out = ir::evaluate(&g, &HashMap::from([("x".to_string(), input)])).unwrap();
     let gelu = out[0].1.to_f64_vec();
     // 0.5·x·(1 + erf(x/√2)) at x = 1 is 0.841344746…
@@ -144,11 +115,7 @@ fn unary_ops_on_awkward_values() {
 #[test]
 fn imported_dumps_are_stable() {
     for file in ["layernorm_div.onnx", "gelu_tanh.onnx"] {
-        let model = import(
-            &common::model_path(file),
-            &ImportOptions::default().dim("batch", 2),
-        )
-        .unwrap();
+        let model = import(&common::model_path(file), &ImportOptions::default().dim("batch", 2)).unwrap();
         insta::assert_snapshot!(file, ir::dump(&model.graph).unwrap());
     }
 }

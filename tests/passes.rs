@@ -23,10 +23,7 @@ fn standard_passes_keep_every_fixture_meaning() {
             let err = rel_l2(a, b);
             assert!(err <= 1e-6, "{file} {name}: rel-L2 {err:e} after passes");
         }
-        assert!(
-            graph.node_count() <= model.graph.node_count(),
-            "{file}: passes added nodes"
-        );
+        assert!(graph.node_count() <= model.graph.node_count(), "{file}: passes added nodes");
     }
 }
 
@@ -49,29 +46,16 @@ fn origin(name: &str) -> Origin {
 fn cse_merges_twins_and_dce_drops_the_dead() {
     let mut g = Graph::new();
     let x = g.add_input("x", TensorType::new(DType::F32, vec![4]));
-    let a = g
-        .add_op(Op::Unary(UnaryOp::Exp), &[x], "a", origin("exp_a"))
-        .unwrap();
-    let b = g
-        .add_op(Op::Unary(UnaryOp::Exp), &[x], "b", origin("exp_b"))
-        .unwrap();
-    let sum = g
-        .add_op(Op::Binary(BinaryOp::Add), &[a, b], "sum", origin("add"))
-        .unwrap();
-    g.add_op(Op::Unary(UnaryOp::Tanh), &[x], "dead", origin("dead"))
-        .unwrap();
+    let a = g.add_op(Op::Unary(UnaryOp::Exp), &[x], "a", origin("exp_a")).unwrap();
+    let b = g.add_op(Op::Unary(UnaryOp::Exp), &[x], "b", origin("exp_b")).unwrap();
+    let sum = g.add_op(Op::Binary(BinaryOp::Add), &[a, b], "sum", origin("add")).unwrap();
+    g.add_op(Op::Unary(UnaryOp::Tanh), &[x], "dead", origin("dead")).unwrap();
     g.set_outputs(vec![("sum".into(), sum)]);
     assert_eq!(Cse.run(&mut g).unwrap(), 1);
     let inputs = g.inputs_of(sum);
-    assert!(
-        inputs[0] == inputs[1] && (inputs[0] == a || inputs[0] == b),
-        "{inputs:?}"
-    );
+    assert!(inputs[0] == inputs[1] && (inputs[0] == a || inputs[0] == b), "{inputs:?}");
     assert_eq!(Dce.run(&mut g).unwrap(), 1);
-    assert_eq!(
-        g.op_histogram().into_iter().collect::<Vec<_>>(),
-        vec![("Add".into(), 1), ("Exp".into(), 1)]
-    );
+    assert_eq!(g.op_histogram().into_iter().collect::<Vec<_>>(), vec![("Add".into(), 1), ("Exp".into(), 1)]);
     ir::verify(&g).unwrap();
 }
 
@@ -80,29 +64,13 @@ fn const_fold_and_noop_removal() {
     let mut g = Graph::new();
     let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3]));
     let c = g.add_constant("c", Arc::new(Tensor::scalar_f32(4.0)), origin("c"));
-    let root = g
-        .add_op(Op::Unary(UnaryOp::Sqrt), &[c], "root", origin("sqrt"))
-        .unwrap();
-    let cast = g
-        .add_op(Op::Cast { to: DType::F32 }, &[x], "cast", origin("cast"))
-        .unwrap();
-    let same = g
-        .add_op(
-            Op::Reshape { shape: vec![2, 3] },
-            &[cast],
-            "same",
-            origin("reshape"),
-        )
-        .unwrap();
-    let y = g
-        .add_op(Op::Binary(BinaryOp::Mul), &[same, root], "y", origin("mul"))
-        .unwrap();
+    let root = g.add_op(Op::Unary(UnaryOp::Sqrt), &[c], "root", origin("sqrt")).unwrap();
+    let cast = g.add_op(Op::Cast { to: DType::F32 }, &[x], "cast", origin("cast")).unwrap();
+    let same = g.add_op(Op::Reshape { shape: vec![2, 3] }, &[cast], "same", origin("reshape")).unwrap();
+    let y = g.add_op(Op::Binary(BinaryOp::Mul), &[same, root], "y", origin("mul")).unwrap();
     g.set_outputs(vec![("y".into(), y)]);
     assert_eq!(ConstFold.run(&mut g).unwrap(), 1);
-    assert_eq!(
-        g.constant(g.inputs_of(y)[1]).unwrap().to_f64_vec(),
-        vec![2.0]
-    );
+    assert_eq!(g.constant(g.inputs_of(y)[1]).unwrap().to_f64_vec(), vec![2.0]);
     assert_eq!(RemoveNoops.run(&mut g).unwrap(), 2);
     assert_eq!(g.inputs_of(y)[0], x);
     ir::verify(&g).unwrap();

@@ -29,11 +29,7 @@ pub struct Inspect {
 }
 
 fn histogram(counts: &BTreeMap<String, usize>) -> String {
-    counts
-        .iter()
-        .map(|(op, n)| format!("{op} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    counts.iter().map(|(op, n)| format!("{op} {n}")).collect::<Vec<_>>().join(", ")
 }
 
 fn declared_shape(dims: &Option<Vec<DeclaredDim>>) -> String {
@@ -55,34 +51,16 @@ impl Inspect {
         println!("model       {}", onnx.path.display());
         println!(
             "producer    {} (opset {})",
-            if onnx.producer.is_empty() {
-                "unknown"
-            } else {
-                &onnx.producer
-            },
+            if onnx.producer.is_empty() { "unknown" } else { &onnx.producer },
             onnx.opset
         );
-        println!(
-            "parameters  {} ({} bytes)",
-            onnx.parameters, onnx.parameter_bytes
-        );
-        println!(
-            "ONNX nodes  {}: {}",
-            onnx.node_count,
-            histogram(&onnx.op_histogram)
-        );
+        println!("parameters  {} ({} bytes)", onnx.parameters, onnx.parameter_bytes);
+        println!("ONNX nodes  {}: {}", onnx.node_count, histogram(&onnx.op_histogram));
         if !onnx.unsupported.is_empty() {
             println!("unsupported ops: {}", onnx.unsupported.len());
             for op in &onnx.unsupported {
-                let domain = if op.domain.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}::", op.domain)
-                };
-                println!(
-                    "  node '{}': {domain}{} (opset {})",
-                    op.node, op.op_type, onnx.opset
-                );
+                let domain = if op.domain.is_empty() { String::new() } else { format!("{}::", op.domain) };
+                println!("  node '{}': {domain}{} (opset {})", op.node, op.op_type, onnx.opset);
             }
             return Ok(ExitCode::FAILURE);
         }
@@ -91,20 +69,12 @@ impl Inspect {
         let graph = &model.graph;
         for (declared, &id) in onnx.inputs.iter().zip(graph.inputs()) {
             let node = graph.node(id);
-            println!(
-                "input       {} {} -> {}",
-                node.name,
-                declared_shape(&declared.dims),
-                node.ty
-            );
+            println!("input       {} {} -> {}", node.name, declared_shape(&declared.dims), node.ty);
         }
         for (name, id) in graph.outputs() {
             println!("output      {name} {}", graph.node(*id).ty);
         }
-        let shape_ops: usize = SHAPE_OPS
-            .iter()
-            .filter_map(|op| onnx.op_histogram.get(*op))
-            .sum();
+        let shape_ops: usize = SHAPE_OPS.iter().filter_map(|op| onnx.op_histogram.get(*op)).sum();
         let ir_ops = graph.op_histogram();
         println!(
             "IR nodes    {} after import ({} ONNX nodes folded into constants): {}",
@@ -112,10 +82,7 @@ impl Inspect {
             model.folded_nodes,
             histogram(&ir_ops)
         );
-        println!(
-            "shape ops   {shape_ops} in the file, {} left after folding",
-            model.remaining_shape_ops()
-        );
+        println!("shape ops   {shape_ops} in the file, {} left after folding", model.remaining_shape_ops());
         if self.dump {
             print!("{}", ir::dump(graph).context("dumping the IR")?);
         }

@@ -47,8 +47,7 @@ impl NodeCtx<'_> {
     }
 
     pub fn input(&self, i: usize) -> Result<NodeId, ImportError> {
-        self.opt_input(i)
-            .ok_or_else(|| self.error(format!("input {i} is required")))
+        self.opt_input(i).ok_or_else(|| self.error(format!("input {i} is required")))
     }
 
     pub fn opt_input(&self, i: usize) -> Option<NodeId> {
@@ -89,9 +88,7 @@ impl NodeCtx<'_> {
         &'b self,
         name: &str,
     ) -> Result<Option<T>, ImportError> {
-        self.proto
-            .get_attr_opt(name)
-            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+        self.proto.get_attr_opt(name).map_err(|e| self.error(format!("attribute {name}: {e}")))
     }
 
     pub fn attr_int(&self, name: &str) -> Result<Option<i64>, ImportError> {
@@ -116,15 +113,11 @@ impl NodeCtx<'_> {
     }
 
     pub fn attr_ints(&self, name: &str) -> Result<Option<Vec<i64>>, ImportError> {
-        self.proto
-            .get_attr_opt_vec(name)
-            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+        self.proto.get_attr_opt_vec(name).map_err(|e| self.error(format!("attribute {name}: {e}")))
     }
 
     pub fn attr_floats(&self, name: &str) -> Result<Option<Vec<f32>>, ImportError> {
-        self.proto
-            .get_attr_opt_vec(name)
-            .map_err(|e| self.error(format!("attribute {name}: {e}")))
+        self.proto.get_attr_opt_vec(name).map_err(|e| self.error(format!("attribute {name}: {e}")))
     }
 
     /// `axis` (negative counts from the end) as an index into a rank-`rank` shape.
@@ -147,26 +140,18 @@ impl NodeCtx<'_> {
     }
 
     /// Adds `op` on `inputs` as value `name`; folds it to a constant if every input is one.
-    pub fn add_named(
-        &mut self,
-        op: Op,
-        inputs: &[NodeId],
-        name: &str,
-    ) -> Result<NodeId, ImportError> {
-        let constants: Option<Vec<&Arc<Tensor>>> =
-            inputs.iter().map(|&i| self.graph.constant(i)).collect();
+    pub fn add_named(&mut self, op: Op, inputs: &[NodeId], name: &str) -> Result<NodeId, ImportError> {
+        let constants: Option<Vec<&Arc<Tensor>>> = inputs.iter().map(|&i| self.graph.constant(i)).collect();
         if let (Some(values), false) = (constants, inputs.is_empty()) {
             let args: Vec<&Tensor> = values.iter().map(|t| t.as_ref()).collect();
             let value = ir::ops::evaluate(&op, &args).map_err(|m| self.error(m))?;
             return Ok(self.constant_named(value, name));
         }
         let origin = self.origin();
-        self.graph
-            .add_op(op, inputs, name, origin)
-            .map_err(|e| match e {
-                ir::IrError::Op { message, .. } => self.error(message),
-                other => self.error(other.to_string()),
-            })
+        self.graph.add_op(op, inputs, name, origin).map_err(|e| match e {
+            ir::IrError::Op { message, .. } => self.error(message),
+            other => self.error(other.to_string()),
+        })
     }
 
     /// Adds a constant as the value of output 0.
@@ -185,11 +170,7 @@ pub(crate) fn node_name(proto: &NodeProto) -> String {
     if !proto.name.is_empty() {
         return proto.name.clone();
     }
-    proto
-        .output
-        .first()
-        .cloned()
-        .unwrap_or_else(|| format!("<unnamed {}>", proto.op_type))
+    proto.output.first().cloned().unwrap_or_else(|| format!("<unnamed {}>", proto.op_type))
 }
 
 /// Loads a `TensorProto` (embedded or external data) as an IR tensor.

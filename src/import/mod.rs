@@ -82,8 +82,7 @@ impl Model {
             .node_ids()
             .filter(|&id| {
                 let node = self.graph.node(id);
-                SHAPE_OPS.contains(&node.origin.op_type.as_str())
-                    && !matches!(node.op, ir::Op::Constant(_))
+                SHAPE_OPS.contains(&node.origin.op_type.as_str()) && !matches!(node.op, ir::Op::Constant(_))
             })
             .count()
     }
@@ -91,41 +90,26 @@ impl Model {
 
 /// Reads and decodes an ONNX file, with errors that say what is wrong with it.
 pub fn load_proto(path: &Path) -> Result<ModelProto, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        std::fs::read(path).map_err(|source| ImportError::Read { path: path.to_path_buf(), source })?;
     if bytes.is_empty() {
-        return Err(ImportError::Empty {
-            path: path.to_path_buf(),
-        });
+        return Err(ImportError::Empty { path: path.to_path_buf() });
     }
     let proto = tract_onnx::onnx()
         .proto_model_for_read(&mut bytes.as_slice())
-        .map_err(|e| ImportError::Decode {
-            path: path.to_path_buf(),
-            message: format!("{e:#}"),
-        })?;
+        .map_err(|e| ImportError::Decode { path: path.to_path_buf(), message: format!("{e:#}") })?;
     if proto.graph.is_none() {
-        return Err(ImportError::NoGraph {
-            path: path.to_path_buf(),
-        });
+        return Err(ImportError::NoGraph { path: path.to_path_buf() });
     }
     Ok(proto)
 }
 
 fn graph_of<'a>(proto: &'a ModelProto, path: &Path) -> Result<&'a pb::GraphProto, ImportError> {
-    proto.graph.as_ref().ok_or_else(|| ImportError::NoGraph {
-        path: path.to_path_buf(),
-    })
+    proto.graph.as_ref().ok_or_else(|| ImportError::NoGraph { path: path.to_path_buf() })
 }
 
 fn opset_of(proto: &ModelProto) -> i64 {
-    proto
-        .opset_import
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map_or(1, |o| o.version)
+    proto.opset_import.iter().find(|o| o.domain.is_empty() || o.domain == "ai.onnx").map_or(1, |o| o.version)
 }
 
 fn declared_input(info: &pb::ValueInfoProto) -> DeclaredInput {
@@ -147,11 +131,7 @@ fn declared_input(info: &pb::ValueInfoProto) -> DeclaredInput {
             })
             .collect()
     });
-    DeclaredInput {
-        name: info.name.clone(),
-        dtype,
-        dims,
-    }
+    DeclaredInput { name: info.name.clone(), dtype, dims }
 }
 
 /// Summarises an ONNX file: inputs, op histogram, weights, unsupported ops. Needs no shapes.
@@ -179,8 +159,7 @@ fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, Impor
     }
     let (mut parameters, mut parameter_bytes) = (0, 0);
     for t in &graph.initializer {
-        if let Some(dtype) = DType::from_onnx_code(i64::from(t.data_type)).filter(|d| d.is_float())
-        {
+        if let Some(dtype) = DType::from_onnx_code(i64::from(t.data_type)).filter(|d| d.is_float()) {
             let count = t.dims.iter().map(|&d| d.max(0) as usize).product::<usize>();
             parameters += count;
             parameter_bytes += count * dtype.size_bytes();
@@ -189,9 +168,7 @@ fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, Impor
     Ok(OnnxSummary {
         path: path.to_path_buf(),
         opset: opset_of(proto),
-        producer: format!("{} {}", proto.producer_name, proto.producer_version)
-            .trim()
-            .to_string(),
+        producer: format!("{} {}", proto.producer_name, proto.producer_version).trim().to_string(),
         inputs: graph
             .input
             .iter()
@@ -213,21 +190,10 @@ fn resolve_inputs(
     options: &ImportOptions,
 ) -> Result<Vec<(String, TensorType)>, ImportError> {
     let path = summary.path.clone();
-    let names = || {
-        summary
-            .inputs
-            .iter()
-            .map(|i| i.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = || summary.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
     for spec in &options.inputs {
         if !summary.inputs.iter().any(|i| i.name == spec.name) {
-            return Err(ImportError::UnknownInput {
-                path,
-                name: spec.name.clone(),
-                available: names(),
-            });
+            return Err(ImportError::UnknownInput { path, name: spec.name.clone(), available: names() });
         }
     }
     let symbols: Vec<&str> = summary
@@ -241,16 +207,8 @@ fn resolve_inputs(
         .collect();
     for symbol in options.dims.keys() {
         if !symbols.contains(&symbol.as_str()) {
-            let available = if symbols.is_empty() {
-                "none".to_string()
-            } else {
-                symbols.join(", ")
-            };
-            return Err(ImportError::UnknownDim {
-                path,
-                symbol: symbol.clone(),
-                available,
-            });
+            let available = if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") };
+            return Err(ImportError::UnknownDim { path, symbol: symbol.clone(), available });
         }
     }
     let mut resolved = Vec::new();
@@ -266,7 +224,12 @@ fn resolve_inputs(
                 return Err(fail(format!("--input gives {given}, the model declares {declared}")))
             }
             (Some(d), _) | (None, Some(d)) => d,
-            (None, None) => return Err(fail("the model declares no supported element type; give one with --input NAME:SHAPE:TYPE".into())),
+            (None, None) => {
+                return Err(fail(
+                    "the model declares no supported element type; give one with --input NAME:SHAPE:TYPE"
+                        .into(),
+                ))
+            }
         };
         let shape = match (spec, &input.dims) {
             (Some(spec), Some(dims)) => {
@@ -281,7 +244,9 @@ fn resolve_inputs(
                 for (axis, (given, declared)) in spec.shape.iter().zip(dims).enumerate() {
                     if let DeclaredDim::Fixed(d) = declared {
                         if d != given {
-                            return Err(fail(format!("--input gives {given} for dimension {axis}, which the model fixes at {d}")));
+                            return Err(fail(format!(
+                                "--input gives {given} for dimension {axis}, which the model fixes at {d}"
+                            )));
                         }
                     }
                 }
@@ -289,9 +254,7 @@ fn resolve_inputs(
             }
             (Some(spec), None) => spec.shape.clone(),
             (None, None) => {
-                return Err(fail(
-                    "the model declares no shape; give one with --input NAME:SHAPE".into(),
-                ))
+                return Err(fail("the model declares no shape; give one with --input NAME:SHAPE".into()))
             }
             (None, Some(dims)) => dims
                 .iter()
@@ -299,16 +262,12 @@ fn resolve_inputs(
                 .map(|(axis, d)| match d {
                     DeclaredDim::Fixed(v) => Ok(*v),
                     DeclaredDim::Symbolic(s) => {
-                        options
-                            .dims
-                            .get(s)
-                            .copied()
-                            .ok_or_else(|| ImportError::SymbolicDim {
-                                path: path.clone(),
-                                input: input.name.clone(),
-                                axis,
-                                symbol: s.clone(),
-                            })
+                        options.dims.get(s).copied().ok_or_else(|| ImportError::SymbolicDim {
+                            path: path.clone(),
+                            input: input.name.clone(),
+                            axis,
+                            symbol: s.clone(),
+                        })
                     }
                     DeclaredDim::Unknown => Err(ImportError::SymbolicDim {
                         path: path.clone(),
@@ -333,15 +292,8 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
             .unsupported
             .iter()
             .map(|u| {
-                let domain = if u.domain.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}::", u.domain)
-                };
-                format!(
-                    "node '{}' ({domain}{}, opset {})",
-                    u.node, u.op_type, summary.opset
-                )
+                let domain = if u.domain.is_empty() { String::new() } else { format!("{}::", u.domain) };
+                format!("node '{}' ({domain}{}, opset {})", u.node, u.op_type, summary.opset)
             })
             .collect();
         return Err(ImportError::Unsupported {
@@ -359,11 +311,7 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
             name: t.name.clone(),
             message,
         })?;
-        let id = graph.add_constant(
-            &t.name,
-            Arc::new(value),
-            Origin::new(&t.name, "Initializer"),
-        );
+        let id = graph.add_constant(&t.name, Arc::new(value), Origin::new(&t.name, "Initializer"));
         values.insert(t.name.clone(), id);
     }
     for (name, ty) in resolve_inputs(&summary, options)? {
@@ -386,13 +334,7 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
             })
             .collect::<Result<Vec<_>, _>>()?;
         let translate = ops::registry()[node.op_type.as_str()];
-        let mut ctx = NodeCtx {
-            graph: &mut graph,
-            proto: node,
-            inputs,
-            opset: summary.opset,
-            path,
-        };
+        let mut ctx = NodeCtx { graph: &mut graph, proto: node, inputs, opset: summary.opset, path };
         let outputs = translate(&mut ctx)?;
         if outputs.iter().all(|&id| graph.constant(id).is_some()) {
             folded_nodes += 1;
@@ -408,21 +350,11 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
         let id = values
             .get(name)
             .copied()
-            .ok_or_else(|| ImportError::MissingOutput {
-                path: path.to_path_buf(),
-                name: name.clone(),
-            })?;
+            .ok_or_else(|| ImportError::MissingOutput { path: path.to_path_buf(), name: name.clone() })?;
         outputs.push((name.clone(), id));
     }
     graph.set_outputs(outputs);
     graph.remove_unused();
-    ir::verify(&graph).map_err(|source| ImportError::Ir {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(Model {
-        graph,
-        onnx: summary,
-        folded_nodes,
-    })
+    ir::verify(&graph).map_err(|source| ImportError::Ir { path: path.to_path_buf(), source })?;
+    Ok(Model { graph, onnx: summary, folded_nodes })
 }

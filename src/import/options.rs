@@ -37,20 +37,12 @@ impl FromStr for InputSpec {
         let shape = if dims.is_empty() {
             vec![]
         } else {
-            dims.split('x')
-                .map(|d| d.parse::<usize>().map_err(|_| usage()))
-                .collect::<Result<Vec<_>, _>>()?
+            dims.split('x').map(|d| d.parse::<usize>().map_err(|_| usage())).collect::<Result<Vec<_>, _>>()?
         };
         if shape.contains(&0) {
-            return Err(format!(
-                "'{s}' has a zero dimension: inputs must not be empty"
-            ));
+            return Err(format!("'{s}' has a zero dimension: inputs must not be empty"));
         }
-        Ok(InputSpec {
-            name: name.to_string(),
-            shape,
-            dtype,
-        })
+        Ok(InputSpec { name: name.to_string(), shape, dtype })
     }
 }
 
@@ -65,22 +57,15 @@ impl FromStr for DimSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (symbol, value) = s
-            .split_once('=')
-            .ok_or_else(|| format!("'{s}' is not NAME=N"))?;
-        let value = value
-            .parse()
-            .map_err(|_| format!("'{value}' in '{s}' is not a size"))?;
+        let (symbol, value) = s.split_once('=').ok_or_else(|| format!("'{s}' is not NAME=N"))?;
+        let value = value.parse().map_err(|_| format!("'{value}' in '{s}' is not a size"))?;
         if symbol.is_empty() {
             return Err(format!("'{s}' has no dimension name"));
         }
         if value == 0 {
             return Err(format!("'{s}': a dimension must be at least 1"));
         }
-        Ok(DimSpec {
-            symbol: symbol.to_string(),
-            value,
-        })
+        Ok(DimSpec { symbol: symbol.to_string(), value })
     }
 }
 
@@ -93,10 +78,7 @@ pub struct ImportOptions {
 
 impl ImportOptions {
     pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
-        ImportOptions {
-            inputs,
-            dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect(),
-        }
+        ImportOptions { inputs, dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect() }
     }
 
     /// Sets symbolic dimension `symbol` to `value`.
@@ -115,35 +97,16 @@ mod tests {
         let spec: InputSpec = "input_ids:8x128:i64".parse().unwrap();
         assert_eq!(
             spec,
-            InputSpec {
-                name: "input_ids".into(),
-                shape: vec![8, 128],
-                dtype: Some(DType::I64)
-            }
+            InputSpec { name: "input_ids".into(), shape: vec![8, 128], dtype: Some(DType::I64) }
         );
         let spec: InputSpec = "x:3".parse().unwrap();
         assert_eq!((spec.shape, spec.dtype), (vec![3], None));
         assert!("x".parse::<InputSpec>().is_err());
         assert!("x:8xq".parse::<InputSpec>().is_err());
-        assert!("x:8:f8"
-            .parse::<InputSpec>()
-            .unwrap_err()
-            .contains("unknown element type"));
-        assert_eq!(
-            "seq=7".parse::<DimSpec>().unwrap(),
-            DimSpec {
-                symbol: "seq".into(),
-                value: 7
-            }
-        );
+        assert!("x:8:f8".parse::<InputSpec>().unwrap_err().contains("unknown element type"));
+        assert_eq!("seq=7".parse::<DimSpec>().unwrap(), DimSpec { symbol: "seq".into(), value: 7 });
         assert!("seq".parse::<DimSpec>().is_err());
-        assert!("seq=0"
-            .parse::<DimSpec>()
-            .unwrap_err()
-            .contains("at least 1"));
-        assert!("x:2x0"
-            .parse::<InputSpec>()
-            .unwrap_err()
-            .contains("zero dimension"));
+        assert!("seq=0".parse::<DimSpec>().unwrap_err().contains("at least 1"));
+        assert!("x:2x0".parse::<InputSpec>().unwrap_err().contains("zero dimension"));
     }
 }

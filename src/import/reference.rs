@@ -27,21 +27,13 @@ pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, Stri
     let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
     // Exporters annotate intermediate values with symbolic shapes; with concrete inputs tract
     // must infer them instead of unifying with the annotations.
-    let onnx = tract_onnx::onnx()
-        .with_ignore_value_info(true)
-        .with_ignore_output_shapes(true);
+    let onnx = tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true);
     let mut model = onnx.model_for_path(path).map_err(context)?;
     for (i, t) in inputs.iter().enumerate() {
         let t = to_tract(t);
-        model
-            .set_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape()))
-            .map_err(context)?;
+        model.set_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape())).map_err(context)?;
     }
-    let plan = model
-        .into_optimized()
-        .map_err(context)?
-        .into_runnable()
-        .map_err(context)?;
+    let plan = model.into_optimized().map_err(context)?.into_runnable().map_err(context)?;
     let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
     let outputs = plan.run(feeds).map_err(context)?;
     outputs.iter().map(|t| from_tract(t)).collect()

@@ -6,12 +6,8 @@ use crate::ir::Tensor;
 
 /// The IR tensor holding the same values as `t`; small integer types widen to i32/i64.
 pub fn from_tract(t: &TractTensor) -> Result<Tensor, String> {
-    fn array<T: tract_onnx::prelude::Datum + Clone>(
-        t: &TractTensor,
-    ) -> Result<ndarray::ArrayD<T>, String> {
-        Ok(t.to_plain_array_view::<T>()
-            .map_err(|e| e.to_string())?
-            .to_owned())
+    fn array<T: tract_onnx::prelude::Datum + Clone>(t: &TractTensor) -> Result<ndarray::ArrayD<T>, String> {
+        Ok(t.to_plain_array_view::<T>().map_err(|e| e.to_string())?.to_owned())
     }
     let widened = |to: DatumType| t.cast_to_dt(to).map_err(|e| e.to_string());
     Ok(match t.datum_type() {

@@ -31,17 +31,9 @@ impl DType {
 
     /// The type for an ONNX `TensorProto.DataType` code, if the IR supports it.
     pub fn from_onnx_code(code: i64) -> Option<DType> {
-        [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F64,
-            DType::I64,
-            DType::I32,
-            DType::Bool,
-        ]
-        .into_iter()
-        .find(|d| i64::from(d.onnx_code()) == code)
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool]
+            .into_iter()
+            .find(|d| i64::from(d.onnx_code()) == code)
     }
 
     pub fn is_float(self) -> bool {
@@ -75,17 +67,9 @@ impl DType {
 
     /// Parses the short names used on the command line (`f32`, `i64`, …).
     pub fn from_name(name: &str) -> Option<DType> {
-        [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F64,
-            DType::I64,
-            DType::I32,
-            DType::Bool,
-        ]
-        .into_iter()
-        .find(|d| d.name() == name)
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool]
+            .into_iter()
+            .find(|d| d.name() == name)
     }
 }
 

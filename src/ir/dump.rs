@@ -14,25 +14,18 @@ const INLINE_CONSTANT_ELEMENTS: usize = 8;
 
 pub fn dump(graph: &Graph) -> Result<String, IrError> {
     let order = graph.topo_order()?;
-    let numbers: HashMap<NodeId, usize> =
-        order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let numbers: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut out = String::new();
     for &id in &order {
         let node = graph.node(id);
-        let args: Vec<String> = graph
-            .inputs_of(id)
-            .iter()
-            .map(|i| format!("%{}", numbers[i]))
-            .collect();
+        let args: Vec<String> = graph.inputs_of(id).iter().map(|i| format!("%{}", numbers[i])).collect();
         let body = match &node.op {
             Op::Constant(t) if t.len() <= INLINE_CONSTANT_ELEMENTS => {
                 let values: Vec<String> = match t.dtype() {
                     // Print in the tensor's own precision: 1e-5, not 0.0000099999997….
-                    DType::F32 | DType::F16 | DType::BF16 => t
-                        .to_f64_vec()
-                        .iter()
-                        .map(|&v| (v as f32).to_string())
-                        .collect(),
+                    DType::F32 | DType::F16 | DType::BF16 => {
+                        t.to_f64_vec().iter().map(|&v| (v as f32).to_string()).collect()
+                    }
                     _ => t.to_f64_vec().iter().map(|v| v.to_string()).collect(),
                 };
                 format!("Constant [{}]", values.join(", "))

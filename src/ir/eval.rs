@@ -10,10 +10,7 @@ use super::ops;
 use super::tensor::Tensor;
 
 /// Runs `graph` on `feeds` (by input name) and returns its outputs in order, with names.
-pub fn evaluate(
-    graph: &Graph,
-    feeds: &HashMap<String, Tensor>,
-) -> Result<Vec<(String, Tensor)>, IrError> {
+pub fn evaluate(graph: &Graph, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>, IrError> {
     let expected = || {
         graph
             .inputs()
@@ -24,10 +21,7 @@ pub fn evaluate(
     };
     for name in feeds.keys() {
         if !graph.inputs().iter().any(|&i| &graph.node(i).name == name) {
-            return Err(IrError::UnknownInput {
-                name: name.clone(),
-                expected: expected(),
-            });
+            return Err(IrError::UnknownInput { name: name.clone(), expected: expected() });
         }
     }
     let mut values: HashMap<_, Tensor> = HashMap::new();
@@ -35,10 +29,9 @@ pub fn evaluate(
         let node = graph.node(id);
         let value = match &node.op {
             Op::Input { name } => {
-                let fed = feeds.get(name).ok_or_else(|| IrError::MissingInput {
-                    name: name.clone(),
-                    expected: expected(),
-                })?;
+                let fed = feeds
+                    .get(name)
+                    .ok_or_else(|| IrError::MissingInput { name: name.clone(), expected: expected() })?;
                 if fed.tensor_type() != node.ty {
                     return Err(IrError::InputType {
                         name: name.clone(),
@@ -60,9 +53,5 @@ pub fn evaluate(
         };
         values.insert(id, value);
     }
-    Ok(graph
-        .outputs()
-        .iter()
-        .map(|(name, id)| (name.clone(), values[id].clone()))
-        .collect())
+    Ok(graph.outputs().iter().map(|(name, id)| (name.clone(), values[id].clone())).collect())
 }

@@ -16,19 +16,23 @@ use super::tensor::Tensor;
 
 pub type NodeId = NodeIndex;
 
-/// Where a node came from: the ONNX node (name and `op_type`) it was translated from.
+/// Where a node came from: the ONNX node (name and `op_type`) it was translated from, and
+/// the names of further ONNX nodes a pass merged into it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
     pub node: String,
     pub op_type: String,
+    pub merged: Vec<String>,
 }
 
 impl Origin {
     pub fn new(node: impl Into<String>, op_type: impl Into<String>) -> Self {
-        Origin {
-            node: node.into(),
-            op_type: op_type.into(),
-        }
+        Origin { node: node.into(), op_type: op_type.into(), merged: Vec::new() }
+    }
+
+    /// The ONNX node names this node stands for.
+    pub fn onnx_nodes(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.node.as_str()).chain(self.merged.iter().map(String::as_str))
     }
 }
 
@@ -55,28 +59,16 @@ impl Graph {
     }
 
     pub fn add_input(&mut self, name: &str, ty: TensorType) -> NodeId {
-        let op = Op::Input {
-            name: name.to_string(),
-        };
+        let op = Op::Input { name: name.to_string() };
         let origin = Origin::new(name, "Input");
-        let id = self.g.add_node(Node {
-            op,
-            ty,
-            name: name.to_string(),
-            origin,
-        });
+        let id = self.g.add_node(Node { op, ty, name: name.to_string(), origin });
         self.inputs.push(id);
         id
     }
 
     pub fn add_constant(&mut self, name: &str, value: Arc<Tensor>, origin: Origin) -> NodeId {
         let ty = value.tensor_type();
-        self.g.add_node(Node {
-            op: Op::Constant(value),
-            ty,
-            name: name.to_string(),
-            origin,
-        })
+        self.g.add_node(Node { op: Op::Constant(value), ty, name: name.to_string(), origin })
     }
 
     /// Adds `op` applied to `inputs`, inferring its type; a type error names the node.
@@ -92,12 +84,7 @@ impl Graph {
             op: op.kind(),
             message,
         })?;
-        let id = self.g.add_node(Node {
-            op,
-            ty,
-            name: name.to_string(),
-            origin,
-        });
+        let id = self.g.add_node(Node { op, ty, name: name.to_string(), origin });
         for (slot, &input) in inputs.iter().enumerate() {
             self.g.add_edge(input, id, slot);
         }
@@ -144,22 +131,16 @@ impl Graph {
 
     /// The producers of `id`'s inputs, in input-slot order.
     pub fn inputs_of(&self, id: NodeId) -> Vec<NodeId> {
-        let mut edges: Vec<(usize, NodeId)> = self
-            .g
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| (*e.weight(), e.source()))
-            .collect();
+        let mut edges: Vec<(usize, NodeId)> =
+            self.g.edges_directed(id, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
         edges.sort_unstable();
         edges.into_iter().map(|(_, src)| src).collect()
     }
 
     /// The input slots of `id` in order (to check that they are 0..n).
     pub(crate) fn input_slots(&self, id: NodeId) -> Vec<usize> {
-        let mut slots: Vec<usize> = self
-            .g
-            .edges_directed(id, Direction::Incoming)
-            .map(|e| *e.weight())
-            .collect();
+        let mut slots: Vec<usize> =
+            self.g.edges_directed(id, Direction::Incoming).map(|e| *e.weight()).collect();
         slots.sort_unstable();
         slots
     }
@@ -215,11 +196,7 @@ impl Graph {
                 stack.extend(self.g.neighbors_directed(id, Direction::Incoming));
             }
         }
-        let dead: Vec<NodeId> = self
-            .g
-            .node_indices()
-            .filter(|id| !live.contains(id))
-            .collect();
+        let dead: Vec<NodeId> = self.g.node_indices().filter(|id| !live.contains(id)).collect();
         for &id in &dead {
             self.g.remove_node(id);
         }
@@ -229,9 +206,8 @@ impl Graph {
     /// Nodes ordered so that every producer precedes its readers. The order depends only on
     /// the graph's structure and insertion order, so it is the same on every run.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, IrError> {
-        petgraph::algo::toposort(&self.g, None).map_err(|cycle| IrError::Cycle {
-            node: self.g[cycle.node_id()].origin.node.clone(),
-        })
+        petgraph::algo::toposort(&self.g, None)
+            .map_err(|cycle| IrError::Cycle { node: self.g[cycle.node_id()].origin.node.clone() })
     }
 
     /// How many nodes of each kind (`Add`, `MatMul`, …), inputs and constants left out.

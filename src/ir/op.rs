@@ -121,10 +121,24 @@ pub enum Op {
     LogSoftmax {
         axis: usize,
     },
-    /// Normalises over `axis..rank`; inputs x, scale, optional bias.
+    /// Normalises over `axis..rank`; inputs x, optional scale, optional bias (bias only after
+    /// a scale).
     LayerNorm {
         axis: usize,
         epsilon: f32,
+    },
+    /// `x / sqrt(mean(x², axis..rank) + eps) · scale`; inputs x, optional scale.
+    RmsNorm {
+        axis: usize,
+        epsilon: f32,
+    },
+    /// `softmax(scale · q·kt + mask) · v` over the last axis; inputs q `[.., S, D]`,
+    /// kt `[.., D, T]` (keys already transposed), v `[.., T, Dv]`, optional additive mask
+    /// broadcasting to `[.., S, T]`. With `nan_to_zero`, rows that come out NaN (every score
+    /// masked to -inf) are zero, as the IsNaN/Where guard of some exporters makes them.
+    Attention {
+        scale: f32,
+        nan_to_zero: bool,
     },
     Reduce {
         op: ReduceOp,
@@ -188,6 +202,8 @@ impl Op {
             Op::Softmax { .. } => "Softmax".into(),
             Op::LogSoftmax { .. } => "LogSoftmax".into(),
             Op::LayerNorm { .. } => "LayerNorm".into(),
+            Op::RmsNorm { .. } => "RmsNorm".into(),
+            Op::Attention { .. } => "Attention".into(),
             Op::Reduce { op, .. } => format!("Reduce{op:?}"),
             Op::CumSum { .. } => "CumSum".into(),
             Op::Reshape { .. } => "Reshape".into(),
@@ -208,7 +224,10 @@ impl Op {
             Op::Input { .. } | Op::Constant(_) => (0, 0),
             Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } => (2, 2),
             Op::Where => (3, 3),
-            Op::Gemm { .. } | Op::Conv { .. } | Op::LayerNorm { .. } => (2, 3),
+            Op::Gemm { .. } | Op::Conv { .. } => (2, 3),
+            Op::LayerNorm { .. } => (1, 3),
+            Op::RmsNorm { .. } => (1, 2),
+            Op::Attention { .. } => (3, 4),
             Op::Concat { .. } => (1, usize::MAX),
             _ => (1, 1),
         }
@@ -223,23 +242,10 @@ impl fmt::Display for Op {
             Op::Input { name } => write!(f, "Input \"{name}\""),
             Op::Cast { to } => write!(f, "{kind}<{to}>"),
             Op::Clip { min, max } => write!(f, "{kind}<{min}, {max}>"),
-            Op::Gemm {
-                alpha,
-                beta,
-                trans_a,
-                trans_b,
-            } => {
-                write!(
-                    f,
-                    "{kind}<alpha={alpha}, beta={beta}, ta={trans_a}, tb={trans_b}>"
-                )
+            Op::Gemm { alpha, beta, trans_a, trans_b } => {
+                write!(f, "{kind}<alpha={alpha}, beta={beta}, ta={trans_a}, tb={trans_b}>")
             }
-            Op::Conv {
-                strides,
-                pads,
-                dilations,
-                group,
-            } => write!(
+            Op::Conv { strides, pads, dilations, group } => write!(
                 f,
                 "{kind}<strides={strides:?}, pads={pads:?}, dilations={dilations:?}, group={group}>"
             ),
@@ -247,30 +253,24 @@ impl fmt::Display for Op {
                 write!(f, "{kind}<axis={axis}>")
             }
             Op::Gather { axis } | Op::GatherElements { axis } => write!(f, "{kind}<axis={axis}>"),
-            Op::LayerNorm { axis, epsilon } => write!(f, "{kind}<axis={axis}, eps={epsilon:e}>"),
-            Op::Reduce {
-                axes, keep_dims, ..
-            } => {
+            Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } => {
+                write!(f, "{kind}<axis={axis}, eps={epsilon:e}>")
+            }
+            Op::Attention { scale, nan_to_zero } => {
+                write!(f, "{kind}<scale={scale}, nan_to_zero={nan_to_zero}>")
+            }
+            Op::Reduce { axes, keep_dims, .. } => {
                 write!(f, "{kind}<axes={axes:?}, keep_dims={keep_dims}>")
             }
-            Op::CumSum {
-                axis,
-                exclusive,
-                reverse,
-            } => {
-                write!(
-                    f,
-                    "{kind}<axis={axis}, exclusive={exclusive}, reverse={reverse}>"
-                )
+            Op::CumSum { axis, exclusive, reverse } => {
+                write!(f, "{kind}<axis={axis}, exclusive={exclusive}, reverse={reverse}>")
             }
             Op::Reshape { shape } | Op::Expand { shape } => write!(f, "{kind}<{shape:?}>"),
             Op::Transpose { perm } => write!(f, "{kind}<{perm:?}>"),
             Op::Tile { repeats } => write!(f, "{kind}<{repeats:?}>"),
             Op::Slice { axes } => {
-                let parts: Vec<String> = axes
-                    .iter()
-                    .map(|a| format!("{}:{}:{}", a.start, a.step, a.len))
-                    .collect();
+                let parts: Vec<String> =
+                    axes.iter().map(|a| format!("{}:{}:{}", a.start, a.step, a.len)).collect();
                 write!(f, "{kind}<{}>", parts.join(", "))
             }
             Op::Trilu { upper, k } => write!(f, "{kind}<upper={upper}, k={k}>"),

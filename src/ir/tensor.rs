@@ -225,14 +225,11 @@ pub fn rel_l2(actual: &Tensor, reference: &Tensor) -> f64 {
 /// Largest absolute element-wise difference; NaN if either side holds a NaN.
 pub fn max_abs_diff(actual: &Tensor, reference: &Tensor) -> f64 {
     let (a, b) = (actual.to_f64(), reference.to_f64());
-    a.iter()
-        .zip(b.iter())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
-        })
+    a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0.0, |m, d| {
+        if d.is_nan() || m.is_nan() {
+            f64::NAN
+        } else {
+            m.max(d)
+        }
+    })
 }

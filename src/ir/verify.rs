@@ -8,19 +8,13 @@ use super::op::Op;
 
 pub fn verify(graph: &Graph) -> Result<(), IrError> {
     graph.topo_order()?;
-    let fail = |node: &str, message: String| IrError::Verify {
-        node: node.to_string(),
-        message,
-    };
+    let fail = |node: &str, message: String| IrError::Verify { node: node.to_string(), message };
     for id in graph.node_ids() {
         let node = graph.node(id);
         let name = &node.origin.node;
         let slots = graph.input_slots(id);
         if slots.iter().enumerate().any(|(i, &s)| i != s) {
-            return Err(fail(
-                name,
-                format!("input slots {slots:?} are not 0..{}", slots.len()),
-            ));
+            return Err(fail(name, format!("input slots {slots:?} are not 0..{}", slots.len())));
         }
         if let Op::Input { .. } = node.op {
             if !graph.inputs().contains(&id) {
@@ -28,26 +22,17 @@ pub fn verify(graph: &Graph) -> Result<(), IrError> {
             }
             continue;
         }
-        let inferred = graph
-            .infer(&node.op, &graph.inputs_of(id))
-            .map_err(|m| fail(name, m))?;
+        let inferred = graph.infer(&node.op, &graph.inputs_of(id)).map_err(|m| fail(name, m))?;
         if inferred != node.ty {
             return Err(fail(
                 name,
-                format!(
-                    "stored type {} but {} infers {inferred}",
-                    node.ty,
-                    node.op.kind()
-                ),
+                format!("stored type {} but {} infers {inferred}", node.ty, node.op.kind()),
             ));
         }
     }
     for &id in graph.inputs() {
         if !graph.contains(id) || !matches!(graph.node(id).op, Op::Input { .. }) {
-            return Err(fail(
-                "<inputs>",
-                format!("graph input {id:?} is not an Input node"),
-            ));
+            return Err(fail("<inputs>", format!("graph input {id:?} is not an Input node")));
         }
     }
     for (name, id) in graph.outputs() {

@@ -20,11 +20,7 @@ impl Pass for ConstFold {
                 continue;
             }
             let inputs = graph.inputs_of(id);
-            let Some(values) = inputs
-                .iter()
-                .map(|&i| graph.constant(i))
-                .collect::<Option<Vec<_>>>()
-            else {
+            let Some(values) = inputs.iter().map(|&i| graph.constant(i)).collect::<Option<Vec<_>>>() else {
                 continue;
             };
             let args: Vec<&Tensor> = values.iter().map(|t| t.as_ref()).collect();

@@ -28,10 +28,7 @@ impl Pass for Cse {
                 Op::Constant(t) => format!(
                     "const {} {:?}",
                     node.ty,
-                    t.to_f64_vec()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect::<Vec<_>>()
+                    t.to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                 ),
                 op => format!("{op} {:?}", graph.inputs_of(id)),
             };

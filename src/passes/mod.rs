@@ -4,11 +4,13 @@
 mod const_fold;
 mod cse;
 mod dce;
+mod merge_matmuls;
 mod noop;
 
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 
 use thiserror::Error;
@@ -31,12 +33,7 @@ pub struct PassError {
 
 /// The passes compilation runs, in order.
 pub fn standard() -> Vec<Box<dyn Pass>> {
-    vec![
-        Box::new(ConstFold),
-        Box::new(RemoveNoops),
-        Box::new(Cse),
-        Box::new(Dce),
-    ]
+    vec![Box::new(ConstFold), Box::new(RemoveNoops), Box::new(Cse), Box::new(Dce)]
 }
 
 /// Runs `passes` in order, verifying after each; returns (pass, nodes changed) per pass.
@@ -46,10 +43,7 @@ pub fn run_passes(
 ) -> Result<Vec<(&'static str, usize)>, PassError> {
     let mut report = Vec::with_capacity(passes.len());
     for pass in passes {
-        let fail = |source| PassError {
-            pass: pass.name(),
-            source,
-        };
+        let fail = |source| PassError { pass: pass.name(), source };
         let changed = pass.run(graph).map_err(fail)?;
         ir::verify(graph).map_err(fail)?;
         report.push((pass.name(), changed));

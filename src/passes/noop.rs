@@ -1,5 +1,6 @@
 //! Removes ops that return their input unchanged: a `Cast` to the same type, a `Reshape` or
-//! `Expand` to the same shape, an identity `Transpose`, a `Slice` that keeps everything.
+//! `Expand` to the same shape, an identity `Transpose`, a `Slice` that keeps everything, a
+//! `Concat` of one input.
 //! (`Identity` and `Dropout` are left to fusion, which accounts for them.)
 
 use super::Pass;
@@ -11,11 +12,11 @@ fn is_noop(op: &Op, input: &Node) -> bool {
     match op {
         Op::Cast { to } => *to == input.ty.dtype,
         Op::Reshape { shape } | Op::Expand { shape } => *shape == input.ty.shape,
+        Op::Concat { .. } => true,
         Op::Transpose { perm } => perm.iter().enumerate().all(|(i, &p)| i == p),
-        Op::Slice { axes } => axes
-            .iter()
-            .zip(&input.ty.shape)
-            .all(|(a, &d)| a.start == 0 && a.step == 1 && a.len == d),
+        Op::Slice { axes } => {
+            axes.iter().zip(&input.ty.shape).all(|(a, &d)| a.start == 0 && a.step == 1 && a.len == d)
+        }
         _ => false,
     }
 }

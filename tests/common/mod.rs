@@ -8,33 +8,22 @@ use fusec::import::{ImportOptions, Model};
 use fusec::ir::{random_tensor, DType, Tensor};
 
 pub fn model_path(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(file)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(file)
 }
 
 /// Symbolic dims to try each fixture at: batch 1 and 3, sequence 1 and 7 (and more).
 pub fn shape_variants(file: &str) -> Vec<ImportOptions> {
     let text = |b, s| ImportOptions::default().dim("batch", b).dim("seq", s);
     if file.starts_with("vit") {
-        return vec![
-            ImportOptions::default().dim("batch", 1),
-            ImportOptions::default().dim("batch", 3),
-        ];
+        return vec![ImportOptions::default().dim("batch", 1), ImportOptions::default().dim("batch", 3)];
     }
-    if ["bert", "gpt2", "llama"]
-        .iter()
-        .any(|p| file.starts_with(p))
-    {
+    if ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p)) {
         return vec![text(1, 7), text(3, 1), text(2, 13)];
     }
     if file == "op_coverage.onnx" {
         return vec![ImportOptions::default()];
     }
-    vec![
-        ImportOptions::default().dim("batch", 1),
-        ImportOptions::default().dim("batch", 3),
-    ]
+    vec![ImportOptions::default().dim("batch", 1), ImportOptions::default().dim("batch", 3)]
 }
 
 /// Every fixture in models/.
@@ -63,10 +52,7 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
             } else {
                 (-2.0, 2.0)
             };
-            (
-                node.name.clone(),
-                random_tensor(&node.ty, seed + i as u64, low, high),
-            )
+            (node.name.clone(), random_tensor(&node.ty, seed + i as u64, low, high))
         })
         .collect()
 }

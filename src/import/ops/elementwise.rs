@@ -130,9 +130,7 @@ fn where_(ctx: &mut NodeCtx) -> Translated {
 }
 
 fn cast(ctx: &mut NodeCtx) -> Translated {
-    let code = ctx
-        .attr_int("to")?
-        .ok_or_else(|| ctx.error("attribute 'to' is required"))?;
+    let code = ctx.attr_int("to")?.ok_or_else(|| ctx.error("attribute 'to' is required"))?;
     let to = DType::from_onnx_code(code)
         .ok_or_else(|| ctx.error(format!("cast to ONNX element type {code} is not supported")))?;
     let x = ctx.input(0)?;
@@ -171,9 +169,9 @@ fn dropout(ctx: &mut NodeCtx) -> Translated {
     if ctx.opt_input(2).is_some() {
         let training = ctx.const_input(2, "training_mode")?;
         if training.to_i64_vec().iter().any(|&t| t != 0) {
-            return Err(ctx.error(
-                "training_mode is true: only inference Dropout (the identity) is supported",
-            ));
+            return Err(
+                ctx.error("training_mode is true: only inference Dropout (the identity) is supported")
+            );
         }
     }
     let x = ctx.input(0)?;

@@ -27,8 +27,7 @@ fn as_sizes(ctx: &NodeCtx, values: &[i64], what: &str) -> Result<Vec<usize>, Imp
     values
         .iter()
         .map(|&v| {
-            usize::try_from(v)
-                .map_err(|_| ctx.error(format!("{what} {values:?} has a negative entry")))
+            usize::try_from(v).map_err(|_| ctx.error(format!("{what} {values:?} has a negative entry")))
         })
         .collect()
 }
@@ -50,9 +49,10 @@ fn reshape(ctx: &mut NodeCtx) -> Translated {
                 infer_at = Some(i);
                 1
             }
-            0 if !allow_zero => *input.shape.get(i).ok_or_else(|| {
-                ctx.error(format!("shape {spec:?} copies dim {i} the input lacks"))
-            })?,
+            0 if !allow_zero => *input
+                .shape
+                .get(i)
+                .ok_or_else(|| ctx.error(format!("shape {spec:?} copies dim {i} the input lacks")))?,
             d if d >= 0 => d as usize,
             _ => return Err(ctx.error(format!("target shape {spec:?} is not valid"))),
         });
@@ -84,10 +84,7 @@ fn squeeze(ctx: &mut NodeCtx) -> Translated {
     if let Some(&bad) = axes.iter().find(|&&a| ty.shape[a] != 1) {
         return Err(ctx.error(format!("cannot squeeze axis {bad} of {ty}")));
     }
-    let shape = (0..ty.rank())
-        .filter(|i| !axes.contains(i))
-        .map(|i| ty.shape[i])
-        .collect();
+    let shape = (0..ty.rank()).filter(|i| !axes.contains(i)).map(|i| ty.shape[i]).collect();
     reshape_to(ctx, shape)
 }
 
@@ -98,13 +95,7 @@ fn unsqueeze(ctx: &mut NodeCtx) -> Translated {
     let axes = ctx.axes(&axes, rank)?;
     let mut dims = ty.shape.iter();
     let shape = (0..rank)
-        .map(|i| {
-            if axes.contains(&i) {
-                Some(1)
-            } else {
-                dims.next().copied()
-            }
-        })
+        .map(|i| if axes.contains(&i) { Some(1) } else { dims.next().copied() })
         .collect::<Option<Vec<_>>>();
     let shape = shape.ok_or_else(|| ctx.error(format!("axes {axes:?} repeat an axis")))?;
     reshape_to(ctx, shape)
@@ -113,11 +104,7 @@ fn unsqueeze(ctx: &mut NodeCtx) -> Translated {
 fn flatten(ctx: &mut NodeCtx) -> Translated {
     let ty = ctx.ty(0)?;
     let axis = ctx.attr_int("axis")?.unwrap_or(1);
-    let axis = if axis == ty.rank() as i64 {
-        ty.rank()
-    } else {
-        ctx.axis(axis, ty.rank())?
-    };
+    let axis = if axis == ty.rank() as i64 { ty.rank() } else { ctx.axis(axis, ty.rank())? };
     let outer = ty.shape[..axis].iter().product();
     reshape_to(ctx, vec![outer, ty.shape[axis..].iter().product()])
 }
@@ -134,26 +121,13 @@ fn transpose(ctx: &mut NodeCtx) -> Translated {
 
 fn concat(ctx: &mut NodeCtx) -> Translated {
     let rank = ctx.rank(0)?;
-    let axis = ctx.axis(
-        ctx.attr_int("axis")?
-            .ok_or_else(|| ctx.error("axis is required"))?,
-        rank,
-    )?;
-    let inputs: Vec<_> = (0..ctx.inputs.len())
-        .map(|i| ctx.input(i))
-        .collect::<Result<_, _>>()?;
+    let axis = ctx.axis(ctx.attr_int("axis")?.ok_or_else(|| ctx.error("axis is required"))?, rank)?;
+    let inputs: Vec<_> = (0..ctx.inputs.len()).map(|i| ctx.input(i)).collect::<Result<_, _>>()?;
     Ok(vec![ctx.add(Op::Concat { axis }, &inputs)?])
 }
 
 fn whole_axes(shape: &[usize]) -> Vec<SliceAxis> {
-    shape
-        .iter()
-        .map(|&len| SliceAxis {
-            start: 0,
-            step: 1,
-            len,
-        })
-        .collect()
+    shape.iter().map(|&len| SliceAxis { start: 0, step: 1, len }).collect()
 }
 
 fn split(ctx: &mut NodeCtx) -> Translated {
@@ -161,38 +135,26 @@ fn split(ctx: &mut NodeCtx) -> Translated {
     let axis = ctx.axis(ctx.attr_int("axis")?.unwrap_or(0), ty.rank())?;
     let outputs = ctx.proto.output.clone();
     let dim = ty.shape[axis];
-    let sizes = match if ctx.opset >= 13 {
-        ctx.opt_const_ints(1, "split")?
-    } else {
-        ctx.attr_ints("split")?
-    } {
+    let sizes = match if ctx.opset >= 13 { ctx.opt_const_ints(1, "split")? } else { ctx.attr_ints("split")? }
+    {
         Some(s) => as_sizes(ctx, &s, "split")?,
         None => {
-            let n = ctx
-                .attr_int("num_outputs")?
-                .map_or(outputs.len(), |n| n.max(1) as usize);
+            let n = ctx.attr_int("num_outputs")?.map_or(outputs.len(), |n| n.max(1) as usize);
             let chunk = dim.div_ceil(n);
-            (0..n)
-                .map(|i| chunk.min(dim.saturating_sub(i * chunk)))
-                .collect()
+            (0..n).map(|i| chunk.min(dim.saturating_sub(i * chunk))).collect()
         }
     };
     if sizes.len() != outputs.len() || sizes.iter().sum::<usize>() != dim {
-        return Err(ctx.error(format!(
-            "split sizes {sizes:?} do not cover dim {dim} in {} outputs",
-            outputs.len()
-        )));
+        return Err(
+            ctx.error(format!("split sizes {sizes:?} do not cover dim {dim} in {} outputs", outputs.len()))
+        );
     }
     let x = ctx.input(0)?;
     let mut start = 0;
     let mut ids = Vec::with_capacity(sizes.len());
     for (len, name) in sizes.into_iter().zip(&outputs) {
         let mut axes = whole_axes(&ty.shape);
-        axes[axis] = SliceAxis {
-            start,
-            step: 1,
-            len,
-        };
+        axes[axis] = SliceAxis { start, step: 1, len };
         ids.push(ctx.add_named(Op::Slice { axes }, &[x], name)?);
         start += len;
     }
@@ -209,20 +171,9 @@ fn slice_axis(start: i64, end: i64, step: i64, dim: usize) -> SliceAxis {
         (s, if e > s { (e - s + step - 1) / step } else { 0 })
     } else {
         let (s, e) = (start.clamp(-1, dim - 1), end.clamp(-1, dim - 1));
-        (
-            s,
-            if s > e {
-                (s - e + (-step) - 1) / (-step)
-            } else {
-                0
-            },
-        )
+        (s, if s > e { (s - e + (-step) - 1) / (-step) } else { 0 })
     };
-    SliceAxis {
-        start: start.max(0) as usize,
-        step,
-        len: len as usize,
-    }
+    SliceAxis { start: start.max(0) as usize, step, len: len as usize }
 }
 
 fn slice(ctx: &mut NodeCtx) -> Translated {
@@ -235,10 +186,7 @@ fn slice(ctx: &mut NodeCtx) -> Translated {
             ctx.opt_const_ints(4, "steps")?,
         )
     } else {
-        let need = |name| {
-            ctx.attr_ints(name)?
-                .ok_or_else(|| ctx.error(format!("{name} is required")))
-        };
+        let need = |name| ctx.attr_ints(name)?.ok_or_else(|| ctx.error(format!("{name} is required")));
         (need("starts")?, need("ends")?, ctx.attr_ints("axes")?, None)
     };
     let axes = match axes {

@@ -22,11 +22,8 @@ fn reduce(ctx: &mut NodeCtx) -> Translated {
         _ => (ReduceOp::Max, 18),
     };
     let rank = ctx.rank(0)?;
-    let axes = if ctx.opset >= axes_became_input {
-        ctx.opt_const_ints(1, "axes")?
-    } else {
-        ctx.attr_ints("axes")?
-    };
+    let axes =
+        if ctx.opset >= axes_became_input { ctx.opt_const_ints(1, "axes")? } else { ctx.attr_ints("axes")? };
     let axes = match axes {
         Some(axes) if !axes.is_empty() => ctx.axes(&axes, rank)?,
         _ if ctx.attr_int("noop_with_empty_axes")?.unwrap_or(0) != 0 => {
@@ -37,14 +34,7 @@ fn reduce(ctx: &mut NodeCtx) -> Translated {
     };
     let keep_dims = ctx.attr_int("keepdims")?.unwrap_or(1) != 0;
     let x = ctx.input(0)?;
-    Ok(vec![ctx.add(
-        Op::Reduce {
-            op,
-            axes,
-            keep_dims,
-        },
-        &[x],
-    )?])
+    Ok(vec![ctx.add(Op::Reduce { op, axes, keep_dims }, &[x])?])
 }
 
 /// From opset 13 softmax runs along one axis; before, over the flattened `axis..` dims,
@@ -69,19 +59,9 @@ fn softmax(ctx: &mut NodeCtx) -> Translated {
         return Ok(vec![ctx.add(make(axis), &[x])?]);
     }
     let rows = ty.shape[..axis].iter().product();
-    let flat = ctx.add(
-        Op::Reshape {
-            shape: vec![rows, ty.len() / rows.max(1)],
-        },
-        &[x],
-    )?;
+    let flat = ctx.add(Op::Reshape { shape: vec![rows, ty.len() / rows.max(1)] }, &[x])?;
     let soft = ctx.add(make(1), &[flat])?;
-    Ok(vec![ctx.add(
-        Op::Reshape {
-            shape: ty.shape.clone(),
-        },
-        &[soft],
-    )?])
+    Ok(vec![ctx.add(Op::Reshape { shape: ty.shape.clone() }, &[soft])?])
 }
 
 fn layer_norm(ctx: &mut NodeCtx) -> Translated {
@@ -102,12 +82,5 @@ fn cumsum(ctx: &mut NodeCtx) -> Translated {
     let exclusive = ctx.attr_int("exclusive")?.unwrap_or(0) != 0;
     let reverse = ctx.attr_int("reverse")?.unwrap_or(0) != 0;
     let x = ctx.input(0)?;
-    Ok(vec![ctx.add(
-        Op::CumSum {
-            axis,
-            exclusive,
-            reverse,
-        },
-        &[x],
-    )?])
+    Ok(vec![ctx.add(Op::CumSum { axis, exclusive, reverse }, &[x])?])
 }

@@ -22,40 +22,27 @@ fn shape(ctx: &mut NodeCtx) -> Translated {
     let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
     let start = clamp(ctx.attr_int("start")?.unwrap_or(0));
     let end = clamp(ctx.attr_int("end")?.unwrap_or(rank));
-    let dims: Vec<i64> = ty.shape[start..end.max(start)]
-        .iter()
-        .map(|&d| d as i64)
-        .collect();
+    let dims: Vec<i64> = ty.shape[start..end.max(start)].iter().map(|&d| d as i64).collect();
     Ok(vec![ctx.constant(Tensor::from_i64_slice(&dims))])
 }
 
 fn size(ctx: &mut NodeCtx) -> Translated {
     let len = ctx.ty(0)?.len() as i64;
-    Ok(vec![
-        ctx.constant(Tensor::I64(ArrayD::from_elem(IxDyn(&[]), len)))
-    ])
+    Ok(vec![ctx.constant(Tensor::I64(ArrayD::from_elem(IxDyn(&[]), len)))])
 }
 
 fn constant_of_shape(ctx: &mut NodeCtx) -> Translated {
     let dims = ctx.const_ints(0, "shape")?;
     let shape = dims
         .iter()
-        .map(|&d| {
-            usize::try_from(d)
-                .map_err(|_| ctx.error(format!("shape {dims:?} has a negative entry")))
-        })
+        .map(|&d| usize::try_from(d).map_err(|_| ctx.error(format!("shape {dims:?} has a negative entry"))))
         .collect::<Result<Vec<_>, _>>()?;
-    let value = ctx
-        .attr_tensor("value")?
-        .unwrap_or_else(|| Tensor::scalar_f32(0.0));
+    let value = ctx.attr_tensor("value")?.unwrap_or_else(|| Tensor::scalar_f32(0.0));
     if value.len() != 1 {
         return Err(ctx.error("value must hold one element"));
     }
     let fill = value.to_f64_vec()[0];
-    Ok(vec![ctx.constant(Tensor::full(
-        &TensorType::new(value.dtype(), shape),
-        fill,
-    ))])
+    Ok(vec![ctx.constant(Tensor::full(&TensorType::new(value.dtype(), shape), fill))])
 }
 
 fn range(ctx: &mut NodeCtx) -> Translated {
@@ -63,11 +50,7 @@ fn range(ctx: &mut NodeCtx) -> Translated {
     let limit = ctx.const_input(1, "limit")?.to_f64_vec();
     let delta = ctx.const_input(2, "delta")?.to_f64_vec();
     let dtype = start.dtype();
-    let (start, limit, delta) = match (
-        start.to_f64_vec().as_slice(),
-        limit.as_slice(),
-        delta.as_slice(),
-    ) {
+    let (start, limit, delta) = match (start.to_f64_vec().as_slice(), limit.as_slice(), delta.as_slice()) {
         ([s], [l], [d]) if *d != 0.0 => (*s, *l, *d),
         _ => return Err(ctx.error("start, limit and delta must be scalars with delta ≠ 0")),
     };
@@ -93,9 +76,7 @@ fn constant(ctx: &mut NodeCtx) -> Translated {
     } else if let Some(v) = ctx.attr_ints("value_ints")? {
         Tensor::from_i64_slice(&v)
     } else {
-        return Err(
-            ctx.error("only value, value_float(s) and value_int(s) constants are supported")
-        );
+        return Err(ctx.error("only value, value_float(s) and value_int(s) constants are supported"));
     };
     Ok(vec![ctx.constant(value)])
 }

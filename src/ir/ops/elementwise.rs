@@ -23,9 +23,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> OpResult<Vec<usize>> {
             (x, y) if x == y => Ok(x),
             (1, y) => Ok(y),
             (x, 1) => Ok(x),
-            (x, y) => Err(format!(
-                "shapes {a:?} and {b:?} do not broadcast (axis {i}: {x} vs {y})"
-            )),
+            (x, y) => Err(format!("shapes {a:?} and {b:?} do not broadcast (axis {i}: {x} vs {y})")),
         })
         .collect()
 }
@@ -43,10 +41,7 @@ pub fn infer_unary(op: UnaryOp, x: &TensorType) -> OpResult<TensorType> {
         UnaryOp::IsNaN => Ok(TensorType::new(DType::Bool, x.shape.clone())),
         UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu if x.dtype != DType::Bool => Ok(x.clone()),
         _ if x.dtype.is_float() => Ok(x.clone()),
-        _ => Err(format!(
-            "{op:?} needs a floating-point input, got {}",
-            x.dtype
-        )),
+        _ => Err(format!("{op:?} needs a floating-point input, got {}", x.dtype)),
     }
 }
 
@@ -86,10 +81,7 @@ pub fn eval_unary(op: UnaryOp, x: &Tensor) -> OpResult<Tensor> {
             };
             Ok(Tensor::from_i64(x.to_i64().mapv(f), x.dtype()))
         }
-        _ => Ok(Tensor::from_f64(
-            x.to_f64().mapv(|v| unary_f64(op, v)),
-            x.dtype(),
-        )),
+        _ => Ok(Tensor::from_f64(x.to_f64().mapv(|v| unary_f64(op, v)), x.dtype())),
     }
 }
 
@@ -97,19 +89,11 @@ pub fn infer_binary(op: BinaryOp, a: &TensorType, b: &TensorType) -> OpResult<Te
     let shape = broadcast_shapes(&a.shape, &b.shape)?;
     let dtype = match op {
         BinaryOp::And if a.dtype == DType::Bool && b.dtype == DType::Bool => DType::Bool,
-        BinaryOp::And => {
-            return Err(format!(
-                "And needs bool inputs, got {} and {}",
-                a.dtype, b.dtype
-            ))
-        }
+        BinaryOp::And => return Err(format!("And needs bool inputs, got {} and {}", a.dtype, b.dtype)),
         // Pow's exponent may have its own type; the result has the base's.
         BinaryOp::Pow if a.dtype != DType::Bool && b.dtype != DType::Bool => a.dtype,
         _ if a.dtype != b.dtype => {
-            return Err(format!(
-                "{op:?} inputs differ in type: {} and {}",
-                a.dtype, b.dtype
-            ))
+            return Err(format!("{op:?} inputs differ in type: {} and {}", a.dtype, b.dtype))
         }
         _ if op.is_comparison() => DType::Bool,
         _ if a.dtype == DType::Bool => {
@@ -164,18 +148,13 @@ pub fn eval_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.dtype().is_float() || b.dtype().is_float() {
         let x = broadcast(&a.to_f64(), &out.shape)?;
         let y = broadcast(&b.to_f64(), &out.shape)?;
-        let values = Zip::from(&x)
-            .and(&y)
-            .map_collect(|&x, &y| binary_f64(op, x, y));
+        let values = Zip::from(&x).and(&y).map_collect(|&x, &y| binary_f64(op, x, y));
         return Ok(Tensor::from_f64(values, out.dtype));
     }
     let x = broadcast(&a.to_i64(), &out.shape)?;
     let y = broadcast(&b.to_i64(), &out.shape)?;
-    let values: Vec<i64> = x
-        .iter()
-        .zip(y.iter())
-        .map(|(&x, &y)| binary_i64(op, x, y))
-        .collect::<OpResult<_>>()?;
+    let values: Vec<i64> =
+        x.iter().zip(y.iter()).map(|(&x, &y)| binary_i64(op, x, y)).collect::<OpResult<_>>()?;
     let values = ArrayD::from_shape_vec(IxDyn(&out.shape), values).map_err(|e| e.to_string())?;
     Ok(Tensor::from_i64(values, out.dtype))
 }
@@ -185,10 +164,7 @@ pub fn infer_where(c: &TensorType, x: &TensorType, y: &TensorType) -> OpResult<T
         return Err(format!("Where's condition must be bool, got {}", c.dtype));
     }
     if x.dtype != y.dtype {
-        return Err(format!(
-            "Where's branches differ in type: {} and {}",
-            x.dtype, y.dtype
-        ));
+        return Err(format!("Where's branches differ in type: {} and {}", x.dtype, y.dtype));
     }
     let shape = broadcast_shapes(&broadcast_shapes(&c.shape, &x.shape)?, &y.shape)?;
     Ok(TensorType::new(x.dtype, shape))
@@ -198,33 +174,18 @@ pub fn eval_where(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
     let out = infer_where(&c.tensor_type(), &x.tensor_type(), &y.tensor_type())?;
     let c = broadcast(&c.to_bool(), &out.shape)?;
     if out.dtype.is_float() {
-        let (x, y) = (
-            broadcast(&x.to_f64(), &out.shape)?,
-            broadcast(&y.to_f64(), &out.shape)?,
-        );
-        let v = Zip::from(&c)
-            .and(&x)
-            .and(&y)
-            .map_collect(|&c, &x, &y| if c { x } else { y });
+        let (x, y) = (broadcast(&x.to_f64(), &out.shape)?, broadcast(&y.to_f64(), &out.shape)?);
+        let v = Zip::from(&c).and(&x).and(&y).map_collect(|&c, &x, &y| if c { x } else { y });
         return Ok(Tensor::from_f64(v, out.dtype));
     }
-    let (x, y) = (
-        broadcast(&x.to_i64(), &out.shape)?,
-        broadcast(&y.to_i64(), &out.shape)?,
-    );
-    let v = Zip::from(&c)
-        .and(&x)
-        .and(&y)
-        .map_collect(|&c, &x, &y| if c { x } else { y });
+    let (x, y) = (broadcast(&x.to_i64(), &out.shape)?, broadcast(&y.to_i64(), &out.shape)?);
+    let v = Zip::from(&c).and(&x).and(&y).map_collect(|&c, &x, &y| if c { x } else { y });
     Ok(Tensor::from_i64(v, out.dtype))
 }
 
 pub fn eval_clip(x: &Tensor, min: f64, max: f64) -> Tensor {
     if x.dtype().is_int() {
-        let (lo, hi) = (
-            min.max(i64::MIN as f64) as i64,
-            max.min(i64::MAX as f64) as i64,
-        );
+        let (lo, hi) = (min.max(i64::MIN as f64) as i64, max.min(i64::MAX as f64) as i64);
         return Tensor::from_i64(x.to_i64().mapv(|v| v.clamp(lo, hi)), x.dtype());
     }
     Tensor::from_f64(x.to_f64().mapv(|v| v.max(min).min(max)), x.dtype())
@@ -253,20 +214,13 @@ mod tests {
             (f64::INFINITY, 1.0),
             (f64::NEG_INFINITY, -1.0),
         ] {
-            assert!(
-                (erf(x) - want).abs() < 1e-14,
-                "erf({x}) = {} want {want}",
-                erf(x)
-            );
+            assert!((erf(x) - want).abs() < 1e-14, "erf({x}) = {} want {want}", erf(x));
         }
     }
 
     #[test]
     fn broadcasting_follows_numpy() {
-        assert_eq!(
-            broadcast_shapes(&[2, 1, 4], &[3, 1]).unwrap(),
-            vec![2, 3, 4]
-        );
+        assert_eq!(broadcast_shapes(&[2, 1, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
         assert_eq!(broadcast_shapes(&[], &[5]).unwrap(), vec![5]);
         assert!(broadcast_shapes(&[2, 3], &[4, 3]).is_err());
     }

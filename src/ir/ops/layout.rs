@@ -22,26 +22,16 @@ pub fn infer_reshape(x: &TensorType, shape: &[usize]) -> OpResult<TensorType> {
 
 pub fn eval_reshape(x: &Tensor, shape: &[usize]) -> OpResult<Tensor> {
     infer_reshape(&x.tensor_type(), shape)?;
-    x.reshaped(shape)
-        .ok_or_else(|| format!("cannot reshape {:?} to {shape:?}", x.shape()))
+    x.reshaped(shape).ok_or_else(|| format!("cannot reshape {:?} to {shape:?}", x.shape()))
 }
 
 pub fn infer_transpose(x: &TensorType, perm: &[usize]) -> OpResult<TensorType> {
     let mut seen = vec![false; x.rank()];
-    if perm.len() != x.rank()
-        || perm
-            .iter()
-            .any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
+    if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
     {
-        return Err(format!(
-            "{perm:?} is not a permutation of rank {}",
-            x.rank()
-        ));
+        return Err(format!("{perm:?} is not a permutation of rank {}", x.rank()));
     }
-    Ok(TensorType::new(
-        x.dtype,
-        perm.iter().map(|&p| x.shape[p]).collect(),
-    ))
+    Ok(TensorType::new(x.dtype, perm.iter().map(|&p| x.shape[p]).collect()))
 }
 
 pub fn eval_transpose(x: &Tensor, perm: &[usize]) -> OpResult<Tensor> {
@@ -52,20 +42,15 @@ pub fn eval_transpose(x: &Tensor, perm: &[usize]) -> OpResult<Tensor> {
 pub fn infer_concat(inputs: &[&TensorType], axis: usize) -> OpResult<TensorType> {
     let first = inputs[0];
     if axis >= first.rank() {
-        return Err(format!(
-            "Concat axis {axis} out of range for rank {}",
-            first.rank()
-        ));
+        return Err(format!("Concat axis {axis} out of range for rank {}", first.rank()));
     }
     let mut shape = first.shape.clone();
     shape[axis] = 0;
     for t in inputs {
-        let same_other_dims = t.rank() == first.rank()
-            && (0..t.rank()).all(|i| i == axis || t.shape[i] == first.shape[i]);
+        let same_other_dims =
+            t.rank() == first.rank() && (0..t.rank()).all(|i| i == axis || t.shape[i] == first.shape[i]);
         if t.dtype != first.dtype || !same_other_dims {
-            return Err(format!(
-                "Concat inputs {first} and {t} differ off axis {axis}"
-            ));
+            return Err(format!("Concat inputs {first} and {t} differ off axis {axis}"));
         }
         shape[axis] += t.shape[axis];
     }
@@ -75,11 +60,7 @@ pub fn infer_concat(inputs: &[&TensorType], axis: usize) -> OpResult<TensorType>
 pub fn eval_concat(inputs: &[&Tensor], axis: usize) -> OpResult<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
     infer_concat(&types.iter().collect::<Vec<_>>(), axis)?;
-    fn concat<T: Element>(
-        first: &ArrayD<T>,
-        inputs: &[&Tensor],
-        axis: usize,
-    ) -> OpResult<ArrayD<T>> {
+    fn concat<T: Element>(first: &ArrayD<T>, inputs: &[&Tensor], axis: usize) -> OpResult<ArrayD<T>> {
         let views: Vec<_> = std::iter::once(Some(first.view()))
             .chain(inputs[1..].iter().map(|t| T::array(t).map(|a| a.view())))
             .collect::<Option<_>>()
@@ -91,24 +72,15 @@ pub fn eval_concat(inputs: &[&Tensor], axis: usize) -> OpResult<Tensor> {
 
 pub fn infer_slice(x: &TensorType, axes: &[SliceAxis]) -> OpResult<TensorType> {
     if axes.len() != x.rank() {
-        return Err(format!(
-            "Slice has {} axes for rank {}",
-            axes.len(),
-            x.rank()
-        ));
+        return Err(format!("Slice has {} axes for rank {}", axes.len(), x.rank()));
     }
     for (i, a) in axes.iter().enumerate() {
         let last = a.start as i64 + a.step * (a.len as i64 - 1);
-        if a.len > 0
-            && (a.step == 0 || last < 0 || last >= x.shape[i] as i64 || a.start >= x.shape[i])
-        {
+        if a.len > 0 && (a.step == 0 || last < 0 || last >= x.shape[i] as i64 || a.start >= x.shape[i]) {
             return Err(format!("Slice axis {i} ({a:?}) leaves dim {}", x.shape[i]));
         }
     }
-    Ok(TensorType::new(
-        x.dtype,
-        axes.iter().map(|a| a.len).collect(),
-    ))
+    Ok(TensorType::new(x.dtype, axes.iter().map(|a| a.len).collect()))
 }
 
 pub fn eval_slice(x: &Tensor, axes: &[SliceAxis]) -> OpResult<Tensor> {
@@ -125,23 +97,12 @@ pub fn eval_slice(x: &Tensor, axes: &[SliceAxis]) -> OpResult<Tensor> {
 
 pub fn infer_gather(data: &TensorType, indices: &TensorType, axis: usize) -> OpResult<TensorType> {
     if axis >= data.rank() {
-        return Err(format!(
-            "Gather axis {axis} out of range for rank {}",
-            data.rank()
-        ));
+        return Err(format!("Gather axis {axis} out of range for rank {}", data.rank()));
     }
     if !indices.dtype.is_int() {
-        return Err(format!(
-            "Gather indices must be integers, got {}",
-            indices.dtype
-        ));
+        return Err(format!("Gather indices must be integers, got {}", indices.dtype));
     }
-    let shape = [
-        &data.shape[..axis],
-        &indices.shape[..],
-        &data.shape[axis + 1..],
-    ]
-    .concat();
+    let shape = [&data.shape[..axis], &indices.shape[..], &data.shape[axis + 1..]].concat();
     Ok(TensorType::new(data.dtype, shape))
 }
 
@@ -158,11 +119,7 @@ pub fn eval_gather(data: &Tensor, indices: &Tensor, axis: usize) -> OpResult<Ten
     let shape = data.shape();
     let (outer, dim) = (shape[..axis].iter().product::<usize>(), shape[axis]);
     let inner = shape[axis + 1..].iter().product::<usize>();
-    let idx: Vec<usize> = indices
-        .to_i64()
-        .iter()
-        .map(|&i| resolve_index(i, dim))
-        .collect::<OpResult<_>>()?;
+    let idx: Vec<usize> = indices.to_i64().iter().map(|&i| resolve_index(i, dim)).collect::<OpResult<_>>()?;
     Ok(map_array!(data, a => {
         let flat: Vec<_> = a.iter().cloned().collect();
         let mut values = Vec::with_capacity(out.len());
@@ -176,21 +133,12 @@ pub fn eval_gather(data: &Tensor, indices: &Tensor, axis: usize) -> OpResult<Ten
     }))
 }
 
-pub fn infer_gather_elements(
-    data: &TensorType,
-    indices: &TensorType,
-    axis: usize,
-) -> OpResult<TensorType> {
+pub fn infer_gather_elements(data: &TensorType, indices: &TensorType, axis: usize) -> OpResult<TensorType> {
     if axis >= data.rank() || indices.rank() != data.rank() {
-        return Err(format!(
-            "GatherElements needs equal ranks and a valid axis, got {data} / {indices}"
-        ));
+        return Err(format!("GatherElements needs equal ranks and a valid axis, got {data} / {indices}"));
     }
     if !indices.dtype.is_int() {
-        return Err(format!(
-            "GatherElements indices must be integers, got {}",
-            indices.dtype
-        ));
+        return Err(format!("GatherElements indices must be integers, got {}", indices.dtype));
     }
     Ok(TensorType::new(data.dtype, indices.shape.clone()))
 }
@@ -218,23 +166,14 @@ pub fn infer_expand(x: &TensorType, shape: &[usize]) -> OpResult<TensorType> {
 
 pub fn eval_expand(x: &Tensor, shape: &[usize]) -> OpResult<Tensor> {
     let out = infer_expand(&x.tensor_type(), shape)?;
-    Ok(
-        map_array!(x, a => a.broadcast(IxDyn(&out.shape)).ok_or("Expand does not broadcast")?.to_owned()),
-    )
+    Ok(map_array!(x, a => a.broadcast(IxDyn(&out.shape)).ok_or("Expand does not broadcast")?.to_owned()))
 }
 
 pub fn infer_tile(x: &TensorType, repeats: &[usize]) -> OpResult<TensorType> {
     if repeats.len() != x.rank() {
-        return Err(format!(
-            "Tile has {} repeats for rank {}",
-            repeats.len(),
-            x.rank()
-        ));
+        return Err(format!("Tile has {} repeats for rank {}", repeats.len(), x.rank()));
     }
-    Ok(TensorType::new(
-        x.dtype,
-        x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect(),
-    ))
+    Ok(TensorType::new(x.dtype, x.shape.iter().zip(repeats).map(|(d, r)| d * r).collect()))
 }
 
 pub fn eval_tile(x: &Tensor, repeats: &[usize]) -> OpResult<Tensor> {

@@ -14,10 +14,7 @@ fn float_inputs(op: &str, inputs: &[&TensorType]) -> OpResult<()> {
         return Err(format!("{op} needs floating-point inputs, got {first}"));
     }
     match inputs.iter().find(|t| t.dtype != first) {
-        Some(other) => Err(format!(
-            "{op} inputs differ in type: {first} and {}",
-            other.dtype
-        )),
+        Some(other) => Err(format!("{op} inputs differ in type: {first} and {}", other.dtype)),
         None => Ok(()),
     }
 }
@@ -35,16 +32,8 @@ fn matmul_dims(a: &[usize], b: &[usize]) -> OpResult<MatMulDims> {
     if a.is_empty() || b.is_empty() {
         return Err("MatMul inputs must have rank ≥ 1".into());
     }
-    let a2: Vec<usize> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let b2: Vec<usize> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
+    let a2: Vec<usize> = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
+    let b2: Vec<usize> = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (kb, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != kb {
@@ -58,49 +47,25 @@ fn matmul_dims(a: &[usize], b: &[usize]) -> OpResult<MatMulDims> {
     if b.len() > 1 {
         out.push(n);
     }
-    Ok(MatMulDims {
-        batch,
-        m,
-        k,
-        n,
-        out,
-    })
+    Ok(MatMulDims { batch, m, k, n, out })
 }
 
 pub fn infer_matmul(a: &TensorType, b: &TensorType) -> OpResult<TensorType> {
     float_inputs("MatMul", &[a, b])?;
-    Ok(TensorType::new(
-        a.dtype,
-        matmul_dims(&a.shape, &b.shape)?.out,
-    ))
+    Ok(TensorType::new(a.dtype, matmul_dims(&a.shape, &b.shape)?.out))
 }
 
 /// `a` broadcast to `batch ++ [rows, cols]`, as a list of 2-D matrices.
-fn batched(
-    a: &ArrayD<f64>,
-    batch: &[usize],
-    rows: usize,
-    cols: usize,
-) -> OpResult<Vec<Array2<f64>>> {
+fn batched(a: &ArrayD<f64>, batch: &[usize], rows: usize, cols: usize) -> OpResult<Vec<Array2<f64>>> {
     let full: Vec<usize> = batch.iter().copied().chain([rows, cols]).collect();
     let a = a
-        .to_shape(IxDyn(
-            &[&a.shape()[..a.ndim().saturating_sub(2)], &[rows, cols]].concat(),
-        ))
+        .to_shape(IxDyn(&[&a.shape()[..a.ndim().saturating_sub(2)], &[rows, cols]].concat()))
         .map_err(|e| e.to_string())?;
-    let view = a
-        .broadcast(IxDyn(&full))
-        .ok_or("MatMul batch dims do not broadcast")?;
+    let view = a.broadcast(IxDyn(&full)).ok_or("MatMul batch dims do not broadcast")?;
     let count = batch.iter().product::<usize>();
-    let flat = view
-        .to_shape(IxDyn(&[count, rows, cols]))
-        .map_err(|e| e.to_string())?;
+    let flat = view.to_shape(IxDyn(&[count, rows, cols])).map_err(|e| e.to_string())?;
     flat.axis_iter(Axis(0))
-        .map(|m| {
-            m.into_dimensionality::<Ix2>()
-                .map(|m| m.to_owned())
-                .map_err(|e| e.to_string())
-        })
+        .map(|m| m.into_dimensionality::<Ix2>().map(|m| m.to_owned()).map_err(|e| e.to_string()))
         .collect()
 }
 
@@ -131,20 +96,14 @@ pub fn infer_gemm(inputs: &[&TensorType], trans_a: bool, trans_b: bool) -> OpRes
     if let Some(c) = inputs.get(2) {
         let shape = broadcast_shapes(&c.shape, &[m, n])?;
         if shape != [m, n] {
-            return Err(format!(
-                "Gemm's C {:?} does not broadcast to [{m}, {n}]",
-                c.shape
-            ));
+            return Err(format!("Gemm's C {:?} does not broadcast to [{m}, {n}]", c.shape));
         }
     }
     Ok(TensorType::new(inputs[0].dtype, vec![m, n]))
 }
 
 fn as_matrix(t: &Tensor, transpose: bool) -> OpResult<Array2<f64>> {
-    let m = t
-        .to_f64()
-        .into_dimensionality::<Ix2>()
-        .map_err(|e| e.to_string())?;
+    let m = t.to_f64().into_dimensionality::<Ix2>().map_err(|e| e.to_string())?;
     Ok(if transpose { m.reversed_axes() } else { m })
 }
 
@@ -162,35 +121,21 @@ pub fn eval_gemm(
     let mut y = a.dot(&b) * f64::from(alpha);
     if let Some(c) = inputs.get(2) {
         let c = c.to_f64();
-        let c = c
-            .broadcast(IxDyn(&out.shape))
-            .ok_or("Gemm's C does not broadcast")?;
-        y.zip_mut_with(
-            &c.into_dimensionality::<Ix2>().map_err(|e| e.to_string())?,
-            |y, c| *y += f64::from(beta) * c,
-        );
+        let c = c.broadcast(IxDyn(&out.shape)).ok_or("Gemm's C does not broadcast")?;
+        y.zip_mut_with(&c.into_dimensionality::<Ix2>().map_err(|e| e.to_string())?, |y, c| {
+            *y += f64::from(beta) * c
+        });
     }
     Ok(Tensor::from_f64(y.into_dyn(), out.dtype))
 }
 
 /// Output extent of one convolution axis.
-fn conv_extent(
-    input: usize,
-    kernel: usize,
-    stride: usize,
-    pad: usize,
-    dilation: usize,
-) -> OpResult<usize> {
+fn conv_extent(input: usize, kernel: usize, stride: usize, pad: usize, dilation: usize) -> OpResult<usize> {
     let span = dilation * (kernel - 1) + 1;
     (input + pad)
         .checked_sub(span)
         .map(|v| v / stride + 1)
-        .ok_or_else(|| {
-            format!(
-                "Conv kernel span {span} is larger than the padded input {}",
-                input + pad
-            )
-        })
+        .ok_or_else(|| format!("Conv kernel span {span} is larger than the padded input {}", input + pad))
 }
 
 pub fn infer_conv(
@@ -203,14 +148,10 @@ pub fn infer_conv(
     float_inputs("Conv", inputs)?;
     let (x, w) = (&inputs[0].shape, &inputs[1].shape);
     if x.len() != 4 || w.len() != 4 {
-        return Err(format!(
-            "only 2-D Conv (NCHW) is supported, got X {x:?}, W {w:?}"
-        ));
+        return Err(format!("only 2-D Conv (NCHW) is supported, got X {x:?}, W {w:?}"));
     }
     if group == 0 || x[1] != w[1] * group || w[0] % group != 0 {
-        return Err(format!(
-            "Conv channels do not match: X {x:?}, W {w:?}, group {group}"
-        ));
+        return Err(format!("Conv channels do not match: X {x:?}, W {w:?}, group {group}"));
     }
     if let Some(bias) = inputs.get(2) {
         if bias.shape != [w[0]] {
@@ -230,13 +171,7 @@ pub fn eval_conv(
     group: usize,
 ) -> OpResult<Tensor> {
     let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
-    let out = infer_conv(
-        &types.iter().collect::<Vec<_>>(),
-        strides,
-        pads,
-        dilations,
-        group,
-    )?;
+    let out = infer_conv(&types.iter().collect::<Vec<_>>(), strides, pads, dilations, group)?;
     let (x, w) = (inputs[0].to_f64(), inputs[1].to_f64());
     let bias = inputs.get(2).map(|b| b.to_f64());
     let (xs, ws, os) = (x.shape(), w.shape(), &out.shape);
@@ -252,14 +187,12 @@ pub fn eval_conv(
                     for ci in 0..cin_per_group {
                         let c = g * cin_per_group + ci;
                         for kh in 0..ws[2] {
-                            let ih =
-                                (oh * strides[0] + kh * dilations[0]) as isize - pads[0] as isize;
+                            let ih = (oh * strides[0] + kh * dilations[0]) as isize - pads[0] as isize;
                             if ih < 0 || ih as usize >= xs[2] {
                                 continue;
                             }
                             for kw in 0..ws[3] {
-                                let iw = (ow * strides[1] + kw * dilations[1]) as isize
-                                    - pads[1] as isize;
+                                let iw = (ow * strides[1] + kw * dilations[1]) as isize - pads[1] as isize;
                                 if iw < 0 || iw as usize >= xs[3] {
                                     continue;
                                 }
@@ -273,4 +206,48 @@ pub fn eval_conv(
         }
     }
     Ok(Tensor::from_f64(y, out.dtype))
+}
+
+pub fn infer_attention(inputs: &[&TensorType]) -> OpResult<TensorType> {
+    float_inputs("Attention", inputs)?;
+    let (q, kt, v) = (inputs[0], inputs[1], inputs[2]);
+    let scores = infer_matmul(q, kt)?;
+    if scores.rank() < 2 {
+        return Err(format!("Attention scores {scores} must have rank ≥ 2"));
+    }
+    if let Some(mask) = inputs.get(3) {
+        if broadcast_shapes(&mask.shape, &scores.shape)? != scores.shape {
+            return Err(format!("Attention mask {mask} does not broadcast to the scores {scores}"));
+        }
+    }
+    infer_matmul(&scores, v)
+}
+
+pub fn eval_attention(inputs: &[&Tensor], scale: f32, nan_to_zero: bool) -> OpResult<Tensor> {
+    let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
+    let out = infer_attention(&types.iter().collect::<Vec<_>>())?;
+    // Everything in f64, rounded once at the end.
+    let (q, kt) = (Tensor::F64(inputs[0].to_f64()), Tensor::F64(inputs[1].to_f64()));
+    let mut scores = eval_matmul(&q, &kt)?.to_f64() * f64::from(scale);
+    if let Some(mask) = inputs.get(3) {
+        let mask = mask.to_f64();
+        let mask = mask.broadcast(scores.raw_dim()).ok_or("Attention mask does not broadcast")?;
+        scores.zip_mut_with(&mask, |s, m| *s += m);
+    }
+    let last = Axis(scores.ndim() - 1);
+    for mut row in scores.lanes_mut(last) {
+        let max = row.fold(f64::NEG_INFINITY, |m, &e| m.max(e));
+        let sum: f64 = row.iter().map(|&e| (e - max).exp()).sum();
+        row.mapv_inplace(|e| {
+            let p = (e - max).exp() / sum;
+            if nan_to_zero && p.is_nan() {
+                0.0
+            } else {
+                p
+            }
+        });
+    }
+    let probs = Tensor::F64(scores);
+    let v = Tensor::F64(inputs[2].to_f64());
+    Ok(eval_matmul(&probs, &v)?.cast(out.dtype))
 }

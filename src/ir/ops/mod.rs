@@ -16,11 +16,7 @@ pub type OpResult<T> = Result<T, String>;
 fn check_arity(op: &Op, count: usize) -> OpResult<()> {
     let (least, most) = op.arity();
     if count < least || count > most {
-        let want = if least == most {
-            least.to_string()
-        } else {
-            format!("{least}..={most}")
-        };
+        let want = if least == most { least.to_string() } else { format!("{least}..={most}") };
         return Err(format!("{} takes {want} inputs, got {count}", op.kind()));
     }
     Ok(())
@@ -39,22 +35,14 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> OpResult<TensorType> {
         Op::Cast { to } => Ok(TensorType::new(*to, x().shape.clone())),
         Op::Clip { .. } | Op::Dropout | Op::Identity => Ok(x().clone()),
         Op::MatMul => linalg::infer_matmul(x(), inputs[1]),
-        Op::Gemm {
-            trans_a, trans_b, ..
-        } => linalg::infer_gemm(inputs, *trans_a, *trans_b),
-        Op::Conv {
-            strides,
-            pads,
-            dilations,
-            group,
-        } => linalg::infer_conv(inputs, *strides, *pads, *dilations, *group),
+        Op::Gemm { trans_a, trans_b, .. } => linalg::infer_gemm(inputs, *trans_a, *trans_b),
+        Op::Conv { strides, pads, dilations, group } => {
+            linalg::infer_conv(inputs, *strides, *pads, *dilations, *group)
+        }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => reduce::infer_softmax(x(), *axis),
-        Op::LayerNorm { axis, .. } => reduce::infer_layer_norm(inputs, *axis),
-        Op::Reduce {
-            op,
-            axes,
-            keep_dims,
-        } => reduce::infer_reduce(x(), *op, axes, *keep_dims),
+        Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => reduce::infer_layer_norm(inputs, *axis),
+        Op::Attention { .. } => linalg::infer_attention(inputs),
+        Op::Reduce { op, axes, keep_dims } => reduce::infer_reduce(x(), *op, axes, *keep_dims),
         Op::CumSum { axis, .. } => reduce::infer_cumsum(x(), *axis),
         Op::Reshape { shape } => layout::infer_reshape(x(), shape),
         Op::Transpose { perm } => layout::infer_transpose(x(), perm),
@@ -82,31 +70,19 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Clip { min, max } => Ok(elementwise::eval_clip(x(), *min, *max)),
         Op::Dropout | Op::Identity => Ok(x().clone()),
         Op::MatMul => linalg::eval_matmul(x(), inputs[1]),
-        Op::Gemm {
-            alpha,
-            beta,
-            trans_a,
-            trans_b,
-        } => linalg::eval_gemm(inputs, *alpha, *beta, *trans_a, *trans_b),
-        Op::Conv {
-            strides,
-            pads,
-            dilations,
-            group,
-        } => linalg::eval_conv(inputs, *strides, *pads, *dilations, *group),
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            linalg::eval_gemm(inputs, *alpha, *beta, *trans_a, *trans_b)
+        }
+        Op::Conv { strides, pads, dilations, group } => {
+            linalg::eval_conv(inputs, *strides, *pads, *dilations, *group)
+        }
         Op::Softmax { axis } => reduce::eval_softmax(x(), *axis, false),
         Op::LogSoftmax { axis } => reduce::eval_softmax(x(), *axis, true),
         Op::LayerNorm { axis, epsilon } => reduce::eval_layer_norm(inputs, *axis, *epsilon),
-        Op::Reduce {
-            op,
-            axes,
-            keep_dims,
-        } => reduce::eval_reduce(x(), *op, axes, *keep_dims),
-        Op::CumSum {
-            axis,
-            exclusive,
-            reverse,
-        } => reduce::eval_cumsum(x(), *axis, *exclusive, *reverse),
+        Op::RmsNorm { axis, epsilon } => reduce::eval_rms_norm(inputs, *axis, *epsilon),
+        Op::Attention { scale, nan_to_zero } => linalg::eval_attention(inputs, *scale, *nan_to_zero),
+        Op::Reduce { op, axes, keep_dims } => reduce::eval_reduce(x(), *op, axes, *keep_dims),
+        Op::CumSum { axis, exclusive, reverse } => reduce::eval_cumsum(x(), *axis, *exclusive, *reverse),
         Op::Reshape { shape } => layout::eval_reshape(x(), shape),
         Op::Transpose { perm } => layout::eval_transpose(x(), perm),
         Op::Concat { axis } => layout::eval_concat(inputs, *axis),

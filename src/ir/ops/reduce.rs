@@ -16,12 +16,7 @@ fn check_axis(axis: usize, rank: usize, op: &str) -> OpResult<()> {
     Ok(())
 }
 
-pub fn infer_reduce(
-    x: &TensorType,
-    op: ReduceOp,
-    axes: &[usize],
-    keep_dims: bool,
-) -> OpResult<TensorType> {
+pub fn infer_reduce(x: &TensorType, op: ReduceOp, axes: &[usize], keep_dims: bool) -> OpResult<TensorType> {
     if x.dtype == crate::ir::dtype::DType::Bool {
         return Err(format!("Reduce{op:?} is not defined on bool"));
     }
@@ -57,19 +52,14 @@ pub fn eval_reduce(x: &Tensor, op: ReduceOp, axes: &[usize], keep_dims: bool) ->
             }),
         };
     }
-    let v = v
-        .into_shape_with_order(IxDyn(&out.shape))
-        .map_err(|e| e.to_string())?;
+    let v = v.into_shape_with_order(IxDyn(&out.shape)).map_err(|e| e.to_string())?;
     Ok(Tensor::from_f64(v, out.dtype))
 }
 
 pub fn infer_softmax(x: &TensorType, axis: usize) -> OpResult<TensorType> {
     check_axis(axis, x.rank(), "Softmax")?;
     if !x.dtype.is_float() {
-        return Err(format!(
-            "Softmax needs a floating-point input, got {}",
-            x.dtype
-        ));
+        return Err(format!("Softmax needs a floating-point input, got {}", x.dtype));
     }
     Ok(x.clone())
 }
@@ -80,13 +70,7 @@ pub fn eval_softmax(x: &Tensor, axis: usize, log: bool) -> OpResult<Tensor> {
     for mut lane in v.lanes_mut(Axis(axis)) {
         let max = lane.fold(f64::NEG_INFINITY, |m, &e| m.max(e));
         let sum: f64 = lane.iter().map(|&e| (e - max).exp()).sum();
-        lane.mapv_inplace(|e| {
-            if log {
-                e - max - sum.ln()
-            } else {
-                (e - max).exp() / sum
-            }
-        });
+        lane.mapv_inplace(|e| if log { e - max - sum.ln() } else { (e - max).exp() / sum });
     }
     Ok(Tensor::from_f64(v, x.dtype()))
 }
@@ -95,10 +79,7 @@ pub fn infer_layer_norm(inputs: &[&TensorType], axis: usize) -> OpResult<TensorT
     let x = inputs[0];
     check_axis(axis, x.rank(), "LayerNormalization")?;
     if !x.dtype.is_float() {
-        return Err(format!(
-            "LayerNormalization needs a floating-point input, got {}",
-            x.dtype
-        ));
+        return Err(format!("LayerNormalization needs a floating-point input, got {}", x.dtype));
     }
     let normalized = &x.shape[axis..];
     for param in &inputs[1..] {
@@ -118,18 +99,17 @@ pub fn infer_layer_norm(inputs: &[&TensorType], axis: usize) -> OpResult<TensorT
     Ok(x.clone())
 }
 
-pub fn eval_layer_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResult<Tensor> {
+/// Applies `normalize(row) -> (shift, inv)` to every row of `inputs[0]` over `axis..rank`
+/// and writes `(v − shift) · inv · scale + bias`.
+fn eval_row_norm(
+    inputs: &[&Tensor],
+    axis: usize,
+    normalize: impl Fn(&[f64]) -> (f64, f64),
+) -> OpResult<Tensor> {
     let x = inputs[0];
     let ty = x.tensor_type();
-    infer_layer_norm(
-        &inputs
-            .iter()
-            .map(|t| t.tensor_type())
-            .collect::<Vec<_>>()
-            .iter()
-            .collect::<Vec<_>>(),
-        axis,
-    )?;
+    let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
+    infer_layer_norm(&types.iter().collect::<Vec<_>>(), axis)?;
     let rows: usize = ty.shape[..axis].iter().product();
     let width: usize = ty.shape[axis..].iter().product();
     let param = |i: usize, default: f64| -> OpResult<Vec<f64>> {
@@ -137,7 +117,7 @@ pub fn eval_layer_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResul
             Some(p) => Ok(p
                 .to_f64()
                 .broadcast(IxDyn(&ty.shape[axis..]))
-                .ok_or("LayerNormalization parameter does not broadcast")?
+                .ok_or("normalization parameter does not broadcast")?
                 .iter()
                 .copied()
                 .collect()),
@@ -149,17 +129,30 @@ pub fn eval_layer_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResul
     let mut out = Vec::with_capacity(flat.len());
     for r in 0..rows {
         let row = &flat[r * width..(r + 1) * width];
-        let mean = row.iter().sum::<f64>() / width as f64;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / width as f64;
-        let inv = 1.0 / (var + f64::from(epsilon)).sqrt();
-        out.extend(
-            row.iter()
-                .enumerate()
-                .map(|(i, v)| (v - mean) * inv * scale[i] + bias[i]),
-        );
+        let (shift, inv) = normalize(row);
+        out.extend(row.iter().enumerate().map(|(i, v)| (v - shift) * inv * scale[i] + bias[i]));
     }
     let out = ArrayD::from_shape_vec(IxDyn(&ty.shape), out).map_err(|e| e.to_string())?;
     Ok(Tensor::from_f64(out, ty.dtype))
+}
+
+pub fn eval_layer_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResult<Tensor> {
+    eval_row_norm(inputs, axis, |row| {
+        let n = row.len() as f64;
+        let mean = row.iter().sum::<f64>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        (mean, 1.0 / (var + f64::from(epsilon)).sqrt())
+    })
+}
+
+pub fn eval_rms_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResult<Tensor> {
+    if inputs.len() > 2 {
+        return Err("RmsNorm takes x and an optional scale".into());
+    }
+    eval_row_norm(inputs, axis, |row| {
+        let mean_square = row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64;
+        (0.0, 1.0 / (mean_square + f64::from(epsilon)).sqrt())
+    })
 }
 
 pub fn infer_cumsum(x: &TensorType, axis: usize) -> OpResult<TensorType> {
