@@ -56,6 +56,17 @@ def tiny_models():
         "pixel_values", "image"
 
 
+def randomize_biases_and_norms(model):
+    """Hugging Face initialises every bias to 0 and every norm scale to 1, which would let
+    a wrong bias or affine path pass unnoticed: give them random values instead."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+            elif p.dim() == 1:
+                p.normal_(1.0, 0.1)
+
+
 def example_input(kind):
     if kind == "text":
         return torch.randint(0, 512, (2, 16), dtype=torch.int64)
@@ -104,6 +115,7 @@ def main():
     for name, model, keyword, kind in tiny_models():
         if wanted and name not in wanted:
             continue
+        randomize_biases_and_norms(model)
         module = LastHidden(model, keyword).eval()
         # bert12 exists for the fusion benchmark; one export of it is enough.
         for dynamo in (False,) if name == "bert12" else (False, True):

@@ -1,3 +1,100 @@
-//! Fusion by equality saturation (egg): recognises LayerNorm, GELU, softmax and attention in
-//! the IR's primitives, extracts the cheapest form under a cost model (HBM bytes moved plus a
-//! per-launch cost), and partitions the graph into kernels. Knows nothing of CUDA.
+//! Fusion by equality saturation (egg): the IR graph goes into an e-graph, rule sets
+//! (`rules/`) recognise LayerNorm, RMSNorm, GELU, softmax and attention in exporters'
+//! primitives and remove what inference does not need, extraction picks the cheapest form
+//! under the cost model (`cost.rs`), and the partition (`partition.rs`) groups the result
+//! into kernels. Knows nothing of CUDA.
+
+mod analysis;
+mod convert;
+mod cost;
+mod extract;
+mod lang;
+mod partition;
+pub mod rules;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use egg::Runner;
+use thiserror::Error;
+
+pub use analysis::{FusionAnalysis, FusionGraph};
+pub use cost::LAUNCH_BYTES;
+pub use lang::FusionLang;
+pub use partition::{partition, Kernel, KernelKind, Mode, Partition};
+
+use crate::ir::{Graph, IrError, NodeId};
+
+#[derive(Debug, Error)]
+pub enum FusionError {
+    #[error("fusion: {0}")]
+    Ir(#[from] IrError),
+    #[error("fusion: extraction: {0}")]
+    Extraction(String),
+}
+
+/// The runner's limits. Saturation stops at whichever comes first.
+#[derive(Clone, Debug)]
+pub struct FusionLimits {
+    pub iterations: usize,
+    pub nodes: usize,
+    pub time: Duration,
+}
+
+impl Default for FusionLimits {
+    fn default() -> Self {
+        FusionLimits { iterations: 30, nodes: 200_000, time: Duration::from_secs(10) }
+    }
+}
+
+/// What saturation did.
+#[derive(Clone, Debug)]
+pub struct FusionReport {
+    pub stop_reason: String,
+    pub iterations: usize,
+    pub egraph_nodes: usize,
+    pub egraph_classes: usize,
+    pub saturation_time: Duration,
+    pub extraction_time: Duration,
+}
+
+/// A fused graph: IR with fused ops, and the ONNX nodes each of its nodes covers.
+pub struct Fused {
+    pub graph: Graph,
+    pub covers: HashMap<NodeId, Vec<String>>,
+    pub report: FusionReport,
+}
+
+impl Fused {
+    /// How many nodes of each kind the fused graph has (`LayerNorm`, `Attention`, …).
+    pub fn histogram(&self) -> BTreeMap<String, usize> {
+        self.graph.op_histogram()
+    }
+}
+
+/// Runs the rule sets on `graph` to saturation (or the limits) and extracts the cheapest
+/// equivalent graph.
+pub fn fuse(graph: &Graph, limits: &FusionLimits) -> Result<Fused, FusionError> {
+    let convert::Lowered { egraph, class_of } = convert::lower(graph)?;
+    let started = Instant::now();
+    let runner = Runner::default()
+        .with_iter_limit(limits.iterations)
+        .with_node_limit(limits.nodes)
+        .with_time_limit(limits.time)
+        .with_egraph(egraph)
+        .run(&rules::all());
+    let saturation_time = started.elapsed();
+    let stop_reason = format!("{:?}", runner.stop_reason);
+    let egraph = runner.egraph;
+    let started = Instant::now();
+    let extracted = extract::extract(graph, &class_of, &egraph)?;
+    let report = FusionReport {
+        stop_reason,
+        iterations: runner.iterations.len(),
+        egraph_nodes: egraph.total_number_of_nodes(),
+        egraph_classes: egraph.number_of_classes(),
+        saturation_time,
+        extraction_time: started.elapsed(),
+    };
+    Ok(Fused { graph: extracted.graph, covers: extracted.covers, report })
+}

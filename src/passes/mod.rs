@@ -33,7 +33,13 @@ pub struct PassError {
 
 /// The passes compilation runs, in order.
 pub fn standard() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(ConstFold), Box::new(RemoveNoops), Box::new(Cse), Box::new(Dce)]
+    vec![
+        Box::new(ConstFold),
+        Box::new(RemoveNoops),
+        Box::new(Cse),
+        Box::new(MergeSiblingMatMuls),
+        Box::new(Dce),
+    ]
 }
 
 /// Runs `passes` in order, verifying after each; returns (pass, nodes changed) per pass.

@@ -1,0 +1,142 @@
+//! E-graph → IR: the cheapest node of every needed class under the cost model, rebuilt as an
+//! IR graph (shared classes stay shared). Each new node keeps the name and origin of an
+//! original node of its class, and records which ONNX nodes it covers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use egg::{Extractor, Id};
+
+use super::analysis::{ir_op, FusionGraph};
+use super::cost::HbmCost;
+use super::lang::FusionLang;
+use super::FusionError;
+use crate::ir::{Graph, NodeId, Op, Origin};
+
+/// The extracted graph and, for each of its nodes, the ONNX nodes it computes.
+pub struct Extracted {
+    pub graph: Graph,
+    pub covers: HashMap<NodeId, Vec<String>>,
+}
+
+struct Builder<'a> {
+    egraph: &'a FusionGraph,
+    extractor: Extractor<'a, HbmCost<'a>, FusionLang, super::analysis::FusionAnalysis>,
+    original_of: HashMap<Id, NodeId>,
+    source: &'a Graph,
+    graph: Graph,
+    built: HashMap<Id, NodeId>,
+}
+
+impl Builder<'_> {
+    fn name_and_origin(&self, class: Id) -> (String, Origin) {
+        match self.original_of.get(&class) {
+            Some(&orig) => {
+                let node = self.source.node(orig);
+                (node.name.clone(), node.origin.clone())
+            }
+            None => (format!("fused_{class}"), Origin::new(format!("fused_{class}"), "fusec")),
+        }
+    }
+
+    fn build(&mut self, class: Id) -> Result<NodeId, FusionError> {
+        let class = self.egraph.find(class);
+        if let Some(&id) = self.built.get(&class) {
+            return Ok(id);
+        }
+        let node = self.extractor.find_best_node(class).clone();
+        let (name, origin) = self.name_and_origin(class);
+        let id = match &node {
+            FusionLang::Const(c) => {
+                let value = Arc::clone(self.egraph.analysis.constant(*c));
+                self.graph.add_constant(&name, value, origin)
+            }
+            _ => {
+                let (op, inputs) =
+                    ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data).ok_or_else(|| {
+                        FusionError::Extraction(format!(
+                            "class {class} extracted as {node}, which has no IR op"
+                        ))
+                    })?;
+                let inputs = inputs.iter().map(|&i| self.build(i)).collect::<Result<Vec<_>, _>>()?;
+                self.graph.add_op(op, &inputs, &name, origin)?
+            }
+        };
+        self.built.insert(class, id);
+        Ok(id)
+    }
+}
+
+pub fn extract(
+    source: &Graph,
+    class_of: &HashMap<NodeId, Id>,
+    egraph: &FusionGraph,
+) -> Result<Extracted, FusionError> {
+    let order = source.topo_order()?;
+    let mut original_of = HashMap::new();
+    for &id in &order {
+        original_of.entry(egraph.find(class_of[&id])).or_insert(id);
+    }
+    let extractor = Extractor::new(egraph, HbmCost { egraph });
+    let mut builder =
+        Builder { egraph, extractor, original_of, source, graph: Graph::new(), built: HashMap::new() };
+    // Inputs first, in their original order.
+    for &input in source.inputs() {
+        let node = source.node(input);
+        let id = builder.graph.add_input(&node.name, node.ty.clone());
+        builder.built.insert(egraph.find(class_of[&input]), id);
+    }
+    let mut outputs = Vec::new();
+    for (name, id) in source.outputs() {
+        outputs.push((name.clone(), builder.build(class_of[id])?));
+    }
+    let built = builder.built;
+    let mut graph = builder.graph;
+    graph.set_outputs(outputs);
+    let covers = coverage(source, &order, class_of, egraph, &built);
+    crate::ir::verify(&graph)?;
+    graph.remove_unused();
+    Ok(Extracted { graph, covers })
+}
+
+/// Which ONNX nodes each extracted node computes: an original node whose class was extracted
+/// is covered by that class's node; one that vanished into a pattern is covered by the first
+/// extracted nodes downstream of it.
+fn coverage(
+    source: &Graph,
+    order: &[NodeId],
+    class_of: &HashMap<NodeId, Id>,
+    egraph: &FusionGraph,
+    built: &HashMap<Id, NodeId>,
+) -> HashMap<NodeId, Vec<String>> {
+    let mut covers: HashMap<NodeId, Vec<String>> = HashMap::new();
+    let extracted = |id: NodeId| built.get(&egraph.find(class_of[&id])).copied();
+    for &id in order {
+        let node = source.node(id);
+        if matches!(node.op, Op::Input { .. } | Op::Constant(_)) {
+            continue;
+        }
+        let mut owners = Vec::new();
+        let mut stack = vec![id];
+        let mut seen = HashSet::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            match extracted(n) {
+                Some(owner) => owners.push(owner),
+                None => stack.extend(source.users_of(n)),
+            }
+        }
+        owners.sort_unstable();
+        owners.dedup();
+        for owner in owners {
+            covers.entry(owner).or_default().extend(node.origin.onnx_nodes().map(String::from));
+        }
+    }
+    for names in covers.values_mut() {
+        names.sort_unstable();
+        names.dedup();
+    }
+    covers
+}

@@ -1,0 +1,554 @@
+//! The partition: which nodes of a (fused) graph run together as one kernel launch.
+//!
+//! In order: each GEMM takes its epilogue (a chain of bias adds and activations on its
+//! output); attention is one kernel; each row op (LayerNorm, RMSNorm, softmax, last-axis
+//! reductions) takes its pointwise prologue and epilogue; the remaining pointwise nodes form
+//! groups over one iteration space. Layout ops are views that cost no launch when their
+//! readers can index through them (or their producer can store through them); otherwise a
+//! copy kernel materialises them. A node joins a kernel only if that keeps the kernels
+//! acyclic. A value used outside its kernel, or a graph output, is one of its outputs.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ir::{Graph, NodeId, Op, UnaryOp};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelKind {
+    /// A cuBLAS(Lt) GEMM, with the ops of its epilogue (bias, activation).
+    Gemm {
+        epilogue: Vec<String>,
+    },
+    /// Fused attention: the scores never leave the kernel.
+    Attention,
+    /// A row reduction (LayerNorm, RMSNorm, softmax, …) with pointwise prologue/epilogue.
+    RowReduction {
+        op: String,
+    },
+    /// A group of pointwise ops over one iteration space.
+    Pointwise,
+    /// Embedding lookup.
+    Gather,
+    Conv,
+    /// A layout change no neighbour can absorb, written out.
+    Copy,
+    /// Any other op, one kernel of its own.
+    Single {
+        op: String,
+    },
+}
+
+impl KernelKind {
+    pub fn name(&self) -> String {
+        match self {
+            KernelKind::Gemm { epilogue } if epilogue.is_empty() => "gemm".into(),
+            KernelKind::Gemm { epilogue } => format!("gemm+{}", epilogue.join("+")),
+            KernelKind::Attention => "attention".into(),
+            KernelKind::RowReduction { op } => format!("row:{op}"),
+            KernelKind::Pointwise => "pointwise".into(),
+            KernelKind::Gather => "gather".into(),
+            KernelKind::Conv => "conv".into(),
+            KernelKind::Copy => "copy".into(),
+            KernelKind::Single { op } => op.to_lowercase(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// The nodes it computes, in topological order.
+    pub nodes: Vec<NodeId>,
+    /// The values it writes to memory.
+    pub outputs: Vec<NodeId>,
+    /// The ONNX nodes it covers.
+    pub covers: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Partition {
+    /// In an order that respects data dependencies.
+    pub kernels: Vec<Kernel>,
+    /// Layout nodes that cost no launch.
+    pub views: Vec<NodeId>,
+    /// Points where the GPU path stops (host round trips, CPU fallbacks). Every IR op has a
+    /// GPU kernel and every shape is static, so the partition never makes one.
+    pub graph_breaks: usize,
+}
+
+impl Partition {
+    pub fn launches(&self) -> usize {
+        self.kernels.len()
+    }
+
+    pub fn gemm_calls(&self) -> usize {
+        self.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count()
+    }
+
+    pub fn count(&self, pred: impl Fn(&KernelKind) -> bool) -> usize {
+        self.kernels.iter().filter(|k| pred(&k.kind)).count()
+    }
+}
+
+/// How to partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Fuse as described above.
+    Fused,
+    /// One kernel per node (GEMMs on cuBLAS, reshapes free): the unfused baseline.
+    OneKernelPerNode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    None,
+    View,
+    Gemm,
+    Attention,
+    Row,
+    Pointwise,
+    Gather,
+    Conv,
+    Single,
+}
+
+fn role(graph: &Graph, id: NodeId) -> Role {
+    let node = graph.node(id);
+    let last_axis = |axis: usize| axis + 1 == node.ty.rank();
+    match &node.op {
+        Op::Input { .. } | Op::Constant(_) => Role::None,
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } | Op::Expand { .. } => Role::View,
+        Op::Identity | Op::Dropout => Role::View,
+        Op::MatMul | Op::Gemm { .. } => Role::Gemm,
+        Op::Attention { .. } => Role::Attention,
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => Role::Row,
+        Op::Softmax { axis } | Op::LogSoftmax { axis } if last_axis(*axis) => Role::Row,
+        Op::Reduce { axes, .. }
+            if axes.len() == 1 && axes[0] + 1 == graph.node(graph.inputs_of(id)[0]).ty.rank() =>
+        {
+            Role::Row
+        }
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Clip { .. } => Role::Pointwise,
+        Op::Gather { .. } => Role::Gather,
+        Op::Conv { .. } => Role::Conv,
+        _ => Role::Single,
+    }
+}
+
+struct Builder<'a> {
+    graph: &'a Graph,
+    order: Vec<NodeId>,
+    position: HashMap<NodeId, usize>,
+    roles: HashMap<NodeId, Role>,
+    kernel_of: HashMap<NodeId, usize>,
+    kinds: Vec<KernelKind>,
+    outputs: HashSet<NodeId>,
+}
+
+impl Builder<'_> {
+    fn new_kernel(&mut self, kind: KernelKind, anchor: NodeId) -> usize {
+        self.kinds.push(kind);
+        let k = self.kinds.len() - 1;
+        self.kernel_of.insert(anchor, k);
+        k
+    }
+
+    fn free_pointwise(&self, id: NodeId) -> bool {
+        self.roles[&id] == Role::Pointwise && !self.kernel_of.contains_key(&id)
+    }
+
+    /// Whether some node reachable from `from` (through users) is in kernel `k` — if so,
+    /// putting a node that feeds `from` into `k` would make a cycle between kernels.
+    fn reaches_kernel(&self, from: &[NodeId], k: usize) -> bool {
+        let mut stack = from.to_vec();
+        let mut seen = HashSet::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if self.kernel_of.get(&n) == Some(&k) {
+                return true;
+            }
+            stack.extend(self.graph.users_of(n));
+        }
+        false
+    }
+
+    /// Adds `id` (upstream of kernel `k`) to `k` unless a path from `id` leaves `k` and comes
+    /// back.
+    fn try_absorb_upstream(&mut self, id: NodeId, k: usize) -> bool {
+        let outside: Vec<NodeId> =
+            self.graph.users_of(id).into_iter().filter(|u| self.kernel_of.get(u) != Some(&k)).collect();
+        if self.reaches_kernel(&outside, k) {
+            return false;
+        }
+        self.kernel_of.insert(id, k);
+        true
+    }
+
+    /// Adds `id` (downstream of kernel `k`) to `k` unless one of its other inputs depends on `k`.
+    fn try_absorb_downstream(&mut self, id: NodeId, k: usize) -> bool {
+        let others: Vec<NodeId> =
+            self.graph.inputs_of(id).into_iter().filter(|i| self.kernel_of.get(i) != Some(&k)).collect();
+        for input in others {
+            // A kernel node upstream of `input` would make `input` wait for `k`.
+            if self.upstream_in_kernel(input, k) {
+                return false;
+            }
+        }
+        self.kernel_of.insert(id, k);
+        true
+    }
+
+    fn upstream_in_kernel(&self, from: NodeId, k: usize) -> bool {
+        let mut stack = vec![from];
+        let mut seen = HashSet::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if self.kernel_of.get(&n) == Some(&k) {
+                return true;
+            }
+            stack.extend(self.graph.inputs_of(n));
+        }
+        false
+    }
+
+    fn single_user(&self, id: NodeId) -> Option<NodeId> {
+        match self.graph.users_of(id)[..] {
+            [u] if !self.outputs.contains(&id) => Some(u),
+            _ => None,
+        }
+    }
+
+    fn gemm_epilogue(&mut self, gemm: NodeId, k: usize) -> Vec<String> {
+        let mut epilogue = Vec::new();
+        let mut tail = gemm;
+        while let Some(u) = self.single_user(tail) {
+            let node = self.graph.node(u);
+            // A reshape changes no element: the epilogue continues behind it.
+            if matches!(node.op, Op::Reshape { .. }) {
+                tail = u;
+                continue;
+            }
+            let same_shape = node.ty == self.graph.node(tail).ty;
+            let step = match &node.op {
+                Op::Unary(
+                    op @ (UnaryOp::Gelu
+                    | UnaryOp::GeluTanh
+                    | UnaryOp::Relu
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid),
+                ) => Some(format!("{op:?}").to_lowercase()),
+                Op::Binary(crate::ir::BinaryOp::Add) => {
+                    let inputs = self.graph.inputs_of(u);
+                    let other = if inputs[0] == tail { inputs[1] } else { inputs[0] };
+                    let width = node.ty.shape.last().copied();
+                    self.graph
+                        .constant(other)
+                        .filter(|c| c.shape().last().copied() == width || c.len() == 1)
+                        .map(|_| "bias".to_string())
+                }
+                _ => None,
+            };
+            match step {
+                Some(name) if same_shape && self.free_pointwise(u) => {
+                    self.kernel_of.insert(u, k);
+                    epilogue.push(name);
+                    tail = u;
+                }
+                _ => break,
+            }
+        }
+        epilogue
+    }
+
+    fn row_prologue(&mut self, row: NodeId, k: usize) {
+        let input = self.graph.inputs_of(row)[0];
+        let shape = self.graph.node(input).ty.shape.clone();
+        let mut stack = vec![input];
+        while let Some(p) = stack.pop() {
+            if !self.free_pointwise(p) || self.graph.node(p).ty.shape != shape {
+                continue;
+            }
+            if self.try_absorb_upstream(p, k) {
+                stack.extend(self.graph.inputs_of(p));
+            }
+        }
+    }
+
+    fn row_epilogue(&mut self, row: NodeId, k: usize) {
+        let mut tail = row;
+        while let Some(u) = self.single_user(tail) {
+            if !self.free_pointwise(u) || self.graph.node(u).ty != self.graph.node(tail).ty {
+                break;
+            }
+            if !self.try_absorb_downstream(u, k) {
+                break;
+            }
+            tail = u;
+        }
+    }
+
+    fn pointwise_group(&mut self, id: NodeId) {
+        let shape = &self.graph.node(id).ty.shape;
+        let candidates: Vec<usize> = self
+            .graph
+            .inputs_of(id)
+            .into_iter()
+            .filter(|&i| self.roles[&i] == Role::Pointwise && self.graph.node(i).ty.shape == *shape)
+            .filter_map(|i| self.kernel_of.get(&i).copied())
+            .filter(|&k| self.kinds[k] == KernelKind::Pointwise)
+            .collect();
+        for k in candidates {
+            if self.try_absorb_downstream(id, k) {
+                return;
+            }
+        }
+        self.new_kernel(KernelKind::Pointwise, id);
+    }
+
+    /// The chain of views ending at `view` (its first element is the materialised source).
+    fn view_chain(&self, view: NodeId) -> (NodeId, Vec<NodeId>) {
+        let mut chain = vec![view];
+        let mut source = self.graph.inputs_of(view)[0];
+        while self.roles[&source] == Role::View {
+            chain.push(source);
+            source = self.graph.inputs_of(source)[0];
+        }
+        chain.reverse();
+        (source, chain)
+    }
+
+    /// cuBLAS reads an operand through a reshape, a transpose of the last two axes (the op
+    /// flag), or a slice of the last axis (the leading dimension).
+    fn gemm_reads_through(&self, chain: &[NodeId]) -> bool {
+        chain.iter().all(|&v| match &self.graph.node(v).op {
+            Op::Reshape { .. } | Op::Identity | Op::Dropout => true,
+            Op::Transpose { perm } => {
+                let n = perm.len();
+                n >= 2 && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p) && perm[n - 2] == n - 1
+            }
+            Op::Slice { axes } => {
+                let input = &self.graph.node(self.graph.inputs_of(v)[0]).ty.shape;
+                axes[..axes.len() - 1]
+                    .iter()
+                    .zip(input)
+                    .all(|(a, &d)| a.start == 0 && a.step == 1 && a.len == d)
+                    && axes.last().is_some_and(|a| a.step == 1)
+            }
+            _ => false,
+        })
+    }
+
+    /// The view chain is the only reader of a non-GEMM kernel's output: that kernel can store
+    /// in the layout the chain describes.
+    fn producer_stores_through(&self, source: NodeId, chain: &[NodeId]) -> bool {
+        let producer_ok = self.kernel_of.get(&source).is_some_and(|&k| {
+            matches!(
+                self.kinds[k],
+                KernelKind::Attention | KernelKind::Pointwise | KernelKind::RowReduction { .. }
+            )
+        });
+        let linear = std::iter::once(source)
+            .chain(chain[..chain.len() - 1].iter().copied())
+            .all(|n| self.graph.users_of(n).len() == 1 && !self.outputs.contains(&n));
+        producer_ok && linear
+    }
+
+    fn view_needs_copy(&self, view: NodeId) -> bool {
+        let (source, chain) = self.view_chain(view);
+        let reshape_only = chain.iter().all(|&v| matches!(self.graph.node(v).op, Op::Reshape { .. }));
+        if reshape_only || self.roles[&source] == Role::None && !self.outputs.contains(&view) {
+            return false;
+        }
+        if self.outputs.contains(&view) {
+            return !self.producer_stores_through(source, &chain);
+        }
+        let gemm_reader = self.graph.users_of(view).into_iter().any(|u| self.roles[&u] == Role::Gemm);
+        gemm_reader && !self.gemm_reads_through(&chain) && !self.producer_stores_through(source, &chain)
+    }
+}
+
+/// Partitions `graph` into kernels; `covers` names the ONNX nodes each node computes (nodes
+/// missing from it cover their own origin).
+pub fn partition(
+    graph: &Graph,
+    covers: &HashMap<NodeId, Vec<String>>,
+    mode: Mode,
+) -> Result<Partition, crate::ir::IrError> {
+    let order = graph.topo_order()?;
+    let position = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let roles: HashMap<NodeId, Role> = order.iter().map(|&n| (n, role(graph, n))).collect();
+    let outputs: HashSet<NodeId> = graph.outputs().iter().map(|(_, id)| *id).collect();
+    let mut b =
+        Builder { graph, order, position, roles, kernel_of: HashMap::new(), kinds: Vec::new(), outputs };
+    let order = b.order.clone();
+    let op_name = |id: NodeId| graph.node(id).op.kind();
+    if mode == Mode::OneKernelPerNode {
+        for &id in &order {
+            let kind = match b.roles[&id] {
+                Role::None => continue,
+                Role::View if matches!(graph.node(id).op, Op::Reshape { .. }) => continue,
+                Role::View => KernelKind::Copy,
+                Role::Gemm => KernelKind::Gemm { epilogue: vec![] },
+                Role::Attention => KernelKind::Attention,
+                Role::Row => KernelKind::RowReduction { op: op_name(id) },
+                Role::Pointwise => KernelKind::Pointwise,
+                Role::Gather => KernelKind::Gather,
+                Role::Conv => KernelKind::Conv,
+                Role::Single => KernelKind::Single { op: op_name(id) },
+            };
+            b.new_kernel(kind, id);
+        }
+    } else {
+        for &id in &order {
+            if b.roles[&id] == Role::Gemm {
+                let k = b.new_kernel(KernelKind::Gemm { epilogue: vec![] }, id);
+                let epilogue = b.gemm_epilogue(id, k);
+                b.kinds[k] = KernelKind::Gemm { epilogue };
+            }
+        }
+        for &id in &order {
+            match b.roles[&id] {
+                Role::Attention => {
+                    b.new_kernel(KernelKind::Attention, id);
+                }
+                Role::Row => {
+                    let k = b.new_kernel(KernelKind::RowReduction { op: op_name(id) }, id);
+                    b.row_prologue(id, k);
+                    b.row_epilogue(id, k);
+                }
+                _ => {}
+            }
+        }
+        for &id in &order {
+            match b.roles[&id] {
+                Role::Pointwise if !b.kernel_of.contains_key(&id) => b.pointwise_group(id),
+                Role::Gather => {
+                    b.new_kernel(KernelKind::Gather, id);
+                }
+                Role::Conv => {
+                    b.new_kernel(KernelKind::Conv, id);
+                }
+                Role::Single => {
+                    b.new_kernel(KernelKind::Single { op: op_name(id) }, id);
+                }
+                _ => {}
+            }
+        }
+        for &id in &order {
+            if b.roles[&id] == Role::View && b.view_needs_copy(id) {
+                b.new_kernel(KernelKind::Copy, id);
+            }
+        }
+    }
+    Ok(assemble(b, covers))
+}
+
+fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition {
+    let graph = b.graph;
+    let mut kernels: Vec<Kernel> = b
+        .kinds
+        .iter()
+        .map(|kind| Kernel { kind: kind.clone(), nodes: vec![], outputs: vec![], covers: vec![] })
+        .collect();
+    let mut views = Vec::new();
+    let covered = |id: NodeId| -> Vec<String> {
+        covers
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| graph.node(id).origin.onnx_nodes().map(String::from).collect())
+    };
+    for &id in &b.order {
+        match b.kernel_of.get(&id) {
+            Some(&k) => {
+                kernels[k].nodes.push(id);
+                kernels[k].covers.extend(covered(id));
+                let read_elsewhere = graph.users_of(id).iter().any(|u| b.kernel_of.get(u) != Some(&k));
+                if read_elsewhere || b.outputs.contains(&id) {
+                    kernels[k].outputs.push(id);
+                }
+            }
+            None if b.roles[&id] == Role::View => views.push(id),
+            None => {}
+        }
+    }
+    // Views cost nothing; the ONNX nodes they stand for are credited to their first reader.
+    for &v in &views {
+        let mut stack = graph.users_of(v);
+        let mut seen = HashSet::new();
+        while let Some(u) = stack.pop() {
+            if !seen.insert(u) {
+                continue;
+            }
+            match b.kernel_of.get(&u) {
+                Some(&k) => {
+                    kernels[k].covers.extend(covered(v));
+                    break;
+                }
+                None => stack.extend(graph.users_of(u)),
+            }
+        }
+    }
+    for k in &mut kernels {
+        k.covers.sort_unstable();
+        k.covers.dedup();
+    }
+    let order = kernel_order(&b, &kernels);
+    let kernels = order.into_iter().map(|k| kernels[k].clone()).collect();
+    Partition { kernels, views, graph_breaks: 0 }
+}
+
+/// The kernel that computes `id`'s value, looking through views.
+fn producer_kernel(b: &Builder<'_>, mut id: NodeId) -> Option<usize> {
+    loop {
+        if let Some(&k) = b.kernel_of.get(&id) {
+            return Some(k);
+        }
+        if b.roles[&id] != Role::View {
+            return None;
+        }
+        id = b.graph.inputs_of(id)[0];
+    }
+}
+
+/// Kernels in dependency order (Kahn's algorithm; ties go to the kernel whose first node
+/// comes first, so the order is deterministic).
+fn kernel_order(b: &Builder<'_>, kernels: &[Kernel]) -> Vec<usize> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = kernels.len();
+    let mut deps: Vec<HashSet<usize>> = vec![HashSet::new(); n];
+    for (k, kernel) in kernels.iter().enumerate() {
+        for &node in &kernel.nodes {
+            for input in b.graph.inputs_of(node) {
+                if let Some(p) = producer_kernel(b, input).filter(|&p| p != k) {
+                    deps[k].insert(p);
+                }
+            }
+        }
+    }
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (k, d) in deps.iter().enumerate() {
+        for &p in d {
+            readers[p].push(k);
+        }
+    }
+    let first = |k: usize| kernels[k].nodes.iter().map(|id| b.position[id]).min().unwrap_or(0);
+    let mut waiting: Vec<usize> = deps.iter().map(HashSet::len).collect();
+    let mut ready: BinaryHeap<Reverse<(usize, usize)>> =
+        (0..n).filter(|&k| waiting[k] == 0).map(|k| Reverse((first(k), k))).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(Reverse((_, k))) = ready.pop() {
+        order.push(k);
+        for &r in &readers[k] {
+            waiting[r] -= 1;
+            if waiting[r] == 0 {
+                ready.push(Reverse((first(r), r)));
+            }
+        }
+    }
+    debug_assert_eq!(order.len(), n, "the partition's kernels form a cycle");
+    order
+}

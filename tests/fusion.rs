@@ -1,0 +1,234 @@
+//! Fusion on the fixtures: the fused graph keeps the model's meaning, every block is
+//! recognised, and the partition launches few kernels.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+
+use fusec::fusion::{self, partition, Fused, FusionLimits, KernelKind, Mode, Partition};
+use fusec::import::{import, ImportOptions, Model};
+use fusec::ir::{self, rel_l2};
+use fusec::passes::{run_passes, standard};
+
+fn fused(file: &str, options: &ImportOptions) -> (Model, Fused) {
+    let model = import(&common::model_path(file), options).unwrap_or_else(|e| panic!("{e}"));
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    let fused = fusion::fuse(&graph, &FusionLimits::default()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    (model, fused)
+}
+
+fn fused_partition(fused: &Fused) -> Partition {
+    partition(&fused.graph, &fused.covers, Mode::Fused).unwrap()
+}
+
+#[test]
+fn fused_graphs_keep_every_fixture_meaning() {
+    for file in common::all_fixtures() {
+        for (variant, options) in common::shape_variants(&file).into_iter().enumerate() {
+            let (model, fused) = fused(&file, &options);
+            assert_eq!(fused.report.stop_reason, "Some(Saturated)", "{file}: {:?}", fused.report);
+            let feeds: HashMap<_, _> =
+                common::random_inputs(&model, 40 + variant as u64).into_iter().collect();
+            let before = ir::evaluate(&model.graph, &feeds).unwrap();
+            let after = ir::evaluate(&fused.graph, &feeds).unwrap_or_else(|e| panic!("{file}: {e}"));
+            for ((name, a), (_, b)) in after.iter().zip(&before) {
+                let err = rel_l2(a, b);
+                assert!(err <= 1e-5, "{file} {options:?} {name}: fused rel-L2 {err:e}");
+            }
+        }
+    }
+}
+
+fn counts(fused: &Fused) -> BTreeMap<String, usize> {
+    fused.histogram()
+}
+
+fn count(h: &BTreeMap<String, usize>, op: &str) -> usize {
+    h.get(op).copied().unwrap_or(0)
+}
+
+/// Ops that must not survive fusion in a recognised model: every one of them belongs to a
+/// LayerNorm, GELU, softmax, attention or dropout that was recognised.
+const DECOMPOSED: &[&str] = &[
+    "Dropout",
+    "Identity",
+    "Erf",
+    "Tanh",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "ReduceMean",
+    "IsNaN",
+    "Where",
+    "Softmax",
+    "Div",
+];
+
+fn assert_recognised(file: &str, layers: usize, gelu: &str) {
+    let options = common::shape_variants(file).remove(1);
+    let (_, fused) = fused(file, &options);
+    let h = counts(&fused);
+    // Two LayerNorms per layer plus the embeddings' (BERT) or the final one (GPT-2).
+    assert_eq!(count(&h, "LayerNorm"), 2 * layers + 1, "{file}: {h:?}");
+    assert_eq!(count(&h, gelu), layers, "{file}: {h:?}");
+    assert_eq!(count(&h, "Attention"), layers, "{file}: {h:?}");
+    for op in DECOMPOSED {
+        assert_eq!(count(&h, op), 0, "{file}: {op} left after fusion: {h:?}");
+    }
+}
+
+#[test]
+fn bert_blocks_are_recognised() {
+    assert_recognised("bert_ts.onnx", 2, "Gelu");
+    assert_recognised("bert_dynamo.onnx", 2, "Gelu");
+    assert_recognised("bert12_ts.onnx", 12, "Gelu");
+}
+
+#[test]
+fn gpt2_blocks_are_recognised() {
+    assert_recognised("gpt2_ts.onnx", 2, "GeluTanh");
+    assert_recognised("gpt2_dynamo.onnx", 2, "GeluTanh");
+}
+
+#[test]
+fn llama_and_vit_blocks_are_recognised() {
+    for file in ["llama_ts.onnx", "llama_dynamo.onnx"] {
+        let (_, fused) = fused(file, &common::shape_variants(file)[0]);
+        let h = counts(&fused);
+        assert_eq!((count(&h, "RmsNorm"), count(&h, "Attention")), (5, 2), "{file}: {h:?}");
+        for op in ["Pow", "Sqrt", "Reciprocal", "ReduceMean", "Softmax", "IsNaN", "Where"] {
+            assert_eq!(count(&h, op), 0, "{file}: {op} left: {h:?}");
+        }
+    }
+    for file in ["vit_ts.onnx", "vit_dynamo.onnx"] {
+        let (_, fused) = fused(file, &common::shape_variants(file)[0]);
+        let h = counts(&fused);
+        assert_eq!(
+            (count(&h, "LayerNorm"), count(&h, "Gelu"), count(&h, "Attention")),
+            (5, 2, 2),
+            "{file}: {h:?}"
+        );
+    }
+}
+
+#[test]
+fn handbuilt_variants_are_recognised() {
+    for (file, op) in [
+        ("layernorm_div.onnx", "LayerNorm"),
+        ("layernorm_reciprocal.onnx", "LayerNorm"),
+        ("layernorm_ex2.onnx", "LayerNorm"),
+        ("rmsnorm.onnx", "RmsNorm"),
+        ("gelu_erf_div.onnx", "Gelu"),
+        ("gelu_erf_mul.onnx", "Gelu"),
+        ("gelu_op.onnx", "Gelu"),
+        ("gelu_tanh.onnx", "GeluTanh"),
+        ("softmax_decomposed.onnx", "Softmax"),
+    ] {
+        let (_, fused) = fused(file, &common::shape_variants(file)[0]);
+        let h = counts(&fused);
+        assert_eq!(h, BTreeMap::from([(op.to_string(), 1)]), "{file}: the whole graph should be one {op}");
+    }
+    let (_, fused) = fused("mlp_block.onnx", &common::shape_variants("mlp_block.onnx")[0]);
+    let h = counts(&fused);
+    assert_eq!((count(&h, "Dropout"), count(&h, "Gelu"), count(&h, "LayerNorm")), (0, 1, 1), "{h:?}");
+    let kinds: Vec<String> = fused_partition(&fused).kernels.iter().map(|k| k.kind.name()).collect();
+    assert_eq!(kinds, ["gemm+bias+gelu", "gemm+bias", "row:LayerNorm"]);
+}
+
+/// The kernels of each encoder layer, from the ONNX node names they cover
+/// (`/encoder/layer.N/...` in the TorchScript export).
+fn kernels_per_layer(part: &Partition) -> BTreeMap<usize, Vec<String>> {
+    let mut layers: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for kernel in &part.kernels {
+        let layer = kernel.covers.iter().find_map(|name| {
+            let rest = name.split("/layer.").nth(1)?;
+            rest.split('/').next()?.parse::<usize>().ok()
+        });
+        if let Some(layer) = layer {
+            layers.entry(layer).or_default().push(kernel.kind.name());
+        }
+    }
+    layers
+}
+
+#[test]
+fn bert_layers_take_at_most_seven_launches() {
+    for (file, layers) in [("bert_ts.onnx", 2), ("bert12_ts.onnx", 12), ("bert_dynamo.onnx", 2)] {
+        let (_, fused) = fused(file, &common::shape_variants(file)[2]);
+        let part = fused_partition(&fused);
+        assert_eq!(part.graph_breaks, 0);
+        // The embeddings take a gather and a LayerNorm (with the position adds as prologue).
+        assert!(part.launches() <= 7 * layers + 2, "{file}: {} launches", part.launches());
+        assert_eq!(part.gemm_calls(), 4 * layers, "{file}: QKV, output, FC1, FC2 per layer");
+        assert_eq!(part.count(|k| *k == KernelKind::Attention), layers, "{file}");
+        if file.ends_with("_ts.onnx") {
+            let per_layer = kernels_per_layer(&part);
+            assert_eq!(per_layer.len(), layers, "{file}: {per_layer:?}");
+            for (layer, kinds) in per_layer {
+                assert_eq!(
+                    kinds,
+                    [
+                        "gemm+bias",
+                        "attention",
+                        "gemm+bias",
+                        "row:LayerNorm",
+                        "gemm+bias+gelu",
+                        "gemm+bias",
+                        "row:LayerNorm"
+                    ],
+                    "{file} layer {layer}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpt2_layers_fuse_gelu_and_residuals() {
+    let (_, fused) = fused("gpt2_ts.onnx", &common::shape_variants("gpt2_ts.onnx")[0]);
+    let part = fused_partition(&fused);
+    assert_eq!(part.launches(), 16, "{:?}", part.kernels.iter().map(|k| k.kind.name()).collect::<Vec<_>>());
+    assert_eq!(part.count(|k| matches!(k, KernelKind::Gemm { epilogue } if epilogue == &["gelutanh"])), 2);
+    // GPT-2 is pre-LN: the residual sum feeds the next LayerNorm and the next residual, so the
+    // LayerNorm kernel that computes it also writes it out.
+    let multi_output = part.kernels.iter().filter(|k| k.outputs.len() > 1).count();
+    assert!(multi_output >= 3, "{multi_output} multi-output kernels");
+}
+
+#[test]
+fn unfused_baseline_launches_one_kernel_per_node() {
+    let file = "bert_ts.onnx";
+    let (model, fused) = fused(file, &common::shape_variants(file)[0]);
+    let unfused = partition(&model.graph, &HashMap::new(), Mode::OneKernelPerNode).unwrap();
+    let reshapes = count(&model.graph.op_histogram(), "Reshape");
+    let nodes: usize = model.graph.op_histogram().values().sum();
+    assert_eq!(unfused.launches(), nodes - reshapes);
+    assert_eq!(unfused.gemm_calls(), count(&model.graph.op_histogram(), "MatMul"));
+    assert!(fused_partition(&fused).launches() * 3 < unfused.launches());
+}
+
+#[test]
+fn every_kernel_says_which_onnx_nodes_it_covers() {
+    let (model, fused) = fused("bert_ts.onnx", &common::shape_variants("bert_ts.onnx")[0]);
+    let part = fused_partition(&fused);
+    for kernel in &part.kernels {
+        assert!(!kernel.covers.is_empty(), "{kernel:?}");
+        assert!(!kernel.outputs.is_empty(), "{kernel:?}");
+    }
+    let covered: std::collections::HashSet<&str> =
+        part.kernels.iter().flat_map(|k| k.covers.iter().map(String::as_str)).collect();
+    // Every ONNX node that survived import into a computing IR node is covered by a kernel.
+    for id in model.graph.node_ids() {
+        let node = model.graph.node(id);
+        if matches!(node.op, ir::Op::Input { .. } | ir::Op::Constant(_)) {
+            continue;
+        }
+        assert!(
+            covered.contains(node.origin.node.as_str()),
+            "{} ({}) is in no kernel",
+            node.origin.node,
+            node.op.kind()
+        );
+    }
+}
