@@ -1,13 +1,14 @@
 //! `fusec inspect`: what a model holds and what import makes of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use fusec::fusion::{self, FusionLimits, Mode};
 use fusec::import::{self, DeclaredDim, SHAPE_OPS};
-use fusec::ir;
+use fusec::{ir, passes};
 
 use super::shapes::ShapeArgs;
 
@@ -16,7 +17,7 @@ use super::shapes::ShapeArgs;
 /// Exits non-zero if the model holds ops fusec does not support (they are listed).
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dump"
+    after_help = "Examples:\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dump"
 )]
 pub struct Inspect {
     /// The ONNX model.
@@ -26,6 +27,12 @@ pub struct Inspect {
     /// Also print the imported IR graph.
     #[arg(long)]
     dump: bool,
+    /// Fuse the model and list its kernels: what each is and which ONNX nodes it covers.
+    #[arg(long)]
+    fused: bool,
+    /// With --fused: partition without fusion, one kernel per node (the unfused baseline).
+    #[arg(long, requires = "fused")]
+    no_fuse: bool,
 }
 
 fn histogram(counts: &BTreeMap<String, usize>) -> String {
@@ -45,7 +52,56 @@ fn declared_shape(dims: &Option<Vec<DeclaredDim>>) -> String {
     format!("[{}]", dims.join(","))
 }
 
+/// The first few names of a list, and how many more there are.
+fn abbreviated(names: &[String], shown: usize) -> String {
+    let mut text = names.iter().take(shown).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > shown {
+        text.push_str(&format!(", … ({} more)", names.len() - shown));
+    }
+    text
+}
+
 impl Inspect {
+    fn print_kernels(&self, model: &import::Model) -> anyhow::Result<()> {
+        let mut graph = model.graph.clone();
+        passes::run_passes(&mut graph, &passes::standard())?;
+        let (part, graph) = if self.no_fuse {
+            (fusion::partition(&model.graph, &HashMap::new(), Mode::OneKernelPerNode)?, model.graph.clone())
+        } else {
+            let fused = fusion::fuse(&graph, &FusionLimits::default())?;
+            let r = &fused.report;
+            println!(
+                "fusion      {} after {} iterations ({} e-nodes, {} classes): saturation {:.1} ms, extraction {:.1} ms",
+                r.stop_reason,
+                r.iterations,
+                r.egraph_nodes,
+                r.egraph_classes,
+                r.saturation_time.as_secs_f64() * 1e3,
+                r.extraction_time.as_secs_f64() * 1e3
+            );
+            println!("fused ops   {}", histogram(&fused.histogram()));
+            (fusion::partition(&fused.graph, &fused.covers, Mode::Fused)?, fused.graph)
+        };
+        println!(
+            "kernels     {} launches ({} cuBLAS GEMMs), {} graph breaks, for {} ONNX nodes",
+            part.launches(),
+            part.gemm_calls(),
+            part.graph_breaks,
+            model.onnx.node_count
+        );
+        for (i, kernel) in part.kernels.iter().enumerate() {
+            let writes: Vec<String> = kernel.outputs.iter().map(|&o| graph.node(o).ty.to_string()).collect();
+            println!(
+                "  #{i:<3} {:<22} writes {:<28} covers {}: {}",
+                kernel.kind.name(),
+                writes.join(" "),
+                kernel.covers.len(),
+                abbreviated(&kernel.covers, 4)
+            );
+        }
+        Ok(())
+    }
+
     pub fn execute(self) -> anyhow::Result<ExitCode> {
         let onnx = import::summarize(&self.model)?;
         println!("model       {}", onnx.path.display());
@@ -85,6 +141,9 @@ impl Inspect {
         println!("shape ops   {shape_ops} in the file, {} left after folding", model.remaining_shape_ops());
         if self.dump {
             print!("{}", ir::dump(graph).context("dumping the IR")?);
+        }
+        if self.fused {
+            self.print_kernels(&model)?;
         }
         Ok(ExitCode::SUCCESS)
     }

@@ -20,7 +20,7 @@ use thiserror::Error;
 
 pub use analysis::{FusionAnalysis, FusionGraph};
 pub use cost::LAUNCH_BYTES;
-pub use lang::FusionLang;
+pub use lang::{ConstId, FusionLang, InputId, OpId, Perm};
 pub use partition::{partition, Kernel, KernelKind, Mode, Partition};
 
 use crate::ir::{Graph, IrError, NodeId};
@@ -84,7 +84,7 @@ pub fn fuse(graph: &Graph, limits: &FusionLimits) -> Result<Fused, FusionError> 
         .with_egraph(egraph)
         .run(&rules::all());
     let saturation_time = started.elapsed();
-    let stop_reason = format!("{:?}", runner.stop_reason);
+    let stop_reason = runner.stop_reason.as_ref().map_or_else(|| "not run".to_string(), |r| format!("{r:?}"));
     let egraph = runner.egraph;
     let started = Instant::now();
     let extracted = extract::extract(graph, &class_of, &egraph)?;
