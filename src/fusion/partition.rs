@@ -156,10 +156,10 @@ impl Builder<'_> {
         self.roles[&id] == Role::Pointwise && !self.kernel_of.contains_key(&id)
     }
 
-    /// Whether some node reachable from `from` (through users) is in kernel `k` — if so,
-    /// putting a node that feeds `from` into `k` would make a cycle between kernels.
-    fn reaches_kernel(&self, from: &[NodeId], k: usize) -> bool {
-        let mut stack = from.to_vec();
+    /// Whether a walk from `from` — downstream through users, or upstream through inputs —
+    /// meets a node of kernel `k`.
+    fn meets_kernel(&self, from: Vec<NodeId>, k: usize, downstream: bool) -> bool {
+        let mut stack = from;
         let mut seen = HashSet::new();
         while let Some(n) = stack.pop() {
             if !seen.insert(n) {
@@ -168,17 +168,17 @@ impl Builder<'_> {
             if self.kernel_of.get(&n) == Some(&k) {
                 return true;
             }
-            stack.extend(self.graph.users_of(n));
+            stack.extend(if downstream { self.graph.users_of(n) } else { self.graph.inputs_of(n) });
         }
         false
     }
 
     /// Adds `id` (upstream of kernel `k`) to `k` unless a path from `id` leaves `k` and comes
-    /// back.
+    /// back: then the kernels would wait on each other.
     fn try_absorb_upstream(&mut self, id: NodeId, k: usize) -> bool {
         let outside: Vec<NodeId> =
             self.graph.users_of(id).into_iter().filter(|u| self.kernel_of.get(u) != Some(&k)).collect();
-        if self.reaches_kernel(&outside, k) {
+        if self.meets_kernel(outside, k, true) {
             return false;
         }
         self.kernel_of.insert(id, k);
@@ -189,29 +189,11 @@ impl Builder<'_> {
     fn try_absorb_downstream(&mut self, id: NodeId, k: usize) -> bool {
         let others: Vec<NodeId> =
             self.graph.inputs_of(id).into_iter().filter(|i| self.kernel_of.get(i) != Some(&k)).collect();
-        for input in others {
-            // A kernel node upstream of `input` would make `input` wait for `k`.
-            if self.upstream_in_kernel(input, k) {
-                return false;
-            }
+        if self.meets_kernel(others, k, false) {
+            return false;
         }
         self.kernel_of.insert(id, k);
         true
-    }
-
-    fn upstream_in_kernel(&self, from: NodeId, k: usize) -> bool {
-        let mut stack = vec![from];
-        let mut seen = HashSet::new();
-        while let Some(n) = stack.pop() {
-            if !seen.insert(n) {
-                continue;
-            }
-            if self.kernel_of.get(&n) == Some(&k) {
-                return true;
-            }
-            stack.extend(self.graph.inputs_of(n));
-        }
-        false
     }
 
     fn single_user(&self, id: NodeId) -> Option<NodeId> {

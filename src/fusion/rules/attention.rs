@@ -7,7 +7,7 @@ use std::sync::Arc;
 use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
 
 use super::conditions::{is_scalar, mask_fits_scores};
-use super::Rule;
+use super::{pattern_var, union_with_match, Rule};
 use crate::fusion::analysis::{FusionAnalysis, FusionGraph};
 use crate::fusion::lang::FusionLang;
 use crate::ir::{ops::elementwise, Tensor};
@@ -33,18 +33,6 @@ pub fn rules() -> Vec<Rule> {
     ]
 }
 
-fn var(name: &str) -> Var {
-    name.parse().unwrap_or_else(|_| unreachable!("literal pattern variable"))
-}
-
-fn union_with(egraph: &mut FusionGraph, matched: Id, result: Id) -> Vec<Id> {
-    if egraph.union(matched, result) {
-        vec![matched]
-    } else {
-        vec![]
-    }
-}
-
 fn constant_class(egraph: &mut FusionGraph, value: Tensor) -> Id {
     let c = egraph.analysis.intern_constant(Arc::new(value));
     egraph.add(FusionLang::Const(c))
@@ -59,7 +47,7 @@ struct UnitScale {
 
 impl UnitScale {
     fn new() -> Self {
-        UnitScale { q: var("?q"), k: var("?k"), m: var("?m") }
+        UnitScale { q: pattern_var("?q"), k: pattern_var("?k"), m: pattern_var("?m") }
     }
 }
 
@@ -78,7 +66,7 @@ impl Applier<FusionLang, FusionAnalysis> for UnitScale {
         let scaled = egraph.add(FusionLang::Mul([scores, one]));
         let masked = egraph.add(FusionLang::Add([scaled, subst[self.m]]));
         let result = egraph.add(FusionLang::Softmax([masked]));
-        union_with(egraph, matched, result)
+        union_with_match(egraph, matched, result)
     }
 }
 
@@ -92,7 +80,7 @@ struct WhereAsMask {
 
 impl WhereAsMask {
     fn new() -> Self {
-        WhereAsMask { keep: var("?keep"), scores: var("?scores"), fill: var("?fill") }
+        WhereAsMask { keep: pattern_var("?keep"), scores: pattern_var("?scores"), fill: pattern_var("?fill") }
     }
 }
 
@@ -119,6 +107,6 @@ impl Applier<FusionLang, FusionAnalysis> for WhereAsMask {
         let mask = constant_class(egraph, mask);
         let masked = egraph.add(FusionLang::Add([subst[self.scores], mask]));
         let result = egraph.add(FusionLang::Softmax([masked]));
-        union_with(egraph, matched, result)
+        union_with_match(egraph, matched, result)
     }
 }

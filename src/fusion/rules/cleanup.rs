@@ -3,7 +3,7 @@
 use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
 
 use super::conditions::{all_equal, same_type_as_match};
-use super::Rule;
+use super::{pattern_var, union_with_match, Rule};
 use crate::fusion::analysis::FusionGraph;
 use crate::fusion::lang::{FusionLang, Perm};
 
@@ -27,8 +27,7 @@ struct ComposeTransposes {
 
 impl ComposeTransposes {
     fn new() -> Self {
-        let v = |s: &str| s.parse().unwrap_or_else(|_| unreachable!("literal pattern variable"));
-        ComposeTransposes { x: v("?x"), p: v("?p"), q: v("?q") }
+        ComposeTransposes { x: pattern_var("?x"), p: pattern_var("?p"), q: pattern_var("?q") }
     }
 }
 
@@ -53,10 +52,6 @@ impl Applier<FusionLang, crate::fusion::analysis::FusionAnalysis> for ComposeTra
             let perm = egraph.add(FusionLang::Perm(Perm(composed)));
             egraph.add(FusionLang::Transpose([subst[self.x], perm]))
         };
-        if egraph.union(matched, result) {
-            vec![matched]
-        } else {
-            vec![]
-        }
+        union_with_match(egraph, matched, result)
     }
 }

@@ -4,9 +4,7 @@ use egg::{Id, Subst, Var};
 
 use crate::fusion::analysis::{Data, FusionGraph};
 
-fn var(name: &str) -> Var {
-    name.parse().unwrap_or_else(|_| panic!("'{name}' is not a pattern variable"))
-}
+use super::pattern_var as var;
 
 fn data<'a>(egraph: &'a FusionGraph, subst: &Subst, v: Var) -> &'a Data {
     &egraph[subst[v]].data

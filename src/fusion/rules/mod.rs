@@ -11,12 +11,26 @@ mod gelu;
 mod norm;
 mod softmax;
 
-use egg::Rewrite;
+use egg::{Id, Rewrite, Var};
 
-use super::analysis::FusionAnalysis;
+use super::analysis::{FusionAnalysis, FusionGraph};
 use super::lang::FusionLang;
 
 pub type Rule = Rewrite<FusionLang, FusionAnalysis>;
+
+/// A pattern variable of a custom applier (`"?x"`).
+fn pattern_var(name: &str) -> Var {
+    name.parse().unwrap_or_else(|_| panic!("'{name}' is not a pattern variable"))
+}
+
+/// Unions an applier's result with the matched class; returns the class if that changed it.
+fn union_with_match(egraph: &mut FusionGraph, matched: Id, result: Id) -> Vec<Id> {
+    if egraph.union(matched, result) {
+        vec![matched]
+    } else {
+        vec![]
+    }
+}
 
 /// Every rule, in topic order.
 pub fn all() -> Vec<Rule> {
