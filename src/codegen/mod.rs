@@ -1,2 +1,93 @@
-//! Kernel specs to CUDA C through handlebars templates (`templates/*.cu.hbs`, strict mode, no
-//! HTML escaping); shared device code lives in `kernels/*.cuh`. Knows nothing of cudarc.
+//! Kernel specs to CUDA C. Each kernel of a plan becomes one source rendered from a handlebars
+//! template (`templates/*.cu.hbs`, strict mode, no escaping) that includes the shared device
+//! code of `kernels/fusec.cuh`; Rust supplies the index arithmetic (`index.rs`) and the calls
+//! to device functions for each op (`expr.rs`). GEMMs become cuBLAS calls (`gemm.rs`) with an
+//! in-place epilogue kernel when the partition fused a bias or an activation into them.
+//! Knows nothing of cudarc.
+
+mod expr;
+mod gemm;
+pub mod index;
+mod kernel;
+
+use handlebars::Handlebars;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use gemm::{GemmOperand, GemmSpec};
+
+use crate::fusion::KernelKind;
+use crate::plan::Plan;
+
+/// The shared device code every kernel includes as `fusec.cuh`.
+pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
+
+const TEMPLATES: &[(&str, &str)] = &[
+    ("elementwise", include_str!("../../templates/elementwise.cu.hbs")),
+    ("row", include_str!("../../templates/row.cu.hbs")),
+    ("attention", include_str!("../../templates/attention.cu.hbs")),
+];
+
+#[derive(Debug, Error)]
+pub enum CodegenError {
+    #[error("codegen: kernel {kernel} ({kind}): {message}")]
+    Kernel { kernel: usize, kind: String, message: String },
+    #[error("codegen: template {0}")]
+    Template(String),
+}
+
+/// One CUDA kernel: its source and launch shape.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelSource {
+    pub name: String,
+    pub source: String,
+    pub grid: u32,
+    pub block: u32,
+}
+
+/// One step of the program: a kernel launch, or a cuBLAS GEMM with an optional epilogue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Step {
+    Launch(KernelSource),
+    Gemm { gemm: GemmSpec, epilogue: Option<KernelSource> },
+}
+
+impl Step {
+    /// Every kernel source this step launches.
+    pub fn sources(&self) -> impl Iterator<Item = &KernelSource> {
+        let (a, b) = match self {
+            Step::Launch(k) => (Some(k), None),
+            Step::Gemm { epilogue, .. } => (None, epilogue.as_ref()),
+        };
+        a.into_iter().chain(b)
+    }
+}
+
+fn templates() -> Result<Handlebars<'static>, CodegenError> {
+    let mut hb = Handlebars::new();
+    hb.set_strict_mode(true);
+    hb.register_escape_fn(handlebars::no_escape);
+    for (name, text) in TEMPLATES {
+        hb.register_template_string(name, *text)
+            .map_err(|e| CodegenError::Template(format!("{name}: {e}")))?;
+    }
+    Ok(hb)
+}
+
+/// Generates the program for `plan`: one step per kernel, in order.
+pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
+    let hb = templates()?;
+    plan.kernels
+        .iter()
+        .enumerate()
+        .map(|(k, kernel)| {
+            let fail =
+                |message: String| CodegenError::Kernel { kernel: k, kind: kernel.kind.name(), message };
+            let name = format!("fusec_k{k}_{}", kernel.kind.name().replace(['+', ':'], "_").to_lowercase());
+            match &kernel.kind {
+                KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail),
+                _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail),
+            }
+        })
+        .collect()
+}

@@ -62,6 +62,9 @@ pub struct Kernel {
     pub outputs: Vec<NodeId>,
     /// The ONNX nodes it covers.
     pub covers: Vec<String>,
+    /// `(value, view)`: the kernel writes `value` in the layout of `view`, a chain of reshapes
+    /// and transposes of it, so that `view`'s readers find it contiguous.
+    pub store_views: Vec<(NodeId, NodeId)>,
 }
 
 #[derive(Clone, Debug)]
@@ -142,6 +145,7 @@ struct Builder<'a> {
     kernel_of: HashMap<NodeId, usize>,
     kinds: Vec<KernelKind>,
     outputs: HashSet<NodeId>,
+    store_views: Vec<(NodeId, NodeId)>,
 }
 
 impl Builder<'_> {
@@ -332,24 +336,40 @@ impl Builder<'_> {
                 KernelKind::Attention | KernelKind::Pointwise | KernelKind::RowReduction { .. }
             )
         });
+        let permutes_only =
+            chain.iter().all(|&v| matches!(self.graph.node(v).op, Op::Reshape { .. } | Op::Transpose { .. }));
         let linear = std::iter::once(source)
             .chain(chain[..chain.len() - 1].iter().copied())
             .all(|n| self.graph.users_of(n).len() == 1 && !self.outputs.contains(&n));
-        producer_ok && linear
+        producer_ok && permutes_only && linear
     }
 
-    fn view_needs_copy(&self, view: NodeId) -> bool {
+    /// How the value of `view` reaches its readers.
+    fn view_plan(&self, view: NodeId) -> ViewPlan {
         let (source, chain) = self.view_chain(view);
-        let reshape_only = chain.iter().all(|&v| matches!(self.graph.node(v).op, Op::Reshape { .. }));
-        if reshape_only || self.roles[&source] == Role::None && !self.outputs.contains(&view) {
-            return false;
-        }
-        if self.outputs.contains(&view) {
-            return !self.producer_stores_through(source, &chain);
+        if chain.iter().all(|&v| matches!(self.graph.node(v).op, Op::Reshape { .. })) {
+            return ViewPlan::Free;
         }
         let gemm_reader = self.graph.users_of(view).into_iter().any(|u| self.roles[&u] == Role::Gemm);
-        gemm_reader && !self.gemm_reads_through(&chain) && !self.producer_stores_through(source, &chain)
+        let needs_layout = self.outputs.contains(&view) || (gemm_reader && !self.gemm_reads_through(&chain));
+        if !needs_layout {
+            ViewPlan::Free
+        } else if self.producer_stores_through(source, &chain) {
+            ViewPlan::StoreThrough(source)
+        } else {
+            ViewPlan::Copy
+        }
     }
+}
+
+/// How a layout op's value reaches its readers.
+enum ViewPlan {
+    /// Readers index through it.
+    Free,
+    /// A copy kernel writes it out.
+    Copy,
+    /// The kernel computing this value (the chain's source) writes it in the view's layout.
+    StoreThrough(NodeId),
 }
 
 /// Partitions `graph` into kernels; `covers` names the ONNX nodes each node computes (nodes
@@ -363,8 +383,16 @@ pub fn partition(
     let position = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let roles: HashMap<NodeId, Role> = order.iter().map(|&n| (n, role(graph, n))).collect();
     let outputs: HashSet<NodeId> = graph.outputs().iter().map(|(_, id)| *id).collect();
-    let mut b =
-        Builder { graph, order, position, roles, kernel_of: HashMap::new(), kinds: Vec::new(), outputs };
+    let mut b = Builder {
+        graph,
+        order,
+        position,
+        roles,
+        kernel_of: HashMap::new(),
+        kinds: Vec::new(),
+        outputs,
+        store_views: Vec::new(),
+    };
     let order = b.order.clone();
     let op_name = |id: NodeId| graph.node(id).op.kind();
     if mode == Mode::OneKernelPerNode {
@@ -420,8 +448,15 @@ pub fn partition(
             }
         }
         for &id in &order {
-            if b.roles[&id] == Role::View && b.view_needs_copy(id) {
-                b.new_kernel(KernelKind::Copy, id);
+            if b.roles[&id] != Role::View {
+                continue;
+            }
+            match b.view_plan(id) {
+                ViewPlan::Free => {}
+                ViewPlan::Copy => {
+                    b.new_kernel(KernelKind::Copy, id);
+                }
+                ViewPlan::StoreThrough(source) => b.store_views.push((source, id)),
             }
         }
     }
@@ -433,7 +468,13 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
     let mut kernels: Vec<Kernel> = b
         .kinds
         .iter()
-        .map(|kind| Kernel { kind: kind.clone(), nodes: vec![], outputs: vec![], covers: vec![] })
+        .map(|kind| Kernel {
+            kind: kind.clone(),
+            nodes: vec![],
+            outputs: vec![],
+            covers: vec![],
+            store_views: vec![],
+        })
         .collect();
     let mut views = Vec::new();
     let covered = |id: NodeId| -> Vec<String> {
@@ -454,6 +495,11 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
             }
             None if b.roles[&id] == Role::View => views.push(id),
             None => {}
+        }
+    }
+    for &(value, view) in &b.store_views {
+        if let Some(&k) = b.kernel_of.get(&value) {
+            kernels[k].store_views.push((value, view));
         }
     }
     // Views cost nothing; the ONNX nodes they stand for are credited to their first reader.

@@ -1,2 +1,222 @@
-//! The execution plan: ordered steps (fused kernel, cuBLAS(Lt) GEMM, copy), buffer liveness
-//! and one arena with offsets, the weights layout. Knows nothing of cudarc.
+//! The execution plan: the partition's kernels in order, and where every value that exists
+//! in device memory lives. Graph inputs and kernel outputs live in one arena, packed by
+//! liveness (a buffer is reused once its last reader has run); constants that kernels read
+//! live in one weights blob. Views are not stored: readers index through them. Knows nothing
+//! of cudarc.
+
+use std::collections::{BTreeMap, HashMap};
+
+use thiserror::Error;
+
+use crate::fusion::{Kernel, Partition};
+use crate::ir::{Graph, IrError, NodeId, Op};
+
+/// Every buffer starts on this boundary (bytes), so vector loads are aligned.
+pub const ALIGN: usize = 256;
+
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("plan: {0}")]
+    Ir(#[from] IrError),
+    #[error("plan: value '{0}' is read but nothing computes or stores it")]
+    Unmaterialised(String),
+}
+
+/// Where a value lives in device memory (byte offsets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Location {
+    Arena(usize),
+    Weights(usize),
+}
+
+/// A graph input or output: its name, value, and where it lives.
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub name: String,
+    pub value: NodeId,
+    pub location: Location,
+}
+
+pub struct Plan {
+    pub graph: Graph,
+    pub kernels: Vec<Kernel>,
+    pub locations: HashMap<NodeId, Location>,
+    pub arena_bytes: usize,
+    /// The constants kernels read, each at its offset.
+    pub weights: Vec<u8>,
+    pub inputs: Vec<Binding>,
+    pub outputs: Vec<Binding>,
+}
+
+fn aligned(bytes: usize) -> usize {
+    bytes.div_ceil(ALIGN).max(1) * ALIGN
+}
+
+/// The value whose memory `id` reads: `id` itself, or the source of the view chain it is.
+pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> bool) -> Option<NodeId> {
+    loop {
+        if stored(id) {
+            return Some(id);
+        }
+        match graph.node(id).op {
+            Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Expand { .. }
+            | Op::Identity
+            | Op::Dropout => id = graph.inputs_of(id)[0],
+            _ => return None,
+        }
+    }
+}
+
+/// First-fit allocation in the arena: free ranges kept sorted by offset.
+#[derive(Default)]
+struct Arena {
+    free: BTreeMap<usize, usize>,
+    end: usize,
+}
+
+impl Arena {
+    fn allocate(&mut self, bytes: usize) -> usize {
+        let bytes = aligned(bytes);
+        if let Some((&offset, &size)) = self.free.iter().find(|(_, &size)| size >= bytes) {
+            self.free.remove(&offset);
+            if size > bytes {
+                self.free.insert(offset + bytes, size - bytes);
+            }
+            return offset;
+        }
+        let offset = self.end;
+        self.end += bytes;
+        offset
+    }
+
+    fn release(&mut self, offset: usize, bytes: usize) {
+        let bytes = aligned(bytes);
+        self.free.insert(offset, bytes);
+        // Merge with neighbours.
+        let merged: Vec<(usize, usize)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
+        self.free.clear();
+        for (o, s) in merged {
+            match self.free.iter_mut().next_back() {
+                Some((&last, size)) if last + *size == o => *size += s,
+                _ => {
+                    self.free.insert(o, s);
+                }
+            }
+        }
+    }
+}
+
+impl Plan {
+    /// Lays out memory for running `partition` over `graph`.
+    pub fn new(graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
+        let kernels = partition.kernels;
+        let mut computed: HashMap<NodeId, usize> = HashMap::new();
+        for (k, kernel) in kernels.iter().enumerate() {
+            for &o in &kernel.outputs {
+                computed.insert(o, k);
+            }
+            // A value stored in a view's layout is read as that view.
+            for &(_, view) in &kernel.store_views {
+                computed.insert(view, k);
+            }
+        }
+        let is_stored = |id: NodeId| {
+            computed.contains_key(&id) || matches!(graph.node(id).op, Op::Input { .. } | Op::Constant(_))
+        };
+        // Last kernel reading each stored value (graph outputs: never released).
+        let mut last_read: HashMap<NodeId, usize> = HashMap::new();
+        let name = |id: NodeId| graph.node(id).name.clone();
+        for (k, kernel) in kernels.iter().enumerate() {
+            for &node in &kernel.nodes {
+                for input in graph.inputs_of(node) {
+                    if kernel.nodes.contains(&input) {
+                        continue;
+                    }
+                    let source = stored_value(&graph, input, &is_stored)
+                        .ok_or_else(|| PlanError::Unmaterialised(name(input)))?;
+                    last_read.insert(source, k);
+                }
+            }
+        }
+        let mut outputs_stored = Vec::new();
+        for (out_name, id) in graph.outputs() {
+            let source =
+                stored_value(&graph, *id, &is_stored).ok_or_else(|| PlanError::Unmaterialised(name(*id)))?;
+            outputs_stored.push((out_name.clone(), source));
+        }
+        let keep: std::collections::HashSet<NodeId> = outputs_stored.iter().map(|(_, s)| *s).collect();
+
+        let mut locations = HashMap::new();
+        let mut weights = Vec::new();
+        let mut place_constant = |id: NodeId, locations: &mut HashMap<NodeId, Location>| {
+            if locations.contains_key(&id) {
+                return;
+            }
+            if let Some(value) = graph.constant(id) {
+                let offset = weights.len();
+                weights.extend(tensor_bytes(value));
+                weights.resize(aligned(weights.len()), 0);
+                locations.insert(id, Location::Weights(offset));
+            }
+        };
+        for &source in last_read.keys().chain(keep.iter()) {
+            place_constant(source, &mut locations);
+        }
+        let mut arena = Arena::default();
+        let bytes = |id: NodeId| graph.node(id).ty.size_bytes();
+        let mut inputs = Vec::new();
+        for &id in graph.inputs() {
+            let offset = arena.allocate(bytes(id));
+            locations.insert(id, Location::Arena(offset));
+            inputs.push(Binding { name: name(id), value: id, location: Location::Arena(offset) });
+        }
+        for (k, kernel) in kernels.iter().enumerate() {
+            let written: Vec<NodeId> = kernel
+                .outputs
+                .iter()
+                .map(|&o| kernel.store_views.iter().find(|(v, _)| *v == o).map_or(o, |&(_, view)| view))
+                .collect();
+            for w in written {
+                let offset = arena.allocate(bytes(w));
+                locations.insert(w, Location::Arena(offset));
+            }
+            for (&value, &last) in &last_read {
+                if last == k && !keep.contains(&value) && !graph.inputs().contains(&value) {
+                    if let Some(Location::Arena(offset)) = locations.get(&value) {
+                        arena.release(*offset, bytes(value));
+                    }
+                }
+            }
+        }
+        let outputs = outputs_stored
+            .into_iter()
+            .map(|(name, source)| {
+                let location = locations[&source];
+                Binding { name, value: source, location }
+            })
+            .collect();
+        Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs })
+    }
+
+    /// Bytes of device memory the activations need at their peak.
+    pub fn peak_activation_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+}
+
+/// The raw little-endian bytes of a tensor's elements, row-major.
+pub fn tensor_bytes(t: &crate::ir::Tensor) -> Vec<u8> {
+    use crate::ir::Tensor;
+    match t {
+        Tensor::F32(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::F16(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::BF16(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::F64(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::I64(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::I32(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Tensor::Bool(a) => a.iter().map(|&v| v as u8).collect(),
+    }
+}

@@ -56,3 +56,19 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
         })
         .collect()
 }
+
+/// ptxas: `$FUSEC_PTXAS`, the wheel that `.ci/run` installs under `.nvrtc/`, or `PATH`.
+pub fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FUSEC_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let wheel = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".nvrtc/nvidia/cu13/bin/ptxas");
+    if wheel.exists() {
+        return Some(wheel);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join("ptxas"))
+        .find(|p| p.exists())
+}

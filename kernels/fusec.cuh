@@ -1,0 +1,60 @@
+// Device code shared by every generated kernel. NVRTC compiles it without the C++ standard
+// library: only CUDA's built-in math functions are used.
+#pragma once
+
+namespace fusec {
+
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
+__device__ __forceinline__ long long relu(long long x) { return x > 0 ? x : 0; }
+
+// Exact GELU: x/2 (1 + erf(x/√2)).
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
+
+// GELU's tanh approximation (GPT-2's gelu_new).
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+}
+
+// numpy-style min/max that keep a NaN.
+__device__ __forceinline__ float minimum(float a, float b) { return (a != a || b != b) ? nan() : fminf(a, b); }
+__device__ __forceinline__ float maximum(float a, float b) { return (a != a || b != b) ? nan() : fmaxf(a, b); }
+__device__ __forceinline__ long long minimum(long long a, long long b) { return a < b ? a : b; }
+__device__ __forceinline__ long long maximum(long long a, long long b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// Maximum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -inf();
+    return warp_max(v);
+}
+
+}  // namespace fusec

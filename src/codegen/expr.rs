@@ -1,0 +1,81 @@
+//! C spellings of element types, literals and pointwise ops.
+
+use crate::ir::{BinaryOp, DType, UnaryOp};
+
+/// The C type of an element type the generated kernels handle.
+pub fn c_type(dtype: DType) -> Result<&'static str, String> {
+    match dtype {
+        DType::F32 => Ok("float"),
+        DType::I64 => Ok("long long"),
+        DType::I32 => Ok("int"),
+        DType::Bool => Ok("bool"),
+        other => Err(format!(
+            "{other} tensors are not supported by the generated kernels yet (f32, i64, i32, bool are)"
+        )),
+    }
+}
+
+/// A literal of `dtype` for `value`; infinities and NaN through bit patterns (NVRTC has no
+/// math headers).
+pub fn literal(value: f64, dtype: DType) -> String {
+    match dtype {
+        DType::Bool => (if value != 0.0 { "true" } else { "false" }).into(),
+        d if d.is_int() => format!("{}LL", value as i64),
+        _ if value.is_nan() => "fusec::nan()".into(),
+        _ if value == f64::INFINITY => "fusec::inf()".into(),
+        _ if value == f64::NEG_INFINITY => "(-fusec::inf())".into(),
+        _ => format!("{:e}f", value as f32),
+    }
+}
+
+pub fn unary(op: UnaryOp, x: &str, dtype: DType) -> String {
+    let float = dtype.is_float();
+    match op {
+        UnaryOp::Neg => format!("(-{x})"),
+        UnaryOp::Abs if float => format!("fabsf({x})"),
+        UnaryOp::Abs => format!("({x} < 0 ? -{x} : {x})"),
+        UnaryOp::Sqrt => format!("sqrtf({x})"),
+        UnaryOp::Reciprocal => format!("(1.0f / {x})"),
+        UnaryOp::Exp => format!("expf({x})"),
+        UnaryOp::Log => format!("logf({x})"),
+        UnaryOp::Erf => format!("erff({x})"),
+        UnaryOp::Tanh => format!("tanhf({x})"),
+        UnaryOp::Sigmoid => format!("fusec::sigmoid({x})"),
+        UnaryOp::Relu => format!("fusec::relu({x})"),
+        UnaryOp::Sin => format!("sinf({x})"),
+        UnaryOp::Cos => format!("cosf({x})"),
+        UnaryOp::Not => format!("(!{x})"),
+        UnaryOp::IsNaN => format!("({x} != {x})"),
+        UnaryOp::Gelu => format!("fusec::gelu({x})"),
+        UnaryOp::GeluTanh => format!("fusec::gelu_tanh({x})"),
+    }
+}
+
+/// `op` on operands of element type `dtype` (the inputs' type, not the result's).
+pub fn binary(op: BinaryOp, a: &str, b: &str, dtype: DType) -> String {
+    match op {
+        BinaryOp::Add => format!("({a} + {b})"),
+        BinaryOp::Sub => format!("({a} - {b})"),
+        BinaryOp::Mul => format!("({a} * {b})"),
+        BinaryOp::Div => format!("({a} / {b})"),
+        BinaryOp::Pow if dtype.is_float() => format!("powf({a}, (float)({b}))"),
+        BinaryOp::Pow => format!("(long long)powf((float)({a}), (float)({b}))"),
+        BinaryOp::Min => format!("fusec::minimum({a}, {b})"),
+        BinaryOp::Max => format!("fusec::maximum({a}, {b})"),
+        BinaryOp::Equal => format!("({a} == {b})"),
+        BinaryOp::Less => format!("({a} < {b})"),
+        BinaryOp::LessOrEqual => format!("({a} <= {b})"),
+        BinaryOp::Greater => format!("({a} > {b})"),
+        BinaryOp::GreaterOrEqual => format!("({a} >= {b})"),
+        BinaryOp::And => format!("({a} && {b})"),
+    }
+}
+
+/// ONNX `Cast` from `from` to `to`.
+pub fn cast(x: &str, from: DType, to: DType) -> Result<String, String> {
+    let target = c_type(to)?;
+    Ok(match (from, to) {
+        (_, DType::Bool) => format!("({x} != 0)"),
+        _ => format!("(({target})({x}))"),
+    })
+}

@@ -1,0 +1,155 @@
+//! GEMM steps: a cuBLAS call described by a [`GemmSpec`], and, when the partition fused a
+//! bias, an activation or ONNX Gemm's `beta·C` into it, an elementwise epilogue kernel that
+//! rewrites the GEMM's output in place.
+//!
+//! Operands are row-major; cuBLAS is column-major. A row-major `[M, K]` matrix is a
+//! column-major `[K, M]` one, so `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`: the runtime passes B
+//! first and swaps M and N (see `runtime::gemm`).
+
+use handlebars::Handlebars;
+use serde::{Deserialize, Serialize};
+
+use super::index::is_view;
+use super::kernel;
+use super::Step;
+use crate::fusion::Kernel;
+use crate::ir::{DType, NodeId, Op};
+use crate::plan::{Location, Plan};
+
+/// One operand: a row-major matrix (or batch of them) in memory.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GemmOperand {
+    pub location: Location,
+    /// The stored matrix is the transpose of the logical operand.
+    pub transposed: bool,
+    /// Elements between consecutive matrices of a batch (0: the same matrix for all).
+    pub batch_stride: usize,
+}
+
+/// `C[b] = alpha · A[b] · B[b]` for `batch` row-major `[M, K] · [K, N]` products.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GemmSpec {
+    pub a: GemmOperand,
+    pub b: GemmOperand,
+    pub c: Location,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub alpha: f32,
+}
+
+/// The stored value an operand reads, and whether it reads it transposed (last two axes).
+fn resolve(plan: &Plan, mut id: NodeId) -> Result<(Location, bool), String> {
+    let graph = &plan.graph;
+    let mut transposed = false;
+    loop {
+        if let Some(&location) = plan.locations.get(&id) {
+            return Ok((location, transposed));
+        }
+        let node = graph.node(id);
+        match &node.op {
+            Op::Reshape { .. } | Op::Identity | Op::Dropout if !transposed => {}
+            Op::Transpose { perm } if !transposed => {
+                let n = perm.len();
+                let last_two =
+                    n >= 2 && perm[..n - 2].iter().enumerate().all(|(i, &p)| i == p) && perm[n - 2] == n - 1;
+                if !last_two {
+                    return Err(format!("GEMM operand '{}' is a transpose cuBLAS cannot read", node.name));
+                }
+                transposed = true;
+            }
+            op if is_view(op) => {
+                return Err(format!("GEMM operand '{}' is a {} cuBLAS cannot read", node.name, op.kind()))
+            }
+            _ => return Err(format!("GEMM operand '{}' is not in memory", node.name)),
+        }
+        id = graph.inputs_of(id)[0];
+    }
+}
+
+fn batch_stride(batch: usize, total: usize, matrix: usize) -> Result<usize, String> {
+    match total / matrix {
+        1 => Ok(0),
+        b if b == batch => Ok(matrix),
+        b => Err(format!("a batch of {b} does not broadcast to {batch}")),
+    }
+}
+
+fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
+    let graph = &plan.graph;
+    let node = graph.node(gemm);
+    if node.ty.dtype != DType::F32 {
+        return Err(format!("{} GEMMs are not supported yet", node.ty.dtype));
+    }
+    let inputs = graph.inputs_of(gemm);
+    let (a_shape, b_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
+    let ((a_loc, a_t), (b_loc, b_t)) = (resolve(plan, inputs[0])?, resolve(plan, inputs[1])?);
+    let (flag_a, flag_b, alpha) = match node.op {
+        Op::Gemm { alpha, trans_a, trans_b, .. } => (trans_a, trans_b, alpha),
+        _ => (false, false, 1.0),
+    };
+    let a2: Vec<usize> = if a_shape.len() == 1 { vec![1, a_shape[0]] } else { a_shape.clone() };
+    let b2: Vec<usize> = if b_shape.len() == 1 { vec![b_shape[0], 1] } else { b_shape.clone() };
+    let (ra, ca) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (rb, cb) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    let (m, k) = if flag_a { (ca, ra) } else { (ra, ca) };
+    let n = if flag_b { rb } else { cb };
+    let (a_total, b_total): (usize, usize) = (a2.iter().product(), b2.iter().product());
+    let out_total: usize = node.ty.shape.iter().product();
+    let batch = out_total / (m * n).max(1);
+    let a_transposed = a_t ^ flag_a;
+    let b_transposed = b_t ^ flag_b;
+    // A shared right operand and a plain left one: fold the batch into M, one GEMM.
+    if b_total == k * n && !a_transposed && batch > 1 {
+        let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
+        let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
+        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha });
+    }
+    let a = GemmOperand {
+        location: a_loc,
+        transposed: a_transposed,
+        batch_stride: batch_stride(batch, a_total, m * k)?,
+    };
+    let b = GemmOperand {
+        location: b_loc,
+        transposed: b_transposed,
+        batch_stride: batch_stride(batch, b_total, k * n)?,
+    };
+    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha })
+}
+
+pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {
+    let graph = &plan.graph;
+    let gemm = kernel.nodes[0];
+    let output = *kernel.outputs.first().ok_or("a GEMM kernel with no output")?;
+    let out = *plan.locations.get(&output).ok_or("the GEMM's output has no memory")?;
+    let spec = spec(plan, gemm, out)?;
+    let c_input = match graph.node(gemm).op {
+        Op::Gemm { beta, .. } if beta != 0.0 => graph.inputs_of(gemm).get(2).copied(),
+        _ => None,
+    };
+    let epilogue = if kernel.nodes.len() > 1 || c_input.is_some() {
+        Some(epilogue(plan, kernel, gemm, out, name, hb)?)
+    } else {
+        None
+    };
+    Ok(Step::Gemm { gemm: spec, epilogue })
+}
+
+/// The GEMM's raw result sits in the output buffer; this kernel reads it there and writes
+/// the fused epilogue's result over it, element by element.
+fn epilogue(
+    plan: &Plan,
+    kernel: &Kernel,
+    gemm: NodeId,
+    out: Location,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<super::KernelSource, String> {
+    let beta_c = match plan.graph.node(gemm).op {
+        Op::Gemm { beta, .. } if beta != 0.0 && plan.graph.inputs_of(gemm).len() == 3 => Some(beta),
+        _ => None,
+    };
+    kernel::elementwise(plan, kernel, name, hb, Some(kernel::GemmRaw { node: gemm, location: out, beta_c }))
+}

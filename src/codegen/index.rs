@@ -1,0 +1,147 @@
+//! Index arithmetic as C expressions: coordinates of an element, and how they map through
+//! views (reshape, transpose, slice, expand) back to the tensor that is stored in memory —
+//! or forward, for a kernel that stores its result in a view's layout. Shapes are static, so
+//! every divisor and stride is a literal the compiler folds.
+
+use crate::ir::{Graph, NodeId, Op};
+
+/// One C expression per dimension.
+pub type Coords = Vec<String>;
+
+/// Row-major linear index of `coords` in `shape`.
+pub fn linearize(coords: &[String], shape: &[usize]) -> String {
+    let mut terms = Vec::new();
+    let mut stride = 1usize;
+    for (c, &d) in coords.iter().zip(shape).rev() {
+        if d != 1 && c != "0" {
+            terms.push(if stride == 1 { c.clone() } else { format!("{c} * {stride}LL") });
+        }
+        stride *= d;
+    }
+    if terms.is_empty() {
+        return "0".into();
+    }
+    terms.reverse();
+    format!("({})", terms.join(" + "))
+}
+
+/// Coordinates in `shape` of row-major linear index `linear` (which is below the size).
+pub fn delinearize(linear: &str, shape: &[usize]) -> Coords {
+    let mut coords = Vec::with_capacity(shape.len());
+    let mut stride: usize = shape.iter().product();
+    for (i, &d) in shape.iter().enumerate() {
+        stride /= d.max(1);
+        coords.push(match (d, i, stride) {
+            (1, _, _) => "0".to_string(),
+            (_, 0, 1) => linear.to_string(),
+            (_, 0, s) => format!("({linear} / {s}LL)"),
+            (d, _, 1) => format!("({linear} % {d}LL)"),
+            (d, _, s) => format!("(({linear} / {s}LL) % {d}LL)"),
+        });
+    }
+    coords
+}
+
+/// Coordinates of a `from`-shaped element in a `to`-shaped operand broadcast to it (numpy
+/// rules: right-aligned, size-1 dimensions read index 0).
+pub fn broadcast(coords: &[String], from: &[usize], to: &[usize]) -> Coords {
+    (0..to.len())
+        .map(|j| match (j + from.len()).checked_sub(to.len()) {
+            Some(f) if to[j] != 1 => coords[f].clone(),
+            _ => "0".to_string(),
+        })
+        .collect()
+}
+
+/// Whether `op` is a view: it moves no data, readers can index through it.
+pub fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Expand { .. }
+            | Op::Identity
+            | Op::Dropout
+    )
+}
+
+/// Maps coordinates of `id` back through views until `stored(id)`; returns that value and
+/// its coordinates. `None` if a non-view op is reached first.
+pub fn trace_back(
+    graph: &Graph,
+    mut id: NodeId,
+    mut coords: Coords,
+    stored: &dyn Fn(NodeId) -> bool,
+) -> Option<(NodeId, Coords)> {
+    loop {
+        if stored(id) {
+            return Some((id, coords));
+        }
+        let node = graph.node(id);
+        let input = *graph.inputs_of(id).first()?;
+        let in_shape = &graph.node(input).ty.shape;
+        coords = match &node.op {
+            Op::Reshape { shape } => delinearize(&linearize(&coords, shape), in_shape),
+            Op::Transpose { perm } => {
+                let mut inner = vec!["0".to_string(); perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inner[p] = coords[i].clone();
+                }
+                inner
+            }
+            Op::Slice { axes } => coords
+                .iter()
+                .zip(axes)
+                .map(|(c, a)| match (a.start, a.step) {
+                    (0, 1) => c.clone(),
+                    (s, 1) => format!("({c} + {s}LL)"),
+                    (s, step) => format!("({s}LL + ({step}LL) * {c})"),
+                })
+                .collect(),
+            Op::Expand { .. } => broadcast(&coords, &node.ty.shape, in_shape),
+            Op::Identity | Op::Dropout => coords,
+            _ => return None,
+        };
+        id = input;
+    }
+}
+
+/// The linear index, in the layout of `view`, of `value`'s element at `coords`, where `view`
+/// is a chain of reshapes and transposes of `value`.
+pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords) -> Option<String> {
+    let mut chain = Vec::new();
+    let mut at = view;
+    while at != value {
+        chain.push(at);
+        at = *graph.inputs_of(at).first()?;
+    }
+    let mut coords = coords;
+    let mut shape = graph.node(value).ty.shape.clone();
+    for &v in chain.iter().rev() {
+        let node = graph.node(v);
+        coords = match &node.op {
+            Op::Reshape { shape: to } => delinearize(&linearize(&coords, &shape), to),
+            Op::Transpose { perm } => perm.iter().map(|&p| coords[p].clone()).collect(),
+            _ => return None,
+        };
+        shape = node.ty.shape.clone();
+    }
+    Some(linearize(&coords, &shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_indices_round_trip() {
+        let coords = delinearize("i", &[2, 1, 3, 4]);
+        assert_eq!(coords, ["(i / 12LL)", "0", "((i / 4LL) % 3LL)", "(i % 4LL)"]);
+        assert_eq!(
+            linearize(&coords, &[2, 1, 3, 4]),
+            "((i / 12LL) * 12LL + ((i / 4LL) % 3LL) * 4LL + (i % 4LL))"
+        );
+        assert_eq!(broadcast(&["a".into(), "b".into(), "c".into()], &[2, 3, 4], &[3, 1]), ["b", "0"]);
+    }
+}

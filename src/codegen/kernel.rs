@@ -1,0 +1,691 @@
+//! Elementwise, row-reduction and attention kernels.
+//!
+//! Every node a kernel computes becomes a local `v<N>`; values from other kernels, inputs
+//! and weights are read from memory at coordinates traced back through views. Elementwise
+//! kernels run one thread per output element; row kernels one block per row, recomputing
+//! their pointwise prologue in each pass; attention one thread per query row.
+
+use std::collections::{BTreeMap, HashSet};
+
+use handlebars::Handlebars;
+use serde_json::json;
+
+use super::expr::{binary, c_type, cast, literal, unary};
+use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords};
+use super::KernelSource;
+use crate::fusion::{Kernel, KernelKind};
+use crate::ir::{DType, NodeId, Op, ReduceOp};
+use crate::plan::{Location, Plan};
+
+pub const BLOCK: u32 = 256;
+const ROW_BLOCK: u32 = 256;
+const ATTENTION_BLOCK: u32 = 128;
+
+/// A GEMM epilogue's view of the GEMM: its raw product `alpha·A·B` is in `location`; the
+/// GEMM node's value is that product, plus `beta·C` for an ONNX Gemm with C.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmRaw {
+    pub node: NodeId,
+    pub location: Location,
+    pub beta_c: Option<f32>,
+}
+
+/// What a kernel body is built from: buffers it touches and statements in order.
+pub struct Body<'a> {
+    pub plan: &'a Plan,
+    pub members: HashSet<NodeId>,
+    gemm: Option<GemmRaw>,
+    pub buffers: BTreeMap<String, String>,
+    pub statements: Vec<String>,
+    fresh: usize,
+}
+
+impl<'a> Body<'a> {
+    pub fn new(plan: &'a Plan, kernel: &Kernel) -> Self {
+        Body {
+            plan,
+            members: kernel.nodes.iter().copied().collect(),
+            gemm: None,
+            buffers: BTreeMap::new(),
+            statements: Vec::new(),
+            fresh: 0,
+        }
+    }
+
+    fn location(&self, id: NodeId) -> Option<Location> {
+        match self.gemm {
+            Some(g) if g.node == id && g.beta_c.is_none() => Some(g.location),
+            // A value this kernel computes is never read back from memory.
+            _ if self.members.contains(&id) => None,
+            _ => self.plan.locations.get(&id).copied(),
+        }
+    }
+
+    /// Whether this kernel computes `id` (rather than reading it).
+    fn computes(&self, id: NodeId) -> bool {
+        self.members.contains(&id) && self.location(id).is_none()
+    }
+
+    /// The pointer variable for the memory of `id`, declared once.
+    pub fn pointer(&mut self, id: NodeId, writable: bool) -> Result<String, String> {
+        let location = self.location(id).or_else(|| self.plan.locations.get(&id).copied());
+        let location =
+            location.ok_or_else(|| format!("value '{}' has no memory", self.plan.graph.node(id).name))?;
+        let name = format!("{}{}", if writable { "out" } else { "in" }, id.index());
+        self.declare(&name, location, self.plan.graph.node(id).ty.dtype, writable)?;
+        Ok(name)
+    }
+
+    fn declare(
+        &mut self,
+        name: &str,
+        location: Location,
+        dtype: DType,
+        writable: bool,
+    ) -> Result<(), String> {
+        let (base, offset) = match location {
+            Location::Arena(o) => ("arena", o),
+            Location::Weights(o) => ("weights", o),
+        };
+        let ty = c_type(dtype)?;
+        let name = name.to_string();
+        let qualifier = if writable { "" } else { "const " };
+        self.buffers.entry(name.clone()).or_insert_with(|| {
+            format!("{qualifier}{ty}* __restrict__ {name} = ({qualifier}{ty}*)({base} + {offset});")
+        });
+        Ok(())
+    }
+
+    /// The element of `id` at `coords`, read from memory through views.
+    pub fn read(&mut self, id: NodeId, coords: Coords) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let stored = |n: NodeId| self.location(n).is_some();
+        let (source, coords) = trace_back(graph, id, coords, &stored)
+            .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
+        let offset = linearize(&coords, &graph.node(source).ty.shape);
+        let pointer = self.pointer(source, false)?;
+        Ok(format!("{pointer}[{offset}]"))
+    }
+
+    /// Input `input` of `consumer` (whose element is at `coords`), broadcast to it.
+    pub fn operand(&mut self, consumer: NodeId, input: NodeId, coords: &Coords) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let coords = broadcast(coords, &graph.node(consumer).ty.shape, &graph.node(input).ty.shape);
+        self.value_at(input, coords)
+    }
+
+    /// The element of `input` at `coords` (of its own shape): a local if this kernel computes
+    /// it on the same thread, else a read from memory.
+    pub fn value_at(&mut self, input: NodeId, coords: Coords) -> Result<String, String> {
+        // A value computed here, possibly behind reshapes (same linear index, same thread).
+        let mut at = input;
+        loop {
+            if self.computes(at) {
+                return Ok(format!("v{}", at.index()));
+            }
+            match self.plan.graph.node(at).op {
+                Op::Reshape { .. } | Op::Identity | Op::Dropout if self.location(at).is_none() => {
+                    at = self.plan.graph.inputs_of(at)[0];
+                }
+                _ => break,
+            }
+        }
+        self.read(input, coords)
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.fresh += 1;
+        format!("{prefix}{}", self.fresh)
+    }
+
+    /// Emits `v<id> = …` for node `id` at `coords`.
+    pub fn compute(&mut self, id: NodeId, coords: &Coords) -> Result<(), String> {
+        let graph = &self.plan.graph;
+        let node = graph.node(id);
+        let ty = c_type(node.ty.dtype)?;
+        let inputs = graph.inputs_of(id);
+        let in_dtype = |i: usize| graph.node(inputs[i]).ty.dtype;
+        let value = match &node.op {
+            Op::Unary(op) => {
+                let x = self.operand(id, inputs[0], coords)?;
+                unary(*op, &x, in_dtype(0))
+            }
+            Op::Binary(op) => {
+                let a = self.operand(id, inputs[0], coords)?;
+                let b = self.operand(id, inputs[1], coords)?;
+                binary(*op, &a, &b, in_dtype(0))
+            }
+            Op::Where => {
+                let c = self.operand(id, inputs[0], coords)?;
+                let a = self.operand(id, inputs[1], coords)?;
+                let b = self.operand(id, inputs[2], coords)?;
+                format!("({c} ? {a} : {b})")
+            }
+            Op::Cast { to } => cast(&self.operand(id, inputs[0], coords)?, in_dtype(0), *to)?,
+            Op::Clip { min, max } => {
+                let x = self.operand(id, inputs[0], coords)?;
+                let (lo, hi) = (literal(*min, node.ty.dtype), literal(*max, node.ty.dtype));
+                format!("fusec::minimum(fusec::maximum({x}, {lo}), {hi})")
+            }
+            op if super::index::is_view(op) => self.read(id, coords.clone())?,
+            Op::Gather { axis } => {
+                let indices = &graph.node(inputs[1]).ty.shape;
+                let dim = graph.node(inputs[0]).ty.shape[*axis];
+                let index_coords: Coords = coords[*axis..*axis + indices.len()].to_vec();
+                let index = self.read(inputs[1], index_coords)?;
+                let k = self.fresh("idx");
+                self.statements
+                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                let mut data: Coords = coords[..*axis].to_vec();
+                data.push(k);
+                data.extend(coords[*axis + indices.len()..].iter().cloned());
+                self.read(inputs[0], data)?
+            }
+            Op::GatherElements { axis } => {
+                let dim = graph.node(inputs[0]).ty.shape[*axis];
+                let index = self.read(inputs[1], coords.clone())?;
+                let k = self.fresh("idx");
+                self.statements
+                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                let mut data = coords.clone();
+                data[*axis] = k;
+                self.read(inputs[0], data)?
+            }
+            Op::Concat { axis } => {
+                let out = self.fresh("cat");
+                self.statements.push(format!("{ty} {out};"));
+                let mut start = 0usize;
+                for (n, &input) in inputs.iter().enumerate() {
+                    let len = graph.node(input).ty.shape[*axis];
+                    let mut inner = coords.clone();
+                    inner[*axis] = format!("({} - {start}LL)", coords[*axis]);
+                    let read = self.read(input, inner)?;
+                    let test = match (n, n + 1 == inputs.len()) {
+                        (0, true) => String::new(),
+                        (_, true) => "else".to_string(),
+                        (0, false) => format!("if ({} < {}LL)", coords[*axis], start + len),
+                        (_, false) => format!("else if ({} < {}LL)", coords[*axis], start + len),
+                    };
+                    self.statements.push(format!("{test} {out} = {read};"));
+                    start += len;
+                }
+                out
+            }
+            Op::Tile { .. } => {
+                let in_shape = graph.node(inputs[0]).ty.shape.clone();
+                let inner = coords.iter().zip(&in_shape).map(|(c, d)| format!("({c} % {d}LL)")).collect();
+                self.read(inputs[0], inner)?
+            }
+            Op::Trilu { upper, k } => {
+                let x = self.operand(id, inputs[0], coords)?;
+                let r = coords.len();
+                let diff = format!("({} - {})", coords[r - 1], coords[r - 2]);
+                let keep = if *upper { format!("{diff} >= {k}LL") } else { format!("{diff} <= {k}LL") };
+                format!("(({keep}) ? {x} : ({ty})0)")
+            }
+            Op::Reduce { op, axes, keep_dims } => self.reduce_loop(id, *op, axes, *keep_dims, coords)?,
+            Op::CumSum { axis, exclusive, reverse } => {
+                let n = graph.node(inputs[0]).ty.shape[*axis];
+                let (acc, q) = (self.fresh("sum"), self.fresh("q"));
+                let c = &coords[*axis];
+                let range = match (reverse, exclusive) {
+                    (false, false) => format!("{q} = 0; {q} <= {c}; ++{q}"),
+                    (false, true) => format!("{q} = 0; {q} < {c}; ++{q}"),
+                    (true, false) => format!("{q} = {c}; {q} < {n}LL; ++{q}"),
+                    (true, true) => format!("{q} = {c} + 1; {q} < {n}LL; ++{q}"),
+                };
+                let mut inner = coords.clone();
+                inner[*axis] = q.clone();
+                let read = self.read(inputs[0], inner)?;
+                self.statements.push(format!("{ty} {acc} = 0; for (long long {range}) {acc} += {read};"));
+                acc
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                let log = matches!(node.op, Op::LogSoftmax { .. });
+                let n = node.ty.shape[*axis];
+                let (mx, sum, q) = (self.fresh("mx"), self.fresh("sum"), self.fresh("q"));
+                let mut inner = coords.clone();
+                inner[*axis] = q.clone();
+                let element = self.read(inputs[0], inner)?;
+                let own = self.read(inputs[0], coords.clone())?;
+                self.statements.push(format!(
+                    "float {mx} = -fusec::inf(); for (long long {q} = 0; {q} < {n}LL; ++{q}) {mx} = fmaxf({mx}, {element});"
+                ));
+                self.statements.push(format!(
+                    "float {sum} = 0.0f; for (long long {q} = 0; {q} < {n}LL; ++{q}) {sum} += expf({element} - {mx});"
+                ));
+                if log {
+                    format!("({own} - {mx} - logf({sum}))")
+                } else {
+                    format!("(expf({own} - {mx}) / {sum})")
+                }
+            }
+            Op::Conv { strides, pads, dilations, group } => {
+                self.conv_loop(id, coords, *strides, *pads, *dilations, *group)?
+            }
+            Op::MatMul | Op::Gemm { .. } => {
+                let gemm = self.gemm.filter(|g| g.node == id).ok_or("a GEMM inside an elementwise kernel")?;
+                let raw = format!("raw{}", id.index());
+                // The raw product is never stored through a view, so the element is at its
+                // own linear index.
+                self.declare(&raw, gemm.location, node.ty.dtype, false)?;
+                let raw = format!("{raw}[{}]", linearize(coords, &node.ty.shape));
+                match (gemm.beta_c, inputs.get(2)) {
+                    (Some(beta), Some(&c)) => {
+                        let c = self.operand(id, c, coords)?;
+                        format!("({raw} + {} * {c})", literal(f64::from(beta), DType::F32))
+                    }
+                    _ => raw,
+                }
+            }
+            other => return Err(format!("no elementwise code for {}", other.kind())),
+        };
+        self.statements.push(format!("const {ty} v{} = {value};", id.index()));
+        Ok(())
+    }
+
+    fn reduce_loop(
+        &mut self,
+        id: NodeId,
+        op: ReduceOp,
+        axes: &[usize],
+        keep_dims: bool,
+        coords: &Coords,
+    ) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let input = graph.inputs_of(id)[0];
+        let in_shape = graph.node(input).ty.shape.clone();
+        let reduced: Vec<usize> = axes.iter().map(|&a| in_shape[a]).collect();
+        let count: usize = reduced.iter().product();
+        let (acc, q) = (self.fresh("acc"), self.fresh("q"));
+        let inner_coords = delinearize(&q, &reduced);
+        let mut kept = coords.iter();
+        let mut inner = Vec::with_capacity(in_shape.len());
+        for d in 0..in_shape.len() {
+            match axes.iter().position(|&a| a == d) {
+                Some(k) => {
+                    inner.push(inner_coords[k].clone());
+                    if keep_dims {
+                        kept.next();
+                    }
+                }
+                None => inner.push(kept.next().cloned().unwrap_or_else(|| "0".into())),
+            }
+        }
+        let read = self.read(input, inner)?;
+        let (init, step) = match op {
+            ReduceOp::Max => ("-fusec::inf()".to_string(), format!("{acc} = fmaxf({acc}, {read})")),
+            _ => ("0.0f".to_string(), format!("{acc} += {read}")),
+        };
+        self.statements
+            .push(format!("float {acc} = {init}; for (long long {q} = 0; {q} < {count}LL; ++{q}) {step};"));
+        Ok(if op == ReduceOp::Mean { format!("({acc} / {count}.0f)") } else { acc })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv_loop(
+        &mut self,
+        id: NodeId,
+        coords: &Coords,
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        group: usize,
+    ) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let inputs = graph.inputs_of(id);
+        let (x, w) = (graph.node(inputs[0]).ty.shape.clone(), graph.node(inputs[1]).ty.shape.clone());
+        let cout_per_group = w[0] / group;
+        let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));
+        let (n, co, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
+        let channel = format!("(({co} / {cout_per_group}LL) * {}LL + {ci})", w[1]);
+        let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
+        let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
+        let xr = self.read(inputs[0], vec![n.clone(), channel, ih.clone(), iw.clone()])?;
+        let wr = self.read(inputs[1], vec![co.clone(), ci.clone(), kh.clone(), kw.clone()])?;
+        let bias = match inputs.get(2) {
+            Some(&b) => self.read(b, vec![co.clone()])?,
+            None => "0.0f".into(),
+        };
+        self.statements.push(format!(
+            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {}LL || {iw} < 0 || {iw} >= {}LL) continue; {acc} += {xr} * {wr}; }}",
+            w[1], w[2], w[3], x[2], x[3]
+        ));
+        Ok(acc)
+    }
+
+    /// Stores `v<id>` (at `coords` of `id`'s shape) where the plan keeps it.
+    pub fn store(&mut self, kernel: &Kernel, id: NodeId, coords: &Coords) -> Result<(), String> {
+        let graph = &self.plan.graph;
+        let (target, index) = match kernel.store_views.iter().find(|(v, _)| *v == id) {
+            Some(&(_, view)) => {
+                let index = trace_forward(graph, id, view, coords.clone())
+                    .ok_or("store through a view that is not a reshape/transpose chain")?;
+                (view, index)
+            }
+            None => (id, linearize(coords, &graph.node(id).ty.shape)),
+        };
+        let pointer = self.pointer(target, true)?;
+        self.statements.push(format!("{pointer}[{index}] = v{};", id.index()));
+        Ok(())
+    }
+}
+
+fn buffers_json(body: &Body<'_>) -> Vec<String> {
+    body.buffers.values().cloned().collect()
+}
+
+fn coords_decl(prefix: &str, linear: &str, shape: &[usize]) -> (Vec<String>, Coords) {
+    let exprs = delinearize(linear, shape);
+    let names: Coords = (0..shape.len()).map(|d| format!("{prefix}{d}")).collect();
+    let decls = names.iter().zip(&exprs).map(|(n, e)| format!("const long long {n} = {e};")).collect();
+    (decls, names)
+}
+
+fn render(hb: &Handlebars<'_>, template: &str, data: &serde_json::Value) -> Result<String, String> {
+    hb.render(template, data).map_err(|e| format!("rendering {template}: {e}"))
+}
+
+pub fn generate(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    match kernel.kind {
+        KernelKind::RowReduction { .. } => row(plan, kernel, name, hb),
+        KernelKind::Attention => attention(plan, kernel, name, hb),
+        _ => elementwise(plan, kernel, name, hb, None),
+    }
+}
+
+/// One thread per element of the kernel's last node; every node of the kernel has its shape.
+pub fn elementwise(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+    gemm: Option<GemmRaw>,
+) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let mut body = Body::new(plan, kernel);
+    body.gemm = gemm;
+    let computed: Vec<NodeId> = kernel.nodes.iter().copied().filter(|&n| body.computes(n)).collect();
+    let last = *kernel.nodes.last().ok_or("an empty kernel")?;
+    let shape = graph.node(last).ty.shape.clone();
+    let count: usize = shape.iter().product();
+    let (coord_decls, coords) = coords_decl("c", "i", &shape);
+    // Nodes of another shape with as many elements (behind a reshape) share the linear index.
+    let coords_of = |n: NodeId| {
+        let s = &graph.node(n).ty.shape;
+        if *s == shape {
+            coords.clone()
+        } else {
+            delinearize("i", s)
+        }
+    };
+    for &n in &computed {
+        if graph.node(n).ty.len() != count {
+            return Err(format!(
+                "'{}' is {} in a kernel over {shape:?}",
+                graph.node(n).name,
+                graph.node(n).ty
+            ));
+        }
+        body.compute(n, &coords_of(n))?;
+    }
+    for &o in &kernel.outputs {
+        body.store(kernel, o, &coords_of(o))?;
+    }
+    let data = json!({
+        "name": name,
+        "about": kernel.kind.name(),
+        "block": BLOCK,
+        "count": count,
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "statements": body.statements,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "elementwise", &data)?,
+        grid: count.div_ceil(BLOCK as usize).max(1) as u32,
+        block: BLOCK,
+    })
+}
+
+fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let anchor = *kernel
+        .nodes
+        .iter()
+        .find(|&&n| {
+            matches!(
+                graph.node(n).op,
+                Op::LayerNorm { .. }
+                    | Op::RmsNorm { .. }
+                    | Op::Softmax { .. }
+                    | Op::LogSoftmax { .. }
+                    | Op::Reduce { .. }
+            )
+        })
+        .ok_or("a row kernel without a row op")?;
+    let node = graph.node(anchor);
+    let inputs = graph.inputs_of(anchor);
+    let in_shape = graph.node(inputs[0]).ty.shape.clone();
+    let axis = match &node.op {
+        Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => *axis,
+        _ => in_shape.len() - 1,
+    };
+    let width: usize = in_shape[axis..].iter().product();
+    let rows: usize = in_shape[..axis].iter().product();
+    let position = kernel.nodes.iter().position(|&n| n == anchor).unwrap_or(0);
+    let (prologue_nodes, epilogue_nodes) = (&kernel.nodes[..position], &kernel.nodes[position + 1..]);
+    let mut body = Body::new(plan, kernel);
+    let (coord_decls, coords) = coords_decl("c", "i", &in_shape);
+    for &p in prologue_nodes {
+        body.compute(p, &coords)?;
+    }
+    let prologue = std::mem::take(&mut body.statements);
+    let x = body.value_at(inputs[0], coords.clone())?;
+    let w = width as f64;
+    let v = format!("v{}", anchor.index());
+    let mut passes: Vec<serde_json::Value> = Vec::new();
+    let mut pass = |init: &str, body_lines: Vec<String>, finish: Vec<String>| {
+        passes.push(json!({ "init": init, "body": body_lines, "finish": finish }));
+    };
+    // The last pass computes v<anchor> per element, then the epilogue and the stores.
+    let mut last_body: Vec<String> = Vec::new();
+    let reduce_row = matches!(node.op, Op::Reduce { .. });
+    match &node.op {
+        Op::LayerNorm { epsilon, .. } => {
+            pass(
+                "0.0f",
+                vec![format!("acc += {x};")],
+                vec![format!("stat0 = fusec::block_sum(acc, scratch) / {w:?}f;")],
+            );
+            pass(
+                "0.0f",
+                vec![format!("const float dev = {x} - stat0;"), "acc += dev * dev;".into()],
+                vec![format!(
+                    "stat1 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
+                    literal(f64::from(*epsilon), DType::F32)
+                )],
+            );
+            let mut y = format!("({x} - stat0) * stat1");
+            if let Some(&g) = inputs.get(1) {
+                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
+            }
+            if let Some(&b) = inputs.get(2) {
+                y = format!("{y} + {}", body.operand(anchor, b, &coords)?);
+            }
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::RmsNorm { epsilon, .. } => {
+            pass(
+                "0.0f",
+                vec![format!("const float e = {x};"), "acc += e * e;".into()],
+                vec![format!(
+                    "stat0 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
+                    literal(f64::from(*epsilon), DType::F32)
+                )],
+            );
+            let mut y = format!("{x} * stat0");
+            if let Some(&g) = inputs.get(1) {
+                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
+            }
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+            pass(
+                "-fusec::inf()",
+                vec![format!("acc = fmaxf(acc, {x});")],
+                vec!["stat0 = fusec::block_max(acc, scratch);".into()],
+            );
+            pass(
+                "0.0f",
+                vec![format!("acc += expf({x} - stat0);")],
+                vec!["stat1 = fusec::block_sum(acc, scratch);".into()],
+            );
+            let y = if matches!(node.op, Op::Softmax { .. }) {
+                format!("expf({x} - stat0) / stat1")
+            } else {
+                format!("{x} - stat0 - logf(stat1)")
+            };
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::Reduce { op, .. } => {
+            let (init, step, finish) = match op {
+                ReduceOp::Max => (
+                    "-fusec::inf()",
+                    format!("acc = fmaxf(acc, {x});"),
+                    "fusec::block_max(acc, scratch)".to_string(),
+                ),
+                ReduceOp::Sum => {
+                    ("0.0f", format!("acc += {x};"), "fusec::block_sum(acc, scratch)".to_string())
+                }
+                ReduceOp::Mean => {
+                    ("0.0f", format!("acc += {x};"), format!("(fusec::block_sum(acc, scratch) / {w:?}f)"))
+                }
+            };
+            body.statements.clear();
+            let out_coords = delinearize("row", &node.ty.shape);
+            let mut finish_lines =
+                vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
+            for &e in epilogue_nodes {
+                body.compute(e, &out_coords)?;
+            }
+            for &o in &kernel.outputs {
+                if !prologue_nodes.contains(&o) {
+                    body.store(kernel, o, &out_coords)?;
+                }
+            }
+            finish_lines.append(&mut body.statements);
+            finish_lines.push("}".into());
+            // Prologue values other kernels need are written in the same pass.
+            let mut stores = Vec::new();
+            for &o in &kernel.outputs {
+                if prologue_nodes.contains(&o) {
+                    body.store(kernel, o, &coords)?;
+                }
+            }
+            stores.append(&mut body.statements);
+            let mut lines = vec![step];
+            lines.extend(stores);
+            pass(init, lines, finish_lines);
+        }
+        other => return Err(format!("no row code for {}", other.kind())),
+    }
+    if !reduce_row {
+        body.statements.clear();
+        for &e in epilogue_nodes {
+            body.compute(e, &coords)?;
+        }
+        for &o in &kernel.outputs {
+            body.store(kernel, o, &coords)?;
+        }
+        last_body.append(&mut body.statements);
+        pass("0.0f", last_body, vec![]);
+    }
+    let data = json!({
+        "name": name,
+        "about": kernel.kind.name(),
+        "block": ROW_BLOCK,
+        "width": width,
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "prologue": prologue,
+        "passes": passes,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "row", &data)?,
+        grid: rows.max(1) as u32,
+        block: ROW_BLOCK,
+    })
+}
+
+fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let anchor = kernel.nodes[0];
+    let node = graph.node(anchor);
+    let Op::Attention { scale, nan_to_zero } = node.op else { return Err("not an attention node".into()) };
+    if node.ty.dtype != DType::F32 {
+        return Err(format!("attention on {} is not supported yet", node.ty.dtype));
+    }
+    let inputs = graph.inputs_of(anchor);
+    let out = node.ty.shape.clone();
+    let rank = out.len();
+    let (q_shape, kt_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
+    let (depth, keys, dv) = (q_shape[q_shape.len() - 1], kt_shape[kt_shape.len() - 1], out[rank - 1]);
+    let rows: usize = out[..rank - 1].iter().product();
+    let mut body = Body::new(plan, kernel);
+    let (coord_decls, row_coords) = coords_decl("c", "r", &out[..rank - 1]);
+    let batch = &row_coords[..rank - 2];
+    let s = row_coords[rank - 2].clone();
+    let with = |last2: [&str; 2]| -> Coords {
+        batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect()
+    };
+    let virtual_shape =
+        |a: usize, b: usize| -> Vec<usize> { out[..rank - 2].iter().copied().chain([a, b]).collect() };
+    let read = |body: &mut Body<'_>, input: NodeId, coords: Coords, shape: Vec<usize>| {
+        let coords = broadcast(&coords, &shape, &graph.node(input).ty.shape);
+        body.read(input, coords)
+    };
+    let q = read(&mut body, inputs[0], with([&s, "d"]), virtual_shape(out[rank - 2], depth))?;
+    let k = read(&mut body, inputs[1], with(["d", "t"]), virtual_shape(depth, keys))?;
+    let v = read(&mut body, inputs[2], with(["t", "e"]), virtual_shape(keys, dv))?;
+    let mask = match inputs.get(3) {
+        Some(&m) => read(&mut body, m, with([&s, "t"]), virtual_shape(out[rank - 2], keys))?,
+        None => "0.0f".into(),
+    };
+    let out_coords: Coords = row_coords.iter().cloned().chain(["e".to_string()]).collect();
+    body.statements.clear();
+    body.statements.push(format!("const float v{} = y;", anchor.index()));
+    body.store(kernel, anchor, &out_coords)?;
+    let store = body.statements.join(" ");
+    let data = json!({
+        "name": name,
+        "about": kernel.kind.name(),
+        "block": ATTENTION_BLOCK,
+        "rows": rows,
+        "keys": keys,
+        "depth": depth,
+        "dv": dv,
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "q": q,
+        "k": k,
+        "v": v,
+        "mask": mask,
+        "scale": literal(f64::from(scale), DType::F32),
+        "empty_row": if nan_to_zero { "0.0f" } else { "fusec::nan()" },
+        "store": store,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "attention", &data)?,
+        grid: rows.div_ceil(ATTENTION_BLOCK as usize).max(1) as u32,
+        block: ATTENTION_BLOCK,
+    })
+}
