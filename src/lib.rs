@@ -10,5 +10,10 @@ pub mod fusion;
 pub mod import;
 pub mod ir;
 pub mod passes;
+pub mod pipeline;
 pub mod plan;
 pub mod runtime;
+pub mod tensor_io;
+
+pub use bundle::Bundle;
+pub use pipeline::{compile, CompileOptions};

@@ -1,2 +1,150 @@
-//! The bundle file format: magic, format version, header, the plan, kernel sources and
-//! PTX/cubin per arch, the weights blob (aligned, mmap-able), checksums.
+//! The bundle: one file holding everything needed to run a compiled model.
+//!
+//!     magic "FUSECBND" | format version (u32 LE) | header length (u64 LE) | header (JSON)
+//!     | weights length (u64 LE) | weights | FNV-1a 64 checksum of all before it (u64 LE)
+//!
+//! The header holds the program (kernel sources, GEMM calls, memory locations), PTX per
+//! kernel when NVRTC was available at compile time, and the inputs and outputs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::codegen::Step;
+use crate::ir::{DType, TensorType};
+use crate::plan::Location;
+
+pub const MAGIC: &[u8; 8] = b"FUSECBND";
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum BundleError {
+    #[error("{path}: cannot read the bundle: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: cannot write the bundle: {source}")]
+    Write { path: String, source: std::io::Error },
+    #[error("{path}: not a fusec bundle (bad magic)")]
+    Magic { path: String },
+    #[error("{path}: bundle format version {found}, this fusec reads version {FORMAT_VERSION}; recompile the model")]
+    Version { path: String, found: u32 },
+    #[error("{path}: the bundle is truncated ({0})", .detail)]
+    Truncated { path: String, detail: String },
+    #[error("{path}: checksum mismatch: the bundle is corrupted")]
+    Checksum { path: String },
+    #[error("{path}: bad header: {message}")]
+    Header { path: String, message: String },
+}
+
+/// A graph input or output: name, type, and where it lives.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IoSpec {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub location: Location,
+}
+
+impl IoSpec {
+    pub fn new(name: &str, ty: &TensorType, location: Location) -> Self {
+        IoSpec {
+            name: name.to_string(),
+            dtype: ty.dtype.name().to_string(),
+            shape: ty.shape.clone(),
+            location,
+        }
+    }
+
+    pub fn tensor_type(&self) -> Option<TensorType> {
+        Some(TensorType::new(DType::from_name(&self.dtype)?, self.shape.clone()))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    pub format_version: u32,
+    /// The ONNX file it was compiled from.
+    pub model: String,
+    pub fused: bool,
+    pub steps: Vec<Step>,
+    /// PTX by kernel name, for `arch`.
+    pub ptx: BTreeMap<String, String>,
+    pub arch: Option<String>,
+    pub inputs: Vec<IoSpec>,
+    pub outputs: Vec<IoSpec>,
+    pub arena_bytes: usize,
+    pub launches: usize,
+    pub gemm_calls: usize,
+    pub graph_breaks: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bundle {
+    pub header: Header,
+    pub weights: Vec<u8>,
+}
+
+/// FNV-1a, 64 bit.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Bundle {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, BundleError> {
+        let header = serde_json::to_vec(&self.header)
+            .map_err(|e| BundleError::Header { path: String::new(), message: e.to_string() })?;
+        let mut out = Vec::with_capacity(header.len() + self.weights.len() + 64);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&(self.weights.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.weights);
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        Ok(out)
+    }
+
+    /// Parses a bundle; `path` only names it in errors.
+    pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Bundle, BundleError> {
+        let path = path.to_string();
+        let truncated =
+            |detail: &str| BundleError::Truncated { path: path.clone(), detail: detail.to_string() };
+        if bytes.len() < 8 || &bytes[..8] != MAGIC {
+            return Err(BundleError::Magic { path });
+        }
+        let take = |at: usize, n: usize, what: &str| bytes.get(at..at + n).ok_or_else(|| truncated(what));
+        let version = u32::from_le_bytes(take(8, 4, "version")?.try_into().unwrap_or_default());
+        if version != FORMAT_VERSION {
+            return Err(BundleError::Version { path, found: version });
+        }
+        let header_len =
+            u64::from_le_bytes(take(12, 8, "header length")?.try_into().unwrap_or_default()) as usize;
+        let header_bytes = take(20, header_len, "header")?;
+        let at = 20 + header_len;
+        let weights_len =
+            u64::from_le_bytes(take(at, 8, "weights length")?.try_into().unwrap_or_default()) as usize;
+        let weights = take(at + 8, weights_len, "weights")?.to_vec();
+        let end = at + 8 + weights_len;
+        let stored = u64::from_le_bytes(take(end, 8, "checksum")?.try_into().unwrap_or_default());
+        if bytes.len() != end + 8 || checksum(&bytes[..end]) != stored {
+            return Err(BundleError::Checksum { path });
+        }
+        let header: Header = serde_json::from_slice(header_bytes)
+            .map_err(|e| BundleError::Header { path: path.clone(), message: e.to_string() })?;
+        Ok(Bundle { header, weights })
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), BundleError> {
+        let bytes = self.to_bytes()?;
+        std::fs::write(path, bytes)
+            .map_err(|source| BundleError::Write { path: path.display().to_string(), source })
+    }
+
+    pub fn load(path: &Path) -> Result<Bundle, BundleError> {
+        let name = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| BundleError::Read { path: name.clone(), source })?;
+        Bundle::from_bytes(&bytes, &name)
+    }
+}

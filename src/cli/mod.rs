@@ -1,6 +1,8 @@
 //! Subcommands of `fusec`.
 
+mod compile;
 mod inspect;
+mod run;
 mod shapes;
 
 use std::process::ExitCode;
@@ -17,12 +19,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Compile(compile::Compile),
+    Run(run::Run),
     Inspect(inspect::Inspect),
 }
 
 impl Cli {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
         match self.command {
+            Command::Compile(cmd) => cmd.execute(),
+            Command::Run(cmd) => cmd.execute(),
             Command::Inspect(cmd) => cmd.execute(),
         }
     }

@@ -20,6 +20,7 @@ pub use error::ImportError;
 pub use ops::SHAPE_OPS;
 pub use options::{DimSpec, ImportOptions, InputSpec};
 pub use reference::run_tract;
+pub use tensor::from_tract as tensor_from_tract;
 
 use crate::ir::{self, DType, Graph, NodeId, Origin, TensorType};
 use context::{node_name, tensor_from_proto, NodeCtx};

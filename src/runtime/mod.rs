@@ -3,6 +3,9 @@
 //! never a panic: presence is checked before cudarc is asked to load anything.
 
 pub mod nvrtc;
+mod session;
+
+pub use session::{driver_available, run_once, tensor_from_bytes, Session};
 
 use thiserror::Error;
 
@@ -10,6 +13,16 @@ use thiserror::Error;
 pub enum RuntimeError {
     #[error("NVRTC is not available: libnvrtc.so.13 was not found (install CUDA 13 or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH)")]
     NoNvrtc,
+    #[error("no CUDA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU and driver?)")]
+    NoDriver,
+    #[error("cuBLAS is not available: libcublas.so.13 was not found")]
+    NoCublas,
+    #[error("cannot open the GPU: {0}")]
+    NoDevice(String),
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("{0}")]
+    Input(String),
     #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]
     Compile { kernel: String, source_path: String, log: String },
 }

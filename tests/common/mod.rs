@@ -7,8 +7,12 @@ use std::path::PathBuf;
 use fusec::import::{ImportOptions, Model};
 use fusec::ir::{random_tensor, DType, Tensor};
 
+/// A fixture in models/ (or in `$FUSEC_MODELS_DIR`, for test binaries run elsewhere).
 pub fn model_path(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(file)
+    let dir = std::env::var_os("FUSEC_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    dir.join(file)
 }
 
 /// Symbolic dims to try each fixture at: batch 1 and 3, sequence 1 and 7 (and more).

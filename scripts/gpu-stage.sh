@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Stages what the GPU machine needs into .gpu/ (ignored by git): the release fusec binary and
+# the GPU test binary, compressed. The GPU machine has no cargo; run scripts/gpu-run.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release
+cargo test --release --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])' > /tmp/fusec-test-binaries
+rm -rf .gpu && mkdir -p .gpu
+cp target/release/fusec .gpu/
+while read -r name path; do
+    case "$name" in gpu) cp "$path" ".gpu/test-$name" ;; esac
+done < /tmp/fusec-test-binaries
+strip .gpu/* 2>/dev/null || true
+gzip -9 .gpu/*   # what travels is capped at 64 MiB
+du -sh .gpu

@@ -1,0 +1,69 @@
+//! `fusec compile`: ONNX model to bundle.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use fusec::CompileOptions;
+
+use super::shapes::ShapeArgs;
+
+/// Compile an ONNX model into a bundle: fused CUDA kernels (PTX when NVRTC is installed,
+/// sources otherwise) plus cuBLAS calls, with the weights.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=8 --dim seq=64\n  fusec compile models/mlp_block.onnx -o mlp.bundle --input x:4x7x40 --no-fuse --emit-cuda cuda/"
+)]
+pub struct Compile {
+    /// The ONNX model.
+    model: PathBuf,
+    /// Where to write the bundle.
+    #[arg(short, long)]
+    output: PathBuf,
+    #[command(flatten)]
+    shapes: ShapeArgs,
+    /// Element type of weights and activations: only fp32 is implemented so far.
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
+    precision: String,
+    /// One kernel per node, no fusion (the baseline `fusec bench` compares against).
+    #[arg(long)]
+    no_fuse: bool,
+    /// Write every generated kernel's CUDA source into this directory.
+    #[arg(long, value_name = "DIR")]
+    emit_cuda: Option<PathBuf>,
+    /// GPU architecture to compile PTX for.
+    #[arg(long, default_value = "sm_90")]
+    arch: String,
+}
+
+impl Compile {
+    pub fn execute(self) -> anyhow::Result<ExitCode> {
+        if self.precision != "fp32" {
+            bail!("--precision {}: only fp32 is implemented so far", self.precision);
+        }
+        let options = CompileOptions {
+            import: self.shapes.options(),
+            no_fuse: self.no_fuse,
+            arch: Some(self.arch.clone()),
+            emit_cuda: self.emit_cuda.clone(),
+        };
+        let bundle = fusec::compile(&self.model, &options)?;
+        bundle.save(&self.output)?;
+        let h = &bundle.header;
+        let ptx = match &h.arch {
+            Some(arch) => format!("PTX for {arch}"),
+            None => "CUDA sources only (NVRTC not found: the runtime compiles them at load)".into(),
+        };
+        println!(
+            "{}: {} launches ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
+            self.output.display(),
+            h.launches,
+            h.gemm_calls,
+            h.graph_breaks,
+            bundle.weights.len(),
+            h.arena_bytes
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+}

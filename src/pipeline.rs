@@ -1,0 +1,98 @@
+//! `compile`: the pipeline as a straight list of stages, ONNX file to bundle.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::bundle::{Bundle, Header, IoSpec, FORMAT_VERSION};
+use crate::codegen::{self, CodegenError};
+use crate::fusion::{self, FusionError, FusionLimits, Mode};
+use crate::import::{self, ImportError, ImportOptions};
+use crate::passes::{self, PassError};
+use crate::plan::{Plan, PlanError};
+use crate::runtime::{nvrtc, RuntimeError};
+
+#[derive(Debug, Error)]
+pub enum CompileError {
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    #[error(transparent)]
+    Pass(#[from] PassError),
+    #[error("partition: {0}")]
+    Partition(#[from] crate::ir::IrError),
+    #[error(transparent)]
+    Fusion(#[from] FusionError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
+    #[error(transparent)]
+    Nvrtc(#[from] RuntimeError),
+    #[error("{path}: cannot write CUDA sources: {source}")]
+    Emit { path: PathBuf, source: std::io::Error },
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    pub import: ImportOptions,
+    /// One kernel per node, no fusion: the unfused baseline.
+    pub no_fuse: bool,
+    /// Compile PTX for this arch (`sm_90`) when NVRTC is available; the runtime compiles the
+    /// sources at load time otherwise.
+    pub arch: Option<String>,
+    /// Write every kernel's CUDA source here.
+    pub emit_cuda: Option<PathBuf>,
+}
+
+/// import → passes → fusion → partition → plan → codegen → (NVRTC) → bundle.
+pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileError> {
+    let model = import::import(path, &options.import)?;
+    let (graph, partition) = if options.no_fuse {
+        let part = fusion::partition(&model.graph, &Default::default(), Mode::OneKernelPerNode)?;
+        (model.graph.clone(), part)
+    } else {
+        let mut graph = model.graph.clone();
+        passes::run_passes(&mut graph, &passes::standard())?;
+        let fused = fusion::fuse(&graph, &FusionLimits::default())?;
+        let part = fusion::partition(&fused.graph, &fused.covers, Mode::Fused)?;
+        (fused.graph, part)
+    };
+    let (launches, gemm_calls, graph_breaks) =
+        (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
+    let plan = Plan::new(graph, partition)?;
+    let steps = codegen::generate(&plan)?;
+    if let Some(dir) = &options.emit_cuda {
+        let fail = |source| CompileError::Emit { path: dir.clone(), source };
+        std::fs::create_dir_all(dir).map_err(fail)?;
+        for source in steps.iter().flat_map(|s| s.sources()) {
+            std::fs::write(dir.join(format!("{}.cu", source.name)), nvrtc::full_source(source))
+                .map_err(fail)?;
+        }
+    }
+    let mut ptx = std::collections::BTreeMap::new();
+    let arch = options.arch.clone().filter(|_| nvrtc::available());
+    if let Some(arch) = &arch {
+        for source in steps.iter().flat_map(|s| s.sources()) {
+            ptx.insert(source.name.clone(), nvrtc::compile(source, arch)?);
+        }
+    }
+    let graph = &plan.graph;
+    let io = |bindings: &[crate::plan::Binding]| -> Vec<IoSpec> {
+        bindings.iter().map(|b| IoSpec::new(&b.name, &graph.node(b.value).ty, b.location)).collect()
+    };
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        model: path.display().to_string(),
+        fused: !options.no_fuse,
+        steps,
+        ptx,
+        arch,
+        inputs: io(&plan.inputs),
+        outputs: io(&plan.outputs),
+        arena_bytes: plan.arena_bytes,
+        launches,
+        gemm_calls,
+        graph_breaks,
+    };
+    Ok(Bundle { header, weights: plan.weights })
+}

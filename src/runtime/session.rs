@@ -1,0 +1,307 @@
+//! Running a bundle on a GPU.
+//!
+//! Thread safety: a `Session` owns its context's stream, arena and cuBLAS handle; `run`
+//! takes `&mut self`, so one session serves one thread at a time. Use one session per thread
+//! to run concurrently (each has its own memory).
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use ndarray::{ArrayD, IxDyn};
+
+use super::{nvrtc, RuntimeError};
+use crate::bundle::{Bundle, IoSpec};
+use crate::codegen::{GemmSpec, KernelSource, Step};
+use crate::ir::{DType, Tensor};
+use crate::plan::{tensor_bytes, Location};
+
+fn driver(e: impl std::fmt::Debug) -> RuntimeError {
+    RuntimeError::Driver(format!("{e:?}"))
+}
+
+/// Whether a CUDA driver can be loaded, without panicking when there is none.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen libcuda; no driver call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+struct Launch {
+    function: CudaFunction,
+    config: LaunchConfig,
+}
+
+enum Loaded {
+    Kernel(Launch),
+    Gemm { gemm: GemmSpec, epilogue: Option<Launch> },
+}
+
+pub struct Session {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    arena: CudaSlice<u8>,
+    _weights: CudaSlice<u8>,
+    arena_ptr: u64,
+    weights_ptr: u64,
+    steps: Vec<Loaded>,
+    inputs: Vec<IoSpec>,
+    outputs: Vec<IoSpec>,
+    /// The arch kernels were compiled for (`sm_90`).
+    pub arch: String,
+}
+
+impl Session {
+    /// Loads `bundle` on GPU `device`: compiles its kernels if the bundle has no PTX for this
+    /// GPU, uploads the weights, allocates the arena.
+    pub fn new(bundle: &Bundle, device: usize) -> Result<Session, RuntimeError> {
+        if !driver_available() {
+            return Err(RuntimeError::NoDriver);
+        }
+        // SAFETY: only tries to dlopen libcublas.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(RuntimeError::NoCublas);
+        }
+        let ctx =
+            CudaContext::new(device).map_err(|e| RuntimeError::NoDevice(format!("GPU {device}: {e:?}")))?;
+        // SAFETY: the session uses one stream, and every buffer is written and read in
+        // stream order, so cudarc's per-buffer events are not needed (they would also get in
+        // the way of CUDA-graph capture).
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let arch = format!("sm_{major}{minor}");
+        let stream = ctx.default_stream();
+        let header = &bundle.header;
+        let ptx_fits = header.arch.as_deref() == Some(arch.as_str());
+        let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
+            let ptx = match header.ptx.get(&source.name).filter(|_| ptx_fits) {
+                Some(ptx) => ptx.clone(),
+                None => nvrtc::compile(source, &arch)?,
+            };
+            let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
+            let function = module.load_function(&source.name).map_err(driver)?;
+            let config = LaunchConfig {
+                grid_dim: (source.grid, 1, 1),
+                block_dim: (source.block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            Ok(Launch { function, config })
+        };
+        let mut steps = Vec::with_capacity(header.steps.len());
+        for step in &header.steps {
+            steps.push(match step {
+                Step::Launch(source) => Loaded::Kernel(load(source)?),
+                Step::Gemm { gemm, epilogue } => {
+                    Loaded::Gemm { gemm: *gemm, epilogue: epilogue.as_ref().map(&mut load).transpose()? }
+                }
+            });
+        }
+        let arena = stream.alloc_zeros::<u8>(header.arena_bytes.max(1)).map_err(driver)?;
+        let weights = if bundle.weights.is_empty() {
+            stream.alloc_zeros::<u8>(1).map_err(driver)?
+        } else {
+            stream.clone_htod(&bundle.weights).map_err(driver)?
+        };
+        let arena_ptr = arena.device_ptr(&stream).0;
+        let weights_ptr = weights.device_ptr(&stream).0;
+        let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
+        Ok(Session {
+            stream,
+            blas,
+            arena,
+            _weights: weights,
+            arena_ptr,
+            weights_ptr,
+            steps,
+            inputs: header.inputs.clone(),
+            outputs: header.outputs.clone(),
+            arch,
+        })
+    }
+
+    pub fn inputs(&self) -> &[IoSpec] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[IoSpec] {
+        &self.outputs
+    }
+
+    fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
+        let expected = || {
+            self.inputs
+                .iter()
+                .map(|i| format!("{} {}{:?}", i.name, i.dtype, i.shape))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for (name, _) in inputs {
+            if !self.inputs.iter().any(|i| &i.name == name) {
+                return Err(RuntimeError::Input(format!(
+                    "'{name}' is not an input of the model (its inputs: {})",
+                    expected()
+                )));
+            }
+        }
+        for spec in &self.inputs {
+            let given = inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t);
+            let given = given.ok_or_else(|| {
+                RuntimeError::Input(format!(
+                    "input '{}' was not given (the inputs: {})",
+                    spec.name,
+                    expected()
+                ))
+            })?;
+            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                return Err(RuntimeError::Input(format!(
+                    "input '{}' is {}{:?}, the model takes {}{:?}",
+                    spec.name,
+                    given.dtype(),
+                    given.shape(),
+                    spec.dtype,
+                    spec.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the model on host tensors (by input name); returns the outputs in order.
+    pub fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+        self.check_inputs(inputs)?;
+        for spec in self.inputs.clone() {
+            let (_, tensor) = inputs
+                .iter()
+                .find(|(n, _)| *n == spec.name)
+                .ok_or_else(|| RuntimeError::Input(spec.name.clone()))?;
+            let Location::Arena(offset) = spec.location else { continue };
+            let bytes = tensor_bytes(tensor);
+            let mut view = self.arena.slice_mut(offset..offset + bytes.len());
+            self.stream.memcpy_htod(&bytes, &mut view).map_err(driver)?;
+        }
+        self.execute()?;
+        self.stream.synchronize().map_err(driver)?;
+        self.outputs.clone().iter().map(|spec| Ok((spec.name.clone(), self.read_output(spec)?))).collect()
+    }
+
+    /// Runs every step on the data already in device memory (inputs uploaded).
+    pub fn execute(&mut self) -> Result<(), RuntimeError> {
+        for step in &self.steps {
+            match step {
+                Loaded::Kernel(launch) => self.launch(launch)?,
+                Loaded::Gemm { gemm, epilogue } => {
+                    self.gemm(gemm)?;
+                    if let Some(launch) = epilogue {
+                        self.launch(launch)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        let mut args = self.stream.launch_builder(&launch.function);
+        args.arg(&self.arena_ptr);
+        args.arg(&self.weights_ptr);
+        // SAFETY: every generated kernel takes (arena, weights) device pointers and touches
+        // only the offsets the plan gave it, all inside the two allocations.
+        unsafe { args.launch(launch.config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    fn address(&self, location: Location) -> u64 {
+        match location {
+            Location::Arena(o) => self.arena_ptr + o as u64,
+            Location::Weights(o) => self.weights_ptr + o as u64,
+        }
+    }
+
+    /// Row-major `C = A·B` through column-major cuBLAS: `Cᵀ = Bᵀ·Aᵀ`, so B goes first and the
+    /// roles of M and N swap. A row-major matrix read untransposed is column-major with its
+    /// row length as leading dimension; a transposed one is read with the op flag.
+    fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {
+        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let ld_b = if g.b.transposed { g.k } else { g.n };
+        let ld_a = if g.a.transposed { g.m } else { g.k };
+        let (alpha, beta) = (g.alpha, 0.0f32);
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
+        };
+        // SAFETY: the pointers are inside the arena/weights allocations at offsets the plan
+        // sized for these matrices; the handle is bound to this session's stream.
+        let status = unsafe {
+            cudarc::cublas::sys::cublasSgemmStridedBatched(
+                *self.blas.handle(),
+                op(g.b.transposed),
+                op(g.a.transposed),
+                int(g.n)?,
+                int(g.m)?,
+                int(g.k)?,
+                &alpha,
+                self.address(g.b.location) as *const f32,
+                int(ld_b)?,
+                g.b.batch_stride as i64,
+                self.address(g.a.location) as *const f32,
+                int(ld_a)?,
+                g.a.batch_stride as i64,
+                &beta,
+                self.address(g.c) as *mut f32,
+                int(g.n)?,
+                (g.m * g.n) as i64,
+                int(g.batch)?,
+            )
+        };
+        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(RuntimeError::Driver(format!("cuBLAS SGEMM failed: {status:?}")));
+        }
+        Ok(())
+    }
+
+    fn read_output(&self, spec: &IoSpec) -> Result<Tensor, RuntimeError> {
+        let ty = spec
+            .tensor_type()
+            .ok_or_else(|| RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype)))?;
+        let bytes = ty.size_bytes();
+        let host = match spec.location {
+            Location::Arena(o) => self.stream.clone_dtoh(&self.arena.slice(o..o + bytes)).map_err(driver)?,
+            Location::Weights(o) => {
+                self.stream.clone_dtoh(&self._weights.slice(o..o + bytes)).map_err(driver)?
+            }
+        };
+        tensor_from_bytes(&host, &ty.shape, ty.dtype)
+    }
+}
+
+/// A tensor from little-endian element bytes.
+pub fn tensor_from_bytes(bytes: &[u8], shape: &[usize], dtype: DType) -> Result<Tensor, RuntimeError> {
+    fn array<T, const N: usize>(
+        bytes: &[u8],
+        shape: &[usize],
+        f: fn([u8; N]) -> T,
+    ) -> Result<ArrayD<T>, RuntimeError> {
+        let values = bytes.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect();
+        ArrayD::from_shape_vec(IxDyn(shape), values).map_err(|e| RuntimeError::Driver(e.to_string()))
+    }
+    Ok(match dtype {
+        DType::F32 => Tensor::F32(array(bytes, shape, f32::from_le_bytes)?),
+        DType::F64 => Tensor::F64(array(bytes, shape, f64::from_le_bytes)?),
+        DType::I64 => Tensor::I64(array(bytes, shape, i64::from_le_bytes)?),
+        DType::I32 => Tensor::I32(array(bytes, shape, i32::from_le_bytes)?),
+        DType::F16 => Tensor::F16(array(bytes, shape, half::f16::from_le_bytes)?),
+        DType::BF16 => Tensor::BF16(array(bytes, shape, half::bf16::from_le_bytes)?),
+        DType::Bool => Tensor::Bool(array(bytes, shape, |b: [u8; 1]| b[0] != 0)?),
+    })
+}
+
+/// Runs `bundle` once on `inputs` on GPU `device`.
+pub fn run_once(
+    bundle: &Bundle,
+    device: usize,
+    inputs: &[(String, Tensor)],
+) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+    Session::new(bundle, device)?.run(inputs)
+}

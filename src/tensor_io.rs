@@ -1,0 +1,135 @@
+//! Tensor files: numpy `.npy` (read and write) and ONNX `TensorProto` `.pb` (read), as the
+//! ONNX backend test data uses.
+
+use std::path::Path;
+
+use prost::Message;
+use thiserror::Error;
+
+use crate::ir::{DType, Tensor};
+use crate::plan::tensor_bytes;
+
+#[derive(Debug, Error)]
+#[error("{path}: {message}")]
+pub struct TensorFileError {
+    pub path: String,
+    pub message: String,
+}
+
+fn fail(path: &Path, message: impl Into<String>) -> TensorFileError {
+    TensorFileError { path: path.display().to_string(), message: message.into() }
+}
+
+fn npy_descr(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::BF16 => "<V2",
+        DType::F64 => "<f8",
+        DType::I64 => "<i8",
+        DType::I32 => "<i4",
+        DType::Bool => "|b1",
+    }
+}
+
+/// Reads a tensor from `.npy` or `.pb` (by extension).
+pub fn read_tensor(path: &Path) -> Result<Tensor, TensorFileError> {
+    let bytes = std::fs::read(path).map_err(|e| fail(path, format!("cannot read: {e}")))?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("npy") => parse_npy(&bytes).map_err(|m| fail(path, m)),
+        Some("pb") => {
+            let proto = tract_onnx::pb::TensorProto::decode(bytes.as_slice())
+                .map_err(|e| fail(path, format!("not an ONNX TensorProto: {e}")))?;
+            let dir = path.parent().and_then(|d| d.to_str());
+            let t =
+                tract_onnx::tensor::load_tensor(&tract_onnx::data_resolver::MmapDataResolver, &proto, dir)
+                    .map_err(|e| fail(path, format!("{e:#}")))?;
+            crate::import::tensor_from_tract(&t).map_err(|m| fail(path, m))
+        }
+        _ => Err(fail(path, "unknown tensor file type: expected .npy or .pb")),
+    }
+}
+
+fn parse_npy(bytes: &[u8]) -> Result<Tensor, String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file".into());
+    }
+    let (header_len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        _ => return Err("truncated .npy header".into()),
+    };
+    let header = std::str::from_utf8(bytes.get(start..start + header_len).ok_or("truncated .npy header")?)
+        .map_err(|_| "the .npy header is not text")?;
+    let field = |key: &str| -> Option<&str> {
+        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+        Some(header[at..].trim_start_matches([':', ' ']))
+    };
+    if field("fortran_order").is_some_and(|v| v.starts_with("True")) {
+        return Err("Fortran-ordered .npy arrays are not supported".into());
+    }
+    let descr = field("descr")
+        .and_then(|v| v.strip_prefix('\'')?.split('\'').next())
+        .ok_or("no descr in .npy header")?;
+    let dtype = [DType::F32, DType::F16, DType::F64, DType::I64, DType::I32, DType::Bool]
+        .into_iter()
+        .find(|&d| npy_descr(d) == descr || (d == DType::Bool && descr == "?"))
+        .ok_or_else(|| format!(".npy element type {descr} is not supported"))?;
+    let shape_text = field("shape")
+        .and_then(|v| v.strip_prefix('(')?.split(')').next())
+        .ok_or("no shape in .npy header")?;
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| format!("bad .npy shape ({shape_text})")))
+        .collect::<Result<_, _>>()?;
+    let data = &bytes[start + header_len..];
+    let count: usize = shape.iter().product();
+    if data.len() != count * dtype.size_bytes() {
+        return Err(format!("{} data bytes for shape {shape:?} of {dtype}", data.len()));
+    }
+    crate::runtime::tensor_from_bytes(data, &shape, dtype).map_err(|e| e.to_string())
+}
+
+/// Writes `tensor` as a `.npy` file.
+pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<(), TensorFileError> {
+    let shape: Vec<String> = tensor.shape().iter().map(|d| d.to_string()).collect();
+    let shape = match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!("({})", shape.join(", ")),
+    };
+    let mut header =
+        format!("{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}", npy_descr(tensor.dtype()));
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&tensor_bytes(tensor));
+    std::fs::write(path, out).map_err(|e| fail(path, format!("cannot write: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{ArrayD, IxDyn};
+
+    #[test]
+    fn npy_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.npy");
+        let t = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, -2.5, 3.0, 0.25, 5.0, 6.0]).unwrap(),
+        );
+        write_npy(&path, &t).unwrap();
+        assert_eq!(read_tensor(&path).unwrap(), t);
+        let ids = Tensor::I64(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1, 7, 511]).unwrap());
+        write_npy(&path, &ids).unwrap();
+        assert_eq!(read_tensor(&path).unwrap(), ids);
+    }
+}

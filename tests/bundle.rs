@@ -1,0 +1,59 @@
+//! The bundle file: round trip, and clear errors for damaged or foreign files.
+
+mod common;
+
+use fusec::bundle::{Bundle, BundleError, FORMAT_VERSION};
+use fusec::import::ImportOptions;
+use fusec::runtime::{RuntimeError, Session};
+use fusec::CompileOptions;
+
+fn bundle() -> Bundle {
+    let options = CompileOptions { import: ImportOptions::default().dim("batch", 2), ..Default::default() };
+    fusec::compile(&common::model_path("mlp_block.onnx"), &options).unwrap()
+}
+
+#[test]
+fn round_trip_keeps_everything() {
+    let b = bundle();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.bundle");
+    b.save(&path).unwrap();
+    let loaded = Bundle::load(&path).unwrap();
+    assert_eq!(loaded, b);
+    assert_eq!(loaded.header.launches, 3);
+    assert!(!loaded.weights.is_empty());
+}
+
+#[test]
+fn damaged_bundles_are_refused() {
+    let bytes = bundle().to_bytes().unwrap();
+    let truncated = Bundle::from_bytes(&bytes[..bytes.len() - 100], "t.bundle").unwrap_err();
+    assert!(matches!(truncated, BundleError::Truncated { .. } | BundleError::Checksum { .. }), "{truncated}");
+    assert!(truncated.to_string().contains("t.bundle"));
+    let mut corrupted = bytes.clone();
+    let middle = corrupted.len() / 2;
+    corrupted[middle] ^= 0x40;
+    let err = Bundle::from_bytes(&corrupted, "c.bundle").unwrap_err();
+    assert!(matches!(err, BundleError::Checksum { .. }), "{err}");
+    let mut other_version = bytes.clone();
+    other_version[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let err = Bundle::from_bytes(&other_version, "v.bundle").unwrap_err();
+    assert!(matches!(err, BundleError::Version { found, .. } if found == FORMAT_VERSION + 1), "{err}");
+    assert!(err.to_string().contains("recompile"));
+    let err = Bundle::from_bytes(b"PK\x03\x04 not a bundle", "z.bundle").unwrap_err();
+    assert!(matches!(err, BundleError::Magic { .. }), "{err}");
+    let err = Bundle::load(std::path::Path::new("missing.bundle")).unwrap_err();
+    assert!(err.to_string().contains("missing.bundle"));
+}
+
+/// Without a GPU driver, opening a session is an error value, not a panic.
+#[test]
+fn no_driver_is_an_error() {
+    if fusec::runtime::driver_available() {
+        println!("skipped: this machine has a CUDA driver (tests/gpu.rs covers it)");
+        return;
+    }
+    let err = Session::new(&bundle(), 0).err().expect("no session without a driver");
+    assert!(matches!(err, RuntimeError::NoDriver), "{err}");
+    assert!(err.to_string().contains("no CUDA driver"));
+}
