@@ -5,7 +5,9 @@ set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 gunzip -kf .gpu/*.gz
+python3 scripts/onnx_node_cases.py /tmp/fusec-node-cases > "$out/node-cases.txt" 2>&1
 export FUSEC_MODELS_DIR="$PWD/models" FUSEC_GPU_RESULTS="$out/gpu_results.md" RUST_BACKTRACE=1
+export FUSEC_ONNX_NODE_CASES=/tmp/fusec-node-cases FUSEC_GPU_NODE_RESULTS="$out/node_results.md"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 .gpu/test-gpu --test-threads 1 --nocapture 2>&1 | tee "$out/test-gpu.log"
 python3 - <<'PY'
@@ -16,5 +18,8 @@ PY
 {
   .gpu/fusec compile models/bert_ts.onnx -o /tmp/bert.bundle --dim batch=2 --dim seq=16 &&
   .gpu/fusec run /tmp/bert.bundle --input input=/tmp/ids.npy --check &&
-  .gpu/fusec run models/mlp_block.onnx --input x=/tmp/x.npy --check --output-dir /tmp/out
+  .gpu/fusec run models/mlp_block.onnx --input x=/tmp/x.npy --check --output-dir /tmp/out &&
+  .gpu/fusec run /tmp/fusec-node-cases/test_softmax_axis_1 &&
+  .gpu/fusec run /tmp/fusec-node-cases/test_layer_normalization_4d_axis_negative_1 &&
+  .gpu/fusec run models/bert_ts.onnx --input input=/tmp/ids.npy --check --no-cuda-graph
 } 2>&1 | tee "$out/cli.log"

@@ -114,6 +114,51 @@ pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<(), TensorFileError> {
     std::fs::write(path, out).map_err(|e| fail(path, format!("cannot write: {e}")))
 }
 
+/// One data set of an ONNX backend test case: inputs and expected outputs, in order.
+pub type DataSet = (Vec<Tensor>, Vec<Tensor>);
+
+/// The data sets of a test case in the ONNX backend layout: `dir/test_data_set_N/input_K.pb`
+/// and `output_K.pb`.
+pub fn read_test_data_sets(dir: &Path) -> Result<Vec<DataSet>, TensorFileError> {
+    let numbered = |dir: &Path, prefix: &str| -> Result<Vec<std::path::PathBuf>, TensorFileError> {
+        let mut found: Vec<(usize, std::path::PathBuf)> = std::fs::read_dir(dir)
+            .map_err(|e| fail(dir, format!("cannot list: {e}")))?
+            .filter_map(|e| {
+                let path = e.ok()?.path();
+                let name = path.file_name()?.to_str()?.to_string();
+                let n = name.strip_prefix(prefix)?.trim_end_matches(".pb").parse().ok()?;
+                Some((n, path))
+            })
+            .collect();
+        found.sort();
+        Ok(found.into_iter().map(|(_, p)| p).collect())
+    };
+    numbered(dir, "test_data_set_")?
+        .iter()
+        .map(|set| {
+            let inputs = numbered(set, "input_")?.iter().map(|p| read_tensor(p)).collect::<Result<_, _>>()?;
+            let outputs =
+                numbered(set, "output_")?.iter().map(|p| read_tensor(p)).collect::<Result<_, _>>()?;
+            Ok((inputs, outputs))
+        })
+        .collect()
+}
+
+/// numpy's `allclose` (`|a − b| ≤ atol + rtol·|b|` everywhere, NaN equal to NaN), exact for
+/// integers and booleans; false if shapes or types differ.
+pub fn allclose(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> bool {
+    if actual.shape() != expected.shape() || actual.dtype() != expected.dtype() {
+        return false;
+    }
+    if !expected.dtype().is_float() {
+        return actual.to_i64() == expected.to_i64();
+    }
+    let (a, b) = (actual.to_f64(), expected.to_f64());
+    a.iter()
+        .zip(b.iter())
+        .all(|(&x, &y)| (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * y.abs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

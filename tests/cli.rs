@@ -150,3 +150,44 @@ fn inspect_fused_lists_kernels_and_totals() {
     let out = fusec(&["inspect", path, "--no-fuse"]);
     assert_eq!(out.status.code(), Some(2), "--no-fuse needs --fused");
 }
+
+#[test]
+fn compile_then_run_without_a_gpu_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("mlp.bundle");
+    let model = common::model_path("mlp_block.onnx");
+    let out =
+        fusec(&["compile", model.to_str().unwrap(), "-o", bundle.to_str().unwrap(), "--dim", "batch=2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("3 launches (2 cuBLAS GEMMs), 0 graph breaks"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = fusec(&[
+        "compile",
+        model.to_str().unwrap(),
+        "-o",
+        bundle.to_str().unwrap(),
+        "--dim",
+        "batch=2",
+        "--precision",
+        "fp16",
+    ]);
+    assert!(!out.status.success() && text(&out.stderr).contains("only fp32"), "{}", text(&out.stderr));
+    if fusec::runtime::driver_available() {
+        println!("skipped the no-GPU half: this machine has a CUDA driver");
+        return;
+    }
+    let x = dir.path().join("x.npy");
+    let t = fusec::ir::random_tensor(
+        &fusec::ir::TensorType::new(fusec::ir::DType::F32, vec![2, 7, 40]),
+        1,
+        -1.0,
+        1.0,
+    );
+    fusec::tensor_io::write_npy(&x, &t).unwrap();
+    let input = format!("x={}", x.display());
+    assert_clean_failure(&["run", bundle.to_str().unwrap(), "--input", &input], &["no CUDA driver"]);
+    assert_clean_failure(&["run", "missing.bundle", "--input", &input], &["missing.bundle"]);
+}

@@ -82,3 +82,25 @@ fn every_kernel_compiles_for_sm90_without_spills() {
         println!("ptxas not found: spill check skipped (set FUSEC_PTXAS or put ptxas on PATH)");
     }
 }
+
+/// Kernels compiled once are read back from the cache, keyed by source, arch and NVRTC version.
+#[test]
+fn nvrtc_cache_is_reused() {
+    if !fusec::runtime::nvrtc::available() {
+        println!("skipped: NVRTC not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("FUSEC_CACHE_DIR", dir.path());
+    let (_, _, steps) = programs().into_iter().find(|(f, fused, _)| f == "mlp_block.onnx" && *fused).unwrap();
+    let source = steps.iter().flat_map(|s| s.sources()).next().unwrap().clone();
+    let first = fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap();
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(files.len(), 1);
+    let again = fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap();
+    assert_eq!(first, again);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    let other_arch = fusec::runtime::nvrtc::compile_cached(&source, "sm_80").unwrap();
+    assert_ne!(other_arch, first);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+}

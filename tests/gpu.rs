@@ -152,3 +152,141 @@ fn bad_inputs_are_errors() {
     check(session.run(&wrong_type), "is i64");
     assert!(session.run(&good).is_ok());
 }
+
+/// After the first run the plan replays as one CUDA graph, with the same results as running
+/// the steps one by one; the device-pointer interface sees the same data.
+#[test]
+fn cuda_graph_replay_matches_step_by_step() {
+    if !gpu() {
+        return;
+    }
+    let file = "bert_ts.onnx";
+    let import = common::shape_variants(file).remove(2);
+    let bundle = fusec::compile(
+        &common::model_path(file),
+        &CompileOptions { import: import.clone(), ..Default::default() },
+    )
+    .unwrap();
+    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let mut graphed = Session::new(&bundle, 0).unwrap();
+    let mut eager =
+        Session::with_options(&bundle, 0, fusec::runtime::SessionOptions { cuda_graph: false }).unwrap();
+    for seed in [1, 2, 3] {
+        let inputs = common::random_inputs(&model, seed);
+        let a = graphed.run(&inputs).unwrap();
+        assert!(graphed.replays_graph());
+        let b = eager.run(&inputs).unwrap();
+        assert!(!eager.replays_graph());
+        assert_eq!(a, b, "seed {seed}");
+        // Device buffers: write the input where the session reads it, run, read the output.
+        let (ptr, bytes) = graphed.input_device_ptr(&inputs[0].0).unwrap();
+        let data = fusec::plan::tensor_bytes(&inputs[0].1);
+        assert_eq!(data.len(), bytes);
+        // SAFETY: `ptr` is the input's buffer of `bytes` bytes in the session's arena, on this
+        // thread's context.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(ptr, &data).unwrap() };
+        graphed.execute_all().unwrap();
+        let (out, out_bytes) = graphed.output_device_ptr(&a[0].0).unwrap();
+        let mut host = vec![0u8; out_bytes];
+        // SAFETY: as above, for the output's buffer.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, out).unwrap() };
+        let t = fusec::runtime::tensor_from_bytes(&host, a[0].1.shape(), a[0].1.dtype()).unwrap();
+        assert_eq!(t, a[0].1);
+    }
+}
+
+/// The ONNX backend node test cases (see tests/onnx_node.rs), compiled and run on the GPU.
+/// Set FUSEC_GPU_NODE_RESULTS=FILE to get the pass counts per op.
+#[test]
+fn onnx_node_cases_on_the_gpu() {
+    if !gpu() {
+        return;
+    }
+    let Some(dir) = common::cases_dir() else {
+        println!(
+            "skipped: no node test cases (run scripts/onnx_node_cases.py and set FUSEC_ONNX_NODE_CASES)"
+        );
+        return;
+    };
+    let mut cases: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&dir).unwrap().filter_map(|e| Some(e.ok()?.path())).collect();
+    cases.sort();
+    let mut passed: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut unsupported: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut failed = Vec::new();
+    for case in &cases {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let ops: Vec<String> = fusec::import::summarize(&case.join("model.onnx"))
+            .unwrap()
+            .op_histogram
+            .into_keys()
+            .filter(|o| o != "Constant")
+            .collect();
+        let op = common::case_op(&name, &ops);
+        let tolerance: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(case.join("tolerance.json")).unwrap()).unwrap();
+        let (rtol, atol) = (tolerance["rtol"].as_f64().unwrap(), tolerance["atol"].as_f64().unwrap());
+        let Ok(sets) = fusec::tensor_io::read_test_data_sets(case) else {
+            *unsupported.entry(op).or_default() += 1;
+            continue;
+        };
+        let Ok((model, import, frozen)) = common::import_case(case, &sets[0].0) else {
+            *unsupported.entry(op).or_default() += 1;
+            continue;
+        };
+        let options = CompileOptions { import, arch: Some("sm_90".into()), ..Default::default() };
+        let bundle = match fusec::compile(&case.join("model.onnx"), &options) {
+            Ok(b) => b,
+            Err(e) if e.to_string().contains("not supported") => {
+                *unsupported.entry(op).or_default() += 1;
+                continue;
+            }
+            Err(e) => {
+                failed.push(format!("{name}: compile: {e}"));
+                continue;
+            }
+        };
+        let names: Vec<String> =
+            model.graph.inputs().iter().map(|&i| model.graph.node(i).name.clone()).collect();
+        let outcome = (|| -> Result<(), String> {
+            let mut session = Session::new(&bundle, 0).map_err(|e| e.to_string())?;
+            for (n, (inputs, expected)) in sets.into_iter().enumerate() {
+                if n > 0 && !frozen.is_empty() {
+                    break;
+                }
+                let fed = inputs.into_iter().enumerate().filter(|(k, _)| !frozen.contains(k)).map(|(_, t)| t);
+                let feeds: Vec<(String, Tensor)> = names.iter().cloned().zip(fed).collect();
+                let outputs = session.run(&feeds).map_err(|e| e.to_string())?;
+                for ((out, actual), want) in outputs.iter().zip(&expected) {
+                    if !fusec::tensor_io::allclose(actual, want, rtol, atol) {
+                        return Err(format!(
+                            "{out}: got {:?}, want {:?}",
+                            &actual.to_f64_vec()[..actual.len().min(6)],
+                            &want.to_f64_vec()[..want.len().min(6)]
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        })();
+        match outcome {
+            Ok(()) => *passed.entry(op).or_default() += 1,
+            Err(e) => failed.push(format!("{name}: {e}")),
+        }
+    }
+    let total: usize = passed.values().sum();
+    let mut table = format!(
+        "{total} passed, {} failed, {} not supported (element types or layouts fusec does not handle yet), of {} cases\n\n| op | passed |\n|---|---|\n",
+        failed.len(),
+        unsupported.values().sum::<usize>(),
+        cases.len()
+    );
+    for (op, n) in &passed {
+        table.push_str(&format!("| {op} | {n} |\n"));
+    }
+    println!("{table}");
+    if let Ok(path) = std::env::var("FUSEC_GPU_NODE_RESULTS") {
+        std::fs::write(path, &table).unwrap();
+    }
+    assert!(failed.is_empty(), "{} node cases fail on the GPU:\n{}", failed.len(), failed.join("\n"));
+}

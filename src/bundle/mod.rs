@@ -1,7 +1,9 @@
 //! The bundle: one file holding everything needed to run a compiled model.
 //!
-//!     magic "FUSECBND" | format version (u32 LE) | header length (u64 LE) | header (JSON)
-//!     | weights length (u64 LE) | weights | FNV-1a 64 checksum of all before it (u64 LE)
+//! ```text
+//! magic "FUSECBND" | format version (u32 LE) | header length (u64 LE) | header (JSON)
+//! | weights length (u64 LE) | weights | FNV-1a 64 checksum of all before it (u64 LE)
+//! ```
 //!
 //! The header holds the program (kernel sources, GEMM calls, memory locations), PTX per
 //! kernel when NVRTC was available at compile time, and the inputs and outputs.
@@ -85,8 +87,8 @@ pub struct Bundle {
     pub weights: Vec<u8>,
 }
 
-/// FNV-1a, 64 bit.
-fn checksum(bytes: &[u8]) -> u64 {
+/// FNV-1a, 64 bit: the bundle checksum and the NVRTC cache key.
+pub fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 

@@ -19,7 +19,9 @@ const FP32_TOLERANCE: f64 = 1e-5;
     after_help = "Examples:\n  fusec run bert.bundle --input input=ids.npy --check\n  fusec run models/mlp_block.onnx --input x=x.npy --output-dir out/"
 )]
 pub struct Run {
-    /// A bundle from `fusec compile`, or an ONNX model (compiled first, shapes from the inputs).
+    /// A bundle from `fusec compile`; an ONNX model (compiled first, shapes from the inputs);
+    /// or a directory in the ONNX backend test layout (model.onnx, test_data_set_N/*.pb), whose
+    /// data sets are run and compared with their expected outputs.
     model: PathBuf,
     /// An input: NAME=FILE, with FILE a .npy or an ONNX TensorProto .pb.
     #[arg(long = "input", value_name = "NAME=FILE")]
@@ -33,6 +35,9 @@ pub struct Run {
     /// The GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Run the steps one by one every time instead of replaying a CUDA graph.
+    #[arg(long)]
+    no_cuda_graph: bool,
 }
 
 fn read_inputs(specs: &[String]) -> anyhow::Result<Vec<(String, Tensor)>> {
@@ -46,8 +51,59 @@ fn read_inputs(specs: &[String]) -> anyhow::Result<Vec<(String, Tensor)>> {
         .collect()
 }
 
+/// Compiles an ONNX model for the shapes of `inputs`.
+fn compile_for(model: &Path, inputs: &[(String, Tensor)]) -> anyhow::Result<Bundle> {
+    let specs = inputs
+        .iter()
+        .map(|(name, t)| InputSpec { name: name.clone(), shape: t.shape().to_vec(), dtype: Some(t.dtype()) })
+        .collect();
+    let options =
+        CompileOptions { import: fusec::import::ImportOptions::new(specs, vec![]), ..Default::default() };
+    Ok(fusec::compile(model, &options)?)
+}
+
 impl Run {
+    /// Runs every data set of an ONNX backend test directory against its expected outputs.
+    fn run_test_directory(&self) -> anyhow::Result<ExitCode> {
+        let model = self.model.join("model.onnx");
+        let (rtol, atol) = std::fs::read_to_string(self.model.join("tolerance.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| Some((v["rtol"].as_f64()?, v["atol"].as_f64()?)))
+            .unwrap_or((1e-3, 1e-7));
+        let sets = fusec::tensor_io::read_test_data_sets(&self.model)?;
+        if sets.is_empty() {
+            bail!("{}: no test_data_set_N directories", self.model.display());
+        }
+        let summary = fusec::import::summarize(&model)?;
+        let mut failed = 0;
+        for (n, (inputs, expected)) in sets.into_iter().enumerate() {
+            let named: Vec<(String, Tensor)> =
+                summary.inputs.iter().map(|i| i.name.clone()).zip(inputs).collect();
+            let bundle = compile_for(&model, &named)?;
+            let options = fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph };
+            let outputs =
+                fusec::runtime::Session::with_options(&bundle, self.device, options)?.run(&named)?;
+            for ((name, ours), want) in outputs.iter().zip(&expected) {
+                let pass = fusec::tensor_io::allclose(ours, want, rtol, atol);
+                failed += usize::from(!pass);
+                println!(
+                    "test_data_set_{n} {name}: max-abs {:.3e} (rtol {rtol:e}, atol {atol:e}): {}",
+                    max_abs_diff(ours, want),
+                    if pass { "pass" } else { "FAIL" }
+                );
+            }
+        }
+        if failed > 0 {
+            bail!("{failed} output(s) differ from the expected outputs");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
     pub fn execute(self) -> anyhow::Result<ExitCode> {
+        if self.model.is_dir() {
+            return self.run_test_directory();
+        }
         let inputs = read_inputs(&self.inputs)?;
         let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
         let bundle = if is_onnx {
@@ -67,7 +123,8 @@ impl Run {
         } else {
             Bundle::load(&self.model)?
         };
-        let mut session = fusec::runtime::Session::new(&bundle, self.device)?;
+        let options = fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph };
+        let mut session = fusec::runtime::Session::with_options(&bundle, self.device, options)?;
         let outputs = session.run(&inputs)?;
         if let Some(dir) = &self.output_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -160,7 +160,7 @@ impl NodeCtx<'_> {
         self.constant_named(value, &name)
     }
 
-    fn constant_named(&mut self, value: Tensor, name: &str) -> NodeId {
+    pub fn constant_named(&mut self, value: Tensor, name: &str) -> NodeId {
         let origin = self.origin();
         self.graph.add_constant(name, Arc::new(value), origin)
     }

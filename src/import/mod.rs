@@ -89,6 +89,13 @@ impl Model {
     }
 }
 
+/// The ONNX op types (default domain) the importer translates, sorted.
+pub fn supported_ops() -> Vec<&'static str> {
+    let mut ops: Vec<&'static str> = ops::registry().keys().copied().collect();
+    ops.sort_unstable();
+    ops
+}
+
 /// Reads and decodes an ONNX file, with errors that say what is wrong with it.
 pub fn load_proto(path: &Path) -> Result<ModelProto, ImportError> {
     let bytes =
@@ -213,7 +220,7 @@ fn resolve_inputs(
         }
     }
     let mut resolved = Vec::new();
-    for input in &summary.inputs {
+    for input in summary.inputs.iter().filter(|i| !options.constants.iter().any(|(n, _)| *n == i.name)) {
         let fail = |message: String| ImportError::InputShape {
             path: path.clone(),
             input: input.name.clone(),
@@ -314,6 +321,18 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
         })?;
         let id = graph.add_constant(&t.name, Arc::new(value), Origin::new(&t.name, "Initializer"));
         values.insert(t.name.clone(), id);
+    }
+    for (name, value) in &options.constants {
+        if !summary.inputs.iter().any(|i| i.name == *name) {
+            let available = summary.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(ImportError::UnknownInput {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                available,
+            });
+        }
+        let id = graph.add_constant(name, Arc::new(value.clone()), Origin::new(name, "FrozenInput"));
+        values.insert(name.clone(), id);
     }
     for (name, ty) in resolve_inputs(&summary, options)? {
         values.insert(name.clone(), graph.add_input(&name, ty));

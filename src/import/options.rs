@@ -74,11 +74,18 @@ impl FromStr for DimSpec {
 pub struct ImportOptions {
     pub inputs: Vec<InputSpec>,
     pub dims: BTreeMap<String, usize>,
+    /// Graph inputs frozen to these values: they become constants (and can then be shapes,
+    /// axes or repeats), no longer inputs.
+    pub constants: Vec<(String, crate::ir::Tensor)>,
 }
 
 impl ImportOptions {
     pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
-        ImportOptions { inputs, dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect() }
+        ImportOptions {
+            inputs,
+            dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect(),
+            constants: Vec::new(),
+        }
     }
 
     /// Sets symbolic dimension `symbol` to `value`.

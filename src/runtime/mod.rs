@@ -5,7 +5,7 @@
 pub mod nvrtc;
 mod session;
 
-pub use session::{driver_available, run_once, tensor_from_bytes, Session};
+pub use session::{driver_available, run_once, tensor_from_bytes, Session, SessionOptions};
 
 use thiserror::Error;
 

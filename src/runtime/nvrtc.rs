@@ -55,3 +55,47 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
         }
     })
 }
+
+/// NVRTC's version, part of the cache key (a newer NVRTC may emit different PTX).
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints; only called after `available()` said the library loads.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor)
+}
+
+/// Where compiled PTX is cached: `$FUSEC_CACHE_DIR`, else `$XDG_CACHE_HOME/fusec/nvrtc`,
+/// else `~/.cache/fusec/nvrtc`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("FUSEC_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("fusec").join("nvrtc"))
+}
+
+/// [`compile`] with a cache on disk keyed by the source's hash, the arch and NVRTC's
+/// version. A cache that cannot be read or written is skipped, never an error.
+pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError> {
+    if !available() {
+        return Err(RuntimeError::NoNvrtc);
+    }
+    let (major, minor) = nvrtc_version();
+    let key =
+        crate::bundle::checksum(format!("{arch}\0nvrtc {major}.{minor}\0{}", full_source(kernel)).as_bytes());
+    let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.name)));
+    if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(ptx);
+    }
+    let ptx = compile(kernel, arch)?;
+    if let Some(path) = path {
+        let written = path.parent().map(std::fs::create_dir_all).transpose().ok().and_then(|_| {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &ptx).and_then(|_| std::fs::rename(&tmp, &path)).ok()
+        });
+        let _ = written;
+    }
+    Ok(ptx)
+}

@@ -1,15 +1,19 @@
 //! Running a bundle on a GPU.
 //!
-//! Thread safety: a `Session` owns its context's stream, arena and cuBLAS handle; `run`
-//! takes `&mut self`, so one session serves one thread at a time. Use one session per thread
-//! to run concurrently (each has its own memory).
+//! Thread safety: a `Session` owns its stream, arena and cuBLAS handle; `run` takes
+//! `&mut self`, so one session serves one thread at a time. Use one session per thread to run
+//! concurrently (each has its own memory).
+//!
+//! CUDA graphs: the first `run` executes the steps one by one; it then captures them into a
+//! CUDA graph, and every later run replays that graph with one launch (unless turned off).
 
 use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
@@ -50,14 +54,38 @@ pub struct Session {
     steps: Vec<Loaded>,
     inputs: Vec<IoSpec>,
     outputs: Vec<IoSpec>,
+    use_graph: bool,
+    graph: Option<CudaGraph>,
+    runs: usize,
     /// The arch kernels were compiled for (`sm_90`).
     pub arch: String,
+}
+
+/// How a session runs.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    /// Replay the steps as one CUDA graph after the first run.
+    pub cuda_graph: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { cuda_graph: true }
+    }
 }
 
 impl Session {
     /// Loads `bundle` on GPU `device`: compiles its kernels if the bundle has no PTX for this
     /// GPU, uploads the weights, allocates the arena.
     pub fn new(bundle: &Bundle, device: usize) -> Result<Session, RuntimeError> {
+        Session::with_options(bundle, device, SessionOptions::default())
+    }
+
+    pub fn with_options(
+        bundle: &Bundle,
+        device: usize,
+        options: SessionOptions,
+    ) -> Result<Session, RuntimeError> {
         if !driver_available() {
             return Err(RuntimeError::NoDriver);
         }
@@ -73,13 +101,14 @@ impl Session {
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let arch = format!("sm_{major}{minor}");
-        let stream = ctx.default_stream();
+        // Not the legacy default stream: that one cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(driver)?;
         let header = &bundle.header;
         let ptx_fits = header.arch.as_deref() == Some(arch.as_str());
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let ptx = match header.ptx.get(&source.name).filter(|_| ptx_fits) {
                 Some(ptx) => ptx.clone(),
-                None => nvrtc::compile(source, &arch)?,
+                None => nvrtc::compile_cached(source, &arch)?,
             };
             let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
             let function = module.load_function(&source.name).map_err(driver)?;
@@ -118,6 +147,9 @@ impl Session {
             steps,
             inputs: header.inputs.clone(),
             outputs: header.outputs.clone(),
+            use_graph: options.cuda_graph,
+            graph: None,
+            runs: 0,
             arch,
         })
     }
@@ -182,13 +214,57 @@ impl Session {
             let mut view = self.arena.slice_mut(offset..offset + bytes.len());
             self.stream.memcpy_htod(&bytes, &mut view).map_err(driver)?;
         }
-        self.execute()?;
-        self.stream.synchronize().map_err(driver)?;
+        self.execute_all()?;
         self.outputs.clone().iter().map(|spec| Ok((spec.name.clone(), self.read_output(spec)?))).collect()
     }
 
-    /// Runs every step on the data already in device memory (inputs uploaded).
-    pub fn execute(&mut self) -> Result<(), RuntimeError> {
+    /// Runs every step on the data in device memory — the first time one by one, then (with
+    /// CUDA graphs on) as a captured graph — and waits for the GPU.
+    pub fn execute_all(&mut self) -> Result<(), RuntimeError> {
+        match &self.graph {
+            Some(graph) => graph.launch().map_err(driver)?,
+            None => self.execute()?,
+        }
+        self.stream.synchronize().map_err(driver)?;
+        self.runs += 1;
+        if self.use_graph && self.graph.is_none() {
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver)?;
+            let recorded = self.execute();
+            let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
+            recorded?;
+            if let Some(graph) = &graph {
+                graph.upload().map_err(driver)?;
+            }
+            self.graph = graph;
+        }
+        Ok(())
+    }
+
+    /// Whether later runs replay a captured CUDA graph.
+    pub fn replays_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Device address and size of input `name`, for callers that keep data on the GPU: write
+    /// the input there (on any stream, finished before the next call), then `execute_all`.
+    pub fn input_device_ptr(&self, name: &str) -> Option<(u64, usize)> {
+        self.device_ptr(&self.inputs, name)
+    }
+
+    /// Device address and size of output `name`, valid after `execute_all` until the next run.
+    pub fn output_device_ptr(&self, name: &str) -> Option<(u64, usize)> {
+        self.device_ptr(&self.outputs, name)
+    }
+
+    fn device_ptr(&self, list: &[IoSpec], name: &str) -> Option<(u64, usize)> {
+        let spec = list.iter().find(|s| s.name == name)?;
+        Some((self.address(spec.location), spec.tensor_type()?.size_bytes()))
+    }
+
+    /// Issues every step, one by one, on the session's stream.
+    fn execute(&self) -> Result<(), RuntimeError> {
         for step in &self.steps {
             match step {
                 Loaded::Kernel(launch) => self.launch(launch)?,

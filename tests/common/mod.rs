@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use fusec::import::{ImportOptions, Model};
+use std::path::Path;
+
+use fusec::import::{import, summarize, ImportError, ImportOptions, Model};
 use fusec::ir::{random_tensor, DType, Tensor};
 
 /// A fixture in models/ (or in `$FUSEC_MODELS_DIR`, for test binaries run elsewhere).
@@ -75,4 +77,52 @@ pub fn ptxas() -> Option<PathBuf> {
         .split(':')
         .map(|d| PathBuf::from(d).join("ptxas"))
         .find(|p| p.exists())
+}
+
+/// The op a case is about, from its name: the longest supported op type that the name (less
+/// `test_` and underscores) starts with (`test_layer_normalization_…_expanded` →
+/// LayerNormalization), else the case's first op.
+pub fn case_op(name: &str, ops: &[String]) -> String {
+    let rest = name.trim_start_matches("test_").replace('_', "");
+    fusec::import::supported_ops()
+        .into_iter()
+        .filter(|op| rest.starts_with(&op.to_lowercase()))
+        .max_by_key(|op| op.len())
+        .map(String::from)
+        .unwrap_or_else(|| {
+            if ops.is_empty() {
+                "Constant".into()
+            } else {
+                name.trim_start_matches("test_").to_string()
+            }
+        })
+}
+
+/// Imports a case. Node tests pass axes, shapes and repeats as graph inputs, which fusec needs
+/// at compile time: when import says so, the integer inputs are frozen to the first data set's
+/// values (the data set then feeds only the others).
+pub fn import_case(
+    case: &Path,
+    inputs: &[Tensor],
+) -> Result<(Model, ImportOptions, Vec<usize>), ImportError> {
+    let path = case.join("model.onnx");
+    match import(&path, &ImportOptions::default()) {
+        Err(ImportError::Node { message, .. }) if message.contains("must be a constant") => {
+            let summary = summarize(&path)?;
+            let frozen: Vec<usize> =
+                (0..summary.inputs.len()).filter(|&k| inputs[k].dtype().is_int()).collect();
+            let constants =
+                frozen.iter().map(|&k| (summary.inputs[k].name.clone(), inputs[k].clone())).collect();
+            let options = ImportOptions { constants, ..ImportOptions::default() };
+            Ok((import(&path, &options)?, options, frozen))
+        }
+        other => other.map(|m| (m, ImportOptions::default(), Vec::new())),
+    }
+}
+
+pub fn cases_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("FUSEC_ONNX_NODE_CASES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".onnx-node-cases"));
+    dir.is_dir().then_some(dir)
 }

@@ -64,13 +64,50 @@ fn softmax(ctx: &mut NodeCtx) -> Translated {
     Ok(vec![ctx.add(Op::Reshape { shape: ty.shape.clone() }, &[soft])?])
 }
 
+/// `LayerNormalization`; its optional Mean and InvStdDev outputs (over `axis..rank`, kept as
+/// size-1 dims) are built from primitives next to the fused op.
 fn layer_norm(ctx: &mut NodeCtx) -> Translated {
-    let rank = ctx.rank(0)?;
-    let axis = ctx.axis(ctx.attr_int("axis")?.unwrap_or(-1), rank)?;
+    let ty = ctx.ty(0)?;
+    let axis = ctx.axis(ctx.attr_int("axis")?.unwrap_or(-1), ty.rank())?;
     let epsilon = ctx.attr_float("epsilon")?.unwrap_or(1e-5);
-    let mut inputs = vec![ctx.input(0)?, ctx.input(1)?];
+    let x = ctx.input(0)?;
+    let mut inputs = vec![x, ctx.input(1)?];
     inputs.extend(ctx.opt_input(2));
-    Ok(vec![ctx.add(Op::LayerNorm { axis, epsilon }, &inputs)?])
+    let mut outputs = vec![ctx.add(Op::LayerNorm { axis, epsilon }, &inputs)?];
+    let wanted = |i: usize| ctx.proto.output.get(i).is_some_and(|n| !n.is_empty());
+    if wanted(1) || wanted(2) {
+        let names = ctx.proto.output.clone();
+        let axes: Vec<usize> = (axis..ty.rank()).collect();
+        let mean_op = Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keep_dims: true };
+        let mean = ctx.add_named(mean_op.clone(), &[x], &names[1])?;
+        outputs.push(mean);
+        if wanted(2) {
+            let centered = ctx.add_named(
+                Op::Binary(crate::ir::BinaryOp::Sub),
+                &[x, mean],
+                &format!("{}_centered", names[2]),
+            )?;
+            let square = ctx.add_named(
+                Op::Binary(crate::ir::BinaryOp::Mul),
+                &[centered, centered],
+                &format!("{}_square", names[2]),
+            )?;
+            let var = ctx.add_named(mean_op, &[square], &format!("{}_var", names[2]))?;
+            let eps = ctx.constant_named(
+                crate::ir::Tensor::scalar_f32(epsilon).cast(ty.dtype),
+                &format!("{}_eps", names[2]),
+            );
+            let shifted = ctx.add_named(
+                Op::Binary(crate::ir::BinaryOp::Add),
+                &[var, eps],
+                &format!("{}_shifted", names[2]),
+            )?;
+            let std =
+                ctx.add_named(Op::Unary(crate::ir::UnaryOp::Sqrt), &[shifted], &format!("{}_std", names[2]))?;
+            outputs.push(ctx.add_named(Op::Unary(crate::ir::UnaryOp::Reciprocal), &[std], &names[2])?);
+        }
+    }
+    Ok(outputs)
 }
 
 fn cumsum(ctx: &mut NodeCtx) -> Translated {
