@@ -24,6 +24,8 @@ __device__ __forceinline__ float minimum(float a, float b) { return (a != a || b
 __device__ __forceinline__ float maximum(float a, float b) { return (a != a || b != b) ? nan() : fmaxf(a, b); }
 __device__ __forceinline__ long long minimum(long long a, long long b) { return a < b ? a : b; }
 __device__ __forceinline__ long long maximum(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ int minimum(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int maximum(int a, int b) { return a > b ? a : b; }
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -57,3 +57,48 @@ fn no_driver_is_an_error() {
     assert!(matches!(err, RuntimeError::NoDriver), "{err}");
     assert!(err.to_string().contains("no CUDA driver"));
 }
+
+/// Every bundle output has the model's output type, also where the output is a reshape of a
+/// value that lives elsewhere (it then shares that value's memory).
+#[test]
+fn bundle_outputs_have_the_model_output_types() {
+    for file in common::all_fixtures() {
+        let import = common::shape_variants(&file).remove(0);
+        let model = fusec::import::import(&common::model_path(&file), &import).unwrap();
+        for no_fuse in [false, true] {
+            let options = CompileOptions { import: import.clone(), no_fuse, ..Default::default() };
+            let bundle = fusec::compile(&common::model_path(&file), &options).unwrap();
+            for ((name, id), spec) in model.graph.outputs().iter().zip(&bundle.header.outputs) {
+                assert_eq!(&spec.name, name);
+                assert_eq!(
+                    spec.tensor_type().as_ref(),
+                    Some(&model.graph.node(*id).ty),
+                    "{file} {name} no_fuse={no_fuse}"
+                );
+            }
+        }
+    }
+    // A model whose output is a reshape of its input: Flatten.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flatten.onnx");
+    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
+    use prost::Message;
+    let mut proto = tract_onnx::pb::ModelProto::decode(bytes.as_slice()).unwrap();
+    let graph = proto.graph.as_mut().unwrap();
+    graph.node.truncate(0);
+    graph.node.push(tract_onnx::pb::NodeProto {
+        name: "flat".into(),
+        op_type: "Flatten".into(),
+        input: vec!["x".into()],
+        output: vec!["y".into()],
+        ..Default::default()
+    });
+    graph.initializer.clear();
+    graph.output[0].r#type = None;
+    std::fs::write(&path, proto.encode_to_vec()).unwrap();
+    let options = CompileOptions { import: ImportOptions::default().dim("batch", 2), ..Default::default() };
+    let bundle = fusec::compile(&path, &options).unwrap();
+    assert_eq!(bundle.header.outputs[0].shape, vec![2, 280]);
+    assert_eq!(bundle.header.outputs[0].location, bundle.header.inputs[0].location);
+    assert_eq!(bundle.header.launches, 0);
+}

@@ -72,7 +72,7 @@ fn batch_stride(batch: usize, total: usize, matrix: usize) -> Result<usize, Stri
     match total / matrix {
         1 => Ok(0),
         b if b == batch => Ok(matrix),
-        b => Err(format!("a batch of {b} does not broadcast to {batch}")),
+        b => Err(format!("broadcasting a batch of {b} to {batch} is not supported yet (only all-or-nothing batch broadcasting)")),
     }
 }
 

@@ -141,13 +141,15 @@ impl Plan {
                 }
             }
         }
+        // (name, output value, the stored value holding its bytes): a graph output that is a
+        // reshape of a stored value shares its memory but keeps its own type.
         let mut outputs_stored = Vec::new();
         for (out_name, id) in graph.outputs() {
             let source =
                 stored_value(&graph, *id, &is_stored).ok_or_else(|| PlanError::Unmaterialised(name(*id)))?;
-            outputs_stored.push((out_name.clone(), source));
+            outputs_stored.push((out_name.clone(), *id, source));
         }
-        let keep: std::collections::HashSet<NodeId> = outputs_stored.iter().map(|(_, s)| *s).collect();
+        let keep: std::collections::HashSet<NodeId> = outputs_stored.iter().map(|(_, _, s)| *s).collect();
 
         let mut locations = HashMap::new();
         let mut weights = Vec::new();
@@ -193,10 +195,7 @@ impl Plan {
         }
         let outputs = outputs_stored
             .into_iter()
-            .map(|(name, source)| {
-                let location = locations[&source];
-                Binding { name, value: source, location }
-            })
+            .map(|(name, value, source)| Binding { name, value, location: locations[&source] })
             .collect();
         Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs })
     }
