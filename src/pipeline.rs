@@ -8,6 +8,7 @@ use crate::bundle::{Bundle, Header, IoSpec, FORMAT_VERSION};
 use crate::codegen::{self, CodegenError};
 use crate::fusion::{self, FusionError, FusionLimits, Mode};
 use crate::import::{self, ImportError, ImportOptions};
+use crate::ir::DType;
 use crate::passes::{self, PassError};
 use crate::plan::{Plan, PlanError};
 use crate::runtime::{nvrtc, RuntimeError};
@@ -28,11 +29,13 @@ pub enum CompileError {
     Codegen(#[from] CodegenError),
     #[error(transparent)]
     Nvrtc(#[from] RuntimeError),
+    #[error("precision {0} is not supported: use f32, f16 or bf16")]
+    Precision(DType),
     #[error("{path}: cannot write CUDA sources: {source}")]
     Emit { path: PathBuf, source: std::io::Error },
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CompileOptions {
     pub import: ImportOptions,
     /// One kernel per node, no fusion: the unfused baseline.
@@ -42,21 +45,46 @@ pub struct CompileOptions {
     pub arch: Option<String>,
     /// Write every kernel's CUDA source here.
     pub emit_cuda: Option<PathBuf>,
+    /// Storage type of weights and activations: f32, f16 or bf16 (inputs and outputs stay
+    /// f32; reductions accumulate in f32).
+    pub precision: DType,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            import: ImportOptions::default(),
+            no_fuse: false,
+            arch: None,
+            emit_cuda: None,
+            precision: DType::F32,
+        }
+    }
 }
 
 /// import → passes → fusion → partition → plan → codegen → (NVRTC) → bundle.
 pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileError> {
     let model = import::import(path, &options.import)?;
-    let (graph, partition) = if options.no_fuse {
-        let part = fusion::partition(&model.graph, &Default::default(), Mode::OneKernelPerNode)?;
-        (model.graph.clone(), part)
+    let (graph, covers, mode) = if options.no_fuse {
+        (model.graph.clone(), Default::default(), Mode::OneKernelPerNode)
     } else {
         let mut graph = model.graph.clone();
         passes::run_passes(&mut graph, &passes::standard())?;
         let fused = fusion::fuse(&graph, &FusionLimits::default())?;
-        let part = fusion::partition(&fused.graph, &fused.covers, Mode::Fused)?;
-        (fused.graph, part)
+        (fused.graph, fused.covers, Mode::Fused)
     };
+    let (graph, covers) = match options.precision {
+        DType::F32 => (graph, covers),
+        DType::F16 | DType::BF16 => {
+            let (lowered, moved) = passes::lower_precision(&graph, options.precision)
+                .map_err(|source| PassError { pass: "lower-precision", source })?;
+            let covers =
+                covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();
+            (lowered, covers)
+        }
+        other => return Err(CompileError::Precision(other)),
+    };
+    let partition = fusion::partition(&graph, &covers, mode)?;
     let (launches, gemm_calls, graph_breaks) =
         (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
     let plan = Plan::new(graph, partition)?;

@@ -7,11 +7,26 @@ use std::collections::HashMap;
 use fusec::codegen::{self, Step};
 use fusec::fusion::{self, partition, FusionLimits, Mode};
 use fusec::import::import;
+use fusec::ir::DType;
 use fusec::passes::{run_passes, standard};
 use fusec::plan::Plan;
 
-/// (fixture, fused?) → the program's steps.
+/// (fixture, fused?) → the program's steps, f32; then every fixture fused in f16 and bf16.
 pub fn programs() -> Vec<(String, bool, Vec<Step>)> {
+    let mut out = f32_programs();
+    for file in common::all_fixtures() {
+        for precision in [DType::F16, DType::BF16] {
+            let import = common::shape_variants(&file).remove(0);
+            let options = fusec::CompileOptions { import, precision, ..Default::default() };
+            let bundle = fusec::compile(&common::model_path(&file), &options)
+                .unwrap_or_else(|e| panic!("{file} {precision}: {e}"));
+            out.push((format!("{file} {precision}"), true, bundle.header.steps));
+        }
+    }
+    out
+}
+
+fn f32_programs() -> Vec<(String, bool, Vec<Step>)> {
     let mut out = Vec::new();
     for file in common::all_fixtures() {
         let options = common::shape_variants(&file).remove(0);
@@ -46,6 +61,10 @@ fn every_kernel_compiles_for_sm90_without_spills() {
         println!("skipped: NVRTC not found (set LD_LIBRARY_PATH to a CUDA 13 lib/ with libnvrtc.so.13)");
         return;
     }
+    assert!(
+        fusec::runtime::nvrtc::cuda_include_dir().is_some(),
+        "NVRTC is here but cuda_fp16.h is not: set FUSEC_CUDA_INCLUDE"
+    );
     let ptxas = common::ptxas();
     let dir = tempfile::tempdir().unwrap();
     let mut seen = std::collections::HashSet::new();

@@ -75,3 +75,32 @@ fn const_fold_and_noop_removal() {
     assert_eq!(g.inputs_of(y)[0], x);
     ir::verify(&g).unwrap();
 }
+
+/// f16 and bf16 storage of the fused graph keeps every fixture close to f32: within 1e-2 for
+/// f16; within 2e-2 for bf16 here, because the evaluator rounds after every IR op, also the
+/// residual adds that the GPU kernels keep in f32 registers (the GPU tests hold bf16 to 1e-2).
+#[test]
+fn half_precision_keeps_every_fixture_close() {
+    for file in common::all_fixtures() {
+        let options = common::shape_variants(&file).remove(0);
+        let model = import(&common::model_path(&file), &options).unwrap();
+        let feeds: HashMap<_, _> = common::random_inputs(&model, 9).into_iter().collect();
+        let reference = ir::evaluate(&model.graph, &feeds).unwrap();
+        let mut graph = model.graph.clone();
+        run_passes(&mut graph, &standard()).unwrap();
+        let fused = fusec::fusion::fuse(&graph, &Default::default()).unwrap().graph;
+        for precision in [DType::F16, DType::BF16] {
+            let (lowered, _) = fusec::passes::lower_precision(&fused, precision).unwrap();
+            let types =
+                |g: &fusec::ir::Graph| g.inputs().iter().map(|&i| g.node(i).ty.clone()).collect::<Vec<_>>();
+            assert_eq!(types(&lowered), types(&model.graph), "{file}: inputs keep their types");
+            let out = ir::evaluate(&lowered, &feeds).unwrap();
+            for ((name, a), (_, b)) in out.iter().zip(&reference) {
+                assert_eq!(a.dtype(), b.dtype(), "{file} {name}: outputs stay in their type");
+                let err = rel_l2(a, b);
+                let bound = if precision == DType::F16 { 1e-2 } else { 2e-2 };
+                assert!(err <= bound, "{file} {precision} {name}: rel-L2 {err:e}");
+            }
+        }
+    }
+}

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
+use fusec::ir::DType;
 use fusec::CompileOptions;
 
 use super::shapes::ShapeArgs;
@@ -23,7 +24,8 @@ pub struct Compile {
     output: PathBuf,
     #[command(flatten)]
     shapes: ShapeArgs,
-    /// Element type of weights and activations: only fp32 is implemented so far.
+    /// Element type of weights and activations; inputs and outputs stay fp32 and reductions
+    /// accumulate in fp32.
     #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
     precision: String,
     /// One kernel per node, no fusion (the baseline `fusec bench` compares against).
@@ -39,14 +41,18 @@ pub struct Compile {
 
 impl Compile {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        if self.precision != "fp32" {
-            bail!("--precision {}: only fp32 is implemented so far", self.precision);
-        }
+        let precision = match self.precision.as_str() {
+            "fp16" => DType::F16,
+            "bf16" => DType::BF16,
+            "fp32" => DType::F32,
+            other => bail!("--precision {other}: use fp32, fp16 or bf16"),
+        };
         let options = CompileOptions {
             import: self.shapes.options(),
             no_fuse: self.no_fuse,
             arch: Some(self.arch.clone()),
             emit_cuda: self.emit_cuda.clone(),
+            precision,
         };
         let bundle = fusec::compile(&self.model, &options)?;
         bundle.save(&self.output)?;

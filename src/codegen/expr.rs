@@ -2,16 +2,53 @@
 
 use crate::ir::{BinaryOp, DType, UnaryOp};
 
-/// The C type of an element type the generated kernels handle.
+/// The C type an element type is stored as in memory.
 pub fn c_type(dtype: DType) -> Result<&'static str, String> {
     match dtype {
         DType::F32 => Ok("float"),
+        DType::F16 => Ok("__half"),
+        DType::BF16 => Ok("__nv_bfloat16"),
         DType::I64 => Ok("long long"),
         DType::I32 => Ok("int"),
         DType::Bool => Ok("bool"),
         other => Err(format!(
-            "{other} tensors are not supported by the generated kernels yet (f32, i64, i32, bool are)"
+            "{other} tensors are not supported by the generated kernels yet (f32, f16, bf16, i64, i32, bool are)"
         )),
+    }
+}
+
+/// The C type a value has in registers: half types compute in f32.
+pub fn register_type(dtype: DType) -> Result<&'static str, String> {
+    match dtype {
+        DType::F16 | DType::BF16 => Ok("float"),
+        other => c_type(other),
+    }
+}
+
+/// A stored element, widened to its register type.
+pub fn load(element: &str, dtype: DType) -> String {
+    match dtype {
+        DType::F16 => format!("__half2float({element})"),
+        DType::BF16 => format!("__bfloat162float({element})"),
+        _ => element.to_string(),
+    }
+}
+
+/// A register value, narrowed to its stored type.
+pub fn narrow(value: &str, dtype: DType) -> String {
+    match dtype {
+        DType::F16 => format!("__float2half_rn({value})"),
+        DType::BF16 => format!("__float2bfloat16_rn({value})"),
+        _ => value.to_string(),
+    }
+}
+
+/// The header a kernel touching `dtype` needs.
+pub fn header(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::F16 => Some("#include <cuda_fp16.h>"),
+        DType::BF16 => Some("#include <cuda_bf16.h>"),
+        _ => None,
     }
 }
 
@@ -71,11 +108,13 @@ pub fn binary(op: BinaryOp, a: &str, b: &str, dtype: DType) -> String {
     }
 }
 
-/// ONNX `Cast` from `from` to `to`.
+/// ONNX `Cast` from `from` to `to`, on register values.
 pub fn cast(x: &str, from: DType, to: DType) -> Result<String, String> {
-    let target = c_type(to)?;
+    let target = register_type(to)?;
     Ok(match (from, to) {
         (_, DType::Bool) => format!("({x} != 0)"),
+        // Rounding to a half type keeps the value in f32 registers.
+        (_, DType::F16 | DType::BF16) => load(&narrow(&format!("(float)({x})"), to), to),
         _ => format!("(({target})({x}))"),
     })
 }

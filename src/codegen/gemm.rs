@@ -37,6 +37,8 @@ pub struct GemmSpec {
     pub k: usize,
     pub batch: usize,
     pub alpha: f32,
+    /// Element type of A, B and C; accumulation is f32.
+    pub dtype: crate::ir::DType,
 }
 
 /// The stored value an operand reads, and whether it reads it transposed (last two axes).
@@ -79,9 +81,10 @@ fn batch_stride(batch: usize, total: usize, matrix: usize) -> Result<usize, Stri
 fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     let graph = &plan.graph;
     let node = graph.node(gemm);
-    if node.ty.dtype != DType::F32 {
+    if !matches!(node.ty.dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(format!("{} GEMMs are not supported yet", node.ty.dtype));
     }
+    let dtype = node.ty.dtype;
     let inputs = graph.inputs_of(gemm);
     let (a_shape, b_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
     let ((a_loc, a_t), (b_loc, b_t)) = (resolve(plan, inputs[0])?, resolve(plan, inputs[1])?);
@@ -104,7 +107,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     if b_total == k * n && !a_transposed && batch > 1 {
         let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
         let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
-        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha });
+        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype });
     }
     let a = GemmOperand {
         location: a_loc,
@@ -116,7 +119,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         transposed: b_transposed,
         batch_stride: batch_stride(batch, b_total, k * n)?,
     };
-    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha })
+    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype })
 }
 
 pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use handlebars::Handlebars;
 use serde_json::json;
 
-use super::expr::{binary, c_type, cast, literal, unary};
+use super::expr::{binary, c_type, cast, header, literal, load, narrow, register_type, unary};
 use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
@@ -37,6 +37,8 @@ pub struct Body<'a> {
     gemm: Option<GemmRaw>,
     pub buffers: BTreeMap<String, String>,
     pub statements: Vec<String>,
+    /// `#include` lines the kernel needs (half types).
+    pub headers: std::collections::BTreeSet<&'static str>,
     fresh: usize,
 }
 
@@ -48,6 +50,7 @@ impl<'a> Body<'a> {
             gemm: None,
             buffers: BTreeMap::new(),
             statements: Vec::new(),
+            headers: Default::default(),
             fresh: 0,
         }
     }
@@ -88,6 +91,7 @@ impl<'a> Body<'a> {
             Location::Weights(o) => ("weights", o),
         };
         let ty = c_type(dtype)?;
+        self.headers.extend(header(dtype));
         let name = name.to_string();
         let qualifier = if writable { "" } else { "const " };
         self.buffers.entry(name.clone()).or_insert_with(|| {
@@ -103,8 +107,9 @@ impl<'a> Body<'a> {
         let (source, coords) = trace_back(graph, id, coords, &stored)
             .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
         let offset = linearize(&coords, &graph.node(source).ty.shape);
+        let dtype = graph.node(source).ty.dtype;
         let pointer = self.pointer(source, false)?;
-        Ok(format!("{pointer}[{offset}]"))
+        Ok(load(&format!("{pointer}[{offset}]"), dtype))
     }
 
     /// Input `input` of `consumer` (whose element is at `coords`), broadcast to it.
@@ -142,8 +147,10 @@ impl<'a> Body<'a> {
     pub fn compute(&mut self, id: NodeId, coords: &Coords) -> Result<(), String> {
         let graph = &self.plan.graph;
         let node = graph.node(id);
-        let ty = c_type(node.ty.dtype)?;
+        let ty = register_type(node.ty.dtype)?;
         let inputs = graph.inputs_of(id);
+        // Conversions to and from half types need their headers even with no half buffer.
+        self.headers.extend(header(node.ty.dtype));
         let in_dtype = |i: usize| graph.node(inputs[i]).ty.dtype;
         let value = match &node.op {
             Op::Unary(op) => {
@@ -269,7 +276,7 @@ impl<'a> Body<'a> {
                 // The raw product is never stored through a view, so the element is at its
                 // own linear index.
                 self.declare(&raw, gemm.location, node.ty.dtype, false)?;
-                let raw = format!("{raw}[{}]", linearize(coords, &node.ty.shape));
+                let raw = load(&format!("{raw}[{}]", linearize(coords, &node.ty.shape)), node.ty.dtype);
                 match (gemm.beta_c, inputs.get(2)) {
                     (Some(beta), Some(&c)) => {
                         let c = self.operand(id, c, coords)?;
@@ -366,7 +373,8 @@ impl<'a> Body<'a> {
             None => (id, linearize(coords, &graph.node(id).ty.shape)),
         };
         let pointer = self.pointer(target, true)?;
-        self.statements.push(format!("{pointer}[{index}] = v{};", id.index()));
+        let value = narrow(&format!("v{}", id.index()), graph.node(id).ty.dtype);
+        self.statements.push(format!("{pointer}[{index}] = {value};"));
         Ok(())
     }
 }
@@ -439,6 +447,7 @@ pub fn elementwise(
     }
     let data = json!({
         "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": BLOCK,
         "count": count,
@@ -609,6 +618,7 @@ fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<
     }
     let data = json!({
         "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": ROW_BLOCK,
         "width": width,
@@ -630,7 +640,7 @@ fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> R
     let anchor = kernel.nodes[0];
     let node = graph.node(anchor);
     let Op::Attention { scale, nan_to_zero } = node.op else { return Err("not an attention node".into()) };
-    if node.ty.dtype != DType::F32 {
+    if !node.ty.dtype.is_float() || node.ty.dtype == DType::F64 {
         return Err(format!("attention on {} is not supported yet", node.ty.dtype));
     }
     let inputs = graph.inputs_of(anchor);
@@ -666,6 +676,7 @@ fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> R
     let store = body.statements.join(" ");
     let data = json!({
         "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": ATTENTION_BLOCK,
         "rows": rows,

@@ -217,7 +217,7 @@ impl Builder<'_> {
                 tail = u;
                 continue;
             }
-            let same_shape = node.ty == self.graph.node(tail).ty;
+            let same_shape = node.ty.shape == self.graph.node(tail).ty.shape;
             let step = match &node.op {
                 Op::Unary(
                     op @ (UnaryOp::Gelu
@@ -266,7 +266,7 @@ impl Builder<'_> {
     fn row_epilogue(&mut self, row: NodeId, k: usize) {
         let mut tail = row;
         while let Some(u) = self.single_user(tail) {
-            if !self.free_pointwise(u) || self.graph.node(u).ty != self.graph.node(tail).ty {
+            if !self.free_pointwise(u) || self.graph.node(u).ty.shape != self.graph.node(tail).ty.shape {
                 break;
             }
             if !self.try_absorb_downstream(u, k) {

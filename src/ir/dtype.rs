@@ -4,7 +4,7 @@ use std::fmt;
 
 /// The element type of a tensor. Floating-point math in the reference evaluator runs in f64
 /// and rounds to the node's type after every op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     F32,
     F16,

@@ -6,12 +6,14 @@ mod cse;
 mod dce;
 mod merge_matmuls;
 mod noop;
+mod precision;
 
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
+pub use precision::lower_precision;
 
 use thiserror::Error;
 

@@ -19,6 +19,17 @@ pub fn full_source(kernel: &KernelSource) -> String {
     kernel.source.replace("#include \"fusec.cuh\"", DEVICE_HEADER)
 }
 
+/// The CUDA headers (cuda_fp16.h, cuda_bf16.h) kernels on half types include:
+/// `$FUSEC_CUDA_INCLUDE`, `$CUDA_HOME/include`, or /usr/local/cuda/include.
+pub fn cuda_include_dir() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("FUSEC_CUDA_INCLUDE").map(PathBuf::from),
+        std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("include")),
+        Some(PathBuf::from("/usr/local/cuda/include")),
+    ];
+    candidates.into_iter().flatten().find(|d| d.join("cuda_fp16.h").exists())
+}
+
 /// A `'static` arch string for NVRTC's options (`sm_90`, …).
 fn arch_name(arch: &str) -> &'static str {
     const KNOWN: &[&str] = &["sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120"];
@@ -39,6 +50,7 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
     let options = CompileOptions {
         arch: Some(arch_name(arch)),
         options: vec!["--std=c++17".into(), "-default-device".into()],
+        include_paths: cuda_include_dir().map(|d| d.display().to_string()).into_iter().collect(),
         ..Default::default()
     };
     compile_ptx_with_opts(&source, options).map(|ptx| ptx.to_src()).map_err(|e| {

@@ -307,6 +307,9 @@ impl Session {
         let int = |v: usize| {
             i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
         };
+        if g.dtype != DType::F32 {
+            return self.gemm_half(g, op(g.b.transposed), op(g.a.transposed), int(ld_b)?, int(ld_a)?);
+        }
         // SAFETY: the pointers are inside the arena/weights allocations at offsets the plan
         // sized for these matrices; the handle is bound to this session's stream.
         let status = unsafe {
@@ -333,6 +336,59 @@ impl Session {
         };
         if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(RuntimeError::Driver(format!("cuBLAS SGEMM failed: {status:?}")));
+        }
+        Ok(())
+    }
+
+    /// f16/bf16 operands and result, f32 accumulation (same operand order as `gemm`).
+    fn gemm_half(
+        &self,
+        g: &GemmSpec,
+        op_b: cublasOperation_t,
+        op_a: cublasOperation_t,
+        ld_b: i32,
+        ld_a: i32,
+    ) -> Result<(), RuntimeError> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        let ty = match g.dtype {
+            DType::F16 => cudaDataType::CUDA_R_16F,
+            DType::BF16 => cudaDataType::CUDA_R_16BF,
+            other => return Err(RuntimeError::Driver(format!("no GEMM for {other}"))),
+        };
+        let (alpha, beta) = (g.alpha, 0.0f32);
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
+        };
+        // SAFETY: as in `gemm`; alpha and beta are f32 because the compute type is 32F.
+        let status = unsafe {
+            cudarc::cublas::sys::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                op_b,
+                op_a,
+                int(g.n)?,
+                int(g.m)?,
+                int(g.k)?,
+                (&alpha as *const f32).cast(),
+                self.address(g.b.location) as *const std::ffi::c_void,
+                ty,
+                ld_b,
+                g.b.batch_stride as i64,
+                self.address(g.a.location) as *const std::ffi::c_void,
+                ty,
+                ld_a,
+                g.a.batch_stride as i64,
+                (&beta as *const f32).cast(),
+                self.address(g.c) as *mut std::ffi::c_void,
+                ty,
+                int(g.n)?,
+                (g.m * g.n) as i64,
+                int(g.batch)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(RuntimeError::Driver(format!("cuBLAS GemmEx ({}) failed: {status:?}", g.dtype)));
         }
         Ok(())
     }
