@@ -112,6 +112,7 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         format_version: FORMAT_VERSION,
         model: path.display().to_string(),
         fused: !options.no_fuse,
+        precision: options.precision,
         steps,
         ptx,
         arch,

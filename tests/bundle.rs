@@ -21,7 +21,19 @@ fn round_trip_keeps_everything() {
     let loaded = Bundle::load(&path).unwrap();
     assert_eq!(loaded, b);
     assert_eq!(loaded.header.launches, 3);
+    assert_eq!(loaded.header.precision, fusec::ir::DType::F32);
     assert!(!loaded.weights.is_empty());
+    let options = CompileOptions {
+        import: ImportOptions::default().dim("batch", 2),
+        precision: fusec::ir::DType::BF16,
+        ..Default::default()
+    };
+    let half = fusec::compile(&common::model_path("mlp_block.onnx"), &options).unwrap();
+    assert_eq!(half.header.precision, fusec::ir::DType::BF16);
+    // bf16 weights take half the bytes; inputs and outputs stay f32.
+    assert!(half.weights.len() < b.weights.len() * 3 / 4, "{} vs {}", half.weights.len(), b.weights.len());
+    assert_eq!(half.header.inputs[0].dtype, "f32");
+    assert_eq!(half.header.outputs[0].dtype, "f32");
 }
 
 #[test]

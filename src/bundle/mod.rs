@@ -69,6 +69,8 @@ pub struct Header {
     /// The ONNX file it was compiled from.
     pub model: String,
     pub fused: bool,
+    /// Storage type of weights and activations (inputs and outputs are f32 regardless).
+    pub precision: DType,
     pub steps: Vec<Step>,
     /// PTX by kernel name, for `arch`.
     pub ptx: BTreeMap<String, String>,
