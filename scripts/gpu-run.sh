@@ -23,3 +23,8 @@ PY
   .gpu/fusec run /tmp/fusec-node-cases/test_layer_normalization_4d_axis_negative_1 &&
   .gpu/fusec run models/bert_ts.onnx --input input=/tmp/ids.npy --check --no-cuda-graph
 } 2>&1 | tee "$out/cli.log"
+{
+  .gpu/fusec bench models/bert12_ts.onnx --dim batch=8 --dim seq=64 --json "$out/bench_bert12.json"
+  .gpu/fusec bench models/gpt2_ts.onnx --dim batch=8 --dim seq=64
+  .gpu/fusec bench models/bert12_ts.onnx --dim batch=8 --dim seq=64 --precision fp16
+} 2>&1 | tee "$out/bench.log"

@@ -164,17 +164,12 @@ fn compile_then_run_without_a_gpu_says_so() {
         "{}",
         text(&out.stdout)
     );
-    let out = fusec(&[
-        "compile",
-        model.to_str().unwrap(),
-        "-o",
-        bundle.to_str().unwrap(),
-        "--dim",
-        "batch=2",
-        "--precision",
-        "fp16",
-    ]);
-    assert!(!out.status.success() && text(&out.stderr).contains("only fp32"), "{}", text(&out.stderr));
+    let half = dir.path().join("mlp16.bundle");
+    let args = ["compile", model.to_str().unwrap(), "-o", half.to_str().unwrap(), "--dim", "batch=2"];
+    let out = fusec(&[&args[..], &["--precision", "fp16"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = fusec(&[&args[..], &["--precision", "fp8"]].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     if fusec::runtime::driver_available() {
         println!("skipped the no-GPU half: this machine has a CUDA driver");
         return;
@@ -190,4 +185,17 @@ fn compile_then_run_without_a_gpu_says_so() {
     let input = format!("x={}", x.display());
     assert_clean_failure(&["run", bundle.to_str().unwrap(), "--input", &input], &["no CUDA driver"]);
     assert_clean_failure(&["run", "missing.bundle", "--input", &input], &["missing.bundle"]);
+}
+
+#[test]
+fn bench_without_a_gpu_says_so() {
+    if fusec::runtime::driver_available() {
+        println!("skipped: this machine has a CUDA driver");
+        return;
+    }
+    let model = common::model_path("mlp_block.onnx");
+    assert_clean_failure(
+        &["bench", model.to_str().unwrap(), "--dim", "batch=2"],
+        &["needs an NVIDIA GPU", "no CUDA driver"],
+    );
 }

@@ -1,5 +1,6 @@
 //! Subcommands of `fusec`.
 
+mod bench;
 mod compile;
 mod inspect;
 mod run;
@@ -20,6 +21,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Compile(compile::Compile),
+    Bench(bench::Bench),
     Run(run::Run),
     Inspect(inspect::Inspect),
 }
@@ -28,6 +30,7 @@ impl Cli {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Compile(cmd) => cmd.execute(),
+            Command::Bench(cmd) => cmd.execute(),
             Command::Run(cmd) => cmd.execute(),
             Command::Inspect(cmd) => cmd.execute(),
         }

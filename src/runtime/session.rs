@@ -203,6 +203,13 @@ impl Session {
 
     /// Runs the model on host tensors (by input name); returns the outputs in order.
     pub fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+        self.upload(inputs)?;
+        self.execute_all()?;
+        self.outputs.clone().iter().map(|spec| Ok((spec.name.clone(), self.read_output(spec)?))).collect()
+    }
+
+    /// Copies host inputs to where the plan reads them (in stream order).
+    pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
         self.check_inputs(inputs)?;
         for spec in self.inputs.clone() {
             let (_, tensor) = inputs
@@ -214,8 +221,44 @@ impl Session {
             let mut view = self.arena.slice_mut(offset..offset + bytes.len());
             self.stream.memcpy_htod(&bytes, &mut view).map_err(driver)?;
         }
-        self.execute_all()?;
-        self.outputs.clone().iter().map(|spec| Ok((spec.name.clone(), self.read_output(spec)?))).collect()
+        Ok(())
+    }
+
+    /// GPU time of `iterations` runs in milliseconds, measured with CUDA events around each
+    /// run after `warmup` untimed ones; the input sets rotate (uploaded outside the timing).
+    pub fn time_runs(
+        &mut self,
+        input_sets: &[Vec<(String, Tensor)>],
+        warmup: usize,
+        iterations: usize,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        use cudarc::driver::sys::CUevent_flags;
+        if input_sets.is_empty() {
+            return Err(RuntimeError::Input("no input sets to time".into()));
+        }
+        let ctx = self.stream.context().clone();
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let mut times = Vec::with_capacity(iterations);
+        for i in 0..warmup.max(1) + iterations {
+            self.upload(&input_sets[i % input_sets.len()])?;
+            if self.graph.is_none() && self.use_graph {
+                // The first run captures the graph; it is not timed.
+                self.execute_all()?;
+                continue;
+            }
+            start.record(&self.stream).map_err(driver)?;
+            match &self.graph {
+                Some(graph) => graph.launch().map_err(driver)?,
+                None => self.execute()?,
+            }
+            end.record(&self.stream).map_err(driver)?;
+            end.synchronize().map_err(driver)?;
+            if i >= warmup.max(1) {
+                times.push(f64::from(start.elapsed_ms(&end).map_err(driver)?));
+            }
+        }
+        Ok(times)
     }
 
     /// Runs every step on the data in device memory — the first time one by one, then (with
