@@ -85,10 +85,14 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         other => return Err(CompileError::Precision(other)),
     };
     let partition = fusion::partition(&graph, &covers, mode)?;
-    let (launches, gemm_calls, graph_breaks) =
+    let (kernels, gemm_calls, graph_breaks) =
         (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
     let plan = Plan::new(graph, partition)?;
     let steps = codegen::generate(&plan)?;
+    let steps_launches: usize = steps
+        .iter()
+        .map(|s| s.sources().count() + usize::from(matches!(s, codegen::Step::Gemm { .. })))
+        .sum();
     if let Some(dir) = &options.emit_cuda {
         let fail = |source| CompileError::Emit { path: dir.clone(), source };
         std::fs::create_dir_all(dir).map_err(fail)?;
@@ -119,7 +123,8 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         inputs: io(&plan.inputs),
         outputs: io(&plan.outputs),
         arena_bytes: plan.arena_bytes,
-        launches,
+        kernels,
+        launches: steps_launches,
         gemm_calls,
         graph_breaks,
     };

@@ -20,7 +20,8 @@ fn round_trip_keeps_everything() {
     b.save(&path).unwrap();
     let loaded = Bundle::load(&path).unwrap();
     assert_eq!(loaded, b);
-    assert_eq!(loaded.header.launches, 3);
+    // gemm+bias+gelu, gemm+bias, LayerNorm: two cuBLAS calls, two epilogues, one row kernel.
+    assert_eq!((loaded.header.kernels, loaded.header.launches, loaded.header.gemm_calls), (3, 5, 2));
     assert_eq!(loaded.header.precision, fusec::ir::DType::F32);
     assert!(!loaded.weights.is_empty());
     let options = CompileOptions {
@@ -112,5 +113,5 @@ fn bundle_outputs_have_the_model_output_types() {
     let bundle = fusec::compile(&path, &options).unwrap();
     assert_eq!(bundle.header.outputs[0].shape, vec![2, 280]);
     assert_eq!(bundle.header.outputs[0].location, bundle.header.inputs[0].location);
-    assert_eq!(bundle.header.launches, 0);
+    assert_eq!((bundle.header.kernels, bundle.header.launches), (0, 0));
 }

@@ -33,7 +33,7 @@ fn every_fixture_matches_tract_on_the_gpu() {
         return;
     }
     let mut table = String::from(
-        "| model | shapes | mode | launches | max rel-L2 | result |\n|---|---|---|---|---|---|\n",
+        "| model | shapes | mode | kernels | max rel-L2 | result |\n|---|---|---|---|---|---|\n",
     );
     let (mut passed, mut failed) = (0, Vec::new());
     for file in common::all_fixtures() {
@@ -70,7 +70,7 @@ fn every_fixture_matches_tract_on_the_gpu() {
                     }
                     let shapes: Vec<String> =
                         inputs.iter().map(|(_, t)| format!("{:?}", t.shape())).collect();
-                    Ok((bundle.header.launches, worst, shapes.join(" ")))
+                    Ok((bundle.header.kernels, worst, shapes.join(" ")))
                 })();
                 match outcome {
                     Ok((launches, worst, shapes)) => {

@@ -78,6 +78,10 @@ pub struct Header {
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
     pub arena_bytes: usize,
+    /// Kernels of the partition (a GEMM with its fused epilogue is one).
+    pub kernels: usize,
+    /// Launches one run issues: generated kernels plus cuBLAS calls (a GEMM with an epilogue
+    /// is two: the cuBLAS call and the epilogue kernel).
     pub launches: usize,
     pub gemm_calls: usize,
     pub graph_breaks: usize,

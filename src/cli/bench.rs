@@ -150,7 +150,7 @@ impl Bench {
                 "speedup": speedup,
                 "variants": rows.iter().map(|(label, h, median, p10, p90)| serde_json::json!({
                     "variant": label, "median_ms": median, "p10_ms": p10, "p90_ms": p90,
-                    "launches": h.launches, "gemm_calls": h.gemm_calls, "graph_breaks": h.graph_breaks,
+                    "kernels": h.kernels, "launches": h.launches, "gemm_calls": h.gemm_calls, "graph_breaks": h.graph_breaks,
                 })).collect::<Vec<_>>(),
             });
             std::fs::write(path, serde_json::to_string_pretty(&json)?)

@@ -62,8 +62,9 @@ impl Compile {
             None => "CUDA sources only (NVRTC not found: the runtime compiles them at load)".into(),
         };
         println!(
-            "{}: {} launches ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
+            "{}: {} kernels, {} launches per run ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
             self.output.display(),
+            h.kernels,
             h.launches,
             h.gemm_calls,
             h.graph_breaks,
