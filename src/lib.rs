@@ -17,3 +17,4 @@ pub mod tensor_io;
 
 pub use bundle::Bundle;
 pub use pipeline::{compile, CompileOptions};
+pub use runtime::Session;

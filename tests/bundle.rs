@@ -115,3 +115,18 @@ fn bundle_outputs_have_the_model_output_types() {
     assert_eq!(bundle.header.outputs[0].location, bundle.header.inputs[0].location);
     assert_eq!((bundle.header.kernels, bundle.header.launches), (0, 0));
 }
+
+/// The Rust API as the README shows it compiles (and, without a GPU, fails cleanly).
+#[test]
+fn readme_api_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.bundle");
+    bundle().save(&path).unwrap();
+    let path = path.to_str().unwrap();
+    let inputs: Vec<(String, fusec::ir::Tensor)> = Vec::new();
+    let result = (|| -> Result<Vec<(String, fusec::ir::Tensor)>, Box<dyn std::error::Error>> {
+        Ok(fusec::Session::new(&fusec::Bundle::load(path)?, 0)?.run(&inputs)?)
+    })();
+    let err = result.expect_err("no inputs given (and maybe no GPU)").to_string();
+    assert!(err.contains("no CUDA driver") || err.contains("was not given"), "{err}");
+}

@@ -144,13 +144,15 @@ impl Bundle {
         Ok(Bundle { header, weights })
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), BundleError> {
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), BundleError> {
+        let path = path.as_ref();
         let bytes = self.to_bytes()?;
         std::fs::write(path, bytes)
             .map_err(|source| BundleError::Write { path: path.display().to_string(), source })
     }
 
-    pub fn load(path: &Path) -> Result<Bundle, BundleError> {
+    pub fn load(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
+        let path = path.as_ref();
         let name = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| BundleError::Read { path: name.clone(), source })?;
         Bundle::from_bytes(&bytes, &name)
