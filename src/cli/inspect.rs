@@ -83,7 +83,7 @@ impl Inspect {
             (fusion::partition(&fused.graph, &fused.covers, Mode::Fused)?, fused.graph)
         };
         println!(
-            "kernels     {} launches ({} cuBLAS GEMMs), {} graph breaks, for {} ONNX nodes",
+            "kernels     {} ({} cuBLAS GEMMs), {} graph breaks, for {} ONNX nodes",
             part.launches(),
             part.gemm_calls(),
             part.graph_breaks,
