@@ -144,6 +144,13 @@ pub fn read_test_data_sets(dir: &Path) -> Result<Vec<DataSet>, TensorFileError> 
         .collect()
 }
 
+/// The `(rtol, atol)` a test case directory's `tolerance.json` gives, if it has one.
+pub fn read_tolerance(dir: &Path) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(dir.join("tolerance.json")).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some((value["rtol"].as_f64()?, value["atol"].as_f64()?))
+}
+
 /// numpy's `allclose` (`|a − b| ≤ atol + rtol·|b|` everywhere, NaN equal to NaN), exact for
 /// integers and booleans; false if shapes or types differ.
 pub fn allclose(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> bool {

@@ -234,9 +234,7 @@ fn onnx_node_cases_on_the_gpu() {
             .filter(|o| o != "Constant")
             .collect();
         let op = common::case_op(&name, &ops);
-        let tolerance: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case.join("tolerance.json")).unwrap()).unwrap();
-        let (rtol, atol) = (tolerance["rtol"].as_f64().unwrap(), tolerance["atol"].as_f64().unwrap());
+        let (rtol, atol) = fusec::tensor_io::read_tolerance(case).expect("every case has a tolerance.json");
         let Ok(sets) = fusec::tensor_io::read_test_data_sets(case) else {
             *unsupported.entry(op).or_default() += 1;
             continue;

@@ -29,9 +29,7 @@ fn node_cases_match_the_reference_evaluator() {
         let ops: Vec<String> =
             summarize(&model_path).unwrap().op_histogram.into_keys().filter(|o| o != "Constant").collect();
         let op = case_op(&name, &ops);
-        let tolerance: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case.join("tolerance.json")).unwrap()).unwrap();
-        let (rtol, atol) = (tolerance["rtol"].as_f64().unwrap(), tolerance["atol"].as_f64().unwrap());
+        let (rtol, atol) = fusec::tensor_io::read_tolerance(case).expect("every case has a tolerance.json");
         let sets = match read_test_data_sets(case) {
             Ok(sets) => sets,
             Err(e) => {

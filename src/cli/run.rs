@@ -73,11 +73,8 @@ impl Run {
     /// Runs every data set of an ONNX backend test directory against its expected outputs.
     fn run_test_directory(&self) -> anyhow::Result<ExitCode> {
         let model = self.model.join("model.onnx");
-        let (rtol, atol) = std::fs::read_to_string(self.model.join("tolerance.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| Some((v["rtol"].as_f64()?, v["atol"].as_f64()?)))
-            .unwrap_or((1e-3, 1e-7));
+        // ONNX's backend tests default to rtol 1e-3, atol 1e-7.
+        let (rtol, atol) = fusec::tensor_io::read_tolerance(&self.model).unwrap_or((1e-3, 1e-7));
         let sets = fusec::tensor_io::read_test_data_sets(&self.model)?;
         if sets.is_empty() {
             bail!("{}: no test_data_set_N directories", self.model.display());
