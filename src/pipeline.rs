@@ -88,11 +88,9 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
     let (kernels, gemm_calls, graph_breaks) =
         (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
     let plan = Plan::new(graph, partition)?;
+    let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
-    let steps_launches: usize = steps
-        .iter()
-        .map(|s| s.sources().count() + usize::from(matches!(s, codegen::Step::Gemm { .. })))
-        .sum();
+    let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum();
     if let Some(dir) = &options.emit_cuda {
         let fail = |source| CompileError::Emit { path: dir.clone(), source };
         std::fs::create_dir_all(dir).map_err(fail)?;
@@ -104,9 +102,8 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
     let mut ptx = std::collections::BTreeMap::new();
     let arch = options.arch.clone().filter(|_| nvrtc::available());
     if let Some(arch) = &arch {
-        for source in steps.iter().flat_map(|s| s.sources()) {
-            ptx.insert(source.name.clone(), nvrtc::compile(source, arch)?);
-        }
+        let sources: Vec<_> = steps.iter().flat_map(|s| s.sources()).collect();
+        ptx.extend(nvrtc::compile_all_cached(&sources, arch)?);
     }
     let graph = &plan.graph;
     let io = |bindings: &[crate::plan::Binding]| -> Vec<IoSpec> {
@@ -127,6 +124,8 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         launches: steps_launches,
         gemm_calls,
         graph_breaks,
+        traffic_bytes,
+        flops,
     };
     Ok(Bundle { header, weights: plan.weights })
 }

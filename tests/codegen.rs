@@ -123,3 +123,43 @@ fn nvrtc_cache_is_reused() {
     assert_ne!(other_arch, first);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
 }
+
+/// GEMM epilogues that are a bias vector then at most ReLU or tanh-GELU run inside cuBLASLt
+/// (one launch); erf-GELU, which cuBLASLt does not have, keeps its epilogue kernel.
+#[test]
+fn cublaslt_takes_bias_and_tanh_gelu_epilogues_only() {
+    use fusec::codegen::LtActivation;
+    let lt_epilogues = |file: &str| {
+        let import = common::shape_variants(file).remove(0);
+        let bundle = fusec::compile(
+            &common::model_path(file),
+            &fusec::CompileOptions { import, ..Default::default() },
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        for step in &bundle.header.steps {
+            if let Step::Gemm { gemm, epilogue: Some(kernel) } = step {
+                seen.push((
+                    kernel.name.split('_').skip(2).collect::<Vec<_>>().join("_"),
+                    gemm.lt_epilogue.map(|e| e.activation),
+                ));
+            }
+        }
+        seen
+    };
+    let gpt2 = lt_epilogues("gpt2_ts.onnx");
+    assert!(
+        gpt2.iter().any(|(kind, lt)| kind == "gemm_gelutanh" && *lt == Some(LtActivation::GeluTanh)),
+        "{gpt2:?}"
+    );
+    assert!(gpt2.iter().all(|(_, lt)| lt.is_some()), "{gpt2:?}");
+    let bert = lt_epilogues("bert_ts.onnx");
+    for (kind, lt) in &bert {
+        match kind.as_str() {
+            "gemm_bias" => assert_eq!(*lt, Some(LtActivation::None), "{bert:?}"),
+            "gemm_bias_gelu" => assert_eq!(*lt, None, "{bert:?}"),
+            other => panic!("unexpected GEMM kernel {other}: {bert:?}"),
+        }
+    }
+    assert!(bert.iter().any(|(_, lt)| lt.is_none()) && bert.iter().any(|(_, lt)| lt.is_some()));
+}

@@ -19,7 +19,7 @@ use crate::ir::{DType, TensorType};
 use crate::plan::Location;
 
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
@@ -80,11 +80,17 @@ pub struct Header {
     pub arena_bytes: usize,
     /// Kernels of the partition (a GEMM with its fused epilogue is one).
     pub kernels: usize,
-    /// Launches one run issues: generated kernels plus cuBLAS calls (a GEMM with an epilogue
-    /// is two: the cuBLAS call and the epilogue kernel).
+    /// Launches one run issues: generated kernels plus cuBLAS calls (a GEMM whose epilogue
+    /// cuBLASLt cannot run is two: the cuBLAS call and the epilogue kernel).
     pub launches: usize,
     pub gemm_calls: usize,
     pub graph_breaks: usize,
+    /// Estimated device-memory bytes one run moves ([`crate::plan::Plan::traffic_bytes`]).
+    #[serde(default)]
+    pub traffic_bytes: u64,
+    /// Floating-point operations of one run's matrix products.
+    #[serde(default)]
+    pub flops: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]

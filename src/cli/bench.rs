@@ -40,6 +40,33 @@ pub struct Bench {
     /// The GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Also time every step of the fused program on its own and list the top kernels.
+    #[arg(long)]
+    profile: bool,
+}
+
+struct Row {
+    label: &'static str,
+    launches: usize,
+    header: fusec::bundle::Header,
+    median: f64,
+    p10: f64,
+    p90: f64,
+    floor_ms: f64,
+}
+
+/// The ten steps that take longest, with their share of the step-by-step total.
+fn print_profile(steps: &[(String, f64)]) {
+    let total: f64 = steps.iter().map(|(_, ms)| ms).sum();
+    let mut sorted: Vec<&(String, f64)> = steps.iter().collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "profile: fused program step by step ({} steps, {total:.4} ms in total), top kernels:",
+        steps.len()
+    );
+    for (name, ms) in sorted.iter().take(10) {
+        println!("  {ms:>9.4} ms {:>5.1}%  {name}", 100.0 * ms / total.max(f64::MIN_POSITIVE));
+    }
 }
 
 /// Median, 10th and 90th percentile of `times`.
@@ -78,9 +105,10 @@ impl Bench {
             "bf16" => DType::BF16,
             _ => DType::F32,
         };
+        let clock = std::time::Instant::now();
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
             let import = self.shapes.options();
-            eprintln!("compiling {} (fused)…", self.model.display());
+            eprintln!("[  0.0s] compiling {} (fused)…", self.model.display());
             let options = CompileOptions { import: import.clone(), precision, ..Default::default() };
             (fusec::compile(&self.model, &options)?, self.model.clone(), import)
         } else {
@@ -98,12 +126,15 @@ impl Bench {
             let onnx = PathBuf::from(&bundle.header.model);
             (bundle, onnx, fusec::import::ImportOptions::new(specs, vec![]))
         };
-        eprintln!("compiling {} (unfused)…", onnx.display());
+        eprintln!("[{:>5.1}s] compiling {} (unfused)…", clock.elapsed().as_secs_f64(), onnx.display());
         let options =
             CompileOptions { import, no_fuse: true, precision: fused.header.precision, ..Default::default() };
         let unfused = fusec::compile(&onnx, &options)?;
         let sets = input_sets(&fused.header.inputs)?;
-        eprintln!("loading and checking…");
+        eprintln!(
+            "[{:>5.1}s] loading both (NVRTC) and checking their outputs agree…",
+            clock.elapsed().as_secs_f64()
+        );
         let mut fast = Session::new(&fused, self.device)?;
         let mut slow = Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false })?;
         let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
@@ -114,44 +145,98 @@ impl Bench {
                 bail!("fused and unfused outputs differ on {name}: rel-L2 {err:e} (tolerance {tolerance:e})");
             }
         }
-        eprintln!("timing {} runs of each…", self.iters);
+        eprintln!("[{:>5.1}s] measuring copy bandwidth and GEMM rate…", clock.elapsed().as_secs_f64());
+        let rates = fusec::runtime::measure_rates(self.device, fused.header.precision)?;
+        eprintln!("[{:>5.1}s] timing {} runs of each…", clock.elapsed().as_secs_f64(), self.iters);
         let mut rows = Vec::new();
         for (label, bundle, session) in [("unfused", &unfused, &mut slow), ("fused", &fused, &mut fast)] {
             let mut times = session.time_runs(&sets, self.warmup, self.iters.max(1))?;
             let (median, p10, p90) = percentiles(&mut times);
-            rows.push((label, bundle.header.clone(), median, p10, p90));
+            let h = &bundle.header;
+            let floor_ms = 1e3
+                * f64::max(
+                    h.flops as f64 / rates.gemm_flops_per_s,
+                    h.traffic_bytes as f64 / rates.copy_bytes_per_s,
+                );
+            rows.push(Row {
+                label,
+                launches: session.launches(),
+                header: h.clone(),
+                median,
+                p10,
+                p90,
+                floor_ms,
+            });
         }
+        let profile = if self.profile {
+            eprintln!("[{:>5.1}s] profiling the fused program step by step…", clock.elapsed().as_secs_f64());
+            Some(fast.profile(&sets[0], self.iters.clamp(1, 50))?)
+        } else {
+            None
+        };
         println!(
-            "{} on {} ({} runs after {} warm-up, CUDA events)",
+            "{} on {} ({}), {}, {} runs after {} warm-up, CUDA events, {} input sets rotated",
             onnx.display(),
+            fast.device_name,
             fast.arch,
+            fused.header.precision,
             self.iters,
-            self.warmup
+            self.warmup,
+            sets.len()
         );
         println!(
-            "{:<9} {:>12} {:>10} {:>10} {:>9} {:>7} {:>13}",
-            "", "median (ms)", "p10", "p90", "launches", "cuBLAS", "graph breaks"
+            "measured at start-up: copy {:.2} TB/s (read + write), {} GEMM {:.1} TFLOP/s; model: {:.3} GFLOP in matrix products",
+            rates.copy_bytes_per_s / 1e12,
+            rates.gemm_dtype,
+            rates.gemm_flops_per_s / 1e12,
+            fused.header.flops as f64 / 1e9
         );
-        for (label, h, median, p10, p90) in &rows {
+        println!(
+            "{:<9} {:>12} {:>10} {:>10} {:>9} {:>7} {:>13} {:>10} {:>11}",
+            "", "median (ms)", "p10", "p90", "launches", "cuBLAS", "graph breaks", "HBM (MB)", "floor (ms)"
+        );
+        for r in &rows {
             println!(
-                "{label:<9} {median:>12.4} {p10:>10.4} {p90:>10.4} {:>9} {:>7} {:>13}",
-                h.launches, h.gemm_calls, h.graph_breaks
+                "{:<9} {:>12.4} {:>10.4} {:>10.4} {:>9} {:>7} {:>13} {:>10.2} {:>11.4}",
+                r.label,
+                r.median,
+                r.p10,
+                r.p90,
+                r.launches,
+                r.header.gemm_calls,
+                r.header.graph_breaks,
+                r.header.traffic_bytes as f64 / 1e6,
+                r.floor_ms
             );
         }
-        let speedup = rows[0].2 / rows[1].2;
-        println!("speedup (unfused / fused median): {speedup:.2}x");
+        let speedup = rows[0].median / rows[1].median;
+        println!(
+            "speedup (unfused / fused median): {speedup:.2}x; fused is {:.2}x its floor",
+            rows[1].median / rows[1].floor_ms
+        );
+        println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
+        if let Some(steps) = &profile {
+            print_profile(steps);
+        }
         if let Some(path) = &self.json {
             let json = serde_json::json!({
                 "model": onnx.display().to_string(),
+                "device": fast.device_name,
                 "arch": fast.arch,
                 "precision": fused.header.precision,
+                "inputs": fused.header.inputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
                 "iterations": self.iters,
                 "warmup": self.warmup,
+                "input_sets": sets.len(),
+                "rates": rates,
+                "flops": fused.header.flops,
                 "speedup": speedup,
-                "variants": rows.iter().map(|(label, h, median, p10, p90)| serde_json::json!({
-                    "variant": label, "median_ms": median, "p10_ms": p10, "p90_ms": p90,
-                    "kernels": h.kernels, "launches": h.launches, "gemm_calls": h.gemm_calls, "graph_breaks": h.graph_breaks,
+                "variants": rows.iter().map(|r| serde_json::json!({
+                    "variant": r.label, "median_ms": r.median, "p10_ms": r.p10, "p90_ms": r.p90,
+                    "kernels": r.header.kernels, "launches": r.launches, "gemm_calls": r.header.gemm_calls,
+                    "graph_breaks": r.header.graph_breaks, "traffic_bytes": r.header.traffic_bytes, "floor_ms": r.floor_ms,
                 })).collect::<Vec<_>>(),
+                "profile": profile.as_ref().map(|steps| steps.iter().map(|(name, ms)| serde_json::json!({"step": name, "ms": ms})).collect::<Vec<_>>()),
             });
             std::fs::write(path, serde_json::to_string_pretty(&json)?)
                 .with_context(|| format!("writing {}", path.display()))?;

@@ -39,6 +39,27 @@ pub struct GemmSpec {
     pub alpha: f32,
     /// Element type of A, B and C; accumulation is f32.
     pub dtype: crate::ir::DType,
+    /// The epilogue as cuBLASLt can run it inside the GEMM (bias, then an optional
+    /// activation). The step's epilogue kernel stays in the bundle as the fallback for a
+    /// GPU where cuBLASLt has no algorithm for it.
+    #[serde(default)]
+    pub lt_epilogue: Option<LtEpilogue>,
+}
+
+/// What cuBLASLt applies to the product before it is stored: `act(A·B + bias)`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LtEpilogue {
+    /// A vector of N elements (the GEMM's element type), added to every row.
+    pub bias: Location,
+    pub activation: LtActivation,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LtActivation {
+    None,
+    Relu,
+    /// cuBLASLt's GELU is the tanh approximation: only `GeluTanh` maps to it, never erf-GELU.
+    GeluTanh,
 }
 
 /// The stored value an operand reads, and whether it reads it transposed (last two axes).
@@ -107,7 +128,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     if b_total == k * n && !a_transposed && batch > 1 {
         let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
         let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
-        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype });
+        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype, lt_epilogue: None });
     }
     let a = GemmOperand {
         location: a_loc,
@@ -119,7 +140,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         transposed: b_transposed,
         batch_stride: batch_stride(batch, b_total, k * n)?,
     };
-    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype })
+    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype, lt_epilogue: None })
 }
 
 pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {
@@ -127,7 +148,8 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
     let gemm = kernel.nodes[0];
     let output = *kernel.outputs.first().ok_or("a GEMM kernel with no output")?;
     let out = *plan.locations.get(&output).ok_or("the GEMM's output has no memory")?;
-    let spec = spec(plan, gemm, out)?;
+    let mut spec = spec(plan, gemm, out)?;
+    spec.lt_epilogue = lt_epilogue(plan, kernel, gemm, &spec);
     let c_input = match graph.node(gemm).op {
         Op::Gemm { beta, .. } if beta != 0.0 => graph.inputs_of(gemm).get(2).copied(),
         _ => None,
@@ -138,6 +160,50 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
         None
     };
     Ok(Step::Gemm { gemm: spec, epilogue })
+}
+
+/// The kernel's epilogue as cuBLASLt runs it, when it is exactly a bias vector over N (a
+/// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1) then at most one ReLU or
+/// tanh-GELU, on a GEMM that is not batched.
+fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
+    use crate::ir::{BinaryOp, UnaryOp};
+    let graph = &plan.graph;
+    if spec.batch != 1 || kernel.outputs.len() != 1 || kernel.outputs[0] != *kernel.nodes.last()? {
+        return None;
+    }
+    let mut bias = match graph.node(gemm).op {
+        Op::Gemm { beta, .. } if beta != 0.0 && graph.inputs_of(gemm).len() == 3 => {
+            if beta != 1.0 {
+                return None;
+            }
+            Some(graph.inputs_of(gemm)[2])
+        }
+        _ => None,
+    };
+    let mut activation = None;
+    for &id in &kernel.nodes[1..] {
+        match graph.node(id).op {
+            Op::Reshape { .. } => {}
+            Op::Binary(BinaryOp::Add) if bias.is_none() && activation.is_none() => {
+                let inputs = graph.inputs_of(id);
+                bias = Some(*inputs.iter().find(|i| !kernel.nodes.contains(i))?);
+            }
+            Op::Unary(UnaryOp::Relu) if bias.is_some() && activation.is_none() => {
+                activation = Some(LtActivation::Relu)
+            }
+            Op::Unary(UnaryOp::GeluTanh) if bias.is_some() && activation.is_none() => {
+                activation = Some(LtActivation::GeluTanh)
+            }
+            _ => return None,
+        }
+    }
+    let bias = bias?;
+    let value = graph.constant(bias)?;
+    if value.len() != spec.n || value.shape().last() != Some(&spec.n) || value.dtype() != spec.dtype {
+        return None;
+    }
+    let location @ Location::Weights(_) = *plan.locations.get(&bias)? else { return None };
+    Some(LtEpilogue { bias: location, activation: activation.unwrap_or(LtActivation::None) })
 }
 
 /// The GEMM's raw result sits in the output buffer; this kernel reads it there and writes

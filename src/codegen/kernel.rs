@@ -174,6 +174,8 @@ impl<'a> Body<'a> {
                 let (lo, hi) = (literal(*min, node.ty.dtype), literal(*max, node.ty.dtype));
                 format!("fusec::minimum(fusec::maximum({x}, {lo}), {hi})")
             }
+            // A reshape of a value computed here: the same element on the same thread.
+            Op::Reshape { .. } if self.computes(inputs[0]) => format!("v{}", inputs[0].index()),
             op if super::index::is_view(op) => self.read(id, coords.clone())?,
             Op::Gather { axis } => {
                 let indices = &graph.node(inputs[1]).ty.shape;

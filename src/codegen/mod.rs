@@ -14,7 +14,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use gemm::{GemmOperand, GemmSpec};
+pub use gemm::{GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
 use crate::plan::Plan;
@@ -60,6 +60,16 @@ impl Step {
             Step::Gemm { epilogue, .. } => (None, epilogue.as_ref()),
         };
         a.into_iter().chain(b)
+    }
+
+    /// Launches per run: a GEMM whose epilogue cuBLASLt runs is one launch.
+    pub fn launches(&self) -> usize {
+        match self {
+            Step::Launch(_) => 1,
+            Step::Gemm { gemm, epilogue } => {
+                1 + usize::from(epilogue.is_some() && gemm.lt_epilogue.is_none())
+            }
+        }
     }
 }
 

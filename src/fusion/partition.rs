@@ -210,10 +210,13 @@ impl Builder<'_> {
     fn gemm_epilogue(&mut self, gemm: NodeId, k: usize) -> Vec<String> {
         let mut epilogue = Vec::new();
         let mut tail = gemm;
+        // Reshapes between epilogue ops join the kernel once an op behind them does.
+        let mut reshapes = Vec::new();
         while let Some(u) = self.single_user(tail) {
             let node = self.graph.node(u);
             // A reshape changes no element: the epilogue continues behind it.
             if matches!(node.op, Op::Reshape { .. }) {
+                reshapes.push(u);
                 tail = u;
                 continue;
             }
@@ -239,6 +242,9 @@ impl Builder<'_> {
             };
             match step {
                 Some(name) if same_shape && self.free_pointwise(u) => {
+                    for r in reshapes.drain(..) {
+                        self.kernel_of.insert(r, k);
+                    }
                     self.kernel_of.insert(u, k);
                     epilogue.push(name);
                     tail = u;

@@ -204,6 +204,53 @@ impl Plan {
     pub fn peak_activation_bytes(&self) -> usize {
         self.arena_bytes
     }
+
+    /// Estimated device-memory traffic of one run: each kernel reads every stored value it
+    /// uses once and writes its outputs once (what the kernels would move if caches held
+    /// nothing across launches and nothing inside a kernel were read twice).
+    pub fn traffic_bytes(&self) -> u64 {
+        let graph = &self.graph;
+        let stored = |id: NodeId| self.locations.contains_key(&id);
+        let mut total = 0u64;
+        for kernel in &self.kernels {
+            let mut read = std::collections::HashSet::new();
+            for &node in &kernel.nodes {
+                for input in graph.inputs_of(node) {
+                    if !kernel.nodes.contains(&input) {
+                        read.extend(stored_value(graph, input, &stored));
+                    }
+                }
+            }
+            let written = kernel.outputs.iter();
+            total += read.iter().chain(written).map(|&id| graph.node(id).ty.size_bytes() as u64).sum::<u64>();
+        }
+        total
+    }
+
+    /// Floating-point operations of one run in its matrix products (GEMMs and attention),
+    /// counting a multiply-add as two.
+    pub fn flops(&self) -> u64 {
+        let graph = &self.graph;
+        let len = |id: NodeId| graph.node(id).ty.len() as u64;
+        let dim = |id: NodeId, from_end: usize| {
+            let shape = &graph.node(id).ty.shape;
+            shape.len().checked_sub(from_end).map_or(1, |i| shape[i] as u64)
+        };
+        let mut total = 0u64;
+        for kernel in &self.kernels {
+            for &id in &kernel.nodes {
+                let inputs = graph.inputs_of(id);
+                total += match graph.node(id).op {
+                    Op::MatMul => 2 * len(id) * dim(inputs[0], 1),
+                    Op::Gemm { trans_a, .. } => 2 * len(id) * dim(inputs[0], if trans_a { 2 } else { 1 }),
+                    // q·kᵀ over T keys, then p·v.
+                    Op::Attention { .. } => 2 * (len(inputs[0]) + len(id)) * dim(inputs[1], 1),
+                    _ => 0,
+                };
+            }
+        }
+        total
+    }
 }
 
 /// The raw little-endian bytes of a tensor's elements, row-major.

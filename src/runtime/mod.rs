@@ -2,9 +2,13 @@
 //! module loading, launches, cuBLAS, timing. A missing library or GPU is an error value,
 //! never a panic: presence is checked before cudarc is asked to load anything.
 
+mod blas;
+mod lt;
 pub mod nvrtc;
+mod rates;
 mod session;
 
+pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{driver_available, run_once, tensor_from_bytes, Session, SessionOptions};
 
 use thiserror::Error;

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
@@ -18,7 +17,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
 
-use super::{nvrtc, RuntimeError};
+use super::{blas, lt, nvrtc, RuntimeError};
 use crate::bundle::{Bundle, IoSpec};
 use crate::codegen::{GemmSpec, KernelSource, Step};
 use crate::ir::{DType, Tensor};
@@ -35,23 +34,32 @@ pub fn driver_available() -> bool {
 }
 
 struct Launch {
+    name: String,
     function: CudaFunction,
     config: LaunchConfig,
 }
 
 enum Loaded {
     Kernel(Launch),
-    Gemm { gemm: GemmSpec, epilogue: Option<Launch> },
+    /// A cuBLAS GEMM and its epilogue kernel, or (`lt`) one cuBLASLt call that runs both.
+    Gemm {
+        name: String,
+        gemm: GemmSpec,
+        epilogue: Option<Launch>,
+        lt: Option<Box<lt::LtGemm>>,
+    },
 }
 
 pub struct Session {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// Declared after `steps` would be dropped before them: steps hold cuBLASLt descriptors.
+    steps: Vec<Loaded>,
+    lt: Option<lt::Lt>,
     arena: CudaSlice<u8>,
     _weights: CudaSlice<u8>,
     arena_ptr: u64,
     weights_ptr: u64,
-    steps: Vec<Loaded>,
     inputs: Vec<IoSpec>,
     outputs: Vec<IoSpec>,
     use_graph: bool,
@@ -59,6 +67,8 @@ pub struct Session {
     runs: usize,
     /// The arch kernels were compiled for (`sm_90`).
     pub arch: String,
+    /// The GPU's name as the driver reports it.
+    pub device_name: String,
 }
 
 /// How a session runs.
@@ -101,14 +111,26 @@ impl Session {
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let arch = format!("sm_{major}{minor}");
+        let device_name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
         // Not the legacy default stream: that one cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(driver)?;
         let header = &bundle.header;
         let ptx_fits = header.arch.as_deref() == Some(arch.as_str());
+        let missing: Vec<&KernelSource> = header
+            .steps
+            .iter()
+            .flat_map(Step::sources)
+            .filter(|s| !ptx_fits || !header.ptx.contains_key(&s.name))
+            .collect();
+        let compiled =
+            if missing.is_empty() { Default::default() } else { nvrtc::compile_all_cached(&missing, &arch)? };
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let ptx = match header.ptx.get(&source.name).filter(|_| ptx_fits) {
                 Some(ptx) => ptx.clone(),
-                None => nvrtc::compile_cached(source, &arch)?,
+                None => match compiled.get(&source.name) {
+                    Some(ptx) => ptx.clone(),
+                    None => nvrtc::compile_cached(source, &arch)?,
+                },
             };
             let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
             let function = module.load_function(&source.name).map_err(driver)?;
@@ -117,17 +139,8 @@ impl Session {
                 block_dim: (source.block, 1, 1),
                 shared_mem_bytes: 0,
             };
-            Ok(Launch { function, config })
+            Ok(Launch { name: source.name.clone(), function, config })
         };
-        let mut steps = Vec::with_capacity(header.steps.len());
-        for step in &header.steps {
-            steps.push(match step {
-                Step::Launch(source) => Loaded::Kernel(load(source)?),
-                Step::Gemm { gemm, epilogue } => {
-                    Loaded::Gemm { gemm: *gemm, epilogue: epilogue.as_ref().map(&mut load).transpose()? }
-                }
-            });
-        }
         let arena = stream.alloc_zeros::<u8>(header.arena_bytes.max(1)).map_err(driver)?;
         let weights = if bundle.weights.is_empty() {
             stream.alloc_zeros::<u8>(1).map_err(driver)?
@@ -136,21 +149,53 @@ impl Session {
         };
         let arena_ptr = arena.device_ptr(&stream).0;
         let weights_ptr = weights.device_ptr(&stream).0;
+        let wants_lt =
+            header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.lt_epilogue.is_some()));
+        let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
+        let mut steps = Vec::with_capacity(header.steps.len());
+        for step in &header.steps {
+            steps.push(match step {
+                Step::Launch(source) => Loaded::Kernel(load(source)?),
+                Step::Gemm { gemm, epilogue } => {
+                    let bias = gemm.lt_epilogue.map(|e| match e.bias {
+                        Location::Arena(o) => arena_ptr + o as u64,
+                        Location::Weights(o) => weights_ptr + o as u64,
+                    });
+                    let prepared =
+                        lt.as_ref().zip(bias).and_then(|(lt, bias)| lt.prepare(gemm, bias)).map(Box::new);
+                    // With cuBLASLt running the epilogue, the kernel is not needed.
+                    let epilogue = match prepared {
+                        Some(_) => None,
+                        None => epilogue.as_ref().map(&mut load).transpose()?,
+                    };
+                    let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
+                    let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
+                    let name = match (&prepared, &epilogue) {
+                        (Some(_), _) => format!("cuBLASLt gemm+bias {shape}{batch}"),
+                        (None, Some(e)) => format!("cuBLAS gemm {shape}{batch} + {}", e.name),
+                        (None, None) => format!("cuBLAS gemm {shape}{batch}"),
+                    };
+                    Loaded::Gemm { name, gemm: *gemm, epilogue, lt: prepared }
+                }
+            });
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
         Ok(Session {
             stream,
             blas,
+            steps,
+            lt,
             arena,
             _weights: weights,
             arena_ptr,
             weights_ptr,
-            steps,
             inputs: header.inputs.clone(),
             outputs: header.outputs.clone(),
             use_graph: options.cuda_graph,
             graph: None,
             runs: 0,
             arch,
+            device_name,
         })
     }
 
@@ -285,6 +330,18 @@ impl Session {
         Ok(())
     }
 
+    /// Kernel launches and library calls per run as loaded (a GEMM whose epilogue cuBLASLt
+    /// could not take runs as two).
+    pub fn launches(&self) -> usize {
+        self.steps
+            .iter()
+            .map(|s| match s {
+                Loaded::Kernel(_) => 1,
+                Loaded::Gemm { epilogue, .. } => 1 + usize::from(epilogue.is_some()),
+            })
+            .sum()
+    }
+
     /// Whether later runs replay a captured CUDA graph.
     pub fn replays_graph(&self) -> bool {
         self.graph.is_some()
@@ -309,9 +366,67 @@ impl Session {
     /// Issues every step, one by one, on the session's stream.
     fn execute(&self) -> Result<(), RuntimeError> {
         for step in &self.steps {
+            self.execute_step(step)?;
+        }
+        Ok(())
+    }
+
+    /// GPU time of each step (a kernel, or a GEMM with its epilogue), median of `iterations`
+    /// runs on `inputs` issued step by step with CUDA events between the steps (no graph):
+    /// (step name, milliseconds), in program order.
+    pub fn profile(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        iterations: usize,
+    ) -> Result<Vec<(String, f64)>, RuntimeError> {
+        use cudarc::driver::sys::CUevent_flags;
+        self.upload(inputs)?;
+        let ctx = self.stream.context().clone();
+        let events = (0..=self.steps.len())
+            .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(driver)?;
+        let mut times = vec![Vec::with_capacity(iterations); self.steps.len()];
+        for i in 0..iterations + 1 {
+            events[0].record(&self.stream).map_err(driver)?;
+            for (s, step) in self.steps.iter().enumerate() {
+                self.execute_step(step)?;
+                events[s + 1].record(&self.stream).map_err(driver)?;
+            }
+            events[self.steps.len()].synchronize().map_err(driver)?;
+            // The first pass warms up.
+            for (s, t) in times.iter_mut().enumerate().filter(|_| i > 0) {
+                t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
+            }
+        }
+        Ok(self
+            .steps
+            .iter()
+            .zip(times)
+            .map(|(step, mut t)| {
+                t.sort_by(f64::total_cmp);
+                let name = match step {
+                    Loaded::Kernel(launch) => launch.name.clone(),
+                    Loaded::Gemm { name, .. } => name.clone(),
+                };
+                (name, t.get(t.len() / 2).copied().unwrap_or(0.0))
+            })
+            .collect())
+    }
+
+    fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
+        {
             match step {
                 Loaded::Kernel(launch) => self.launch(launch)?,
-                Loaded::Gemm { gemm, epilogue } => {
+                Loaded::Gemm { gemm, epilogue, lt: Some(prepared), .. } => {
+                    let lt =
+                        self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                    let addresses =
+                        (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
+                    lt.run(prepared, gemm, addresses, &self.stream)?;
+                    debug_assert!(epilogue.is_none());
+                }
+                Loaded::Gemm { gemm, epilogue, lt: None, .. } => {
                     self.gemm(gemm)?;
                     if let Some(launch) = epilogue {
                         self.launch(launch)?;
@@ -339,101 +454,9 @@ impl Session {
         }
     }
 
-    /// Row-major `C = A·B` through column-major cuBLAS: `Cᵀ = Bᵀ·Aᵀ`, so B goes first and the
-    /// roles of M and N swap. A row-major matrix read untransposed is column-major with its
-    /// row length as leading dimension; a transposed one is read with the op flag.
     fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {
-        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
-        let ld_b = if g.b.transposed { g.k } else { g.n };
-        let ld_a = if g.a.transposed { g.m } else { g.k };
-        let (alpha, beta) = (g.alpha, 0.0f32);
-        let int = |v: usize| {
-            i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
-        };
-        if g.dtype != DType::F32 {
-            return self.gemm_half(g, op(g.b.transposed), op(g.a.transposed), int(ld_b)?, int(ld_a)?);
-        }
-        // SAFETY: the pointers are inside the arena/weights allocations at offsets the plan
-        // sized for these matrices; the handle is bound to this session's stream.
-        let status = unsafe {
-            cudarc::cublas::sys::cublasSgemmStridedBatched(
-                *self.blas.handle(),
-                op(g.b.transposed),
-                op(g.a.transposed),
-                int(g.n)?,
-                int(g.m)?,
-                int(g.k)?,
-                &alpha,
-                self.address(g.b.location) as *const f32,
-                int(ld_b)?,
-                g.b.batch_stride as i64,
-                self.address(g.a.location) as *const f32,
-                int(ld_a)?,
-                g.a.batch_stride as i64,
-                &beta,
-                self.address(g.c) as *mut f32,
-                int(g.n)?,
-                (g.m * g.n) as i64,
-                int(g.batch)?,
-            )
-        };
-        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(RuntimeError::Driver(format!("cuBLAS SGEMM failed: {status:?}")));
-        }
-        Ok(())
-    }
-
-    /// f16/bf16 operands and result, f32 accumulation (same operand order as `gemm`).
-    fn gemm_half(
-        &self,
-        g: &GemmSpec,
-        op_b: cublasOperation_t,
-        op_a: cublasOperation_t,
-        ld_b: i32,
-        ld_a: i32,
-    ) -> Result<(), RuntimeError> {
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        let ty = match g.dtype {
-            DType::F16 => cudaDataType::CUDA_R_16F,
-            DType::BF16 => cudaDataType::CUDA_R_16BF,
-            other => return Err(RuntimeError::Driver(format!("no GEMM for {other}"))),
-        };
-        let (alpha, beta) = (g.alpha, 0.0f32);
-        let int = |v: usize| {
-            i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
-        };
-        // SAFETY: as in `gemm`; alpha and beta are f32 because the compute type is 32F.
-        let status = unsafe {
-            cudarc::cublas::sys::cublasGemmStridedBatchedEx(
-                *self.blas.handle(),
-                op_b,
-                op_a,
-                int(g.n)?,
-                int(g.m)?,
-                int(g.k)?,
-                (&alpha as *const f32).cast(),
-                self.address(g.b.location) as *const std::ffi::c_void,
-                ty,
-                ld_b,
-                g.b.batch_stride as i64,
-                self.address(g.a.location) as *const std::ffi::c_void,
-                ty,
-                ld_a,
-                g.a.batch_stride as i64,
-                (&beta as *const f32).cast(),
-                self.address(g.c) as *mut std::ffi::c_void,
-                ty,
-                int(g.n)?,
-                (g.m * g.n) as i64,
-                int(g.batch)?,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        };
-        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(RuntimeError::Driver(format!("cuBLAS GemmEx ({}) failed: {status:?}", g.dtype)));
-        }
-        Ok(())
+        let addresses = (self.address(g.a.location), self.address(g.b.location), self.address(g.c));
+        blas::gemm(&self.blas, g, addresses)
     }
 
     fn read_output(&self, spec: &IoSpec) -> Result<Tensor, RuntimeError> {
