@@ -264,10 +264,30 @@ def op_coverage(out):
     save(out, "op_coverage", nodes, [f32("x", 2, r, c)], outs, inits, 17)
 
 
+def attention_d64(out):
+    """Scaled-dot-product attention at BERT-base head size (64) with an additive causal mask
+    and 77 keys: more than two shared-memory tiles, the last one partial."""
+    n = helper.make_node
+    heads, seq, d = 12, 77, 64
+    mask = np.triu(np.full((seq, seq), -10000.0, dtype=np.float32), k=1)
+    nodes = [
+        n("Transpose", ["k"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+        n("MatMul", ["q", "kt"], ["scores"], name="scores"),
+        n("Div", ["scores", "scale"], ["scaled"], name="scaled"),
+        n("Add", ["scaled", "mask"], ["masked"], name="masked"),
+        n("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+        n("MatMul", ["p", "v"], ["y"], name="context"),
+    ]
+    inits = [scalar("scale", 8.0), numpy_helper.from_array(mask, "mask")]
+    shape = ("batch", heads, seq, d)
+    save(out, "attention_d64", nodes, [f32("q", *shape), f32("k", *shape), f32("v", *shape)],
+         [f32("y", *shape)], inits, 17)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     for build in (mlp_block, layernorm_div, layernorm_reciprocal, layernorm_ex2, rmsnorm,
-                  gelu_variants, softmax_decomposed, op_coverage):
+                  gelu_variants, softmax_decomposed, op_coverage, attention_d64):
         build(out)
 
 

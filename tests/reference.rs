@@ -72,4 +72,5 @@ reference_tests! {
     gelu_op => "gelu_op.onnx",
     softmax_decomposed => "softmax_decomposed.onnx",
     op_coverage => "op_coverage.onnx",
+    attention_d64 => "attention_d64.onnx",
 }

@@ -19,7 +19,6 @@ use crate::plan::{Location, Plan};
 
 pub const BLOCK: u32 = 256;
 const ROW_BLOCK: u32 = 256;
-const ATTENTION_BLOCK: u32 = 128;
 
 /// A GEMM epilogue's view of the GEMM: its raw product `alpha·A·B` is in `location`; the
 /// GEMM node's value is that product, plus `beta·C` for an ONNX Gemm with C.
@@ -676,12 +675,23 @@ fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> R
     body.statements.push(format!("const float v{} = y;", anchor.index()));
     body.store(kernel, anchor, &out_coords)?;
     let store = body.statements.join(" ");
+    let queries = out[rank - 2];
+    let heads = rows / queries.max(1);
+    // Small problems get blocks of one warp so that more SMs have work.
+    let qt: usize = if heads * queries.div_ceil(64) < 2 * 132 { 32 } else { 64 };
+    let qblocks = queries.div_ceil(qt).max(1);
+    // Keys per shared-memory tile: a multiple of the chunk, within 40 KB of f32 K and V.
+    let chunk = 4usize;
+    let kt = ((40 * 1024 / (4 * (depth + dv).max(1))) / chunk * chunk).clamp(chunk, 32);
     let data = json!({
         "name": name,
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
-        "block": ATTENTION_BLOCK,
-        "rows": rows,
+        "qt": qt,
+        "qblocks": qblocks,
+        "kt": kt,
+        "chunk": chunk,
+        "queries": queries,
         "keys": keys,
         "depth": depth,
         "dv": dv,
@@ -698,7 +708,7 @@ fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> R
     Ok(KernelSource {
         name: name.into(),
         source: render(hb, "attention", &data)?,
-        grid: rows.div_ceil(ATTENTION_BLOCK as usize).max(1) as u32,
-        block: ATTENTION_BLOCK,
+        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
+        block: qt as u32,
     })
 }

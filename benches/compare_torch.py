@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""PyTorch on the benchmark suite: eager, torch.compile, and
+torch.compile(mode="reduce-overhead"), timed the way `fusec bench` times (CUDA events around
+each call after a warm-up, several input sets rotated, median / p10 / p90).
+
+    python3 benches/compare_torch.py --json OUT.json [--models ...] [--dtypes ...] [--micro-only]
+
+Every compiled variant's output is checked against eager f32 before it is timed (rel-L2;
+bound 1e-4 for f32, 2e-2 for f16 whose reference is still f32); a failed check is recorded
+and the timing kept out of the table. Each shape is compiled afresh (torch._dynamo.reset()),
+static, as fusec compiles each shape. TF32 stays off, as in fusec's f32 GEMMs.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite  # noqa: E402
+
+MODES = ["eager", "compile", "reduce-overhead"]
+
+
+def percentiles(times):
+    times = sorted(times)
+    at = lambda q: times[round((len(times) - 1) * q)]  # noqa: E731
+    return at(0.5), at(0.1), at(0.9)
+
+
+def time_calls(fn, input_sets, warmup, iters):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(warmup + iters):
+        args = input_sets[i % len(input_sets)]
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return percentiles(times)
+
+
+def rel_l2(x, ref):
+    x, ref = x.double(), ref.double()
+    return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
+
+
+def variants(module):
+    for mode in MODES:
+        if mode == "eager":
+            yield mode, module, 0.0
+        else:
+            torch._dynamo.reset()
+            kwargs = {"mode": "reduce-overhead"} if mode == "reduce-overhead" else {}
+            yield mode, torch.compile(module, dynamic=False, **kwargs), None
+
+
+def run_case(records, label, module_f32, make_inputs, dtype, args, extra):
+    """Times every mode of one (model, shape, dtype) case and appends a record per mode."""
+    torch_dtype = torch.float16 if dtype == "fp16" else torch.float32
+    input_sets = [make_inputs(seed) for seed in range(4)]
+    with torch.no_grad():
+        reference = module_f32(*input_sets[0]).float()
+    module = module_f32 if dtype == "fp32" else module_f32.to(torch_dtype)
+    if dtype != "fp32":
+        input_sets = [[t.to(torch_dtype) if t.is_floating_point() else t for t in s] for s in input_sets]
+    bound = 1e-4 if dtype == "fp32" else 2e-2
+    for mode, fn, _ in variants(module):
+        record = dict(system=f"torch {mode}", case=label, dtype=dtype, **extra)
+        try:
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                out = fn(*input_sets[0])
+                torch.cuda.synchronize()
+                record["first_call_s"] = time.perf_counter() - t0
+                err = rel_l2(out.float(), reference)
+                record["rel_l2_vs_eager_f32"] = err
+                record["check"] = "pass" if err <= bound else "FAIL"
+                median, p10, p90 = time_calls(fn, input_sets, args.warmup, args.iters)
+            record.update(median_ms=median, p10_ms=p10, p90_ms=p90)
+        except Exception as e:  # record and go on: one failure must not hide the rest
+            record.update(check="error", error=f"{type(e).__name__}: {e}"[:500])
+        print(json.dumps(record), flush=True)
+        records.append(record)
+        save(args, records)
+    if dtype != "fp32":
+        module_f32.float()
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--models", default=",".join(suite.MODELS))
+    parser.add_argument("--dtypes", default=",".join(suite.DTYPES))
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--no-micro", action="store_true")
+    parser.add_argument("--micro-only", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    records = []
+    if not args.micro_only:
+        for name in args.models.split(","):
+            module = suite.build(name).to(dev)
+            for batch, seq in suite.SHAPES:
+                def make_inputs(seed, batch=batch, seq=seq):
+                    g = torch.Generator().manual_seed(1000 + seed)
+                    return [torch.randint(1, suite.VOCAB_IDS, (batch, seq), generator=g).to(dev)]
+                for dtype in args.dtypes.split(","):
+                    run_case(records, name, module, make_inputs, dtype, args,
+                             dict(batch=batch, seq=seq))
+            del module
+    if not args.no_micro:
+        for name in suite.MICRO:
+            for rows, hidden in suite.MICRO_SHAPES:
+                module = suite.build_micro(name, hidden).to(dev)
+                def make_inputs(seed, rows=rows, hidden=hidden, n=len(suite.micro_inputs(name))):
+                    g = torch.Generator().manual_seed(2000 + seed)
+                    return [(torch.rand(rows, hidden, generator=g) * 2 - 1).to(dev) for _ in range(n)]
+                run_case(records, name, module, make_inputs, "fp32", args, dict(rows=rows, hidden=hidden))
+    save(args, records)
+
+
+def save(args, records):
+    """Rewritten after every record, so a run cut short keeps what it measured."""
+    meta = dict(torch=torch.__version__, device=torch.cuda.get_device_name(0),
+                cuda=torch.version.cuda)
+    try:
+        import transformers
+        meta["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    with open(args.json, "w") as f:
+        json.dump(dict(meta=meta, records=records), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
