@@ -85,7 +85,7 @@ def export_micro(name, rows, hidden, out_dir):
 def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
-    for name in suite.MODELS:
+    for name in os.environ.get("EXPORT_MODELS", " ".join(suite.MODELS)).split():
         export_model(name, out_dir)
     for name in suite.MICRO:
         for rows, hidden in suite.MICRO_SHAPES:

@@ -130,6 +130,60 @@ pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords)
     Some(linearize(&coords, &shape))
 }
 
+/// Whether every index of `kernel` fits 32-bit arithmetic: it computes and reads only float
+/// and bool values (so every `long long` and `LL` in its source is index arithmetic, never
+/// data), and no tensor it touches, nor attention's virtual score matrix, nears 2^31
+/// elements. 64-bit division and remainder cost many instructions; 32-bit ones a few.
+pub fn fits_i32(plan: &crate::plan::Plan, kernel: &crate::fusion::Kernel) -> bool {
+    let graph = &plan.graph;
+    let limit = (i32::MAX / 4) as usize;
+    let ok = |id: crate::ir::NodeId| {
+        let ty = &graph.node(id).ty;
+        !ty.dtype.is_int() && ty.len() < limit
+    };
+    kernel.nodes.iter().all(|&n| {
+        let inputs = graph.inputs_of(n);
+        let scores_fit = match graph.node(n).op {
+            Op::Attention { .. } => {
+                let keys = graph.node(inputs[1]).ty.shape.last().copied().unwrap_or(1);
+                graph.node(n).ty.len() / graph.node(n).ty.shape.last().copied().unwrap_or(1).max(1) * keys
+                    < limit
+            }
+            _ => true,
+        };
+        ok(n) && inputs.into_iter().all(ok) && scores_fit
+    }) && plan.arena_bytes < limit
+        && plan.weights.len() < limit
+}
+
+/// `source` with 32-bit index arithmetic: `long long` becomes `int` and the `LL` suffix of
+/// integer literals goes. Only for kernels [`fits_i32`] accepts.
+pub fn narrow(source: &str) -> String {
+    let text = source.replace("long long", "int");
+    let chars: Vec<char> = text.chars().collect();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i].is_ascii_digit() && (i == 0 || !ident(chars[i - 1])) {
+            while i < chars.len() && chars[i].is_ascii_digit() {
+                out.push(chars[i]);
+                i += 1;
+            }
+            let suffix = chars.get(i) == Some(&'L')
+                && chars.get(i + 1) == Some(&'L')
+                && !chars.get(i + 2).is_some_and(|&c| ident(c));
+            if suffix {
+                i += 2;
+            }
+        } else {
+            out.push(chars[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

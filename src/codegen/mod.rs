@@ -94,10 +94,19 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let fail =
                 |message: String| CodegenError::Kernel { kernel: k, kind: kernel.kind.name(), message };
             let name = format!("fusec_k{k}_{}", kernel.kind.name().replace(['+', ':'], "_").to_lowercase());
-            match &kernel.kind {
-                KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail),
-                _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail),
+            let mut step = match &kernel.kind {
+                KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
+                _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
+            };
+            if index::fits_i32(plan, kernel) {
+                match &mut step {
+                    Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
+                        source.source = index::narrow(&source.source)
+                    }
+                    Step::Gemm { epilogue: None, .. } => {}
+                }
             }
+            Ok(step)
         })
         .collect()
 }

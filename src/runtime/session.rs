@@ -286,7 +286,9 @@ impl Session {
         let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
         let mut times = Vec::with_capacity(iterations);
         for i in 0..warmup.max(1) + iterations {
-            self.upload(&input_sets[i % input_sets.len()])?;
+            if i < input_sets.len() || input_sets.len() > 1 {
+                self.upload(&input_sets[i % input_sets.len()])?;
+            }
             if self.graph.is_none() && self.use_graph {
                 // The first run captures the graph; it is not timed.
                 self.execute_all()?;
