@@ -122,16 +122,17 @@ impl Session {
             .flat_map(Step::sources)
             .filter(|s| !ptx_fits || !header.ptx.contains_key(&s.name))
             .collect();
-        let compiled =
+        // PTX by kernel name: the bundle's where it fits this GPU, the rest compiled now.
+        let mut ptx_of =
             if missing.is_empty() { Default::default() } else { nvrtc::compile_all_cached(&missing, &arch)? };
+        if ptx_fits {
+            ptx_of.extend(header.ptx.iter().map(|(name, ptx)| (name.clone(), ptx.clone())));
+        }
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
-            let ptx = match header.ptx.get(&source.name).filter(|_| ptx_fits) {
-                Some(ptx) => ptx.clone(),
-                None => match compiled.get(&source.name) {
-                    Some(ptx) => ptx.clone(),
-                    None => nvrtc::compile_cached(source, &arch)?,
-                },
-            };
+            let ptx = ptx_of
+                .get(&source.name)
+                .cloned()
+                .ok_or_else(|| RuntimeError::Driver(format!("no PTX for kernel {}", source.name)))?;
             let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
             let function = module.load_function(&source.name).map_err(driver)?;
             let config = LaunchConfig {
@@ -157,10 +158,7 @@ impl Session {
             steps.push(match step {
                 Step::Launch(source) => Loaded::Kernel(load(source)?),
                 Step::Gemm { gemm, epilogue } => {
-                    let bias = gemm.lt_epilogue.map(|e| match e.bias {
-                        Location::Arena(o) => arena_ptr + o as u64,
-                        Location::Weights(o) => weights_ptr + o as u64,
-                    });
+                    let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
                     let prepared =
                         lt.as_ref().zip(bias).and_then(|(lt, bias)| lt.prepare(gemm, bias)).map(Box::new);
                     // With cuBLASLt running the epilogue, the kernel is not needed.
@@ -450,10 +448,7 @@ impl Session {
     }
 
     fn address(&self, location: Location) -> u64 {
-        match location {
-            Location::Arena(o) => self.arena_ptr + o as u64,
-            Location::Weights(o) => self.weights_ptr + o as u64,
-        }
+        device_address(location, self.arena_ptr, self.weights_ptr)
     }
 
     fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {
@@ -473,6 +468,14 @@ impl Session {
             }
         };
         tensor_from_bytes(&host, &ty.shape, ty.dtype)
+    }
+}
+
+/// The device address of `location` given where the arena and the weights start.
+fn device_address(location: Location, arena_ptr: u64, weights_ptr: u64) -> u64 {
+    match location {
+        Location::Arena(o) => arena_ptr + o as u64,
+        Location::Weights(o) => weights_ptr + o as u64,
     }
 }
 
