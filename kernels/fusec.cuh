@@ -4,6 +4,12 @@
 
 namespace fusec {
 
+// `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
+
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 

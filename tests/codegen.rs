@@ -163,3 +163,60 @@ fn cublaslt_takes_bias_and_tanh_gelu_epilogues_only() {
     }
     assert!(bert.iter().any(|(_, lt)| lt.is_none()) && bert.iter().any(|(_, lt)| lt.is_some()));
 }
+
+/// Pointwise kernels and GEMM epilogues whose last axis splits into 16-byte packs read and write them with
+/// vector accesses; a last axis that does not split keeps one element per thread.
+#[test]
+fn pointwise_kernels_use_packs_where_the_last_axis_splits() {
+    let kernels = |file: &str, precision: DType| {
+        let import = common::shape_variants(file).remove(0);
+        let options = fusec::CompileOptions { import, precision, ..Default::default() };
+        let bundle = fusec::compile(&common::model_path(file), &options).unwrap();
+        bundle.header.steps.iter().flat_map(|s| s.sources().cloned().collect::<Vec<_>>()).collect::<Vec<_>>()
+    };
+    // Erf-GELU over 24 columns: packs of 4 in f32, of 8 in f16.
+    let f32 = kernels("gelu_erf_div.onnx", DType::F32);
+    let pointwise = f32.iter().find(|k| k.name.contains("pointwise")).expect("a pointwise kernel");
+    assert!(pointwise.source.contains("fusec::Pack<float, 4>"), "{}", pointwise.source);
+    assert!(pointwise.source.contains("for (int j = 0; j < 4; ++j)"), "{}", pointwise.source);
+    // The f16 MLP's GEMM epilogues over 40 columns: packs of 8 halves.
+    let f16 = kernels("mlp_block.onnx", DType::F16);
+    assert!(f16.iter().any(|k| k.name.contains("gemm") && k.source.contains("fusec::Pack<__half, 8>")));
+    // op_coverage's unary chain runs over [2, 3, 11]: 11 does not split.
+    let odd = kernels("op_coverage.onnx", DType::F32);
+    let over_x: Vec<_> = odd.iter().filter(|k| k.source.contains("if (i >= 66)")).collect();
+    assert!(!over_x.is_empty(), "a kernel over the 66 elements of x");
+    assert!(over_x.iter().all(|k| !k.source.contains("fusec::Pack")));
+}
+
+/// bf16 keeps a transformer's residual stream in f32: LayerNorm kernels read and write f32
+/// and also write the bf16 copy the next GEMM reads, in the same kernel.
+#[test]
+fn bf16_keeps_the_residual_stream_in_f32() {
+    let import = common::shape_variants("bert_ts.onnx").remove(0);
+    let options = fusec::CompileOptions { import, precision: DType::BF16, ..Default::default() };
+    let bundle = fusec::compile(&common::model_path("bert_ts.onnx"), &options).unwrap();
+    let f16 = fusec::compile(
+        &common::model_path("bert_ts.onnx"),
+        &fusec::CompileOptions { precision: DType::F16, ..options.clone() },
+    )
+    .unwrap();
+    assert_eq!(bundle.header.steps.len(), f16.header.steps.len(), "the casts join existing kernels");
+    let norms: Vec<_> = bundle
+        .header
+        .steps
+        .iter()
+        .flat_map(|s| s.sources())
+        .filter(|k| k.name.contains("layernorm"))
+        .collect();
+    assert!(!norms.is_empty());
+    for k in &norms {
+        assert!(k.source.contains("float* __restrict__ out"), "{}: no f32 output\n{}", k.name, k.source);
+    }
+    assert!(norms.iter().any(|k| k.source.contains("__nv_bfloat16* __restrict__ out")));
+    for step in &bundle.header.steps {
+        if let Step::Gemm { gemm, .. } = step {
+            assert_eq!(gemm.dtype, DType::BF16, "GEMMs stay bf16");
+        }
+    }
+}

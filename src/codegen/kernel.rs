@@ -39,6 +39,51 @@ pub struct Body<'a> {
     /// `#include` lines the kernel needs (half types).
     pub headers: std::collections::BTreeSet<&'static str>,
     fresh: usize,
+    /// Set when each thread computes several consecutive elements of the last axis.
+    lanes: Option<Lanes>,
+}
+
+/// The coordinate of an element along the last axis inside a thread's lane loop.
+const LANE: &str = "cj";
+
+/// A thread's `count` consecutive elements along the last axis (of size `width`, a multiple
+/// of `count`), starting at coordinate `base`. Reads and writes of a tensor whose last
+/// coordinate is the lane's become one aligned load before the loop and one store after it.
+struct Lanes {
+    count: usize,
+    width: usize,
+    base: String,
+    /// Vector loads and store registers, before the lane loop.
+    before: Vec<String>,
+    /// Vector stores, after it.
+    after: Vec<String>,
+    /// Loaded packs by address.
+    loaded: BTreeMap<String, String>,
+}
+
+/// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
+fn lane_invariant(expr: &str) -> bool {
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            let word = &expr[start..i];
+            let number = c.is_ascii_digit();
+            let coordinate =
+                word.len() > 1 && word.starts_with('c') && word[1..].bytes().all(|b| b.is_ascii_digit());
+            if !number && !coordinate {
+                return false;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    true
 }
 
 impl<'a> Body<'a> {
@@ -51,7 +96,51 @@ impl<'a> Body<'a> {
             statements: Vec::new(),
             headers: Default::default(),
             fresh: 0,
+            lanes: None,
         }
+    }
+
+    /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
+    /// when the lanes touch consecutive, aligned elements there.
+    fn lane_base(&self, coords: &[String], shape: &[usize]) -> Option<Coords> {
+        let lanes = self.lanes.as_ref()?;
+        let (last, rest) = coords.split_last()?;
+        if last != LANE || shape.last() != Some(&lanes.width) || !rest.iter().all(|c| lane_invariant(c)) {
+            return None;
+        }
+        let mut base = coords.to_vec();
+        *base.last_mut()? = lanes.base.clone();
+        Some(base)
+    }
+
+    /// The element at `coords` of a tensor of `shape` at `pointer`, widened to its register
+    /// type; in a lane loop, from a vector load where the lanes read consecutive elements.
+    fn element(
+        &mut self,
+        pointer: &str,
+        coords: &[String],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<String, String> {
+        let Some(base) = self.lane_base(coords, shape) else {
+            return Ok(load(&format!("{pointer}[{}]", linearize(coords, shape)), dtype));
+        };
+        let ty = c_type(dtype)?;
+        let address = format!("{pointer} + {}", linearize(&base, shape));
+        let fresh = self.fresh("p");
+        let lanes = self.lanes.as_mut().ok_or("no lanes")?;
+        let pack = match lanes.loaded.get(&address) {
+            Some(pack) => pack.clone(),
+            None => {
+                let n = lanes.count;
+                lanes.before.push(format!(
+                    "const fusec::Pack<{ty}, {n}> {fresh} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
+                ));
+                lanes.loaded.insert(address, fresh.clone());
+                fresh
+            }
+        };
+        Ok(load(&format!("{pack}.v[j]"), dtype))
     }
 
     fn location(&self, id: NodeId) -> Option<Location> {
@@ -105,10 +194,9 @@ impl<'a> Body<'a> {
         let stored = |n: NodeId| self.location(n).is_some();
         let (source, coords) = trace_back(graph, id, coords, &stored)
             .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
-        let offset = linearize(&coords, &graph.node(source).ty.shape);
-        let dtype = graph.node(source).ty.dtype;
+        let (shape, dtype) = (graph.node(source).ty.shape.clone(), graph.node(source).ty.dtype);
         let pointer = self.pointer(source, false)?;
-        Ok(load(&format!("{pointer}[{offset}]"), dtype))
+        self.element(&pointer, &coords, &shape, dtype)
     }
 
     /// Input `input` of `consumer` (whose element is at `coords`), broadcast to it.
@@ -277,7 +365,8 @@ impl<'a> Body<'a> {
                 // The raw product is never stored through a view, so the element is at its
                 // own linear index.
                 self.declare(&raw, gemm.location, node.ty.dtype, false)?;
-                let raw = load(&format!("{raw}[{}]", linearize(coords, &node.ty.shape)), node.ty.dtype);
+                let (shape, dtype) = (node.ty.shape.clone(), node.ty.dtype);
+                let raw = self.element(&raw, coords, &shape, dtype)?;
                 match (gemm.beta_c, inputs.get(2)) {
                     (Some(beta), Some(&c)) => {
                         let c = self.operand(id, c, coords)?;
@@ -373,9 +462,23 @@ impl<'a> Body<'a> {
             }
             None => (id, linearize(coords, &graph.node(id).ty.shape)),
         };
+        let (shape, dtype) = (graph.node(id).ty.shape.clone(), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
-        let value = narrow(&format!("v{}", id.index()), graph.node(id).ty.dtype);
-        self.statements.push(format!("{pointer}[{index}] = {value};"));
+        let value = narrow(&format!("v{}", id.index()), dtype);
+        let base = if target == id { self.lane_base(coords, &shape) } else { None };
+        match (base, self.lanes.as_mut()) {
+            (Some(base), Some(lanes)) => {
+                let (ty, n) = (c_type(dtype)?, lanes.count);
+                let pack = format!("s{}", id.index());
+                lanes.before.push(format!("fusec::Pack<{ty}, {n}> {pack};"));
+                lanes.after.push(format!(
+                    "*reinterpret_cast<fusec::Pack<{ty}, {n}>*>({pointer} + {}) = {pack};",
+                    linearize(&base, &shape)
+                ));
+                self.statements.push(format!("{pack}.v[j] = {value};"));
+            }
+            _ => self.statements.push(format!("{pointer}[{index}] = {value};")),
+        }
         Ok(())
     }
 }
@@ -423,14 +526,29 @@ pub fn elementwise(
     let last = *kernel.nodes.last().ok_or("an empty kernel")?;
     let shape = graph.node(last).ty.shape.clone();
     let count: usize = shape.iter().product();
-    let (coord_decls, coords) = coords_decl("c", "i", &shape);
+    let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
+    let (coord_decls, mut coords) = coords_decl("c", "i", &shape);
+    let mut linear = "i".to_string();
+    if lanes > 1 {
+        let base = coords.pop().ok_or("lanes over no axis")?;
+        coords.push(LANE.into());
+        linear = "(i + j)".into();
+        body.lanes = Some(Lanes {
+            count: lanes,
+            width: *shape.last().ok_or("lanes over no axis")?,
+            base,
+            before: Vec::new(),
+            after: Vec::new(),
+            loaded: BTreeMap::new(),
+        });
+    }
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
         let s = &graph.node(n).ty.shape;
         if *s == shape {
             coords.clone()
         } else {
-            delinearize("i", s)
+            delinearize(&linear, s)
         }
     };
     for &n in &computed {
@@ -446,22 +564,51 @@ pub fn elementwise(
     for &o in &kernel.outputs {
         body.store(kernel, o, &coords_of(o))?;
     }
+    let (before, after) = match body.lanes.take() {
+        Some(l) => (l.before, l.after),
+        None => Default::default(),
+    };
+    let threads = count / lanes;
     let data = json!({
         "name": name,
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": BLOCK,
-        "count": count,
+        "threads": threads,
+        "lanes": lanes,
+        "vector": lanes > 1,
+        "lane": LANE,
+        "base": coord_decls.len().checked_sub(1).map(|d| format!("c{d}")).unwrap_or_default(),
         "buffers": buffers_json(&body),
         "coords": coord_decls,
+        "before": before,
         "statements": body.statements,
+        "after": after,
     });
     Ok(KernelSource {
         name: name.into(),
         source: render(hb, "elementwise", &data)?,
-        grid: count.div_ceil(BLOCK as usize).max(1) as u32,
+        grid: threads.div_ceil(BLOCK as usize).max(1) as u32,
         block: BLOCK,
     })
+}
+
+/// How many consecutive elements of the last axis each thread of an elementwise kernel
+/// computes: enough for 16-byte stores of its widest output type, when the last axis
+/// splits evenly (buffers start 256-byte aligned, so every such access is aligned); 1 for
+/// kinds whose per-element work is a loop.
+fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &[usize]) -> usize {
+    let graph = &plan.graph;
+    let kind_fits =
+        gemm_epilogue || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
+    // Packs of wider inputs span several 16-byte accesses, still aligned: a pack's first
+    // element is a multiple of `lanes` into a 256-byte-aligned buffer.
+    let widest = kernel.outputs.iter().map(|&n| graph.node(n).ty.dtype.size_bytes()).max().unwrap_or(16);
+    let lanes = 16 / widest.clamp(1, 16);
+    match shape.last() {
+        Some(&width) if kind_fits && lanes > 1 && width % lanes == 0 => lanes,
+        _ => 1,
+    }
 }
 
 fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<KernelSource, String> {
@@ -608,11 +755,20 @@ fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<
     }
     if !reduce_row {
         body.statements.clear();
+        // An epilogue node behind a reshape has the row's elements in another shape.
+        let coords_of = |n: NodeId| {
+            let shape = &graph.node(n).ty.shape;
+            if *shape == in_shape {
+                coords.clone()
+            } else {
+                delinearize(&linearize(&coords, &in_shape), shape)
+            }
+        };
         for &e in epilogue_nodes {
-            body.compute(e, &coords)?;
+            body.compute(e, &coords_of(e))?;
         }
         for &o in &kernel.outputs {
-            body.store(kernel, o, &coords)?;
+            body.store(kernel, o, &coords_of(o))?;
         }
         last_body.append(&mut body.statements);
         pass("0.0f", last_body, vec![]);

@@ -280,6 +280,31 @@ impl Builder<'_> {
             }
             tail = u;
         }
+        // Casts of the row's values (an f32 LayerNorm output cast to bf16 for the next GEMM),
+        // also behind a reshape that only the cast reads, join it as extra outputs even where
+        // the value has other readers.
+        for n in [row, tail] {
+            for u in self.graph.users_of(n) {
+                let reshape =
+                    matches!(self.graph.node(u).op, Op::Reshape { .. }) && !self.kernel_of.contains_key(&u);
+                match self.single_user(u) {
+                    Some(cast) if reshape && self.absorbable_cast(cast) => {
+                        self.kernel_of.insert(u, k);
+                        if !self.try_absorb_downstream(cast, k) {
+                            self.kernel_of.remove(&u);
+                        }
+                    }
+                    _ if self.absorbable_cast(u) => {
+                        self.try_absorb_downstream(u, k);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn absorbable_cast(&self, id: NodeId) -> bool {
+        matches!(self.graph.node(id).op, Op::Cast { .. }) && self.free_pointwise(id)
     }
 
     fn pointwise_group(&mut self, id: NodeId) {
