@@ -27,4 +27,15 @@ PY
   .gpu/fusec bench models/bert12_ts.onnx --dim batch=8 --dim seq=64 --json "$out/bench_bert12.json"
   .gpu/fusec bench models/gpt2_ts.onnx --dim batch=8 --dim seq=64
   .gpu/fusec bench models/bert12_ts.onnx --dim batch=8 --dim seq=64 --precision fp16
+  .gpu/fusec bench models/bert12_ts.onnx --dim batch=8 --dim seq=64 --precision bf16
 } 2>&1 | tee "$out/bench.log"
+# The pointwise chains of the benchmark suite (benches/export.py writes them; no model
+# download), fused against unfused.
+{
+  EXPORT_MODELS="" python3 benches/export.py /tmp/fusec-chains &&
+  for chain in bias_gelu bias_dropout_residual_layernorm; do
+    for shape in 4096x3072 8192x4096; do
+      .gpu/fusec bench "/tmp/fusec-chains/${chain}_$shape.onnx" --profile
+    done
+  done
+} 2>&1 | tee "$out/chains.log"
