@@ -726,15 +726,25 @@ fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<
                 }
             };
             body.statements.clear();
-            let out_coords = delinearize("row", &node.ty.shape);
+            let out_shape = node.ty.shape.clone();
+            let out_coords = delinearize("row", &out_shape);
+            // An epilogue node behind a reshape has the row's result in another shape.
+            let coords_of = |n: NodeId| {
+                let shape = &graph.node(n).ty.shape;
+                if *shape == out_shape {
+                    out_coords.clone()
+                } else {
+                    delinearize(&linearize(&out_coords, &out_shape), shape)
+                }
+            };
             let mut finish_lines =
                 vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
             for &e in epilogue_nodes {
-                body.compute(e, &out_coords)?;
+                body.compute(e, &coords_of(e))?;
             }
             for &o in &kernel.outputs {
                 if !prologue_nodes.contains(&o) {
-                    body.store(kernel, o, &out_coords)?;
+                    body.store(kernel, o, &coords_of(o))?;
                 }
             }
             finish_lines.append(&mut body.statements);
