@@ -42,6 +42,16 @@ pub fn delinearize(linear: &str, shape: &[usize]) -> Coords {
     coords
 }
 
+/// Coordinates in shape `to` of the element at `coords` of shape `from` with the same linear
+/// index (a reshape); `coords` themselves when the shapes are equal.
+pub fn reshape_coords(coords: &[String], from: &[usize], to: &[usize]) -> Coords {
+    if from == to {
+        coords.to_vec()
+    } else {
+        delinearize(&linearize(coords, from), to)
+    }
+}
+
 /// Coordinates of a `from`-shaped element in a `to`-shaped operand broadcast to it (numpy
 /// rules: right-aligned, size-1 dimensions read index 0).
 pub fn broadcast(coords: &[String], from: &[usize], to: &[usize]) -> Coords {

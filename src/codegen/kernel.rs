@@ -11,7 +11,7 @@ use handlebars::Handlebars;
 use serde_json::json;
 
 use super::expr::{binary, c_type, cast, header, literal, load, narrow, register_type, unary};
-use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords};
+use super::index::{broadcast, delinearize, linearize, reshape_coords, trace_back, trace_forward, Coords};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{DType, NodeId, Op, ReduceOp};
@@ -127,17 +127,18 @@ impl<'a> Body<'a> {
         };
         let ty = c_type(dtype)?;
         let address = format!("{pointer} + {}", linearize(&base, shape));
-        let fresh = self.fresh("p");
-        let lanes = self.lanes.as_mut().ok_or("no lanes")?;
-        let pack = match lanes.loaded.get(&address) {
-            Some(pack) => pack.clone(),
+        let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&address).cloned());
+        let pack = match loaded {
+            Some(pack) => pack,
             None => {
+                let pack = self.fresh("p");
+                let lanes = self.lanes.as_mut().ok_or("no lanes")?;
                 let n = lanes.count;
                 lanes.before.push(format!(
-                    "const fusec::Pack<{ty}, {n}> {fresh} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
+                    "const fusec::Pack<{ty}, {n}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
                 ));
-                lanes.loaded.insert(address, fresh.clone());
-                fresh
+                lanes.loaded.insert(address, pack.clone());
+                pack
             }
         };
         Ok(load(&format!("{pack}.v[j]"), dtype))
@@ -564,8 +565,8 @@ pub fn elementwise(
     for &o in &kernel.outputs {
         body.store(kernel, o, &coords_of(o))?;
     }
-    let (before, after) = match body.lanes.take() {
-        Some(l) => (l.before, l.after),
+    let (base, before, after) = match body.lanes.take() {
+        Some(l) => (l.base, l.before, l.after),
         None => Default::default(),
     };
     let threads = count / lanes;
@@ -578,7 +579,7 @@ pub fn elementwise(
         "lanes": lanes,
         "vector": lanes > 1,
         "lane": LANE,
-        "base": coord_decls.len().checked_sub(1).map(|d| format!("c{d}")).unwrap_or_default(),
+        "base": base,
         "buffers": buffers_json(&body),
         "coords": coord_decls,
         "before": before,
@@ -729,14 +730,7 @@ fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<
             let out_shape = node.ty.shape.clone();
             let out_coords = delinearize("row", &out_shape);
             // An epilogue node behind a reshape has the row's result in another shape.
-            let coords_of = |n: NodeId| {
-                let shape = &graph.node(n).ty.shape;
-                if *shape == out_shape {
-                    out_coords.clone()
-                } else {
-                    delinearize(&linearize(&out_coords, &out_shape), shape)
-                }
-            };
+            let coords_of = |n: NodeId| reshape_coords(&out_coords, &out_shape, &graph.node(n).ty.shape);
             let mut finish_lines =
                 vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
             for &e in epilogue_nodes {
@@ -766,14 +760,7 @@ fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<
     if !reduce_row {
         body.statements.clear();
         // An epilogue node behind a reshape has the row's elements in another shape.
-        let coords_of = |n: NodeId| {
-            let shape = &graph.node(n).ty.shape;
-            if *shape == in_shape {
-                coords.clone()
-            } else {
-                delinearize(&linearize(&coords, &in_shape), shape)
-            }
-        };
+        let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
         for &e in epilogue_nodes {
             body.compute(e, &coords_of(e))?;
         }
