@@ -164,7 +164,11 @@ impl Plan {
                 locations.insert(id, Location::Weights(offset));
             }
         };
-        for &source in last_read.keys().chain(keep.iter()) {
+        // In node order, so that a model compiles to the same weights layout (and kernel
+        // sources, which the NVRTC cache keys on) every time.
+        let mut constants: Vec<NodeId> = last_read.keys().chain(keep.iter()).copied().collect();
+        constants.sort_unstable();
+        for source in constants {
             place_constant(source, &mut locations);
         }
         let mut arena = Arena::default();
