@@ -10,7 +10,7 @@
 # FUSEC (default: target/release/fusec, else .gpu/fusec), WORK (exported models, default
 # .bench-work, ignored by git), RESULTS (default benches/results), ITERS (default 100) override.
 # TORCH_ARGS passes options to compare_torch.py (e.g. "--dtypes fp32 --no-micro");
-# FUSEC_MODELS (default "bert_base gpt2_small") and FUSEC_MICRO=0 narrow the fusec part.
+# FUSEC_MODELS (default "bert_base gpt2_small llama_style") and FUSEC_MICRO=0 narrow the fusec part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUSEC="${FUSEC:-$( [ -x target/release/fusec ] && echo target/release/fusec || echo .gpu/fusec )}"
@@ -29,7 +29,7 @@ for part in "${parts[@]}"; do
     fusec)
       nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$RESULTS/gpu.txt"
       "$FUSEC" --version > "$RESULTS/fusec-version.txt" 2>&1 || true
-      for model in ${FUSEC_MODELS:-bert_base gpt2_small}; do
+      for model in ${FUSEC_MODELS:-bert_base gpt2_small llama_style}; do
         for shape in 1x128 8x128 32x128; do
           for precision in fp32 fp16; do
             b="${shape%x*}" s="${shape#*x}"

@@ -1,14 +1,15 @@
 """What the benchmark suite measures, shared by export.py and compare_torch.py so that fusec
 and PyTorch run the same architectures at the same shapes.
 
-Models are Hugging Face BERT-base and GPT-2 small with their default configurations and
-random (seeded) weights; biases and norm scales are re-drawn so no affine path is trivially
+Models are Hugging Face BERT-base and GPT-2 small with their default configurations, and a
+Llama-style decoder (LlamaConfig: hidden 768, 12 layers, 12 heads, 4 key-value heads,
+intermediate 2048, vocabulary 32000), all with random (seeded) weights; biases and norm scales are re-drawn so no affine path is trivially
 zero or one. The pointwise chains are the two every transformer layer has.
 """
 
 import torch
 
-MODELS = ["bert_base", "gpt2_small"]
+MODELS = ["bert_base", "gpt2_small", "llama_style"]
 SHAPES = [(1, 128), (8, 128), (32, 128)]          # batch x sequence
 DTYPES = ["fp32", "fp16"]
 MICRO_SHAPES = [(4096, 3072), (8192, 4096)]       # rows x hidden
@@ -29,12 +30,16 @@ class LastHidden(torch.nn.Module):
 
 def build(name, seed=0):
     """The model `name` in eval mode (f32, on the CPU), wrapped as forward(ids) -> hidden."""
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
     torch.manual_seed(seed)
     if name == "bert_base":
         model = BertModel(BertConfig(), add_pooling_layer=False)
     elif name == "gpt2_small":
         model = GPT2Model(GPT2Config())
+    elif name == "llama_style":
+        model = LlamaModel(LlamaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                       num_key_value_heads=4, intermediate_size=2048, vocab_size=32000,
+                                       max_position_embeddings=512))
     else:
         raise ValueError(f"unknown model {name}")
     with torch.no_grad():

@@ -284,10 +284,45 @@ def attention_d64(out):
          [f32("y", *shape)], inits, 17)
 
 
+def attention_gqa_d80(out):
+    """Attention at awkward sizes: head size 80 (padded to a multiple of 16 on tensor cores),
+    197 queries and keys (a ViT's token count: partial tiles), an additive padding mask input of
+    shape [batch, 1, 1, keys], and grouped-query heads: 2 key/value heads shared by 6 query
+    heads through Unsqueeze → Expand → Reshape, the layout exporters write."""
+    n = helper.make_node
+    heads, kv_heads, seq, d = 6, 2, 197, 80
+    group = heads // kv_heads
+    nodes = []
+    for name in ("k", "v"):
+        nodes += [
+            n("Unsqueeze", [name, "axis2"], [f"{name}5"], name=f"{name}_unsqueeze"),
+            n("Expand", [f"{name}5", "expanded"], [f"{name}x"], name=f"{name}_expand"),
+            n("Reshape", [f"{name}x", "heads_shape"], [f"{name}h"], name=f"{name}_heads"),
+        ]
+    nodes += [
+        n("Transpose", ["kh"], ["kt"], name="kt", perm=[0, 1, 3, 2]),
+        n("MatMul", ["q", "kt"], ["scores"], name="scores"),
+        n("Mul", ["scores", "scale"], ["scaled"], name="scaled"),
+        n("Add", ["scaled", "mask"], ["masked"], name="masked"),
+        n("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+        n("MatMul", ["p", "vh"], ["y"], name="context"),
+    ]
+    inits = [
+        scalar("scale", 1.0 / np.sqrt(d)),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+        numpy_helper.from_array(np.array([1, kv_heads, group, seq, d], dtype=np.int64), "expanded"),
+        numpy_helper.from_array(np.array([0, heads, seq, d], dtype=np.int64), "heads_shape"),
+    ]
+    inputs = [f32("q", "batch", heads, seq, d), f32("k", "batch", kv_heads, seq, d),
+              f32("v", "batch", kv_heads, seq, d), f32("mask", "batch", 1, 1, seq)]
+    save(out, "attention_gqa_d80", nodes, inputs, [f32("y", "batch", heads, seq, d)], inits, 17)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     for build in (mlp_block, layernorm_div, layernorm_reciprocal, layernorm_ex2, rmsnorm,
-                  gelu_variants, softmax_decomposed, op_coverage, attention_d64):
+                  gelu_variants, softmax_decomposed, op_coverage, attention_d64,
+                  attention_gqa_d80):
         build(out)
 
 

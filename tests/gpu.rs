@@ -39,10 +39,12 @@ fn every_fixture_matches_tract_on_the_gpu() {
     for file in common::all_fixtures() {
         let path = common::model_path(&file);
         let variants = common::shape_variants(&file).into_iter().enumerate();
-        // f32 at every shape; f16 and bf16 at the first (device time is limited).
-        let runs = variants.flat_map(|(v, import)| {
+        // f32 at every shape; f16 and bf16 at the first (device time is limited), and at
+        // every shape for models with attention (tensor-core kernels at odd sequence lengths).
+        let attention = ["attention", "bert", "gpt2", "llama", "vit"].iter().any(|p| file.starts_with(p));
+        let runs = variants.flat_map(move |(v, import)| {
             let precisions: &[DType] =
-                if v == 0 { &[DType::F32, DType::F16, DType::BF16] } else { &[DType::F32] };
+                if v == 0 || attention { &[DType::F32, DType::F16, DType::BF16] } else { &[DType::F32] };
             precisions.iter().flat_map(move |&p| [false, true].map(|no_fuse| (v, import.clone(), p, no_fuse)))
         });
         for (variant, import, precision, no_fuse) in runs {

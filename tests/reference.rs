@@ -73,4 +73,5 @@ reference_tests! {
     softmax_decomposed => "softmax_decomposed.onnx",
     op_coverage => "op_coverage.onnx",
     attention_d64 => "attention_d64.onnx",
+    attention_gqa_d80 => "attention_gqa_d80.onnx",
 }

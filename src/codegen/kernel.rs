@@ -11,14 +11,13 @@ use handlebars::Handlebars;
 use serde_json::json;
 
 use super::expr::{binary, c_type, cast, header, literal, load, narrow, register_type, unary};
-use super::index::{broadcast, delinearize, linearize, reshape_coords, trace_back, trace_forward, Coords};
+use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{DType, NodeId, Op, ReduceOp};
 use crate::plan::{Location, Plan};
 
 pub const BLOCK: u32 = 256;
-const ROW_BLOCK: u32 = 256;
 
 /// A GEMM epilogue's view of the GEMM: its raw product `alpha·A·B` is in `location`; the
 /// GEMM node's value is that product, plus `beta·C` for an ONNX Gemm with C.
@@ -98,6 +97,25 @@ impl<'a> Body<'a> {
             fresh: 0,
             lanes: None,
         }
+    }
+
+    /// Starts a lane loop of `count` consecutive elements of a last axis of size `width`,
+    /// the first at coordinate `base`: reads and writes along it become packs.
+    pub(super) fn begin_lanes(&mut self, count: usize, width: usize, base: &str) {
+        self.lanes = Some(Lanes {
+            count,
+            width,
+            base: base.into(),
+            before: Vec::new(),
+            after: Vec::new(),
+            loaded: BTreeMap::new(),
+        });
+    }
+
+    /// Ends the lane loop: its pack loads and store registers (before the loop) and its pack
+    /// stores (after it).
+    pub(super) fn end_lanes(&mut self) -> (Vec<String>, Vec<String>) {
+        self.lanes.take().map(|l| (l.before, l.after)).unwrap_or_default()
     }
 
     /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
@@ -484,18 +502,22 @@ impl<'a> Body<'a> {
     }
 }
 
-fn buffers_json(body: &Body<'_>) -> Vec<String> {
+pub(super) fn buffers_json(body: &Body<'_>) -> Vec<String> {
     body.buffers.values().cloned().collect()
 }
 
-fn coords_decl(prefix: &str, linear: &str, shape: &[usize]) -> (Vec<String>, Coords) {
+pub(super) fn coords_decl(prefix: &str, linear: &str, shape: &[usize]) -> (Vec<String>, Coords) {
     let exprs = delinearize(linear, shape);
     let names: Coords = (0..shape.len()).map(|d| format!("{prefix}{d}")).collect();
     let decls = names.iter().zip(&exprs).map(|(n, e)| format!("const long long {n} = {e};")).collect();
     (decls, names)
 }
 
-fn render(hb: &Handlebars<'_>, template: &str, data: &serde_json::Value) -> Result<String, String> {
+pub(super) fn render(
+    hb: &Handlebars<'_>,
+    template: &str,
+    data: &serde_json::Value,
+) -> Result<String, String> {
     hb.render(template, data).map_err(|e| format!("rendering {template}: {e}"))
 }
 
@@ -506,8 +528,8 @@ pub fn generate(
     hb: &Handlebars<'_>,
 ) -> Result<KernelSource, String> {
     match kernel.kind {
-        KernelKind::RowReduction { .. } => row(plan, kernel, name, hb),
-        KernelKind::Attention => attention(plan, kernel, name, hb),
+        KernelKind::RowReduction { .. } => super::row::generate(plan, kernel, name, hb),
+        KernelKind::Attention => super::attention::generate(plan, kernel, name, hb),
         _ => elementwise(plan, kernel, name, hb, None),
     }
 }
@@ -530,18 +552,12 @@ pub fn elementwise(
     let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
     let (coord_decls, mut coords) = coords_decl("c", "i", &shape);
     let mut linear = "i".to_string();
+    let mut base = String::new();
     if lanes > 1 {
-        let base = coords.pop().ok_or("lanes over no axis")?;
+        base = coords.pop().ok_or("lanes over no axis")?;
         coords.push(LANE.into());
         linear = "(i + j)".into();
-        body.lanes = Some(Lanes {
-            count: lanes,
-            width: *shape.last().ok_or("lanes over no axis")?,
-            base,
-            before: Vec::new(),
-            after: Vec::new(),
-            loaded: BTreeMap::new(),
-        });
+        body.begin_lanes(lanes, *shape.last().ok_or("lanes over no axis")?, &base);
     }
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
@@ -565,10 +581,7 @@ pub fn elementwise(
     for &o in &kernel.outputs {
         body.store(kernel, o, &coords_of(o))?;
     }
-    let (base, before, after) = match body.lanes.take() {
-        Some(l) => (l.base, l.before, l.after),
-        None => Default::default(),
-    };
+    let (before, after) = body.end_lanes();
     let threads = count / lanes;
     let data = json!({
         "name": name,
@@ -610,258 +623,4 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &[usize]
         Some(&width) if kind_fits && lanes > 1 && width % lanes == 0 => lanes,
         _ => 1,
     }
-}
-
-fn row(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<KernelSource, String> {
-    let graph = &plan.graph;
-    let anchor = *kernel
-        .nodes
-        .iter()
-        .find(|&&n| {
-            matches!(
-                graph.node(n).op,
-                Op::LayerNorm { .. }
-                    | Op::RmsNorm { .. }
-                    | Op::Softmax { .. }
-                    | Op::LogSoftmax { .. }
-                    | Op::Reduce { .. }
-            )
-        })
-        .ok_or("a row kernel without a row op")?;
-    let node = graph.node(anchor);
-    let inputs = graph.inputs_of(anchor);
-    let in_shape = graph.node(inputs[0]).ty.shape.clone();
-    let axis = match &node.op {
-        Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => *axis,
-        _ => in_shape.len() - 1,
-    };
-    let width: usize = in_shape[axis..].iter().product();
-    let rows: usize = in_shape[..axis].iter().product();
-    let position = kernel.nodes.iter().position(|&n| n == anchor).unwrap_or(0);
-    let (prologue_nodes, epilogue_nodes) = (&kernel.nodes[..position], &kernel.nodes[position + 1..]);
-    let mut body = Body::new(plan, kernel);
-    let (coord_decls, coords) = coords_decl("c", "i", &in_shape);
-    for &p in prologue_nodes {
-        body.compute(p, &coords)?;
-    }
-    let prologue = std::mem::take(&mut body.statements);
-    let x = body.value_at(inputs[0], coords.clone())?;
-    let w = width as f64;
-    let v = format!("v{}", anchor.index());
-    let mut passes: Vec<serde_json::Value> = Vec::new();
-    let mut pass = |init: &str, body_lines: Vec<String>, finish: Vec<String>| {
-        passes.push(json!({ "init": init, "body": body_lines, "finish": finish }));
-    };
-    // The last pass computes v<anchor> per element, then the epilogue and the stores.
-    let mut last_body: Vec<String> = Vec::new();
-    let reduce_row = matches!(node.op, Op::Reduce { .. });
-    match &node.op {
-        Op::LayerNorm { epsilon, .. } => {
-            pass(
-                "0.0f",
-                vec![format!("acc += {x};")],
-                vec![format!("stat0 = fusec::block_sum(acc, scratch) / {w:?}f;")],
-            );
-            pass(
-                "0.0f",
-                vec![format!("const float dev = {x} - stat0;"), "acc += dev * dev;".into()],
-                vec![format!(
-                    "stat1 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
-                    literal(f64::from(*epsilon), DType::F32)
-                )],
-            );
-            let mut y = format!("({x} - stat0) * stat1");
-            if let Some(&g) = inputs.get(1) {
-                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
-            }
-            if let Some(&b) = inputs.get(2) {
-                y = format!("{y} + {}", body.operand(anchor, b, &coords)?);
-            }
-            last_body.push(format!("const float {v} = {y};"));
-        }
-        Op::RmsNorm { epsilon, .. } => {
-            pass(
-                "0.0f",
-                vec![format!("const float e = {x};"), "acc += e * e;".into()],
-                vec![format!(
-                    "stat0 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
-                    literal(f64::from(*epsilon), DType::F32)
-                )],
-            );
-            let mut y = format!("{x} * stat0");
-            if let Some(&g) = inputs.get(1) {
-                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
-            }
-            last_body.push(format!("const float {v} = {y};"));
-        }
-        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
-            pass(
-                "-fusec::inf()",
-                vec![format!("acc = fmaxf(acc, {x});")],
-                vec!["stat0 = fusec::block_max(acc, scratch);".into()],
-            );
-            pass(
-                "0.0f",
-                vec![format!("acc += expf({x} - stat0);")],
-                vec!["stat1 = fusec::block_sum(acc, scratch);".into()],
-            );
-            let y = if matches!(node.op, Op::Softmax { .. }) {
-                format!("expf({x} - stat0) / stat1")
-            } else {
-                format!("{x} - stat0 - logf(stat1)")
-            };
-            last_body.push(format!("const float {v} = {y};"));
-        }
-        Op::Reduce { op, .. } => {
-            let (init, step, finish) = match op {
-                ReduceOp::Max => (
-                    "-fusec::inf()",
-                    format!("acc = fmaxf(acc, {x});"),
-                    "fusec::block_max(acc, scratch)".to_string(),
-                ),
-                ReduceOp::Sum => {
-                    ("0.0f", format!("acc += {x};"), "fusec::block_sum(acc, scratch)".to_string())
-                }
-                ReduceOp::Mean => {
-                    ("0.0f", format!("acc += {x};"), format!("(fusec::block_sum(acc, scratch) / {w:?}f)"))
-                }
-            };
-            body.statements.clear();
-            let out_shape = node.ty.shape.clone();
-            let out_coords = delinearize("row", &out_shape);
-            // An epilogue node behind a reshape has the row's result in another shape.
-            let coords_of = |n: NodeId| reshape_coords(&out_coords, &out_shape, &graph.node(n).ty.shape);
-            let mut finish_lines =
-                vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
-            for &e in epilogue_nodes {
-                body.compute(e, &coords_of(e))?;
-            }
-            for &o in &kernel.outputs {
-                if !prologue_nodes.contains(&o) {
-                    body.store(kernel, o, &coords_of(o))?;
-                }
-            }
-            finish_lines.append(&mut body.statements);
-            finish_lines.push("}".into());
-            // Prologue values other kernels need are written in the same pass.
-            let mut stores = Vec::new();
-            for &o in &kernel.outputs {
-                if prologue_nodes.contains(&o) {
-                    body.store(kernel, o, &coords)?;
-                }
-            }
-            stores.append(&mut body.statements);
-            let mut lines = vec![step];
-            lines.extend(stores);
-            pass(init, lines, finish_lines);
-        }
-        other => return Err(format!("no row code for {}", other.kind())),
-    }
-    if !reduce_row {
-        body.statements.clear();
-        // An epilogue node behind a reshape has the row's elements in another shape.
-        let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
-        for &e in epilogue_nodes {
-            body.compute(e, &coords_of(e))?;
-        }
-        for &o in &kernel.outputs {
-            body.store(kernel, o, &coords_of(o))?;
-        }
-        last_body.append(&mut body.statements);
-        pass("0.0f", last_body, vec![]);
-    }
-    let data = json!({
-        "name": name,
-        "headers": body.headers.iter().collect::<Vec<_>>(),
-        "about": kernel.kind.name(),
-        "block": ROW_BLOCK,
-        "width": width,
-        "buffers": buffers_json(&body),
-        "coords": coord_decls,
-        "prologue": prologue,
-        "passes": passes,
-    });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "row", &data)?,
-        grid: rows.max(1) as u32,
-        block: ROW_BLOCK,
-    })
-}
-
-fn attention(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<KernelSource, String> {
-    let graph = &plan.graph;
-    let anchor = kernel.nodes[0];
-    let node = graph.node(anchor);
-    let Op::Attention { scale, nan_to_zero } = node.op else { return Err("not an attention node".into()) };
-    if !node.ty.dtype.is_float() || node.ty.dtype == DType::F64 {
-        return Err(format!("attention on {} is not supported yet", node.ty.dtype));
-    }
-    let inputs = graph.inputs_of(anchor);
-    let out = node.ty.shape.clone();
-    let rank = out.len();
-    let (q_shape, kt_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
-    let (depth, keys, dv) = (q_shape[q_shape.len() - 1], kt_shape[kt_shape.len() - 1], out[rank - 1]);
-    let rows: usize = out[..rank - 1].iter().product();
-    let mut body = Body::new(plan, kernel);
-    let (coord_decls, row_coords) = coords_decl("c", "r", &out[..rank - 1]);
-    let batch = &row_coords[..rank - 2];
-    let s = row_coords[rank - 2].clone();
-    let with = |last2: [&str; 2]| -> Coords {
-        batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect()
-    };
-    let virtual_shape =
-        |a: usize, b: usize| -> Vec<usize> { out[..rank - 2].iter().copied().chain([a, b]).collect() };
-    let read = |body: &mut Body<'_>, input: NodeId, coords: Coords, shape: Vec<usize>| {
-        let coords = broadcast(&coords, &shape, &graph.node(input).ty.shape);
-        body.read(input, coords)
-    };
-    let q = read(&mut body, inputs[0], with([&s, "d"]), virtual_shape(out[rank - 2], depth))?;
-    let k = read(&mut body, inputs[1], with(["d", "t"]), virtual_shape(depth, keys))?;
-    let v = read(&mut body, inputs[2], with(["t", "e"]), virtual_shape(keys, dv))?;
-    let mask = match inputs.get(3) {
-        Some(&m) => read(&mut body, m, with([&s, "t"]), virtual_shape(out[rank - 2], keys))?,
-        None => "0.0f".into(),
-    };
-    let out_coords: Coords = row_coords.iter().cloned().chain(["e".to_string()]).collect();
-    body.statements.clear();
-    body.statements.push(format!("const float v{} = y;", anchor.index()));
-    body.store(kernel, anchor, &out_coords)?;
-    let store = body.statements.join(" ");
-    let queries = out[rank - 2];
-    let heads = rows / queries.max(1);
-    // Small problems get blocks of one warp so that more SMs have work.
-    let qt: usize = if heads * queries.div_ceil(64) < 2 * 132 { 32 } else { 64 };
-    let qblocks = queries.div_ceil(qt).max(1);
-    // Keys per shared-memory tile: a multiple of the chunk, within 40 KB of f32 K and V.
-    let chunk = 4usize;
-    let kt = ((40 * 1024 / (4 * (depth + dv).max(1))) / chunk * chunk).clamp(chunk, 32);
-    let data = json!({
-        "name": name,
-        "headers": body.headers.iter().collect::<Vec<_>>(),
-        "about": kernel.kind.name(),
-        "qt": qt,
-        "qblocks": qblocks,
-        "kt": kt,
-        "chunk": chunk,
-        "queries": queries,
-        "keys": keys,
-        "depth": depth,
-        "dv": dv,
-        "buffers": buffers_json(&body),
-        "coords": coord_decls,
-        "q": q,
-        "k": k,
-        "v": v,
-        "mask": mask,
-        "scale": literal(f64::from(scale), DType::F32),
-        "empty_row": if nan_to_zero { "0.0f" } else { "fusec::nan()" },
-        "store": store,
-    });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "attention", &data)?,
-        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
-        block: qt as u32,
-    })
 }

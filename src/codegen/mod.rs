@@ -5,10 +5,12 @@
 //! in-place epilogue kernel when the partition fused a bias or an activation into them.
 //! Knows nothing of cudarc.
 
+mod attention;
 mod expr;
 mod gemm;
 pub mod index;
 mod kernel;
+mod row;
 
 use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
@@ -25,7 +27,9 @@ pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
 const TEMPLATES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../../templates/elementwise.cu.hbs")),
     ("row", include_str!("../../templates/row.cu.hbs")),
+    ("row_cached", include_str!("../../templates/row_cached.cu.hbs")),
     ("attention", include_str!("../../templates/attention.cu.hbs")),
+    ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
 ];
 
 #[derive(Debug, Error)]

@@ -1,0 +1,242 @@
+//! Attention kernels: `softmax(scale·q·kt + mask)·v` in one launch, scores never stored.
+//!
+//! Half-type attention (f16, bf16) runs on tensor cores (`templates/attention_mma.cu.hbs`):
+//! one warp per 16 query rows, `mma.sync` for both products, online softmax in registers.
+//! f32 attention keeps full f32 arithmetic on CUDA cores (`templates/attention.cu.hbs`), one
+//! thread per query row. Q, K, V and the mask are read through views (transposes, reshapes,
+//! head slices, the broadcasts of grouped-query attention) at the coordinates the template
+//! names, so no input layout is materialised for the kernel.
+
+use handlebars::Handlebars;
+use serde_json::json;
+
+use super::expr::{header, literal};
+use super::index::{broadcast, Coords};
+use super::kernel::{buffers_json, coords_decl, render, Body};
+use super::KernelSource;
+use crate::fusion::Kernel;
+use crate::ir::{DType, NodeId, Op};
+use crate::plan::Plan;
+
+/// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
+/// the largest block that still gives every multiprocessor a block.
+const MULTIPROCESSORS: usize = 132;
+
+/// The attention node of `kernel` and what every variant needs to know of it.
+struct Problem {
+    anchor: NodeId,
+    scale: f32,
+    nan_to_zero: bool,
+    /// Output shape: batch dims…, queries, dv.
+    out: Vec<usize>,
+    depth: usize,
+    keys: usize,
+    inputs: Vec<NodeId>,
+}
+
+impl Problem {
+    fn new(plan: &Plan, kernel: &Kernel) -> Result<Self, String> {
+        let graph = &plan.graph;
+        let anchor = *kernel.nodes.first().ok_or("an empty attention kernel")?;
+        let node = graph.node(anchor);
+        let Op::Attention { scale, nan_to_zero } = node.op else {
+            return Err("not an attention node".into());
+        };
+        if !node.ty.dtype.is_float() || node.ty.dtype == DType::F64 {
+            return Err(format!("attention on {} is not supported yet", node.ty.dtype));
+        }
+        let inputs = graph.inputs_of(anchor);
+        let (q_shape, kt_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
+        let (Some(&depth), Some(&keys)) = (q_shape.last(), kt_shape.last()) else {
+            return Err("attention operands must have rank ≥ 2".into());
+        };
+        if node.ty.shape.len() < 2 {
+            return Err("attention output must have rank ≥ 2".into());
+        }
+        Ok(Problem { anchor, scale, nan_to_zero, out: node.ty.shape.clone(), depth, keys, inputs })
+    }
+
+    fn rank(&self) -> usize {
+        self.out.len()
+    }
+
+    fn queries(&self) -> usize {
+        self.out[self.rank() - 2]
+    }
+
+    fn dv(&self) -> usize {
+        self.out[self.rank() - 1]
+    }
+
+    /// Batch × heads: the product of the leading dims.
+    fn heads(&self) -> usize {
+        self.out[..self.rank() - 2].iter().product()
+    }
+
+    /// The C expressions of q at (s, d), kt at (d, t), v at (t, e) and the mask at (s, t),
+    /// where `batch` are the leading coordinates; plus the store of `y` at (s, e).
+    fn operands(&self, body: &mut Body<'_>, kernel: &Kernel, batch: &[String]) -> Result<Operands, String> {
+        let graph = &body.plan.graph;
+        let rank = self.rank();
+        let with = |last2: [&str; 2]| -> Coords {
+            batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect()
+        };
+        let virtual_shape = |a: usize, b: usize| -> Vec<usize> {
+            self.out[..rank - 2].iter().copied().chain([a, b]).collect()
+        };
+        let shapes: Vec<Vec<usize>> = self.inputs.iter().map(|&i| graph.node(i).ty.shape.clone()).collect();
+        let read = |body: &mut Body<'_>, input: usize, coords: Coords, shape: Vec<usize>| {
+            let coords = broadcast(&coords, &shape, &shapes[input]);
+            body.read(self.inputs[input], coords)
+        };
+        let (queries, keys, depth, dv) = (self.queries(), self.keys, self.depth, self.dv());
+        let q = read(body, 0, with(["s", "d"]), virtual_shape(queries, depth))?;
+        let k = read(body, 1, with(["d", "t"]), virtual_shape(depth, keys))?;
+        let v = read(body, 2, with(["t", "e"]), virtual_shape(keys, dv))?;
+        let mask = match self.inputs.get(3) {
+            Some(_) => read(body, 3, with(["s", "t"]), virtual_shape(queries, keys))?,
+            None => "0.0f".into(),
+        };
+        body.statements.clear();
+        body.statements.push(format!("const float v{} = y;", self.anchor.index()));
+        body.store(kernel, self.anchor, &with(["s", "e"]))?;
+        let store = body.statements.join(" ");
+        body.statements.clear();
+        Ok(Operands { q, k, v, mask, store })
+    }
+}
+
+struct Operands {
+    q: String,
+    k: String,
+    v: String,
+    mask: String,
+    store: String,
+}
+
+pub fn generate(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let problem = Problem::new(plan, kernel)?;
+    match plan.graph.node(problem.anchor).ty.dtype {
+        DType::F16 | DType::BF16 => tensor_core(plan, kernel, &problem, name, hb),
+        _ => cuda_core(plan, kernel, &problem, name, hb),
+    }
+}
+
+/// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
+/// multiprocessor a block, so that small batches spread over the chip.
+fn warps_per_block(heads: usize, queries: usize) -> usize {
+    [4, 2, 1].into_iter().find(|&w| heads * queries.div_ceil(16 * w) >= MULTIPROCESSORS).unwrap_or(1)
+}
+
+fn tensor_core(
+    plan: &Plan,
+    kernel: &Kernel,
+    problem: &Problem,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let dtype = plan.graph.node(problem.anchor).ty.dtype;
+    let (half, to_half) = match dtype {
+        DType::BF16 => ("__nv_bfloat16", "__float2bfloat16_rn"),
+        _ => ("__half", "__float2half_rn"),
+    };
+    let mut body = Body::new(plan, kernel);
+    body.headers.extend(header(dtype));
+    let rank = problem.rank();
+    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out[..rank - 2]);
+    let operands = problem.operands(&mut body, kernel, &batch)?;
+    let (queries, heads) = (problem.queries(), problem.heads());
+    let warps = warps_per_block(heads, queries);
+    let qt = 16 * warps;
+    let qblocks = queries.div_ceil(qt).max(1);
+    let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
+    // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V).
+    let kt = round16(problem.keys).min(64);
+    let data = json!({
+        "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
+        "about": kernel.kind.name(),
+        "half": half,
+        "to_half": to_half,
+        "warps": warps,
+        "threads": 32 * warps,
+        "qt": qt,
+        "qblocks": qblocks,
+        "kt": kt,
+        "queries": queries,
+        "keys": problem.keys,
+        "depth": problem.depth,
+        "dp": round16(problem.depth),
+        "dv": problem.dv(),
+        "dvp": round16(problem.dv()),
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "q": operands.q,
+        "k": operands.k,
+        "v": operands.v,
+        "mask": operands.mask,
+        "scale": literal(f64::from(problem.scale), DType::F32),
+        "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
+        "store": operands.store,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "attention_mma", &data)?,
+        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
+        block: 32 * warps as u32,
+    })
+}
+
+/// f32 attention on CUDA cores: one thread per query row, K/V tiles in shared memory.
+fn cuda_core(
+    plan: &Plan,
+    kernel: &Kernel,
+    problem: &Problem,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let mut body = Body::new(plan, kernel);
+    let rank = problem.rank();
+    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out[..rank - 2]);
+    let operands = problem.operands(&mut body, kernel, &batch)?;
+    let (queries, heads, depth, dv) = (problem.queries(), problem.heads(), problem.depth, problem.dv());
+    // Small problems get blocks of one warp so that more SMs have work.
+    let qt: usize = if heads * queries.div_ceil(64) < 2 * MULTIPROCESSORS { 32 } else { 64 };
+    let qblocks = queries.div_ceil(qt).max(1);
+    // Keys per shared-memory tile: a multiple of the chunk, within 40 KB of f32 K and V.
+    let chunk = 4usize;
+    let kt = ((40 * 1024 / (4 * (depth + dv).max(1))) / chunk * chunk).clamp(chunk, 32);
+    let data = json!({
+        "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
+        "about": kernel.kind.name(),
+        "qt": qt,
+        "qblocks": qblocks,
+        "kt": kt,
+        "chunk": chunk,
+        "queries": queries,
+        "keys": problem.keys,
+        "depth": depth,
+        "dv": dv,
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "q": operands.q,
+        "k": operands.k,
+        "v": operands.v,
+        "mask": operands.mask,
+        "scale": literal(f64::from(problem.scale), DType::F32),
+        "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
+        "store": operands.store,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "attention", &data)?,
+        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
+        block: qt as u32,
+    })
+}

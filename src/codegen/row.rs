@@ -1,0 +1,430 @@
+//! Row kernels: a row op (LayerNorm, RMSNorm, softmax, log-softmax, a last-axis reduction)
+//! with the pointwise prologue and epilogue the partition gave it.
+//!
+//! Normalisations and softmax whose rows fit in registers run [`cached`]: a warp per row (a
+//! block per row past 1024 elements), each thread reading its elements once — as 16-byte packs
+//! where the row is the last axis — into registers, the statistics reduced with warp shuffles,
+//! the epilogue computed from the registers. Everything else runs [`general`]: a block per row
+//! that recomputes the prologue in every pass.
+
+use handlebars::Handlebars;
+use serde_json::json;
+
+use super::expr::literal;
+use super::index::{delinearize, reshape_coords};
+use super::kernel::{buffers_json, coords_decl, render, Body};
+use super::KernelSource;
+use crate::fusion::Kernel;
+use crate::ir::{DType, NodeId, Op, ReduceOp};
+use crate::plan::Plan;
+
+/// Threads of a block-per-row kernel.
+const ROW_BLOCK: u32 = 256;
+/// Rows a warp-per-row kernel's block holds.
+const WARP_ROWS_PER_BLOCK: usize = 4;
+/// Most elements a thread of the cached kernel keeps in registers.
+const MAX_CACHED: usize = 32;
+
+/// The row op of a kernel and its geometry.
+#[derive(Clone, Copy)]
+struct Row {
+    anchor: NodeId,
+    /// The anchor's position in the kernel's nodes: prologue before, epilogue after.
+    position: usize,
+    /// First axis of the row; the row is every axis from it on.
+    axis: usize,
+    width: usize,
+    rows: usize,
+}
+
+impl Row {
+    fn new(plan: &Plan, kernel: &Kernel) -> Result<Self, String> {
+        let graph = &plan.graph;
+        let position = kernel
+            .nodes
+            .iter()
+            .position(|&n| {
+                matches!(
+                    graph.node(n).op,
+                    Op::LayerNorm { .. }
+                        | Op::RmsNorm { .. }
+                        | Op::Softmax { .. }
+                        | Op::LogSoftmax { .. }
+                        | Op::Reduce { .. }
+                )
+            })
+            .ok_or("a row kernel without a row op")?;
+        let anchor = kernel.nodes[position];
+        let in_shape = &graph.node(graph.inputs_of(anchor)[0]).ty.shape;
+        let axis = match &graph.node(anchor).op {
+            Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => *axis,
+            _ => in_shape.len().saturating_sub(1),
+        };
+        let width = in_shape[axis..].iter().product();
+        let rows = in_shape[..axis].iter().product();
+        Ok(Row { anchor, position, axis, width, rows })
+    }
+
+    fn split<'k>(&self, kernel: &'k Kernel) -> (&'k [NodeId], &'k [NodeId]) {
+        (&kernel.nodes[..self.position], &kernel.nodes[self.position + 1..])
+    }
+}
+
+pub fn generate(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let row = Row::new(plan, kernel)?;
+    match cached_layout(plan, kernel, &row) {
+        Some(layout) => cached(plan, kernel, &row, layout, name, hb),
+        None => general(plan, kernel, &row, name, hb),
+    }
+}
+
+/// How the cached kernel spreads a row: `threads` per row (a warp, or a block), `pack`
+/// consecutive elements per access, `packs` accesses per thread.
+#[derive(Clone, Copy)]
+struct Layout {
+    threads: usize,
+    rows_per_block: usize,
+    pack: usize,
+    packs: usize,
+}
+
+fn cached_layout(plan: &Plan, kernel: &Kernel, row: &Row) -> Option<Layout> {
+    let graph = &plan.graph;
+    let normalises = matches!(
+        graph.node(row.anchor).op,
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Softmax { .. } | Op::LogSoftmax { .. }
+    );
+    // Registers hold the row op's input only: an epilogue that reads a prologue value needs
+    // the prologue recomputed, which the general kernel does.
+    let (prologue, epilogue) = row.split(kernel);
+    let epilogue_reads_prologue =
+        epilogue.iter().any(|&e| graph.inputs_of(e).iter().any(|i| prologue.contains(i)));
+    if !normalises || epilogue_reads_prologue || row.width == 0 {
+        return None;
+    }
+    let rank = graph.node(graph.inputs_of(row.anchor)[0]).ty.shape.len();
+    let widest = kernel.outputs.iter().map(|&n| graph.node(n).ty.dtype.size_bytes()).max().unwrap_or(4);
+    let pack = match 16 / widest.clamp(1, 16) {
+        p if row.axis + 1 == rank && row.width % p == 0 => p,
+        _ => 1,
+    };
+    let (threads, rows_per_block) =
+        if row.width <= 1024 { (32, WARP_ROWS_PER_BLOCK) } else { (ROW_BLOCK as usize, 1) };
+    let packs = row.width.div_ceil(threads * pack);
+    (packs * pack <= MAX_CACHED).then_some(Layout { threads, rows_per_block, pack, packs })
+}
+
+/// The register-cached row kernel (see the module's documentation).
+fn cached(
+    plan: &Plan,
+    kernel: &Kernel,
+    row: &Row,
+    layout: Layout,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let node = graph.node(row.anchor);
+    let inputs = graph.inputs_of(row.anchor);
+    let in_shape = graph.node(inputs[0]).ty.shape.clone();
+    let rank = in_shape.len();
+    let (prologue_nodes, epilogue_nodes) = row.split(kernel);
+    let mut body = Body::new(plan, kernel);
+    // Along the last axis the element's coordinate is `cj`; a row over several axes
+    // delinearises each element's index.
+    let last_axis = row.axis + 1 == rank;
+    let (row_coords, element_coords, coords) = if last_axis {
+        let (decls, mut names) = coords_decl("c", "row", &in_shape[..rank - 1]);
+        names.push("cj".into());
+        (decls, Vec::new(), names)
+    } else {
+        let (decls, names) = coords_decl("c", &format!("(row * {}LL + cj)", row.width), &in_shape);
+        (Vec::new(), decls, names)
+    };
+    let in_prologue = |n: &NodeId| prologue_nodes.contains(n);
+    // Pass 0: the prologue, once; its outputs other kernels read; the row op's input kept.
+    if layout.pack > 1 {
+        body.begin_lanes(layout.pack, row.width, "cb");
+    }
+    for &p in prologue_nodes {
+        body.compute(p, &coords)?;
+    }
+    let x = body.value_at(inputs[0], coords.clone())?;
+    body.statements.push(format!("xr[k * {} + j] = {x};", layout.pack));
+    for &o in kernel.outputs.iter().filter(|o| in_prologue(o)) {
+        body.store(kernel, o, &coords)?;
+    }
+    let load = std::mem::take(&mut body.statements);
+    let (load_before, load_after) = body.end_lanes();
+    // The statistics, from registers.
+    let reduce_sum = |acc: &str| match layout.threads {
+        32 => format!("fusec::warp_sum({acc})"),
+        _ => format!("fusec::block_sum({acc}, scratch)"),
+    };
+    let reduce_max = |acc: &str| match layout.threads {
+        32 => format!("fusec::warp_max({acc})"),
+        _ => format!("fusec::block_max({acc}, scratch)"),
+    };
+    let w = row.width as f64;
+    let epsilon = |e: f32| literal(f64::from(e), DType::F32);
+    let mut passes: Vec<serde_json::Value> = Vec::new();
+    let mut pass = |init: &str, body_line: &str, finish: String| {
+        passes.push(json!({ "init": init, "body": body_line, "finish": finish }));
+    };
+    let y = match &node.op {
+        Op::LayerNorm { epsilon: e, .. } => {
+            pass("0.0f", "acc += x;", format!("stat0 = {} / {w:?}f;", reduce_sum("acc")));
+            pass(
+                "0.0f",
+                "const float dev = x - stat0; acc += dev * dev;",
+                format!("stat1 = rsqrtf({} / {w:?}f + {});", reduce_sum("acc"), epsilon(*e)),
+            );
+            "(x - stat0) * stat1"
+        }
+        Op::RmsNorm { epsilon: e, .. } => {
+            pass(
+                "0.0f",
+                "acc += x * x;",
+                format!("stat0 = rsqrtf({} / {w:?}f + {});", reduce_sum("acc"), epsilon(*e)),
+            );
+            "x * stat0"
+        }
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+            pass("-fusec::inf()", "acc = fmaxf(acc, x);", format!("stat0 = {};", reduce_max("acc")));
+            pass("0.0f", "acc += expf(x - stat0);", format!("stat1 = {};", reduce_sum("acc")));
+            if matches!(node.op, Op::Softmax { .. }) {
+                "expf(x - stat0) / stat1"
+            } else {
+                "x - stat0 - logf(stat1)"
+            }
+        }
+        other => return Err(format!("no cached row code for {}", other.kind())),
+    };
+    // The last pass: the row op's value, the epilogue, the stores.
+    if layout.pack > 1 {
+        body.begin_lanes(layout.pack, row.width, "cb");
+    }
+    let mut y = y.to_string();
+    if matches!(node.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) {
+        if let Some(&g) = inputs.get(1) {
+            y = format!("{y} * {}", body.operand(row.anchor, g, &coords)?);
+        }
+    }
+    if matches!(node.op, Op::LayerNorm { .. }) {
+        if let Some(&b) = inputs.get(2) {
+            y = format!("{y} + {}", body.operand(row.anchor, b, &coords)?);
+        }
+    }
+    body.statements.push(format!("const float v{} = {y};", row.anchor.index()));
+    // An epilogue node behind a reshape has the row's elements in another shape.
+    let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
+    for &e in epilogue_nodes {
+        body.compute(e, &coords_of(e))?;
+    }
+    for &o in kernel.outputs.iter().filter(|o| !in_prologue(o)) {
+        body.store(kernel, o, &coords_of(o))?;
+    }
+    let finish = std::mem::take(&mut body.statements);
+    let (finish_before, finish_after) = body.end_lanes();
+    let threads = layout.threads * layout.rows_per_block;
+    let data = json!({
+        "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
+        "about": kernel.kind.name(),
+        "block": threads,
+        "warp_rows": layout.threads == 32,
+        "rows_per_block": layout.rows_per_block,
+        "rows": row.rows,
+        "threads_per_row": layout.threads,
+        "pack": layout.pack,
+        "packs": layout.packs,
+        "width": row.width,
+        "buffers": buffers_json(&body),
+        "row_coords": row_coords,
+        "element_coords": element_coords,
+        "load_before": load_before,
+        "load": load,
+        "load_after": load_after,
+        "passes": passes,
+        "finish_before": finish_before,
+        "finish": finish,
+        "finish_after": finish_after,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "row_cached", &data)?,
+        grid: u32::try_from(row.rows.div_ceil(layout.rows_per_block).max(1))
+            .map_err(|_| "row grid too large")?,
+        block: threads as u32,
+    })
+}
+
+/// Block per row, the prologue recomputed in every pass: any row op (also reductions), any
+/// width, epilogues that read prologue values.
+fn general(
+    plan: &Plan,
+    kernel: &Kernel,
+    row: &Row,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let Row { anchor, width, rows, .. } = *row;
+    let node = graph.node(anchor);
+    let inputs = graph.inputs_of(anchor);
+    let in_shape = graph.node(inputs[0]).ty.shape.clone();
+    let (prologue_nodes, epilogue_nodes) = row.split(kernel);
+    let mut body = Body::new(plan, kernel);
+    let (coord_decls, coords) = coords_decl("c", "i", &in_shape);
+    for &p in prologue_nodes {
+        body.compute(p, &coords)?;
+    }
+    let prologue = std::mem::take(&mut body.statements);
+    let x = body.value_at(inputs[0], coords.clone())?;
+    let w = width as f64;
+    let v = format!("v{}", anchor.index());
+    let mut passes: Vec<serde_json::Value> = Vec::new();
+    let mut pass = |init: &str, body_lines: Vec<String>, finish: Vec<String>| {
+        passes.push(json!({ "init": init, "body": body_lines, "finish": finish }));
+    };
+    // The last pass computes v<anchor> per element, then the epilogue and the stores.
+    let mut last_body: Vec<String> = Vec::new();
+    let reduce_row = matches!(node.op, Op::Reduce { .. });
+    match &node.op {
+        Op::LayerNorm { epsilon, .. } => {
+            pass(
+                "0.0f",
+                vec![format!("acc += {x};")],
+                vec![format!("stat0 = fusec::block_sum(acc, scratch) / {w:?}f;")],
+            );
+            pass(
+                "0.0f",
+                vec![format!("const float dev = {x} - stat0;"), "acc += dev * dev;".into()],
+                vec![format!(
+                    "stat1 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
+                    literal(f64::from(*epsilon), DType::F32)
+                )],
+            );
+            let mut y = format!("({x} - stat0) * stat1");
+            if let Some(&g) = inputs.get(1) {
+                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
+            }
+            if let Some(&b) = inputs.get(2) {
+                y = format!("{y} + {}", body.operand(anchor, b, &coords)?);
+            }
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::RmsNorm { epsilon, .. } => {
+            pass(
+                "0.0f",
+                vec![format!("const float e = {x};"), "acc += e * e;".into()],
+                vec![format!(
+                    "stat0 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
+                    literal(f64::from(*epsilon), DType::F32)
+                )],
+            );
+            let mut y = format!("{x} * stat0");
+            if let Some(&g) = inputs.get(1) {
+                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
+            }
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
+            pass(
+                "-fusec::inf()",
+                vec![format!("acc = fmaxf(acc, {x});")],
+                vec!["stat0 = fusec::block_max(acc, scratch);".into()],
+            );
+            pass(
+                "0.0f",
+                vec![format!("acc += expf({x} - stat0);")],
+                vec!["stat1 = fusec::block_sum(acc, scratch);".into()],
+            );
+            let y = if matches!(node.op, Op::Softmax { .. }) {
+                format!("expf({x} - stat0) / stat1")
+            } else {
+                format!("{x} - stat0 - logf(stat1)")
+            };
+            last_body.push(format!("const float {v} = {y};"));
+        }
+        Op::Reduce { op, .. } => {
+            let (init, step, finish) = match op {
+                ReduceOp::Max => (
+                    "-fusec::inf()",
+                    format!("acc = fmaxf(acc, {x});"),
+                    "fusec::block_max(acc, scratch)".to_string(),
+                ),
+                ReduceOp::Sum => {
+                    ("0.0f", format!("acc += {x};"), "fusec::block_sum(acc, scratch)".to_string())
+                }
+                ReduceOp::Mean => {
+                    ("0.0f", format!("acc += {x};"), format!("(fusec::block_sum(acc, scratch) / {w:?}f)"))
+                }
+            };
+            body.statements.clear();
+            let out_shape = node.ty.shape.clone();
+            let out_coords = delinearize("row", &out_shape);
+            // An epilogue node behind a reshape has the row's result in another shape.
+            let coords_of = |n: NodeId| reshape_coords(&out_coords, &out_shape, &graph.node(n).ty.shape);
+            let mut finish_lines =
+                vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
+            for &e in epilogue_nodes {
+                body.compute(e, &coords_of(e))?;
+            }
+            for &o in &kernel.outputs {
+                if !prologue_nodes.contains(&o) {
+                    body.store(kernel, o, &coords_of(o))?;
+                }
+            }
+            finish_lines.append(&mut body.statements);
+            finish_lines.push("}".into());
+            // Prologue values other kernels need are written in the same pass.
+            let mut stores = Vec::new();
+            for &o in &kernel.outputs {
+                if prologue_nodes.contains(&o) {
+                    body.store(kernel, o, &coords)?;
+                }
+            }
+            stores.append(&mut body.statements);
+            let mut lines = vec![step];
+            lines.extend(stores);
+            pass(init, lines, finish_lines);
+        }
+        other => return Err(format!("no row code for {}", other.kind())),
+    }
+    if !reduce_row {
+        body.statements.clear();
+        // An epilogue node behind a reshape has the row's elements in another shape.
+        let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
+        for &e in epilogue_nodes {
+            body.compute(e, &coords_of(e))?;
+        }
+        for &o in &kernel.outputs {
+            body.store(kernel, o, &coords_of(o))?;
+        }
+        last_body.append(&mut body.statements);
+        pass("0.0f", last_body, vec![]);
+    }
+    let data = json!({
+        "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
+        "about": kernel.kind.name(),
+        "block": ROW_BLOCK,
+        "width": width,
+        "buffers": buffers_json(&body),
+        "coords": coord_decls,
+        "prologue": prologue,
+        "passes": passes,
+    });
+    Ok(KernelSource {
+        name: name.into(),
+        source: render(hb, "row", &data)?,
+        grid: rows.max(1) as u32,
+        block: ROW_BLOCK,
+    })
+}
