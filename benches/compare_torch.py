@@ -98,6 +98,9 @@ def main():
     parser.add_argument("--json", required=True)
     parser.add_argument("--models", default=",".join(suite.MODELS))
     parser.add_argument("--dtypes", default=",".join(suite.DTYPES))
+    parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in suite.SHAPES),
+                        help="batch x sequence, comma-separated (default: the suite's)")
+    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--no-micro", action="store_true")
@@ -109,10 +112,13 @@ def main():
     records = []
     # Cheapest first (every run is cut off by the caller's time limit at some point): eager on
     # every case, then the pointwise chains in all modes, then the compiled models.
+    wanted_modes = args.modes.split(",")
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     phases = [(["eager"], not args.micro_only, False), (MODES, not args.no_micro, True),
               (MODES[1:], not args.micro_only, False)]
     for modes, wanted, micro in phases:
-        if not wanted:
+        modes = [m for m in modes if m in wanted_modes]
+        if not wanted or not modes:
             continue
         if micro:
             for name in suite.MICRO:
@@ -126,7 +132,7 @@ def main():
             continue
         for name in args.models.split(","):
             module = suite.build(name).to(dev)
-            for batch, seq in suite.SHAPES:
+            for batch, seq in shapes:
                 def make_inputs(seed, batch=batch, seq=seq):
                     g = torch.Generator().manual_seed(1000 + seed)
                     return [torch.randint(1, suite.VOCAB_IDS, (batch, seq), generator=g).to(dev)]

@@ -65,6 +65,24 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Asynchronous 16-byte copies from device memory into shared memory (sm_80+), in groups:
+// `cp_async_wait<N>` returns once at most N of this thread's committed groups are pending.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Two 8×8 matrices of 16-bit elements from shared memory, transposed: lanes 0–7 address the
+// rows of the first, lanes 8–15 those of the second (16-byte aligned); lane L receives rows
+// 2(L%4) and 2(L%4)+1 of column L/4 — a column-major mma B fragment of a row-major tile.
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, const void* shared) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(at));
+}
+
 // Tensor-core helpers for kernels on half types (included after cuda_fp16.h / cuda_bf16.h).
 // `mma_m16n8k16` is one warp-wide D = A·B + D with A 16×16 (row-major, four registers of two
 // halves), B 16×8 (column-major, two registers) and D 16×8 in f32 (four floats a thread).

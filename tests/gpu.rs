@@ -41,7 +41,8 @@ fn every_fixture_matches_tract_on_the_gpu() {
         let variants = common::shape_variants(&file).into_iter().enumerate();
         // f32 at every shape; f16 and bf16 at the first (device time is limited), and at
         // every shape for models with attention (tensor-core kernels at odd sequence lengths).
-        let attention = ["attention", "bert", "gpt2", "llama", "vit"].iter().any(|p| file.starts_with(p));
+        let attention = file.starts_with("attention")
+            || ["bert_ts.onnx", "gpt2_ts.onnx", "llama_ts.onnx", "vit_ts.onnx"].contains(&file.as_str());
         let runs = variants.flat_map(move |(v, import)| {
             let precisions: &[DType] =
                 if v == 0 || attention { &[DType::F32, DType::F16, DType::BF16] } else { &[DType::F32] };

@@ -73,33 +73,62 @@ impl Problem {
         self.out[..self.rank() - 2].iter().product()
     }
 
+    /// The coordinates in input `input` (0 q, 1 kt, 2 v, 3 mask) of the element at
+    /// (`batch`…, `last2`) of its virtual, broadcast shape.
+    fn input_coords(&self, plan: &Plan, input: usize, batch: &[String], last2: [&str; 2]) -> Coords {
+        let rank = self.rank();
+        let (queries, keys, depth, dv) = (self.queries(), self.keys, self.depth, self.dv());
+        let last_dims = match input {
+            0 => [queries, depth],
+            1 => [depth, keys],
+            2 => [keys, dv],
+            _ => [queries, keys],
+        };
+        let virtual_shape: Vec<usize> = self.out[..rank - 2].iter().copied().chain(last_dims).collect();
+        let coords: Coords = batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect();
+        broadcast(&coords, &virtual_shape, &plan.graph.node(self.inputs[input]).ty.shape)
+    }
+
+    /// For the tensor-core kernel's 16-byte copies: the address of input `input` at
+    /// (`batch`…, `last2`), when 8 consecutive elements along `axis` (counted from the end:
+    /// 1 last, 2 the one before) are one aligned 16-byte run of `dtype` in memory.
+    fn packed_address(
+        &self,
+        body: &mut Body<'_>,
+        input: usize,
+        batch: &[String],
+        last2: [&str; 2],
+        from_end: usize,
+        dtype: DType,
+    ) -> Result<Option<String>, String> {
+        let id = self.inputs[input];
+        let rank = body.plan.graph.node(id).ty.shape.len();
+        if rank < 2 || !body.packs_along(id, rank - from_end, 8) {
+            return Ok(None);
+        }
+        let coords = self.input_coords(body.plan, input, batch, last2);
+        let (address, stored) = body.address(id, coords)?;
+        Ok((stored == dtype).then_some(address))
+    }
+
     /// The C expressions of q at (s, d), kt at (d, t), v at (t, e) and the mask at (s, t),
     /// where `batch` are the leading coordinates; plus the store of `y` at (s, e).
     fn operands(&self, body: &mut Body<'_>, kernel: &Kernel, batch: &[String]) -> Result<Operands, String> {
-        let graph = &body.plan.graph;
-        let rank = self.rank();
-        let with = |last2: [&str; 2]| -> Coords {
-            batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect()
+        let plan = body.plan;
+        let mut read = |input: usize, last2: [&str; 2]| {
+            body.read(self.inputs[input], self.input_coords(plan, input, batch, last2))
         };
-        let virtual_shape = |a: usize, b: usize| -> Vec<usize> {
-            self.out[..rank - 2].iter().copied().chain([a, b]).collect()
-        };
-        let shapes: Vec<Vec<usize>> = self.inputs.iter().map(|&i| graph.node(i).ty.shape.clone()).collect();
-        let read = |body: &mut Body<'_>, input: usize, coords: Coords, shape: Vec<usize>| {
-            let coords = broadcast(&coords, &shape, &shapes[input]);
-            body.read(self.inputs[input], coords)
-        };
-        let (queries, keys, depth, dv) = (self.queries(), self.keys, self.depth, self.dv());
-        let q = read(body, 0, with(["s", "d"]), virtual_shape(queries, depth))?;
-        let k = read(body, 1, with(["d", "t"]), virtual_shape(depth, keys))?;
-        let v = read(body, 2, with(["t", "e"]), virtual_shape(keys, dv))?;
-        let mask = match self.inputs.get(3) {
-            Some(_) => read(body, 3, with(["s", "t"]), virtual_shape(queries, keys))?,
-            None => "0.0f".into(),
+        let q = read(0, ["s", "d"])?;
+        let k = read(1, ["d", "t"])?;
+        let v = read(2, ["t", "e"])?;
+        let mask = match self.inputs.len() {
+            4 => read(3, ["s", "t"])?,
+            _ => "0.0f".into(),
         };
         body.statements.clear();
         body.statements.push(format!("const float v{} = y;", self.anchor.index()));
-        body.store(kernel, self.anchor, &with(["s", "e"]))?;
+        let out: Coords = batch.iter().cloned().chain(["s".to_string(), "e".to_string()]).collect();
+        body.store(kernel, self.anchor, &out)?;
         let store = body.statements.join(" ");
         body.statements.clear();
         Ok(Operands { q, k, v, mask, store })
@@ -156,7 +185,20 @@ fn tensor_core(
     let qblocks = queries.div_ceil(qt).max(1);
     let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
     // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V).
-    let kt = round16(problem.keys).min(64);
+    let (dp, dvp) = (round16(problem.depth), round16(problem.dv()));
+    // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V), or
+    // for wide heads (two buffers of K and V tiles within 48 KB of shared memory).
+    let kt = if 4 * 64 * (dp + dvp + 16) <= 48 * 1024 { 64 } else { 32 };
+    let kt = round16(problem.keys).min(kt);
+    // 16-byte copies where 8 consecutive depth (K) or value (V) elements are contiguous.
+    let k_address = match problem.depth % 8 {
+        0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, dtype)?,
+        _ => None,
+    };
+    let v_address = match problem.dv() % 8 {
+        0 => problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, dtype)?,
+        _ => None,
+    };
     let data = json!({
         "name": name,
         "headers": body.headers.iter().collect::<Vec<_>>(),
@@ -171,9 +213,13 @@ fn tensor_core(
         "queries": queries,
         "keys": problem.keys,
         "depth": problem.depth,
-        "dp": round16(problem.depth),
+        "dp": dp,
         "dv": problem.dv(),
-        "dvp": round16(problem.dv()),
+        "dvp": dvp,
+        "k_async": k_address.is_some(),
+        "k_address": k_address.unwrap_or_default(),
+        "v_async": v_address.is_some(),
+        "v_address": v_address.unwrap_or_default(),
         "buffers": buffers_json(&body),
         "coords": coord_decls,
         "q": operands.q,

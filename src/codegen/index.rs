@@ -117,6 +117,61 @@ pub fn trace_back(
     }
 }
 
+/// Whether `pack` consecutive elements of `id` along `axis`, from a multiple of `pack`, are
+/// `pack` consecutive elements of the stored value behind its views, from a multiple of
+/// `pack` of its linear index (so, in a buffer aligned to the pack, one aligned access).
+/// The axis must end up the stored value's last, reached through reshapes that keep both last
+/// dims multiples of the pack, transposes that keep it last, slices starting on a multiple of
+/// the pack and expands that do not broadcast it.
+pub fn packs_along(
+    graph: &Graph,
+    mut id: NodeId,
+    mut axis: usize,
+    pack: usize,
+    stored: &dyn Fn(NodeId) -> bool,
+) -> bool {
+    loop {
+        let shape = &graph.node(id).ty.shape;
+        let last = shape.len().wrapping_sub(1);
+        if stored(id) {
+            return axis == last && shape[last] % pack == 0;
+        }
+        let node = graph.node(id);
+        let Some(&input) = graph.inputs_of(id).first() else { return false };
+        let in_shape = &graph.node(input).ty.shape;
+        axis = match &node.op {
+            Op::Reshape { .. } => {
+                let in_last = in_shape.len().wrapping_sub(1);
+                let fits = axis == last
+                    && shape[last] % pack == 0
+                    && in_shape.get(in_last).is_some_and(|d| d % pack == 0);
+                if !fits {
+                    return false;
+                }
+                in_last
+            }
+            Op::Transpose { perm } => match perm.get(axis) {
+                Some(&p) => p,
+                None => return false,
+            },
+            Op::Slice { axes } => match axes.get(axis) {
+                Some(a) if a.step == 1 && a.start % pack == 0 => axis,
+                _ => return false,
+            },
+            Op::Expand { .. } => {
+                let Some(a) = (axis + in_shape.len()).checked_sub(shape.len()) else { return false };
+                if in_shape[a] != shape[axis] {
+                    return false;
+                }
+                a
+            }
+            Op::Identity | Op::Dropout => axis,
+            _ => return false,
+        };
+        id = input;
+    }
+}
+
 /// The linear index, in the layout of `view`, of `value`'s element at `coords`, where `view`
 /// is a chain of reshapes and transposes of `value`.
 pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords) -> Option<String> {

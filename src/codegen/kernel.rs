@@ -210,12 +210,38 @@ impl<'a> Body<'a> {
     /// The element of `id` at `coords`, read from memory through views.
     pub fn read(&mut self, id: NodeId, coords: Coords) -> Result<String, String> {
         let graph = &self.plan.graph;
-        let stored = |n: NodeId| self.location(n).is_some();
-        let (source, coords) = trace_back(graph, id, coords, &stored)
-            .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
+        let (source, coords) = self.stored_at(id, coords)?;
         let (shape, dtype) = (graph.node(source).ty.shape.clone(), graph.node(source).ty.dtype);
         let pointer = self.pointer(source, false)?;
         self.element(&pointer, &coords, &shape, dtype)
+    }
+
+    /// Where the element of `id` at `coords` is in memory: the stored value behind the views
+    /// and its coordinates there.
+    fn stored_at(&self, id: NodeId, coords: Coords) -> Result<(NodeId, Coords), String> {
+        let graph = &self.plan.graph;
+        let stored = |n: NodeId| self.location(n).is_some();
+        trace_back(graph, id, coords, &stored)
+            .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))
+    }
+
+    /// The address of the element of `id` at `coords` (`pointer + linear index`, through
+    /// views) and the stored element type.
+    pub fn address(&mut self, id: NodeId, coords: Coords) -> Result<(String, DType), String> {
+        let graph = &self.plan.graph;
+        let (source, coords) = self.stored_at(id, coords)?;
+        let (shape, dtype) = (graph.node(source).ty.shape.clone(), graph.node(source).ty.dtype);
+        let pointer = self.pointer(source, false)?;
+        Ok((format!("({pointer} + {})", linearize(&coords, &shape)), dtype))
+    }
+
+    /// Whether reading `id` through its views, `pack` consecutive elements along `axis`
+    /// starting at a multiple of `pack` are `pack` consecutive, `pack`-aligned elements in
+    /// memory (so one vector access reads them).
+    pub fn packs_along(&self, id: NodeId, axis: usize, pack: usize) -> bool {
+        let graph = &self.plan.graph;
+        let stored = |n: NodeId| self.location(n).is_some();
+        super::index::packs_along(graph, id, axis, pack, &stored)
     }
 
     /// Input `input` of `consumer` (whose element is at `coords`), broadcast to it.
