@@ -36,7 +36,13 @@ fn every_fixture_matches_tract_on_the_gpu() {
         "| model | shapes | mode | kernels | max rel-L2 | result |\n|---|---|---|---|---|---|\n",
     );
     let (mut passed, mut failed) = (0, Vec::new());
+    // FUSEC_GPU_FIXTURES=a.onnx,b.onnx narrows the run (to split it over device calls).
+    let only: Option<Vec<String>> =
+        std::env::var("FUSEC_GPU_FIXTURES").ok().map(|v| v.split(',').map(str::to_string).collect());
     for file in common::all_fixtures() {
+        if only.as_ref().is_some_and(|only| !only.contains(&file)) {
+            continue;
+        }
         let path = common::model_path(&file);
         let variants = common::shape_variants(&file).into_iter().enumerate();
         // f32 at every shape; f16 and bf16 at the first (device time is limited), and at
@@ -59,6 +65,8 @@ fn every_fixture_matches_tract_on_the_gpu() {
                     precision,
                     ..Default::default()
                 };
+                eprint!("{file} #{variant} {mode}: ");
+                let started = std::time::Instant::now();
                 let outcome = (|| -> Result<(usize, f64, String), String> {
                     let bundle = fusec::compile(&path, &options).map_err(|e| e.to_string())?;
                     let mut session = Session::new(&bundle, 0).map_err(|e| e.to_string())?;
@@ -75,6 +83,10 @@ fn every_fixture_matches_tract_on_the_gpu() {
                         inputs.iter().map(|(_, t)| format!("{:?}", t.shape())).collect();
                     Ok((bundle.header.kernels, worst, shapes.join(" ")))
                 })();
+                match &outcome {
+                    Ok((_, worst, _)) => eprintln!("{worst:.2e} in {:.1} s", started.elapsed().as_secs_f64()),
+                    Err(e) => eprintln!("error {e}"),
+                }
                 match outcome {
                     Ok((launches, worst, shapes)) => {
                         let ok = worst <= tolerance;
