@@ -143,6 +143,55 @@ struct Operands {
     store: String,
 }
 
+/// What both attention templates take besides their own tiling: names, buffers, the
+/// operands' expressions, the scale and the store.
+struct Common<'b, 'p> {
+    name: &'b str,
+    kernel: &'b Kernel,
+    problem: &'b Problem,
+    body: &'b Body<'p>,
+    coords: Vec<String>,
+    operands: Operands,
+}
+
+impl Common<'_, '_> {
+    /// Renders `template` with `data` (the variant's own fields) and these, for a launch of
+    /// `blocks` blocks of `threads`.
+    fn render(
+        self,
+        hb: &Handlebars<'_>,
+        template: &str,
+        mut data: serde_json::Value,
+        blocks: usize,
+        threads: usize,
+    ) -> Result<KernelSource, String> {
+        let (problem, operands) = (self.problem, self.operands);
+        let common = json!({
+            "name": self.name,
+            "headers": self.body.headers.iter().collect::<Vec<_>>(),
+            "about": self.kernel.kind.name(),
+            "buffers": buffers_json(self.body),
+            "coords": self.coords,
+            "q": operands.q,
+            "k": operands.k,
+            "v": operands.v,
+            "mask": operands.mask,
+            "scale": literal(f64::from(problem.scale), DType::F32),
+            "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
+            "store": operands.store,
+        });
+        if let (Some(data), serde_json::Value::Object(common)) = (data.as_object_mut(), common) {
+            data.extend(common);
+        }
+        Ok(KernelSource {
+            name: self.name.into(),
+            source: render(hb, template, &data)?,
+            grid: u32::try_from(blocks).map_err(|_| "attention grid too large")?.max(1),
+            block: threads as u32,
+        })
+    }
+}
+
 pub fn generate(
     plan: &Plan,
     kernel: &Kernel,
@@ -200,9 +249,6 @@ fn tensor_core(
         _ => None,
     };
     let data = json!({
-        "name": name,
-        "headers": body.headers.iter().collect::<Vec<_>>(),
-        "about": kernel.kind.name(),
         "half": half,
         "to_half": to_half,
         "warps": warps,
@@ -219,23 +265,10 @@ fn tensor_core(
         "k_async": k_address.is_some(),
         "k_address": k_address.unwrap_or_default(),
         "v_async": v_address.is_some(),
-        "v_address": v_address.unwrap_or_default(),
-        "buffers": buffers_json(&body),
-        "coords": coord_decls,
-        "q": operands.q,
-        "k": operands.k,
-        "v": operands.v,
-        "mask": operands.mask,
-        "scale": literal(f64::from(problem.scale), DType::F32),
-        "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
-        "store": operands.store,
+        "v_address": v_address.unwrap_or_default()
     });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "attention_mma", &data)?,
-        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
-        block: 32 * warps as u32,
-    })
+    let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
+    common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps)
 }
 
 /// f32 attention on CUDA cores: one thread per query row, K/V tiles in shared memory.
@@ -258,9 +291,6 @@ fn cuda_core(
     let chunk = 4usize;
     let kt = ((40 * 1024 / (4 * (depth + dv).max(1))) / chunk * chunk).clamp(chunk, 32);
     let data = json!({
-        "name": name,
-        "headers": body.headers.iter().collect::<Vec<_>>(),
-        "about": kernel.kind.name(),
         "qt": qt,
         "qblocks": qblocks,
         "kt": kt,
@@ -268,21 +298,8 @@ fn cuda_core(
         "queries": queries,
         "keys": problem.keys,
         "depth": depth,
-        "dv": dv,
-        "buffers": buffers_json(&body),
-        "coords": coord_decls,
-        "q": operands.q,
-        "k": operands.k,
-        "v": operands.v,
-        "mask": operands.mask,
-        "scale": literal(f64::from(problem.scale), DType::F32),
-        "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
-        "store": operands.store,
+        "dv": dv
     });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "attention", &data)?,
-        grid: u32::try_from(qblocks * heads).map_err(|_| "attention grid too large")?.max(1),
-        block: qt as u32,
-    })
+    let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
+    common.render(hb, "attention", data, qblocks * heads, qt)
 }

@@ -11,7 +11,7 @@ use handlebars::Handlebars;
 use serde_json::json;
 
 use super::expr::literal;
-use super::index::{delinearize, reshape_coords};
+use super::index::{delinearize, reshape_coords, Coords};
 use super::kernel::{buffers_json, coords_decl, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
@@ -93,6 +93,104 @@ struct Layout {
     packs: usize,
 }
 
+/// One statistics pass of a row kernel: `acc` starts at `init`, `body` adds one element,
+/// `finish` reduces it over the row into `stat0`/`stat1`.
+struct StatPass {
+    init: &'static str,
+    body: String,
+    finish: String,
+}
+
+/// How the row's threads combine their partial statistics.
+#[derive(Clone, Copy)]
+enum Reduction {
+    /// Across one warp (shuffles only).
+    Warp,
+    /// Across the block, through 32 floats of `scratch`.
+    Block,
+}
+
+impl Reduction {
+    fn sum(self, acc: &str) -> String {
+        match self {
+            Reduction::Warp => format!("fusec::warp_sum({acc})"),
+            Reduction::Block => format!("fusec::block_sum({acc}, scratch)"),
+        }
+    }
+
+    fn max(self, acc: &str) -> String {
+        match self {
+            Reduction::Warp => format!("fusec::warp_max({acc})"),
+            Reduction::Block => format!("fusec::block_max({acc}, scratch)"),
+        }
+    }
+}
+
+/// The statistics passes of a normalisation or softmax over rows of `width` elements, each
+/// element being `x`, and the row op's value from them (before a norm's scale and shift,
+/// which [`affine`] adds). `None` for other ops.
+fn normalisation(op: &Op, x: &str, width: usize, reduce: Reduction) -> Option<(Vec<StatPass>, String)> {
+    let w = width as f64;
+    let epsilon = |e: f32| literal(f64::from(e), DType::F32);
+    let pass = |init, body: String, finish: String| StatPass { init, body, finish };
+    Some(match op {
+        Op::LayerNorm { epsilon: e, .. } => (
+            vec![
+                pass("0.0f", format!("acc += {x};"), format!("stat0 = {} / {w:?}f;", reduce.sum("acc"))),
+                pass(
+                    "0.0f",
+                    format!("const float dev = {x} - stat0; acc += dev * dev;"),
+                    format!("stat1 = rsqrtf({} / {w:?}f + {});", reduce.sum("acc"), epsilon(*e)),
+                ),
+            ],
+            format!("({x} - stat0) * stat1"),
+        ),
+        Op::RmsNorm { epsilon: e, .. } => (
+            vec![pass(
+                "0.0f",
+                format!("const float e = {x}; acc += e * e;"),
+                format!("stat0 = rsqrtf({} / {w:?}f + {});", reduce.sum("acc"), epsilon(*e)),
+            )],
+            format!("{x} * stat0"),
+        ),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => (
+            vec![
+                pass(
+                    "-fusec::inf()",
+                    format!("acc = fmaxf(acc, {x});"),
+                    format!("stat0 = {};", reduce.max("acc")),
+                ),
+                pass("0.0f", format!("acc += expf({x} - stat0);"), format!("stat1 = {};", reduce.sum("acc"))),
+            ],
+            match op {
+                Op::Softmax { .. } => format!("expf({x} - stat0) / stat1"),
+                _ => format!("{x} - stat0 - logf(stat1)"),
+            },
+        ),
+        _ => return None,
+    })
+}
+
+/// `y` with a norm's scale (LayerNorm, RMSNorm) and shift (LayerNorm) applied, read at the
+/// row element's `coords`.
+fn affine(body: &mut Body<'_>, anchor: NodeId, y: String, coords: &Coords) -> Result<String, String> {
+    let graph = &body.plan.graph;
+    let inputs = graph.inputs_of(anchor);
+    let op = graph.node(anchor).op.clone();
+    let mut y = y;
+    if matches!(op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) {
+        if let Some(&g) = inputs.get(1) {
+            y = format!("{y} * {}", body.operand(anchor, g, coords)?);
+        }
+    }
+    if matches!(op, Op::LayerNorm { .. }) {
+        if let Some(&b) = inputs.get(2) {
+            y = format!("{y} + {}", body.operand(anchor, b, coords)?);
+        }
+    }
+    Ok(y)
+}
+
 fn cached_layout(plan: &Plan, kernel: &Kernel, row: &Row) -> Option<Layout> {
     let graph = &plan.graph;
     let normalises = matches!(
@@ -162,64 +260,16 @@ fn cached(
     let load = std::mem::take(&mut body.statements);
     let (load_before, load_after) = body.end_lanes();
     // The statistics, from registers.
-    let reduce_sum = |acc: &str| match layout.threads {
-        32 => format!("fusec::warp_sum({acc})"),
-        _ => format!("fusec::block_sum({acc}, scratch)"),
-    };
-    let reduce_max = |acc: &str| match layout.threads {
-        32 => format!("fusec::warp_max({acc})"),
-        _ => format!("fusec::block_max({acc}, scratch)"),
-    };
-    let w = row.width as f64;
-    let epsilon = |e: f32| literal(f64::from(e), DType::F32);
-    let mut passes: Vec<serde_json::Value> = Vec::new();
-    let mut pass = |init: &str, body_line: &str, finish: String| {
-        passes.push(json!({ "init": init, "body": body_line, "finish": finish }));
-    };
-    let y = match &node.op {
-        Op::LayerNorm { epsilon: e, .. } => {
-            pass("0.0f", "acc += x;", format!("stat0 = {} / {w:?}f;", reduce_sum("acc")));
-            pass(
-                "0.0f",
-                "const float dev = x - stat0; acc += dev * dev;",
-                format!("stat1 = rsqrtf({} / {w:?}f + {});", reduce_sum("acc"), epsilon(*e)),
-            );
-            "(x - stat0) * stat1"
-        }
-        Op::RmsNorm { epsilon: e, .. } => {
-            pass(
-                "0.0f",
-                "acc += x * x;",
-                format!("stat0 = rsqrtf({} / {w:?}f + {});", reduce_sum("acc"), epsilon(*e)),
-            );
-            "x * stat0"
-        }
-        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
-            pass("-fusec::inf()", "acc = fmaxf(acc, x);", format!("stat0 = {};", reduce_max("acc")));
-            pass("0.0f", "acc += expf(x - stat0);", format!("stat1 = {};", reduce_sum("acc")));
-            if matches!(node.op, Op::Softmax { .. }) {
-                "expf(x - stat0) / stat1"
-            } else {
-                "x - stat0 - logf(stat1)"
-            }
-        }
-        other => return Err(format!("no cached row code for {}", other.kind())),
-    };
+    let reduce = if layout.threads == 32 { Reduction::Warp } else { Reduction::Block };
+    let (stats, y) = normalisation(&node.op, "x", row.width, reduce)
+        .ok_or_else(|| format!("no cached row code for {}", node.op.kind()))?;
+    let passes: Vec<serde_json::Value> =
+        stats.iter().map(|p| json!({ "init": p.init, "body": p.body, "finish": p.finish })).collect();
     // The last pass: the row op's value, the epilogue, the stores.
     if layout.pack > 1 {
         body.begin_lanes(layout.pack, row.width, "cb");
     }
-    let mut y = y.to_string();
-    if matches!(node.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) {
-        if let Some(&g) = inputs.get(1) {
-            y = format!("{y} * {}", body.operand(row.anchor, g, &coords)?);
-        }
-    }
-    if matches!(node.op, Op::LayerNorm { .. }) {
-        if let Some(&b) = inputs.get(2) {
-            y = format!("{y} + {}", body.operand(row.anchor, b, &coords)?);
-        }
-    }
+    let y = affine(&mut body, row.anchor, y, &coords)?;
     body.statements.push(format!("const float v{} = {y};", row.anchor.index()));
     // An epilogue node behind a reshape has the row's elements in another shape.
     let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
@@ -296,60 +346,13 @@ fn general(
     let mut last_body: Vec<String> = Vec::new();
     let reduce_row = matches!(node.op, Op::Reduce { .. });
     match &node.op {
-        Op::LayerNorm { epsilon, .. } => {
-            pass(
-                "0.0f",
-                vec![format!("acc += {x};")],
-                vec![format!("stat0 = fusec::block_sum(acc, scratch) / {w:?}f;")],
-            );
-            pass(
-                "0.0f",
-                vec![format!("const float dev = {x} - stat0;"), "acc += dev * dev;".into()],
-                vec![format!(
-                    "stat1 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
-                    literal(f64::from(*epsilon), DType::F32)
-                )],
-            );
-            let mut y = format!("({x} - stat0) * stat1");
-            if let Some(&g) = inputs.get(1) {
-                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
+        op @ (Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Softmax { .. } | Op::LogSoftmax { .. }) => {
+            let (stats, y) = normalisation(op, &x, width, Reduction::Block)
+                .ok_or_else(|| format!("no row code for {}", op.kind()))?;
+            for p in stats {
+                pass(p.init, vec![p.body], vec![p.finish]);
             }
-            if let Some(&b) = inputs.get(2) {
-                y = format!("{y} + {}", body.operand(anchor, b, &coords)?);
-            }
-            last_body.push(format!("const float {v} = {y};"));
-        }
-        Op::RmsNorm { epsilon, .. } => {
-            pass(
-                "0.0f",
-                vec![format!("const float e = {x};"), "acc += e * e;".into()],
-                vec![format!(
-                    "stat0 = rsqrtf(fusec::block_sum(acc, scratch) / {w:?}f + {});",
-                    literal(f64::from(*epsilon), DType::F32)
-                )],
-            );
-            let mut y = format!("{x} * stat0");
-            if let Some(&g) = inputs.get(1) {
-                y = format!("{y} * {}", body.operand(anchor, g, &coords)?);
-            }
-            last_body.push(format!("const float {v} = {y};"));
-        }
-        Op::Softmax { .. } | Op::LogSoftmax { .. } => {
-            pass(
-                "-fusec::inf()",
-                vec![format!("acc = fmaxf(acc, {x});")],
-                vec!["stat0 = fusec::block_max(acc, scratch);".into()],
-            );
-            pass(
-                "0.0f",
-                vec![format!("acc += expf({x} - stat0);")],
-                vec!["stat1 = fusec::block_sum(acc, scratch);".into()],
-            );
-            let y = if matches!(node.op, Op::Softmax { .. }) {
-                format!("expf({x} - stat0) / stat1")
-            } else {
-                format!("{x} - stat0 - logf(stat1)")
-            };
+            let y = affine(&mut body, anchor, y, &coords)?;
             last_body.push(format!("const float {v} = {y};"));
         }
         Op::Reduce { op, .. } => {
