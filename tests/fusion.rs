@@ -97,9 +97,11 @@ fn llama_and_vit_blocks_are_recognised() {
         let (_, fused) = fused(file, &common::shape_variants(file)[0]);
         let h = counts(&fused);
         assert_eq!((count(&h, "RmsNorm"), count(&h, "Attention")), (5, 2), "{file}: {h:?}");
-        for op in ["Pow", "Sqrt", "Reciprocal", "ReduceMean", "Softmax", "IsNaN", "Where"] {
+        for op in ["Pow", "Sqrt", "Reciprocal", "ReduceMean", "Softmax", "IsNaN", "Where", "Neg", "Concat"] {
             assert_eq!(count(&h, op), 0, "{file}: {op} left: {h:?}");
         }
+        // The rotate-half of Q and K in each of the two layers.
+        assert_eq!(count(&h, "RotateHalf"), 4, "{file}: {h:?}");
     }
     for file in ["vit_ts.onnx", "vit_dynamo.onnx"] {
         let (_, fused) = fused(file, &common::shape_variants(file)[0]);
@@ -179,6 +181,34 @@ fn bert_layers_take_at_most_seven_launches() {
                     ],
                     "{file} layer {layer}"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn llama_layers_take_at_most_ten_launches() {
+    for file in ["llama_ts.onnx", "llama_dynamo.onnx"] {
+        for options in common::shape_variants(file) {
+            let (_, fused) = fused(file, &options);
+            let part = fused_partition(&fused);
+            let kinds: Vec<String> = part.kernels.iter().map(|k| k.kind.name()).collect();
+            // Per layer: QKV, output, gate+up and down GEMMs; attention; two RMSNorms (the
+            // second with the residual add as prologue); the rotation of Q and of K; SiLU·up.
+            // Around them: the embedding gather and the first layer's input RMSNorm.
+            assert_eq!(part.launches(), 2 + 10 * 2, "{file} {options:?}: {kinds:?}");
+            assert_eq!(part.gemm_calls(), 4 * 2, "{file}: {kinds:?}");
+            assert_eq!(part.count(|k| *k == KernelKind::Pointwise), 3 * 2, "{file}: {kinds:?}");
+            // Each rotation is one kernel that reads Q (or K) where the QKV GEMM wrote it.
+            let rotations: Vec<_> = part
+                .kernels
+                .iter()
+                .filter(|k| k.nodes.iter().any(|&n| matches!(fused.graph.node(n).op, ir::Op::RotateHalf)))
+                .collect();
+            assert_eq!(rotations.len(), 4, "{file}: {kinds:?}");
+            for k in rotations {
+                assert_eq!(k.kind, KernelKind::Pointwise, "{file}");
+                assert_eq!(k.outputs.len(), 1, "{file}: {k:?}");
             }
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use egg::{RecExpr, Runner};
 use fusec::fusion::{rules, FusionAnalysis, FusionGraph, FusionLang};
-use fusec::ir::{random_tensor, DType, Op, ReduceOp, Tensor, TensorType};
+use fusec::ir::{random_tensor, DType, Op, ReduceOp, SliceAxis, Tensor, TensorType};
 use ndarray::{ArrayD, IxDyn};
 
 fn f32s(shape: &[usize]) -> TensorType {
@@ -17,7 +17,8 @@ fn f32s(shape: &[usize]) -> TensorType {
 /// c9 γ [8]; c10 β [8]; c11 additive causal mask [5,5]; c12 1/1.5 (not a GELU constant);
 /// c13 ones [4,2,3,8] (broadcasts x up); c14 zeros [2,4,5,5]; c15 causal keep [5,5] (bool);
 /// c16 fill -inf [] ; c17 0.25; c18 γ [3] (wrong width).
-/// op0 ReduceMean over axis 1 (not the last).
+/// op0 ReduceMean over axis 1 (not the last); op1 x[.., 4:8] and op2 x[.., 0:4] of a
+/// [2,3,8]; op3 Concat over the last axis; op4 Concat over axis 1.
 fn analysis() -> FusionAnalysis {
     let mut a = FusionAnalysis::default();
     for (name, shape) in [
@@ -59,6 +60,12 @@ fn analysis() -> FusionAnalysis {
         assert_eq!(id.0 as usize, i, "constants must intern in order");
     }
     a.intern_op(Op::Reduce { op: ReduceOp::Mean, axes: vec![1], keep_dims: true });
+    let whole = |len: usize| SliceAxis { start: 0, step: 1, len };
+    for start in [4, 0] {
+        a.intern_op(Op::Slice { axes: vec![whole(2), whole(3), SliceAxis { start, step: 1, len: 4 }] });
+    }
+    a.intern_op(Op::Concat { axis: 2 });
+    a.intern_op(Op::Concat { axis: 1 });
     a
 }
 
@@ -111,6 +118,7 @@ rewrites! {
     layer_norm_e_x2_eps_first_gamma_first: "(+ c10 (* c9 (* (- in0 (mean in0)) (recip (sqrt (+ c3 (- (mean (* in0 in0)) (* (mean in0) (mean in0)))))))))"
         => "(layer_norm in0 c9 c10 c3)";
     rms_norm_llama: "(* c9 (* in0 (recip (sqrt (+ (mean (pow in0 c2)) c3)))))" => "(rms_norm in0 c9 c3)";
+    rotate_half: "(op3 (neg (op1 in0)) (op2 in0))" => "(rotate_half in0)";
     rms_norm_div: "(/ in0 (sqrt (+ (mean (* in0 in0)) c3)))" => "(rms_norm in0 none c3)";
     gelu_erf_div_sqrt2: "(* (* in0 (+ (erf (/ in0 c4)) c1)) c0)" => "(* (* in0 (+ (erf (* in0 (recip c4))) c1)) c0)";
     gelu_erf_div: "(* (* in0 (+ (erf (* in0 c4)) c1)) c0)" => "(gelu in0)";
@@ -166,6 +174,10 @@ near_misses! {
     transpose_pair_that_does_not_cancel: "(transpose (transpose in2 perm0.2.1.3) perm0.1.3.2)" =/=> "in2";
     softmax_max_of_other_tensor: "(/ (exp (- in0 (max in1))) (sum (exp (- in0 (max in1)))))" =/=> "(softmax in0)";
     attention_scale_not_scalar: "(matmul (softmax (* (matmul in2 in3) c14)) in4)" =/=> "(attention in2 in3 in4 none c14)";
+    rotate_half_halves_in_place: "(op3 (neg (op2 in0)) (op1 in0))" =/=> "(rotate_half in0)";
+    rotate_half_without_negation: "(op3 (op1 in0) (op2 in0))" =/=> "(rotate_half in0)";
+    rotate_half_of_two_tensors: "(op3 (neg (op1 in0)) (op2 in1))" =/=> "(rotate_half in0)";
+    rotate_half_concat_over_other_axis: "(op4 (neg (op1 in0)) (op2 in0))" =/=> "(rotate_half in0)";
     rms_norm_eps_outside_sqrt: "(* in0 (recip (+ (sqrt (mean (* in0 in0))) c3)))" =/=> "(rms_norm in0 none c3)";
 }
 

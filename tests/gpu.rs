@@ -195,8 +195,12 @@ fn cuda_graph_replay_matches_step_by_step() {
     .unwrap();
     let model = fusec::import::import(&common::model_path(file), &import).unwrap();
     let mut graphed = Session::new(&bundle, 0).unwrap();
-    let mut eager =
-        Session::with_options(&bundle, 0, fusec::runtime::SessionOptions { cuda_graph: false }).unwrap();
+    let mut eager = Session::with_options(
+        &bundle,
+        0,
+        fusec::runtime::SessionOptions { cuda_graph: false, ..Default::default() },
+    )
+    .unwrap();
     for seed in [1, 2, 3] {
         let inputs = common::random_inputs(&model, seed);
         let a = graphed.run(&inputs).unwrap();

@@ -43,6 +43,27 @@ pub struct Bench {
     /// Also time every step of the fused program on its own and list the top kernels.
     #[arg(long)]
     profile: bool,
+    /// Use the cuBLASLt heuristic's first algorithm for every GEMM instead of timing its top
+    /// candidates at load (the choices are cached beside the NVRTC cache either way).
+    #[arg(long)]
+    no_gemm_tuning: bool,
+}
+
+/// How each distinct GEMM's algorithm was chosen, and what that saved per call.
+fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
+    if choices.is_empty() {
+        return;
+    }
+    println!("GEMM algorithms (cuBLASLt heuristic's top {} timed at load):", fusec::runtime::GEMM_CANDIDATES);
+    for c in choices {
+        let how = if c.chosen == 0 {
+            "its first choice kept".to_string()
+        } else {
+            format!("candidate {} of {} beat its first by {:.2}x", c.chosen + 1, c.candidates, c.speedup())
+        };
+        let from = if c.cached { " (cached)" } else { "" };
+        println!("  {:<34} {:>7.2} us ({how}; first {:.2} us){from}", c.gemm, c.chosen_us, c.first_us);
+    }
 }
 
 struct Row {
@@ -138,8 +159,11 @@ impl Bench {
             "[{:>5.1}s] loading both (NVRTC) and checking their outputs agree…",
             clock.elapsed().as_secs_f64()
         );
-        let mut fast = Session::new(&fused, self.device)?;
-        let mut slow = Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false })?;
+        let tune_gemms = !self.no_gemm_tuning;
+        let mut fast =
+            Session::with_options(&fused, self.device, SessionOptions { cuda_graph: true, tune_gemms })?;
+        let mut slow =
+            Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false, tune_gemms })?;
         let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
         let (a, b) = (fast.run(&sets[0])?, slow.run(&sets[0])?);
         for ((name, x), (_, y)) in a.iter().zip(&b) {
@@ -218,6 +242,7 @@ impl Bench {
             rows[1].median / rows[1].floor_ms
         );
         println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
+        print_gemm_choices(&fast.gemm_choices);
         if let Some(steps) = &profile {
             print_profile(steps);
         }
@@ -238,6 +263,10 @@ impl Bench {
                     "variant": r.label, "median_ms": r.median, "p10_ms": r.p10, "p90_ms": r.p90,
                     "kernels": r.header.kernels, "launches": r.launches, "gemm_calls": r.header.gemm_calls,
                     "graph_breaks": r.header.graph_breaks, "traffic_bytes": r.header.traffic_bytes, "floor_ms": r.floor_ms,
+                })).collect::<Vec<_>>(),
+                "gemm_choices": fast.gemm_choices.iter().map(|c| serde_json::json!({
+                    "gemm": c.gemm, "candidates": c.candidates, "chosen": c.chosen,
+                    "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached,
                 })).collect::<Vec<_>>(),
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|(name, ms)| serde_json::json!({"step": name, "ms": ms})).collect::<Vec<_>>()),
             });

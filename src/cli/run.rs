@@ -85,7 +85,8 @@ impl Run {
             let named: Vec<(String, Tensor)> =
                 summary.inputs.iter().map(|i| i.name.clone()).zip(inputs).collect();
             let bundle = compile_for(&model, &named)?;
-            let options = fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph };
+            let options =
+                fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph, ..Default::default() };
             let outputs =
                 fusec::runtime::Session::with_options(&bundle, self.device, options)?.run(&named)?;
             for ((name, ours), want) in outputs.iter().zip(&expected) {
@@ -124,7 +125,8 @@ impl Run {
         } else {
             Bundle::load(&self.model)?
         };
-        let options = fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph };
+        let options =
+            fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph, ..Default::default() };
         let mut session = fusec::runtime::Session::with_options(&bundle, self.device, options)?;
         let outputs = session.run(&inputs)?;
         if let Some(dir) = &self.output_dir {

@@ -352,6 +352,19 @@ impl<'a> Body<'a> {
                 }
                 out
             }
+            // concat(-x[.., h:], x[.., :h]): x is read from memory (the partition never
+            // computes it in the same kernel); only the selected read runs.
+            Op::RotateHalf => {
+                let last = coords.len().checked_sub(1).ok_or("RotateHalf of a scalar")?;
+                let half = node.ty.shape[last] / 2;
+                let c = coords[last].clone();
+                let mut upper = coords.clone();
+                upper[last] = format!("({c} + {half}LL)");
+                let mut lower = coords.clone();
+                lower[last] = format!("({c} - {half}LL)");
+                let (upper, lower) = (self.read(inputs[0], upper)?, self.read(inputs[0], lower)?);
+                format!("(({c} < {half}LL) ? -({upper}) : ({lower}))")
+            }
             Op::Tile { .. } => {
                 let in_shape = graph.node(inputs[0]).ty.shape.clone();
                 let inner = coords.iter().zip(&in_shape).map(|(c, d)| format!("({c} % {d}LL)")).collect();

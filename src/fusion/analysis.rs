@@ -118,6 +118,7 @@ pub fn ir_op<'a>(
         L::IsNaN(c) => unary(UnaryOp::IsNaN, c),
         L::Gelu(c) => unary(UnaryOp::Gelu, c),
         L::GeluTanh(c) => unary(UnaryOp::GeluTanh, c),
+        L::RotateHalf(c) => Some((Op::RotateHalf, c.to_vec())),
         L::Mean(c) => reduce(ReduceOp::Mean, c),
         L::Sum(c) => reduce(ReduceOp::Sum, c),
         L::Max(c) => reduce(ReduceOp::Max, c),

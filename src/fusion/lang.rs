@@ -95,6 +95,7 @@ define_language! {
         "rms_norm" = RmsNorm([Id; 3]),
         "gelu" = Gelu([Id; 1]),
         "gelu_tanh" = GeluTanh([Id; 1]),
+        "rotate_half" = RotateHalf([Id; 1]),
         // q, kt, v, mask|none, scale
         "attention" = Attention([Id; 5]),
         "attention_nan0" = AttentionNanToZero([Id; 5]),

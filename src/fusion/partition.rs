@@ -130,7 +130,9 @@ fn role(graph: &Graph, id: NodeId) -> Role {
         {
             Role::Row
         }
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Clip { .. } => Role::Pointwise,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Clip { .. } | Op::RotateHalf => {
+            Role::Pointwise
+        }
         Op::Gather { .. } => Role::Gather,
         Op::Conv { .. } => Role::Conv,
         _ => Role::Single,
@@ -177,12 +179,32 @@ impl Builder<'_> {
         false
     }
 
+    /// Whether `id` in kernel `k` would put a value and a reader of other elements of it
+    /// (the rotate-half) in one kernel: such a reader finds its input in memory only.
+    fn reads_across(&self, id: NodeId, k: usize) -> bool {
+        let across = |n: NodeId| matches!(self.graph.node(n).op, Op::RotateHalf);
+        let produced_in_k = |n: NodeId| producer_kernel(self, n) == Some(k);
+        if across(id) && self.graph.inputs_of(id).into_iter().any(produced_in_k) {
+            return true;
+        }
+        // Readers of `id`, looking through views.
+        let mut stack = self.graph.users_of(id);
+        while let Some(u) = stack.pop() {
+            if self.roles[&u] == Role::View && !self.kernel_of.contains_key(&u) {
+                stack.extend(self.graph.users_of(u));
+            } else if across(u) && self.kernel_of.get(&u) == Some(&k) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Adds `id` (upstream of kernel `k`) to `k` unless a path from `id` leaves `k` and comes
     /// back: then the kernels would wait on each other.
     fn try_absorb_upstream(&mut self, id: NodeId, k: usize) -> bool {
         let outside: Vec<NodeId> =
             self.graph.users_of(id).into_iter().filter(|u| self.kernel_of.get(u) != Some(&k)).collect();
-        if self.meets_kernel(outside, k, true) {
+        if self.reads_across(id, k) || self.meets_kernel(outside, k, true) {
             return false;
         }
         self.kernel_of.insert(id, k);
@@ -193,7 +215,7 @@ impl Builder<'_> {
     fn try_absorb_downstream(&mut self, id: NodeId, k: usize) -> bool {
         let others: Vec<NodeId> =
             self.graph.inputs_of(id).into_iter().filter(|i| self.kernel_of.get(i) != Some(&k)).collect();
-        if self.meets_kernel(others, k, false) {
+        if self.reads_across(id, k) || self.meets_kernel(others, k, false) {
             return false;
         }
         self.kernel_of.insert(id, k);
@@ -317,12 +339,46 @@ impl Builder<'_> {
             .filter_map(|i| self.kernel_of.get(&i).copied())
             .filter(|&k| self.kinds[k] == KernelKind::Pointwise)
             .collect();
-        for k in candidates {
-            if self.try_absorb_downstream(id, k) {
-                return;
+        let Some(k) = candidates.iter().copied().find(|&k| self.try_absorb_downstream(id, k)) else {
+            self.new_kernel(KernelKind::Pointwise, id);
+            return;
+        };
+        // The other groups `id` reads (x·cos and rotate_half(x)·sin meeting in an add) join
+        // it where that keeps the kernels acyclic.
+        for other in candidates {
+            if other != k {
+                self.try_merge(other, k);
             }
         }
-        self.new_kernel(KernelKind::Pointwise, id);
+    }
+
+    /// Moves every node of kernel `from` into kernel `into` unless a path leaves the two and
+    /// comes back (the merged kernel would wait on itself) or a reader of other elements
+    /// would meet its input's producer.
+    fn try_merge(&mut self, from: usize, into: usize) -> bool {
+        let members: Vec<NodeId> =
+            self.kernel_of.iter().filter(|(_, &k)| k == from || k == into).map(|(&n, _)| n).collect();
+        let inside = |b: &Self, n: NodeId| matches!(b.kernel_of.get(&n), Some(&k) if k == from || k == into);
+        let mut stack: Vec<NodeId> =
+            members.iter().flat_map(|&n| self.graph.users_of(n)).filter(|&u| !inside(self, u)).collect();
+        let mut seen = HashSet::new();
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if inside(self, n) {
+                return false;
+            }
+            stack.extend(self.graph.users_of(n));
+        }
+        let moved: Vec<NodeId> = members.into_iter().filter(|n| self.kernel_of[n] == from).collect();
+        if moved.iter().any(|&n| self.reads_across(n, into)) {
+            return false;
+        }
+        for n in moved {
+            self.kernel_of.insert(n, into);
+        }
+        true
     }
 
     /// The chain of views ending at `view` (its first element is the materialised source).
@@ -555,7 +611,9 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
         k.covers.dedup();
     }
     let order = kernel_order(&b, &kernels);
-    let kernels = order.into_iter().map(|k| kernels[k].clone()).collect();
+    // Kernels merged into others are left empty.
+    let kernels =
+        order.into_iter().filter(|&k| !kernels[k].nodes.is_empty()).map(|k| kernels[k].clone()).collect();
     Partition { kernels, views, graph_breaks: 0 }
 }
 

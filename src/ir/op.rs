@@ -181,6 +181,10 @@ pub enum Op {
         upper: bool,
         k: i64,
     },
+    /// The rotate-half of rotary position embeddings over the last axis (of even size 2h):
+    /// `concat(-x[.., h:], x[.., :h])`, as exporters spell it with two slices, a negation
+    /// and a concat.
+    RotateHalf,
 }
 
 impl Op {
@@ -215,6 +219,7 @@ impl Op {
             Op::Expand { .. } => "Expand".into(),
             Op::Tile { .. } => "Tile".into(),
             Op::Trilu { .. } => "Trilu".into(),
+            Op::RotateHalf => "RotateHalf".into(),
         }
     }
 

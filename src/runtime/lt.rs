@@ -1,7 +1,12 @@
-//! cuBLASLt GEMMs with the bias (and ReLU / tanh-GELU) epilogue run inside the GEMM kernel.
+//! cuBLASLt GEMMs, with the bias (and ReLU / tanh-GELU) epilogue run inside the GEMM kernel
+//! where the plan asks for one.
 //!
 //! Everything a call needs (descriptors, layouts, the algorithm) is chosen once when the
 //! session loads; a run only calls `cublasLtMatmul`, so it can be captured into a CUDA graph.
+//! The algorithm is chosen by measurement: the heuristic's first [`CANDIDATES`] algorithms
+//! are each timed on the session's own buffers and the fastest is kept, in a cache file beside
+//! the NVRTC cache (keyed by GPU, cuBLASLt version and GEMM), so a later session of the same
+//! shapes times nothing.
 //! Same row-major trick as the cuBLAS path: `Cᵀ = Bᵀ·Aᵀ`, so cuBLASLt's A is our B, the
 //! result has N rows in column-major terms, and the bias (N elements) runs along them.
 
@@ -20,6 +25,12 @@ use crate::ir::DType;
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// How many of the heuristic's algorithms are timed for each GEMM.
+pub const CANDIDATES: usize = 8;
+/// Timed runs of each candidate (after as many warm-up runs as [`WARMUP`]).
+const TIMED_RUNS: usize = 20;
+const WARMUP: usize = 3;
+
 fn lt_error(what: &str, e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("cuBLASLt {what}: {e:?}"))
 }
@@ -36,6 +47,35 @@ pub(super) struct LtGemm {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's algorithms, best-ranked first (`algo` is one of them once tuned).
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+}
+
+/// How a GEMM's algorithm was chosen, for `fusec bench` to report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmChoice {
+    /// `1024x3072x768 f16 +bias`: M×N×K, element type, epilogue.
+    pub gemm: String,
+    /// How many algorithms the heuristic offered (and were timed).
+    pub candidates: usize,
+    /// The rank of the kept one in the heuristic's list (0: its first choice).
+    pub chosen: usize,
+    /// Mean time of one call, µs, of the heuristic's first algorithm and of the kept one.
+    pub first_us: f64,
+    pub chosen_us: f64,
+    /// Taken from the cache file rather than timed in this session.
+    pub cached: bool,
+}
+
+impl GemmChoice {
+    /// The heuristic's first choice over the measured one (1.0 when it was kept).
+    pub fn speedup(&self) -> f64 {
+        if self.chosen_us > 0.0 {
+            self.first_us / self.chosen_us
+        } else {
+            1.0
+        }
+    }
 }
 
 impl Drop for LtGemm {
@@ -70,10 +110,13 @@ impl Lt {
         Ok(Some(Lt { handle, workspace, workspace_ptr }))
     }
 
-    /// Descriptors and an algorithm for `g` with its epilogue, the bias at `bias`; `None` when
-    /// cuBLASLt offers no algorithm (the caller then runs cuBLAS and the epilogue kernel).
-    pub(super) fn prepare(&self, g: &GemmSpec, bias: u64) -> Option<LtGemm> {
-        let epilogue = g.lt_epilogue?;
+    /// Descriptors and the heuristic's candidate algorithms for `g` (one matrix product, no
+    /// batch), with its epilogue when it has one (the bias at `bias`); `None` when cuBLASLt
+    /// offers no algorithm (the caller then runs cuBLAS and the epilogue kernel).
+    pub(super) fn prepare(&self, g: &GemmSpec, bias: Option<u64>) -> Option<LtGemm> {
+        if g.batch != 1 {
+            return None;
+        }
         let ty = match g.dtype {
             DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
             DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
@@ -95,13 +138,18 @@ impl Lt {
             desc,
             layouts: [std::ptr::null_mut(); 3],
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            candidates: Vec::new(),
         };
         gemm.layouts = [layout(a)?, layout(b)?, layout((n, m, n))?];
-        let code = match epilogue.activation {
-            LtActivation::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            LtActivation::Relu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
-            LtActivation::GeluTanh => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        let code = match g.lt_epilogue.map(|e| e.activation) {
+            None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            Some(LtActivation::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Some(LtActivation::Relu) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            Some(LtActivation::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
         };
+        if g.lt_epilogue.is_some() != bias.is_some() {
+            return None;
+        }
         let (trans_a, trans_b) = (i32::from(g.b.transposed), i32::from(g.a.transposed));
         use sys::cublasLtMatmulDescAttributes_t as Attr;
         let set = |attr: Attr, value: *const c_void, size: usize| {
@@ -115,19 +163,26 @@ impl Lt {
             (&code as *const sys::cublasLtEpilogue_t).cast(),
             size_of::<u32>(),
         )?;
-        set(Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, (&bias as *const u64).cast(), size_of::<u64>())?;
+        if let Some(bias) = &bias {
+            set(Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, (bias as *const u64).cast(), size_of::<u64>())?;
+        }
         let pref = lt::create_matmul_pref().ok()?;
         let size = WORKSPACE_BYTES;
-        // SAFETY: the attribute takes a size_t; every descriptor is live.
-        let heuristic = unsafe {
+        // SAFETY: the zeroed results are plain C structs the call fills in.
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+        let mut found = 0i32;
+        // SAFETY: the attribute takes a size_t; every descriptor is live; `results` has room
+        // for the `CANDIDATES` results asked for.
+        let status = unsafe {
             let ok = lt::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&size as *const usize).cast(),
                 size_of::<usize>(),
             );
-            let found = ok.and_then(|_| {
-                lt::get_matmul_algo_heuristic(
+            let status = match ok {
+                Ok(()) => sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     gemm.desc,
                     gemm.layouts[0],
@@ -135,13 +190,104 @@ impl Lt {
                     gemm.layouts[2],
                     gemm.layouts[2],
                     pref,
-                )
-            });
+                    CANDIDATES as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
+                ),
+                Err(_) => sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+            };
             let _ = lt::destroy_matmul_pref(pref);
-            found.ok()?
+            status
         };
-        gemm.algo = heuristic.algo;
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return None;
+        }
+        gemm.candidates = results
+            .iter()
+            .take(usize::try_from(found).unwrap_or(0))
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= size)
+            .map(|r| r.algo)
+            .collect();
+        gemm.algo = *gemm.candidates.first()?;
         Some(gemm)
+    }
+
+    /// Whether `algo` runs `gemm` (a cached choice still fits this GEMM and library).
+    fn check(&self, gemm: &LtGemm, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+        // SAFETY: the descriptors are live; the result is a plain C struct filled in.
+        unsafe {
+            let mut result: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let status = sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                gemm.desc,
+                gemm.layouts[0],
+                gemm.layouts[1],
+                gemm.layouts[2],
+                gemm.layouts[2],
+                algo,
+                &mut result,
+            );
+            status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && result.workspaceSize <= WORKSPACE_BYTES
+        }
+    }
+
+    /// Keeps the fastest of `gemm`'s candidates, timed on `addresses` (their contents are
+    /// overwritten in `c` only), or the one `cache` holds for this GEMM.
+    pub(super) fn tune(
+        &self,
+        gemm: &mut LtGemm,
+        g: &GemmSpec,
+        addresses: (u64, u64, u64),
+        stream: &CudaStream,
+        cache: &mut AlgoCache,
+    ) -> Result<GemmChoice, RuntimeError> {
+        let key = gemm_key(g);
+        if let Some(entry) = cache.get(&key) {
+            if self.check(gemm, &entry.algo) {
+                gemm.algo = entry.algo;
+                return Ok(GemmChoice { cached: true, ..entry.choice.clone() });
+            }
+        }
+        let mut times = Vec::with_capacity(gemm.candidates.len());
+        if gemm.candidates.len() > 1 {
+            use cudarc::driver::sys::CUevent_flags;
+            let ctx = stream.context();
+            let event =
+                || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| lt_error("event", e));
+            let (start, end) = (event()?, event()?);
+            for &algo in &gemm.candidates.clone() {
+                gemm.algo = algo;
+                for _ in 0..WARMUP {
+                    self.run(gemm, g, addresses, stream)?;
+                }
+                start.record(stream).map_err(|e| lt_error("event", e))?;
+                for _ in 0..TIMED_RUNS {
+                    self.run(gemm, g, addresses, stream)?;
+                }
+                end.record(stream).map_err(|e| lt_error("event", e))?;
+                end.synchronize().map_err(|e| lt_error("event", e))?;
+                let ms = start.elapsed_ms(&end).map_err(|e| lt_error("event", e))?;
+                times.push(1e3 * f64::from(ms) / TIMED_RUNS as f64);
+            }
+        }
+        let chosen = (0..times.len()).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
+        gemm.algo = gemm.candidates[chosen];
+        let choice = GemmChoice {
+            gemm: key.clone(),
+            candidates: gemm.candidates.len(),
+            chosen,
+            first_us: times.first().copied().unwrap_or(0.0),
+            chosen_us: times.get(chosen).copied().unwrap_or(0.0),
+            cached: false,
+        };
+        cache.insert(key, CachedAlgo { algo: gemm.algo, choice: choice.clone() });
+        Ok(choice)
+    }
+
+    /// cuBLASLt's version, part of the cache key (algorithms are valid for one version).
+    pub(super) fn version() -> usize {
+        // SAFETY: a plain query of the loaded library.
+        unsafe { sys::cublasLtGetVersion() }
     }
 
     /// Issues `gemm` on `stream`: our A at `a`, B at `b`, the result written to `c`.
@@ -176,5 +322,126 @@ impl Lt {
             )
         }
         .map_err(|e| lt_error("matmul", e))
+    }
+}
+
+/// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue.
+fn gemm_key(g: &GemmSpec) -> String {
+    let epilogue = match g.lt_epilogue.map(|e| e.activation) {
+        None => "",
+        Some(LtActivation::None) => " +bias",
+        Some(LtActivation::Relu) => " +bias+relu",
+        Some(LtActivation::GeluTanh) => " +bias+gelutanh",
+    };
+    let t = |transposed: bool| if transposed { "T" } else { "N" };
+    format!("{}x{}x{} {} {}{}{epilogue}", g.m, g.n, g.k, g.dtype, t(g.a.transposed), t(g.b.transposed))
+}
+
+/// A kept algorithm and how it was chosen.
+#[derive(Clone)]
+pub(super) struct CachedAlgo {
+    algo: sys::cublasLtMatmulAlgo_t,
+    choice: GemmChoice,
+}
+
+/// The algorithms chosen for GEMMs on one GPU with one cuBLASLt version, in memory and in a
+/// text file (one GEMM a line: key, rank, candidates, µs of the first and of the kept one,
+/// the algorithm's 64 opaque bytes in hex). A file that cannot be read or written is
+/// skipped: the GEMMs are timed again.
+pub(super) struct AlgoCache {
+    path: Option<std::path::PathBuf>,
+    entries: std::collections::BTreeMap<String, CachedAlgo>,
+    changed: bool,
+}
+
+impl AlgoCache {
+    /// The cache for `device` (its name) in `dir`, or one in memory only when `dir` is `None`.
+    pub(super) fn open(dir: Option<std::path::PathBuf>, device: &str) -> AlgoCache {
+        let device: String =
+            device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        let path = dir.map(|d| d.join(format!("cublaslt-{}-{device}.txt", Lt::version())));
+        let text = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+        let entries = text.lines().filter_map(parse_line).collect();
+        AlgoCache { path, entries, changed: false }
+    }
+
+    fn get(&self, key: &str) -> Option<&CachedAlgo> {
+        self.entries.get(key)
+    }
+
+    fn insert(&mut self, key: String, value: CachedAlgo) {
+        self.entries.insert(key, value);
+        self.changed = true;
+    }
+
+    /// Writes the file when something was added (write to a temporary, then rename).
+    pub(super) fn save(&mut self) {
+        let Some(path) = self.path.as_ref().filter(|_| self.changed) else { return };
+        let text: String = self.entries.iter().map(|(key, entry)| format_line(key, entry)).collect();
+        let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&temporary, text).is_ok()
+            && std::fs::rename(&temporary, path).is_ok();
+        if written {
+            self.changed = false;
+        } else {
+            let _ = std::fs::remove_file(&temporary);
+        }
+    }
+}
+
+fn format_line(key: &str, entry: &CachedAlgo) -> String {
+    let c = &entry.choice;
+    let hex: String = entry.algo.data.iter().map(|w| format!("{w:016x}")).collect();
+    format!("{key}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n", c.chosen, c.candidates, c.first_us, c.chosen_us)
+}
+
+fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
+    let fields: Vec<&str> = line.split('\t').collect();
+    let [key, chosen, candidates, first, kept, hex] = fields[..] else { return None };
+    if hex.len() != 8 * 16 || !hex.is_ascii() {
+        return None;
+    }
+    let mut data = [0u64; 8];
+    for (i, word) in data.iter_mut().enumerate() {
+        *word = u64::from_str_radix(&hex[16 * i..16 * (i + 1)], 16).ok()?;
+    }
+    let choice = GemmChoice {
+        gemm: key.to_string(),
+        candidates: candidates.parse().ok()?,
+        chosen: chosen.parse().ok()?,
+        first_us: first.parse().ok()?,
+        chosen_us: kept.parse().ok()?,
+        cached: true,
+    };
+    Some((key.to_string(), CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_lines_round_trip_and_bad_lines_are_skipped() {
+        let choice = GemmChoice {
+            gemm: "1024x3072x768 f16 N N +bias".into(),
+            candidates: 8,
+            chosen: 3,
+            first_us: 16.25,
+            chosen_us: 14.5,
+            cached: false,
+        };
+        let data = [1, 2, 3, u64::MAX, 0, 0x0123_4567_89ab_cdef, 7, 8];
+        let entry = CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice: choice.clone() };
+        let line = format_line(&choice.gemm, &entry);
+        let (key, back) = parse_line(line.trim_end()).expect("a line it wrote");
+        assert_eq!(key, choice.gemm);
+        assert_eq!(back.algo.data, data);
+        assert_eq!(back.choice, GemmChoice { cached: true, ..choice });
+        for bad in
+            ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
+        {
+            assert!(parse_line(bad).is_none(), "{bad:?}");
+        }
     }
 }

@@ -17,6 +17,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
 
+use super::lt::GemmChoice;
 use super::{blas, lt, nvrtc, RuntimeError};
 use crate::bundle::{Bundle, IoSpec};
 use crate::codegen::{GemmSpec, KernelSource, Step};
@@ -41,7 +42,8 @@ struct Launch {
 
 enum Loaded {
     Kernel(Launch),
-    /// A cuBLAS GEMM and its epilogue kernel, or (`lt`) one cuBLASLt call that runs both.
+    /// A cuBLAS or (`lt`) cuBLASLt GEMM, and its epilogue kernel unless cuBLASLt runs the
+    /// epilogue inside the GEMM.
     Gemm {
         name: String,
         gemm: GemmSpec,
@@ -69,6 +71,8 @@ pub struct Session {
     pub arch: String,
     /// The GPU's name as the driver reports it.
     pub device_name: String,
+    /// How each distinct cuBLASLt GEMM's algorithm was chosen.
+    pub gemm_choices: Vec<GemmChoice>,
 }
 
 /// How a session runs.
@@ -76,11 +80,14 @@ pub struct Session {
 pub struct SessionOptions {
     /// Replay the steps as one CUDA graph after the first run.
     pub cuda_graph: bool,
+    /// Time the cuBLASLt heuristic's top algorithms for each GEMM at load and keep the
+    /// fastest (cached on disk); off, the heuristic's first is used.
+    pub tune_gemms: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { cuda_graph: true }
+        SessionOptions { cuda_graph: true, tune_gemms: true }
     }
 }
 
@@ -150,33 +157,49 @@ impl Session {
         };
         let arena_ptr = arena.device_ptr(&stream).0;
         let weights_ptr = weights.device_ptr(&stream).0;
-        let wants_lt =
-            header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.lt_epilogue.is_some()));
+        let wants_lt = header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.batch == 1));
         let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
+        let mut cache = lt.as_ref().map(|_| lt::AlgoCache::open(nvrtc::cache_dir(), &device_name));
+        let mut gemm_choices: Vec<GemmChoice> = Vec::new();
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
                 Step::Launch(source) => Loaded::Kernel(load(source)?),
                 Step::Gemm { gemm, epilogue } => {
-                    let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
-                    let prepared =
-                        lt.as_ref().zip(bias).and_then(|(lt, bias)| lt.prepare(gemm, bias)).map(Box::new);
+                    let address = |l: Location| device_address(l, arena_ptr, weights_ptr);
+                    let bias = gemm.lt_epilogue.map(|e| address(e.bias));
+                    let mut prepared = lt.as_ref().and_then(|lt| lt.prepare(gemm, bias)).map(Box::new);
+                    if let (Some(lt), Some(p), Some(cache)) = (&lt, &mut prepared, &mut cache) {
+                        if options.tune_gemms {
+                            let addresses =
+                                (address(gemm.a.location), address(gemm.b.location), address(gemm.c));
+                            let choice = lt.tune(p, gemm, addresses, &stream, cache)?;
+                            if !gemm_choices.iter().any(|c| c.gemm == choice.gemm) {
+                                gemm_choices.push(choice);
+                            }
+                        }
+                    }
                     // With cuBLASLt running the epilogue, the kernel is not needed.
-                    let epilogue = match prepared {
-                        Some(_) => None,
-                        None => epilogue.as_ref().map(&mut load).transpose()?,
+                    let epilogue = match (&prepared, gemm.lt_epilogue) {
+                        (Some(_), Some(_)) => None,
+                        _ => epilogue.as_ref().map(&mut load).transpose()?,
                     };
                     let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
                     let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
-                    let name = match (&prepared, &epilogue) {
-                        (Some(_), _) => format!("cuBLASLt gemm+bias {shape}{batch}"),
-                        (None, Some(e)) => format!("cuBLAS gemm {shape}{batch} + {}", e.name),
-                        (None, None) => format!("cuBLAS gemm {shape}{batch}"),
+                    let library = if prepared.is_some() { "cuBLASLt" } else { "cuBLAS" };
+                    let name = match (gemm.lt_epilogue.is_some() && prepared.is_some(), &epilogue) {
+                        (true, _) => format!("cuBLASLt gemm+bias {shape}"),
+                        (false, Some(e)) => format!("{library} gemm {shape}{batch} + {}", e.name),
+                        (false, None) => format!("{library} gemm {shape}{batch}"),
                     };
                     Loaded::Gemm { name, gemm: *gemm, epilogue, lt: prepared }
                 }
             });
         }
+        if let Some(cache) = &mut cache {
+            cache.save();
+        }
+        stream.synchronize().map_err(driver)?;
         let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
         Ok(Session {
             stream,
@@ -194,6 +217,7 @@ impl Session {
             runs: 0,
             arch,
             device_name,
+            gemm_choices,
         })
     }
 
@@ -424,7 +448,9 @@ impl Session {
                     let addresses =
                         (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
                     lt.run(prepared, gemm, addresses, &self.stream)?;
-                    debug_assert!(epilogue.is_none());
+                    if let Some(launch) = epilogue {
+                        self.launch(launch)?;
+                    }
                 }
                 Loaded::Gemm { gemm, epilogue, lt: None, .. } => {
                     self.gemm(gemm)?;

@@ -9,6 +9,7 @@ mod cleanup;
 mod conditions;
 mod gelu;
 mod norm;
+mod rotary;
 mod softmax;
 
 use egg::{Id, Rewrite, Var};
@@ -40,6 +41,7 @@ pub fn all() -> Vec<Rule> {
     rules.extend(gelu::rules());
     rules.extend(softmax::rules());
     rules.extend(attention::rules());
+    rules.extend(rotary::rules());
     rules
 }
 
@@ -52,5 +54,6 @@ pub fn by_topic() -> Vec<(&'static str, Vec<Rule>)> {
         ("gelu", gelu::rules()),
         ("softmax", softmax::rules()),
         ("attention", attention::rules()),
+        ("rotary", rotary::rules()),
     ]
 }

@@ -1,5 +1,6 @@
 //! Ops that move elements without arithmetic, for every element type: `Reshape`,
-//! `Transpose`, `Concat`, `Slice`, `Gather`, `GatherElements`, `Expand`, `Tile`, `Trilu`.
+//! `Transpose`, `Concat`, `Slice`, `Gather`, `GatherElements`, `Expand`, `Tile`, `Trilu`,
+//! `RotateHalf`.
 
 use ndarray::{ArrayD, Axis, Dimension, IxDyn};
 
@@ -209,4 +210,23 @@ pub fn eval_trilu(x: &Tensor, upper: bool, k: i64) -> OpResult<Tensor> {
         }
         v
     }))
+}
+
+pub fn infer_rotate_half(x: &TensorType) -> OpResult<TensorType> {
+    match x.shape.last() {
+        Some(&w) if w % 2 == 0 && x.dtype.is_float() => Ok(x.clone()),
+        _ => Err(format!("RotateHalf needs a float tensor whose last axis has even size, got {x}")),
+    }
+}
+
+/// `concat(-x[.., h:], x[.., :h])` along the last axis.
+pub fn eval_rotate_half(x: &Tensor) -> OpResult<Tensor> {
+    let ty = infer_rotate_half(&x.tensor_type())?;
+    let axis = Axis(ty.rank() - 1);
+    let half = ty.shape[ty.rank() - 1] / 2;
+    let a = x.to_f64();
+    let mut out = a.clone();
+    out.slice_axis_mut(axis, (..half).into()).assign(&a.slice_axis(axis, (half..).into()).mapv(|v| -v));
+    out.slice_axis_mut(axis, (half..).into()).assign(&a.slice_axis(axis, (..half).into()));
+    Ok(Tensor::from_f64(out, ty.dtype))
 }

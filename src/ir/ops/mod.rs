@@ -53,6 +53,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> OpResult<TensorType> {
         Op::Expand { shape } => layout::infer_expand(x(), shape),
         Op::Tile { repeats } => layout::infer_tile(x(), repeats),
         Op::Trilu { .. } => layout::infer_trilu(x()),
+        Op::RotateHalf => layout::infer_rotate_half(x()),
     }
 }
 
@@ -92,5 +93,6 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Expand { shape } => layout::eval_expand(x(), shape),
         Op::Tile { repeats } => layout::eval_tile(x(), repeats),
         Op::Trilu { upper, k } => layout::eval_trilu(x(), *upper, *k),
+        Op::RotateHalf => layout::eval_rotate_half(x()),
     }
 }
