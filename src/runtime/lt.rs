@@ -3,10 +3,10 @@
 //!
 //! Everything a call needs (descriptors, layouts, the algorithm) is chosen once when the
 //! session loads; a run only calls `cublasLtMatmul`, so it can be captured into a CUDA graph.
-//! The algorithm is chosen by measurement: the heuristic's first [`CANDIDATES`] algorithms
-//! are each timed on the session's own buffers and the fastest is kept, in a cache file beside
-//! the NVRTC cache (keyed by GPU, cuBLASLt version and GEMM), so a later session of the same
-//! shapes times nothing.
+//! The algorithm can be chosen by measurement (the session times its whole program with
+//! each of the heuristic's first [`CANDIDATES`] algorithms, see `Session`); the choices go
+//! into a cache file beside the NVRTC cache (keyed by GPU, cuBLASLt version and GEMM), so a
+//! later session of the same shapes times nothing.
 //! Same row-major trick as the cuBLAS path: `Cᵀ = Bᵀ·Aᵀ`, so cuBLASLt's A is our B, the
 //! result has N rows in column-major terms, and the bias (N elements) runs along them.
 
@@ -27,9 +27,14 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// How many of the heuristic's algorithms are timed for each GEMM.
 pub const CANDIDATES: usize = 8;
-/// Timed runs of each candidate (after as many warm-up runs as [`WARMUP`]).
-const TIMED_RUNS: usize = 20;
-const WARMUP: usize = 3;
+/// Whole-program runs timed for each candidate (median), after a capture and warm-up.
+pub(super) const TIMED_RUNS: usize = 15;
+/// A candidate replaces the current choice only when the program's median time drops
+/// below this fraction of the current one: within it, timing noise would decide.
+pub(super) const MARGIN: f64 = 0.995;
+/// Names the timing method in the cache file's name, so choices timed another way are not
+/// reused.
+const TIMING: &str = "program1";
 
 fn lt_error(what: &str, e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("cuBLASLt {what}: {e:?}"))
@@ -51,16 +56,29 @@ pub(super) struct LtGemm {
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
+/// What the timed candidates of a GEMM had to beat (candidate 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reference {
+    /// The cuBLAS call (a GEMM with no epilogue cuBLASLt runs); the cuBLASLt heuristic's
+    /// algorithms follow it.
+    Cublas,
+    /// The cuBLASLt heuristic's first algorithm.
+    HeuristicFirst,
+}
+
 /// How a GEMM's algorithm was chosen, for `fusec bench` to report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmChoice {
-    /// `1024x3072x768 f16 +bias`: M×N×K, element type, epilogue.
+    /// `1024x3072x768 f16 N N +bias`: M×N×K, element type, operand layouts, epilogue.
     pub gemm: String,
-    /// How many algorithms the heuristic offered (and were timed).
+    pub reference: Reference,
+    /// How many were timed: the reference, then the heuristic's other algorithms.
     pub candidates: usize,
-    /// The rank of the kept one in the heuristic's list (0: its first choice).
+    /// Which was kept (0: the reference; with the cuBLAS reference, `n` is the heuristic's
+    /// `n`-th algorithm; else its `n + 1`-th).
     pub chosen: usize,
-    /// Mean time of one call, µs, of the heuristic's first algorithm and of the kept one.
+    /// Median time of the whole program, µs, with the reference and with the kept one (the
+    /// other GEMMs as chosen before this one).
     pub first_us: f64,
     pub chosen_us: f64,
     /// Taken from the cache file rather than timed in this session.
@@ -68,7 +86,12 @@ pub struct GemmChoice {
 }
 
 impl GemmChoice {
-    /// The heuristic's first choice over the measured one (1.0 when it was kept).
+    /// Whether the GEMM stays on cuBLAS.
+    pub fn cublas(&self) -> bool {
+        self.reference == Reference::Cublas && self.chosen == 0
+    }
+
+    /// The reference's time over the kept one's (1.0 when the reference was kept).
     pub fn speedup(&self) -> f64 {
         if self.chosen_us > 0.0 {
             self.first_us / self.chosen_us
@@ -231,57 +254,25 @@ impl Lt {
         }
     }
 
-    /// Keeps the fastest of `gemm`'s candidates, timed on `addresses` (their contents are
-    /// overwritten in `c` only), or the one `cache` holds for this GEMM.
-    pub(super) fn tune(
-        &self,
-        gemm: &mut LtGemm,
-        g: &GemmSpec,
-        addresses: (u64, u64, u64),
-        stream: &CudaStream,
-        cache: &mut AlgoCache,
-    ) -> Result<GemmChoice, RuntimeError> {
-        let key = gemm_key(g);
-        if let Some(entry) = cache.get(&key) {
-            if self.check(gemm, &entry.algo) {
-                gemm.algo = entry.algo;
-                return Ok(GemmChoice { cached: true, ..entry.choice.clone() });
-            }
+    /// How many algorithms the heuristic offered for `gemm`.
+    pub(super) fn candidates(gemm: &LtGemm) -> usize {
+        gemm.candidates.len()
+    }
+
+    /// Runs `gemm` with the heuristic's `rank`-th algorithm from now on.
+    pub(super) fn select(gemm: &mut LtGemm, rank: usize) {
+        if let Some(&algo) = gemm.candidates.get(rank) {
+            gemm.algo = algo;
         }
-        let mut times = Vec::with_capacity(gemm.candidates.len());
-        if gemm.candidates.len() > 1 {
-            use cudarc::driver::sys::CUevent_flags;
-            let ctx = stream.context();
-            let event =
-                || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| lt_error("event", e));
-            let (start, end) = (event()?, event()?);
-            for &algo in &gemm.candidates.clone() {
-                gemm.algo = algo;
-                for _ in 0..WARMUP {
-                    self.run(gemm, g, addresses, stream)?;
-                }
-                start.record(stream).map_err(|e| lt_error("event", e))?;
-                for _ in 0..TIMED_RUNS {
-                    self.run(gemm, g, addresses, stream)?;
-                }
-                end.record(stream).map_err(|e| lt_error("event", e))?;
-                end.synchronize().map_err(|e| lt_error("event", e))?;
-                let ms = start.elapsed_ms(&end).map_err(|e| lt_error("event", e))?;
-                times.push(1e3 * f64::from(ms) / TIMED_RUNS as f64);
-            }
+    }
+
+    /// Runs `gemm` with a cached algorithm if it still fits this GEMM and library.
+    pub(super) fn restore(&self, gemm: &mut LtGemm, cached: &CachedAlgo) -> bool {
+        let fits = self.check(gemm, &cached.algo);
+        if fits {
+            gemm.algo = cached.algo;
         }
-        let chosen = (0..times.len()).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
-        gemm.algo = gemm.candidates[chosen];
-        let choice = GemmChoice {
-            gemm: key.clone(),
-            candidates: gemm.candidates.len(),
-            chosen,
-            first_us: times.first().copied().unwrap_or(0.0),
-            chosen_us: times.get(chosen).copied().unwrap_or(0.0),
-            cached: false,
-        };
-        cache.insert(key, CachedAlgo { algo: gemm.algo, choice: choice.clone() });
-        Ok(choice)
+        fits
     }
 
     /// cuBLASLt's version, part of the cache key (algorithms are valid for one version).
@@ -326,7 +317,7 @@ impl Lt {
 }
 
 /// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue.
-fn gemm_key(g: &GemmSpec) -> String {
+pub(super) fn gemm_key(g: &GemmSpec) -> String {
     let epilogue = match g.lt_epilogue.map(|e| e.activation) {
         None => "",
         Some(LtActivation::None) => " +bias",
@@ -341,11 +332,17 @@ fn gemm_key(g: &GemmSpec) -> String {
 #[derive(Clone)]
 pub(super) struct CachedAlgo {
     algo: sys::cublasLtMatmulAlgo_t,
-    choice: GemmChoice,
+    pub(super) choice: GemmChoice,
 }
 
-/// The algorithms chosen for GEMMs on one GPU with one cuBLASLt version, in memory and in a
-/// text file (one GEMM a line: key, rank, candidates, µs of the first and of the kept one,
+impl CachedAlgo {
+    pub(super) fn new(gemm: &LtGemm, choice: GemmChoice) -> CachedAlgo {
+        CachedAlgo { algo: gemm.algo, choice }
+    }
+}
+
+/// The algorithms chosen for GEMMs on one GPU with one cuBLASLt version (and one way of
+/// timing them: the file name carries [`TIMING`]), in memory and in a text file (one GEMM a line: key, rank, candidates, µs of the first and of the kept one,
 /// the algorithm's 64 opaque bytes in hex). A file that cannot be read or written is
 /// skipped: the GEMMs are timed again.
 pub(super) struct AlgoCache {
@@ -359,17 +356,17 @@ impl AlgoCache {
     pub(super) fn open(dir: Option<std::path::PathBuf>, device: &str) -> AlgoCache {
         let device: String =
             device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-        let path = dir.map(|d| d.join(format!("cublaslt-{}-{device}.txt", Lt::version())));
+        let path = dir.map(|d| d.join(format!("cublaslt-{}-{TIMING}-{device}.txt", Lt::version())));
         let text = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
         let entries = text.lines().filter_map(parse_line).collect();
         AlgoCache { path, entries, changed: false }
     }
 
-    fn get(&self, key: &str) -> Option<&CachedAlgo> {
+    pub(super) fn get(&self, key: &str) -> Option<&CachedAlgo> {
         self.entries.get(key)
     }
 
-    fn insert(&mut self, key: String, value: CachedAlgo) {
+    pub(super) fn insert(&mut self, key: String, value: CachedAlgo) {
         self.entries.insert(key, value);
         self.changed = true;
     }
@@ -393,12 +390,24 @@ impl AlgoCache {
 fn format_line(key: &str, entry: &CachedAlgo) -> String {
     let c = &entry.choice;
     let hex: String = entry.algo.data.iter().map(|w| format!("{w:016x}")).collect();
-    format!("{key}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n", c.chosen, c.candidates, c.first_us, c.chosen_us)
+    let reference = match c.reference {
+        Reference::Cublas => "cublas",
+        Reference::HeuristicFirst => "first",
+    };
+    format!(
+        "{key}\t{reference}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
+        c.chosen, c.candidates, c.first_us, c.chosen_us
+    )
 }
 
 fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     let fields: Vec<&str> = line.split('\t').collect();
-    let [key, chosen, candidates, first, kept, hex] = fields[..] else { return None };
+    let [key, reference, chosen, candidates, first, kept, hex] = fields[..] else { return None };
+    let reference = match reference {
+        "cublas" => Reference::Cublas,
+        "first" => Reference::HeuristicFirst,
+        _ => return None,
+    };
     if hex.len() != 8 * 16 || !hex.is_ascii() {
         return None;
     }
@@ -408,6 +417,7 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     }
     let choice = GemmChoice {
         gemm: key.to_string(),
+        reference,
         candidates: candidates.parse().ok()?,
         chosen: chosen.parse().ok()?,
         first_us: first.parse().ok()?,
@@ -425,6 +435,7 @@ mod tests {
     fn cache_lines_round_trip_and_bad_lines_are_skipped() {
         let choice = GemmChoice {
             gemm: "1024x3072x768 f16 N N +bias".into(),
+            reference: Reference::Cublas,
             candidates: 8,
             chosen: 3,
             first_us: 16.25,

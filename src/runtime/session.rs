@@ -45,11 +45,34 @@ enum Loaded {
     /// A cuBLAS or (`lt`) cuBLASLt GEMM, and its epilogue kernel unless cuBLASLt runs the
     /// epilogue inside the GEMM.
     Gemm {
-        name: String,
         gemm: GemmSpec,
         epilogue: Option<Launch>,
+        /// Runs on cuBLAS even though `lt` is prepared (a GEMM with no epilogue cuBLASLt
+        /// runs, for which cuBLAS was measured faster or nothing was measured).
+        on_cublas: bool,
         lt: Option<Box<lt::LtGemm>>,
     },
+}
+
+impl Loaded {
+    /// What the step runs, as profiles name it.
+    fn name(&self) -> String {
+        match self {
+            Loaded::Kernel(launch) => launch.name.clone(),
+            Loaded::Gemm { gemm, epilogue, on_cublas, lt } => {
+                let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
+                let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
+                let library = if lt.is_some() && !on_cublas { "cuBLASLt" } else { "cuBLAS" };
+                match epilogue {
+                    None if gemm.lt_epilogue.is_some() && lt.is_some() => {
+                        format!("cuBLASLt gemm+bias {shape}")
+                    }
+                    Some(e) => format!("{library} gemm {shape}{batch} + {}", e.name),
+                    None => format!("{library} gemm {shape}{batch}"),
+                }
+            }
+        }
+    }
 }
 
 pub struct Session {
@@ -159,49 +182,34 @@ impl Session {
         let weights_ptr = weights.device_ptr(&stream).0;
         let wants_lt = header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.batch == 1));
         let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
-        let mut cache = lt.as_ref().map(|_| lt::AlgoCache::open(nvrtc::cache_dir(), &device_name));
-        let mut gemm_choices: Vec<GemmChoice> = Vec::new();
+        let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
+        // Algorithms are chosen by timing the program as a CUDA graph; without graphs (the
+        // unfused baseline) every GEMM keeps its reference: cuBLAS, or cuBLASLt's first
+        // algorithm where cuBLASLt runs the epilogue.
+        let tune = options.tune_gemms && options.cuda_graph && lt.is_some();
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
                 Step::Launch(source) => Loaded::Kernel(load(source)?),
                 Step::Gemm { gemm, epilogue } => {
-                    let address = |l: Location| device_address(l, arena_ptr, weights_ptr);
-                    let bias = gemm.lt_epilogue.map(|e| address(e.bias));
-                    let mut prepared = lt.as_ref().and_then(|lt| lt.prepare(gemm, bias)).map(Box::new);
-                    if let (Some(lt), Some(p), Some(cache)) = (&lt, &mut prepared, &mut cache) {
-                        if options.tune_gemms {
-                            let addresses =
-                                (address(gemm.a.location), address(gemm.b.location), address(gemm.c));
-                            let choice = lt.tune(p, gemm, addresses, &stream, cache)?;
-                            if !gemm_choices.iter().any(|c| c.gemm == choice.gemm) {
-                                gemm_choices.push(choice);
-                            }
-                        }
-                    }
+                    let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
+                    let plain = gemm.lt_epilogue.is_none();
+                    let prepared = lt
+                        .as_ref()
+                        .filter(|_| tune || !plain)
+                        .and_then(|lt| lt.prepare(gemm, bias))
+                        .map(Box::new);
                     // With cuBLASLt running the epilogue, the kernel is not needed.
-                    let epilogue = match (&prepared, gemm.lt_epilogue) {
-                        (Some(_), Some(_)) => None,
+                    let epilogue = match (&prepared, plain) {
+                        (Some(_), false) => None,
                         _ => epilogue.as_ref().map(&mut load).transpose()?,
                     };
-                    let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
-                    let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
-                    let library = if prepared.is_some() { "cuBLASLt" } else { "cuBLAS" };
-                    let name = match (gemm.lt_epilogue.is_some() && prepared.is_some(), &epilogue) {
-                        (true, _) => format!("cuBLASLt gemm+bias {shape}"),
-                        (false, Some(e)) => format!("{library} gemm {shape}{batch} + {}", e.name),
-                        (false, None) => format!("{library} gemm {shape}{batch}"),
-                    };
-                    Loaded::Gemm { name, gemm: *gemm, epilogue, lt: prepared }
+                    Loaded::Gemm { gemm: *gemm, epilogue, on_cublas: plain, lt: prepared }
                 }
             });
         }
-        if let Some(cache) = &mut cache {
-            cache.save();
-        }
         stream.synchronize().map_err(driver)?;
-        let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
-        Ok(Session {
+        let mut session = Session {
             stream,
             blas,
             steps,
@@ -217,8 +225,14 @@ impl Session {
             runs: 0,
             arch,
             device_name,
-            gemm_choices,
-        })
+            gemm_choices: Vec::new(),
+        };
+        if tune {
+            let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
+            session.gemm_choices = session.tune_gemms(&mut cache)?;
+            cache.save();
+        }
+        Ok(session)
     }
 
     pub fn inputs(&self) -> &[IoSpec] {
@@ -431,18 +445,144 @@ impl Session {
                 t.sort_by(f64::total_cmp);
                 let name = match step {
                     Loaded::Kernel(launch) => launch.name.clone(),
-                    Loaded::Gemm { name, .. } => name.clone(),
+                    Loaded::Gemm { .. } => step.name(),
                 };
                 (name, t.get(t.len() / 2).copied().unwrap_or(0.0))
             })
             .collect())
     }
 
+    /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
+    /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
+    /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
+    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
+    /// called back to back, is a poor guide: in a model its weights come from HBM and its
+    /// neighbours share the GPU. Choices in `cache` are applied without timing.
+    fn tune_gemms(&mut self, cache: &mut lt::AlgoCache) -> Result<Vec<GemmChoice>, RuntimeError> {
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Loaded::Gemm { gemm, lt: Some(_), .. } = step {
+                let key = lt::gemm_key(gemm);
+                match groups.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, members)) => members.push(i),
+                    None => groups.push((key, vec![i])),
+                }
+            }
+        }
+        let mut choices = Vec::new();
+        let mut untimed = Vec::new();
+        for (key, members) in groups {
+            match cache.get(&key).cloned() {
+                Some(cached) if self.restore(&members, &cached) => {
+                    choices.push(GemmChoice { cached: true, ..cached.choice });
+                }
+                _ => untimed.push((key, members)),
+            }
+        }
+        if untimed.is_empty() {
+            return Ok(choices);
+        }
+        let mut best = self.time_program()?;
+        for (key, members) in untimed {
+            let Some(Loaded::Gemm { gemm, lt: Some(prepared), .. }) = self.steps.get(members[0]) else {
+                continue;
+            };
+            let plain = gemm.lt_epilogue.is_none();
+            // `None`: cuBLAS; `Some(r)`: the heuristic's algorithm of rank `r`.
+            let options: Vec<Option<usize>> = plain
+                .then_some(None)
+                .into_iter()
+                .chain((0..lt::Lt::candidates(prepared)).map(Some))
+                .collect();
+            let reference_ms = best;
+            let mut kept = 0;
+            for (i, &option) in options.iter().enumerate().skip(1) {
+                self.apply(&members, option);
+                let ms = self.time_program()?;
+                if ms < lt::MARGIN * best {
+                    best = ms;
+                    kept = i;
+                }
+            }
+            self.apply(&members, options[kept]);
+            let choice = GemmChoice {
+                gemm: key.clone(),
+                reference: if plain { lt::Reference::Cublas } else { lt::Reference::HeuristicFirst },
+                candidates: options.len(),
+                chosen: kept,
+                first_us: 1e3 * reference_ms,
+                chosen_us: 1e3 * best,
+                cached: false,
+            };
+            if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
+                cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
+            }
+            choices.push(choice);
+        }
+        // The next run captures the graph of the chosen algorithms.
+        self.graph = None;
+        self.runs = 0;
+        Ok(choices)
+    }
+
+    /// Runs the GEMM steps `members` on cuBLAS (`None`) or on the cuBLASLt heuristic's
+    /// algorithm of rank `r` (`Some(r)`).
+    fn apply(&mut self, members: &[usize], option: Option<usize>) {
+        for &i in members {
+            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+                *on_cublas = option.is_none();
+                if let Some(rank) = option {
+                    lt::Lt::select(prepared, rank);
+                }
+            }
+        }
+    }
+
+    /// Applies a cached choice to `members`; false when it no longer fits.
+    fn restore(&mut self, members: &[usize], cached: &lt::CachedAlgo) -> bool {
+        let Some(lt) = self.lt.as_ref() else { return false };
+        for &i in members {
+            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+                *on_cublas = cached.choice.cublas();
+                if !*on_cublas && !lt.restore(prepared, cached) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Median milliseconds of the program as a CUDA graph (captured anew), over
+    /// `lt::TIMED_RUNS` replays after three untimed ones.
+    fn time_program(&mut self) -> Result<f64, RuntimeError> {
+        use cudarc::driver::sys::CUevent_flags;
+        self.graph = None;
+        self.execute_all()?;
+        let ctx = self.stream.context().clone();
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let mut times = Vec::with_capacity(lt::TIMED_RUNS);
+        for i in 0..3 + lt::TIMED_RUNS {
+            start.record(&self.stream).map_err(driver)?;
+            match &self.graph {
+                Some(graph) => graph.launch().map_err(driver)?,
+                None => self.execute()?,
+            }
+            end.record(&self.stream).map_err(driver)?;
+            end.synchronize().map_err(driver)?;
+            if i >= 3 {
+                times.push(f64::from(start.elapsed_ms(&end).map_err(driver)?));
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
     fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
         {
             match step {
                 Loaded::Kernel(launch) => self.launch(launch)?,
-                Loaded::Gemm { gemm, epilogue, lt: Some(prepared), .. } => {
+                Loaded::Gemm { gemm, epilogue, lt: Some(prepared), on_cublas: false } => {
                     let lt =
                         self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
                     let addresses =
@@ -452,7 +592,7 @@ impl Session {
                         self.launch(launch)?;
                     }
                 }
-                Loaded::Gemm { gemm, epilogue, lt: None, .. } => {
+                Loaded::Gemm { gemm, epilogue, .. } => {
                     self.gemm(gemm)?;
                     if let Some(launch) = epilogue {
                         self.launch(launch)?;
