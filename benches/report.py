@@ -14,6 +14,7 @@ import html
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -92,17 +93,45 @@ def table(rows, extra, micro):
     return "\n".join(lines)
 
 
+def step_kind(name):
+    """A profile step's kind: the kernel name without its number, a GEMM without its size."""
+    name = re.sub(r"fusec_k\d+_", "", name)
+    name = re.sub(r"\d+x\d+x\d+", "MxNxK", name)
+    return name
+
+
 def profiles(extra):
     out = []
     for key, d in sorted(extra.items()):
         if not d.get("profile"):
             continue
-        steps = sorted(d["profile"], key=lambda s: -s["ms"])
         total = sum(s["ms"] for s in d["profile"]) or 1.0
-        out.append(f"**{key[0]} {key[1]} {key[2]}** ({len(d['profile'])} steps, {total:.3f} ms step by step):\n")
-        for s in steps[:5]:
-            out.append(f"- {s['ms']:.4f} ms ({100 * s['ms'] / total:.1f}%) `{s['step']}`")
+        kinds = {}
+        for s in d["profile"]:
+            count, ms = kinds.get(step_kind(s["step"]), (0, 0.0))
+            kinds[step_kind(s["step"])] = (count + 1, ms + s["ms"])
+        out.append(f"**{key[0]} {key[1]} {key[2]}** ({len(d['profile'])} steps, {total:.3f} ms step by step; "
+                   "each step timed alone, so each includes its launch):\n")
+        out.append("| steps | kind | ms | share | µs per step |")
+        out.append("|---|---|---|---|---|")
+        for kind, (count, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+            out.append(f"| {count} | `{kind}` | {ms:.4f} | {100 * ms / total:.1f}% | {1e3 * ms / count:.1f} |")
         out.append("")
+        gemms = d.get("gemm_choices") or []
+        if gemms:
+            out.append("GEMM algorithms kept (the fused program timed with each candidate):\n")
+            for g in gemms:
+                cached = " (cached)" if g.get("cached") else f" (program {g['first_us'] / 1e3:.4f} → {g['chosen_us'] / 1e3:.4f} ms)"
+                cublas = g.get("reference") == "Cublas"
+                reference = "cuBLAS" if cublas else "cuBLASLt's first algorithm"
+                if g["chosen"] == 0:
+                    what = f"{reference} kept"
+                elif cublas:
+                    what = f"cuBLASLt algorithm {g['chosen']} of {g['candidates'] - 1} (over cuBLAS)"
+                else:
+                    what = f"cuBLASLt algorithm {g['chosen'] + 1} of {g['candidates']}"
+                out.append(f"- `{g['gemm']}`: {what}{cached}")
+            out.append("")
     return "\n".join(out)
 
 

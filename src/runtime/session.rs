@@ -12,7 +12,8 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
@@ -330,15 +331,9 @@ impl Session {
                 self.execute_all()?;
                 continue;
             }
-            start.record(&self.stream).map_err(driver)?;
-            match &self.graph {
-                Some(graph) => graph.launch().map_err(driver)?,
-                None => self.execute()?,
-            }
-            end.record(&self.stream).map_err(driver)?;
-            end.synchronize().map_err(driver)?;
+            let ms = self.timed_run(&start, &end)?;
             if i >= warmup.max(1) {
-                times.push(f64::from(start.elapsed_ms(&end).map_err(driver)?));
+                times.push(ms);
             }
         }
         Ok(times)
@@ -552,6 +547,19 @@ impl Session {
         true
     }
 
+    /// One run (the graph's replay, or the steps one by one) between `start` and `end`, in
+    /// milliseconds, waited for.
+    fn timed_run(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, RuntimeError> {
+        start.record(&self.stream).map_err(driver)?;
+        match &self.graph {
+            Some(graph) => graph.launch().map_err(driver)?,
+            None => self.execute()?,
+        }
+        end.record(&self.stream).map_err(driver)?;
+        end.synchronize().map_err(driver)?;
+        Ok(f64::from(start.elapsed_ms(end).map_err(driver)?))
+    }
+
     /// Median milliseconds of the program as a CUDA graph (captured anew), over
     /// `lt::TIMED_RUNS` replays after three untimed ones.
     fn time_program(&mut self) -> Result<f64, RuntimeError> {
@@ -563,15 +571,9 @@ impl Session {
         let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
         let mut times = Vec::with_capacity(lt::TIMED_RUNS);
         for i in 0..3 + lt::TIMED_RUNS {
-            start.record(&self.stream).map_err(driver)?;
-            match &self.graph {
-                Some(graph) => graph.launch().map_err(driver)?,
-                None => self.execute()?,
-            }
-            end.record(&self.stream).map_err(driver)?;
-            end.synchronize().map_err(driver)?;
+            let ms = self.timed_run(&start, &end)?;
             if i >= 3 {
-                times.push(f64::from(start.elapsed_ms(&end).map_err(driver)?));
+                times.push(ms);
             }
         }
         times.sort_by(f64::total_cmp);
