@@ -184,10 +184,11 @@ impl Session {
         let wants_lt = header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.batch == 1));
         let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
         let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
-        // Algorithms are chosen by timing the program as a CUDA graph; without graphs (the
-        // unfused baseline) every GEMM keeps its reference: cuBLAS, or cuBLASLt's first
-        // algorithm where cuBLASLt runs the epilogue.
-        let tune = options.tune_gemms && options.cuda_graph && lt.is_some();
+        // Algorithms are chosen by timing the program as a CUDA graph. Without graphs (the
+        // unfused baseline) nothing is timed: choices already cached apply, and every other
+        // GEMM keeps its reference (cuBLAS, or cuBLASLt's first algorithm where cuBLASLt runs
+        // the epilogue), so a session with and one without graphs compute alike.
+        let tune = options.tune_gemms && lt.is_some();
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
@@ -230,7 +231,7 @@ impl Session {
         };
         if tune {
             let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
-            session.gemm_choices = session.tune_gemms(&mut cache)?;
+            session.gemm_choices = session.tune_gemms(&mut cache, options.cuda_graph)?;
             cache.save();
         }
         Ok(session)
@@ -452,8 +453,9 @@ impl Session {
     /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
     /// only when it makes the program faster by more than the noise margin. A GEMM alone,
     /// called back to back, is a poor guide: in a model its weights come from HBM and its
-    /// neighbours share the GPU. Choices in `cache` are applied without timing.
-    fn tune_gemms(&mut self, cache: &mut lt::AlgoCache) -> Result<Vec<GemmChoice>, RuntimeError> {
+    /// neighbours share the GPU. Choices in `cache` are applied without timing; without
+    /// `time`, only they are.
+    fn tune_gemms(&mut self, cache: &mut lt::AlgoCache, time: bool) -> Result<Vec<GemmChoice>, RuntimeError> {
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
             if let Loaded::Gemm { gemm, lt: Some(_), .. } = step {
@@ -474,7 +476,7 @@ impl Session {
                 _ => untimed.push((key, members)),
             }
         }
-        if untimed.is_empty() {
+        if untimed.is_empty() || !time {
             return Ok(choices);
         }
         let mut best = self.time_program()?;
