@@ -220,3 +220,47 @@ fn bf16_keeps_the_residual_stream_in_f32() {
         }
     }
 }
+
+/// A rotate-half reads its input at other elements, so it must never share a kernel with the
+/// op computing that input; the rotation `x·cos + rotate_half(x)·sin` of a stored `x` is one
+/// kernel, and both partitions generate code.
+#[test]
+fn rotate_half_reads_its_input_from_memory() {
+    use fusec::ir::{BinaryOp, Graph, Op, Origin, TensorType, UnaryOp};
+    use std::sync::Arc;
+    let origin = |n: &str| Origin::new(n, "test");
+    let ty = TensorType::new(DType::F32, vec![2, 3, 8]);
+    let mut g = Graph::new();
+    let x = g.add_input("x", ty.clone());
+    let cos = g.add_constant("cos", Arc::new(fusec::ir::random_tensor(&ty, 1, -1.0, 1.0)), origin("cos"));
+    let sin = g.add_constant("sin", Arc::new(fusec::ir::random_tensor(&ty, 2, -1.0, 1.0)), origin("sin"));
+    // Stored x: the rotation of x is one kernel.
+    let a = g.add_op(Op::Binary(BinaryOp::Mul), &[x, cos], "a", origin("a")).unwrap();
+    let r = g.add_op(Op::RotateHalf, &[x], "r", origin("r")).unwrap();
+    let b = g.add_op(Op::Binary(BinaryOp::Mul), &[r, sin], "b", origin("b")).unwrap();
+    let y = g.add_op(Op::Binary(BinaryOp::Add), &[a, b], "y", origin("y")).unwrap();
+    // x computed by a pointwise op: its rotate-half must be in another kernel.
+    let t = g.add_op(Op::Unary(UnaryOp::Tanh), &[y], "t", origin("t")).unwrap();
+    let rt = g.add_op(Op::RotateHalf, &[t], "rt", origin("rt")).unwrap();
+    let z = g.add_op(Op::Binary(BinaryOp::Mul), &[rt, t], "z", origin("z")).unwrap();
+    g.set_outputs(vec![("z".into(), z)]);
+    let part = partition(&g, &HashMap::new(), Mode::Fused).unwrap();
+    let kernel_of = |n| part.kernels.iter().position(|k| k.nodes.contains(&n)).unwrap();
+    assert!([a, r, b, y].iter().all(|&n| kernel_of(n) == kernel_of(y)), "{:?}", part.kernels);
+    assert_ne!(kernel_of(rt), kernel_of(t), "{:?}", part.kernels);
+    let plan = Plan::new(g, part).unwrap();
+    let steps = codegen::generate(&plan).unwrap();
+    let sources: Vec<_> = steps.iter().flat_map(|s| s.sources()).collect();
+    assert_eq!(sources.len(), 2, "the rotation, then tanh and its rotate-half product");
+    // The swapped read and the sign, in each kernel.
+    for k in &sources {
+        assert!(k.source.contains("< 4) ? -(") || k.source.contains("< 4LL) ? -("), "{}", k.source);
+    }
+    if fusec::runtime::nvrtc::available() {
+        for k in sources {
+            fusec::runtime::nvrtc::compile(k, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        }
+    } else {
+        println!("NVRTC not found: the rotate-half kernels were generated but not compiled");
+    }
+}
