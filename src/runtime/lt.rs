@@ -90,15 +90,6 @@ impl GemmChoice {
     pub fn cublas(&self) -> bool {
         self.reference == Reference::Cublas && self.chosen == 0
     }
-
-    /// The reference's time over the kept one's (1.0 when the reference was kept).
-    pub fn speedup(&self) -> f64 {
-        if self.chosen_us > 0.0 {
-            self.first_us / self.chosen_us
-        } else {
-            1.0
-        }
-    }
 }
 
 impl Drop for LtGemm {
@@ -342,9 +333,10 @@ impl CachedAlgo {
 }
 
 /// The algorithms chosen for GEMMs on one GPU with one cuBLASLt version (and one way of
-/// timing them: the file name carries [`TIMING`]), in memory and in a text file (one GEMM a line: key, rank, candidates, µs of the first and of the kept one,
-/// the algorithm's 64 opaque bytes in hex). A file that cannot be read or written is
-/// skipped: the GEMMs are timed again.
+/// timing them: the file name carries [`TIMING`]), in memory and in a text file. One GEMM a
+/// line: key, reference, kept index, candidates, program µs with the reference and with the
+/// kept one, the kept algorithm's 64 opaque bytes in hex. A file that cannot be read or
+/// written is skipped: the GEMMs are timed again.
 pub(super) struct AlgoCache {
     path: Option<std::path::PathBuf>,
     entries: std::collections::BTreeMap<String, CachedAlgo>,

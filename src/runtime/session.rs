@@ -104,8 +104,10 @@ pub struct Session {
 pub struct SessionOptions {
     /// Replay the steps as one CUDA graph after the first run.
     pub cuda_graph: bool,
-    /// Time the cuBLASLt heuristic's top algorithms for each GEMM at load and keep the
-    /// fastest (cached on disk); off, the heuristic's first is used.
+    /// Choose each GEMM's algorithm at load by timing the whole program (a CUDA graph) with
+    /// the reference and each of the cuBLASLt heuristic's top algorithms, cached on disk;
+    /// without CUDA graphs only cached choices apply. Off: GEMMs with a cuBLASLt epilogue
+    /// take the heuristic's first algorithm, the others cuBLAS.
     pub tune_gemms: bool,
 }
 
@@ -181,7 +183,12 @@ impl Session {
         };
         let arena_ptr = arena.device_ptr(&stream).0;
         let weights_ptr = weights.device_ptr(&stream).0;
-        let wants_lt = header.steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.batch == 1));
+        // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
+        // every single GEMM when their algorithms may be chosen by timing.
+        let wants_lt = header.steps.iter().any(|s| {
+            matches!(s, Step::Gemm { gemm, .. }
+                if gemm.lt_epilogue.is_some() || (options.tune_gemms && gemm.batch == 1))
+        });
         let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
         let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
         // Algorithms are chosen by timing the program as a CUDA graph. Without graphs (the
