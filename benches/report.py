@@ -100,23 +100,44 @@ def step_kind(name):
     return name
 
 
+# Hidden size (heads × head size) of the suite's models: attention's FLOPs at B×S are
+# 4·B·S²·hidden per layer (Q·Kᵀ and P·V, the full square also under a causal mask).
+HIDDEN = {"bert_base": 768, "gpt2_small": 768, "llama_style": 768}
+
+
 def profiles(extra):
     out = []
     for key, d in sorted(extra.items()):
         if not d.get("profile"):
             continue
-        total = sum(s["ms"] for s in d["profile"]) or 1.0
+        steps = d["profile"]
+        graph = all(s.get("in_graph_ms") is not None for s in steps)
+        time = (lambda s: s["in_graph_ms"]) if graph else (lambda s: s["ms"])
+        total = sum(time(s) for s in steps) or 1.0
+        alone_total = sum(s["ms"] for s in steps)
         kinds = {}
-        for s in d["profile"]:
-            count, ms = kinds.get(step_kind(s["step"]), (0, 0.0))
-            kinds[step_kind(s["step"])] = (count + 1, ms + s["ms"])
-        out.append(f"**{key[0]} {key[1]} {key[2]}** ({len(d['profile'])} steps, {total:.3f} ms step by step; "
-                   "each step timed alone, so each includes its launch):\n")
-        out.append("| steps | kind | ms | share | µs per step |")
-        out.append("|---|---|---|---|---|")
-        for kind, (count, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
-            out.append(f"| {count} | `{kind}` | {ms:.4f} | {100 * ms / total:.1f}% | {1e3 * ms / count:.1f} |")
+        for s in steps:
+            count, ms, alone = kinds.get(step_kind(s["step"]), (0, 0.0, 0.0))
+            kinds[step_kind(s["step"])] = (count + 1, ms + time(s), alone + s["ms"])
+        if graph:
+            how = (f"{total:.3f} ms in the CUDA graph replay, between event nodes captured around each step; "
+                   f"{alone_total:.3f} ms when each step is issued alone with its launch")
+        else:
+            how = f"{total:.3f} ms step by step; each step timed alone, so each includes its launch"
+        out.append(f"**{key[0]} {key[1]} {key[2]}** ({len(steps)} steps, {how}):\n")
+        out.append("| steps | kind | ms | share | µs per step | µs per step alone |")
+        out.append("|---|---|---|---|---|---|")
+        for kind, (count, ms, alone) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+            out.append(f"| {count} | `{kind}` | {ms:.4f} | {100 * ms / total:.1f}% | {1e3 * ms / count:.1f} | {1e3 * alone / count:.1f} |")
         out.append("")
+        attention = kinds.get("attention")
+        m = re.fullmatch(r"(\d+)x(\d+)", key[1])
+        if attention and m and key[0] in HIDDEN:
+            b, s_ = int(m.group(1)), int(m.group(2))
+            flops = 4 * b * s_ * s_ * HIDDEN[key[0]]
+            per = attention[1] / attention[0]
+            out.append(f"Attention: {1e3 * per:.1f} µs per layer ({'in the graph' if graph else 'alone'}), "
+                       f"{flops / 1e9:.3f} GFLOP each: {flops / (per * 1e-3) / 1e12:.1f} TFLOP/s.\n")
         gemms = d.get("gemm_choices") or []
         if gemms:
             out.append("GEMM algorithms kept (the fused program timed with each candidate):\n")
@@ -216,7 +237,7 @@ layer_norm(dropout(x + b) + residual), inference. Shapes are rows × hidden.
 
 {table(rows, extra, micro=True)}
 
-## Where the fused time goes (`fusec bench --profile`, steps timed one by one)
+## Where the fused time goes (`fusec bench --profile`)
 
 {profiles(extra)}
 ![latency per system]({os.path.basename(svg)})

@@ -89,9 +89,10 @@ impl Problem {
         broadcast(&coords, &virtual_shape, &plan.graph.node(self.inputs[input]).ty.shape)
     }
 
-    /// For the tensor-core kernel's 16-byte copies: the address of input `input` at
-    /// (`batch`…, `last2`), when 8 consecutive elements along `axis` (counted from the end:
-    /// 1 last, 2 the one before) are one aligned 16-byte run of `dtype` in memory.
+    /// For the tensor-core kernel's vector accesses: the address of input `input` at
+    /// (`batch`…, `last2`), when `pack` consecutive elements along `axis` (counted from the
+    /// end: 1 last, 2 the one before) are one aligned run of `dtype` in memory.
+    #[allow(clippy::too_many_arguments)]
     fn packed_address(
         &self,
         body: &mut Body<'_>,
@@ -99,11 +100,12 @@ impl Problem {
         batch: &[String],
         last2: [&str; 2],
         from_end: usize,
+        pack: usize,
         dtype: DType,
     ) -> Result<Option<String>, String> {
         let id = self.inputs[input];
         let rank = body.plan.graph.node(id).ty.shape.len();
-        if rank < 2 || !body.packs_along(id, rank - from_end, 8) {
+        if rank < 2 || !body.packs_along(id, rank - from_end, pack) {
             return Ok(None);
         }
         let coords = self.input_coords(body.plan, input, batch, last2);
@@ -241,11 +243,16 @@ fn tensor_core(
     let kt = round16(problem.keys).min(kt);
     // 16-byte copies where 8 consecutive depth (K) or value (V) elements are contiguous.
     let k_address = match problem.depth % 8 {
-        0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, dtype)?,
+        0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?,
         _ => None,
     };
     let v_address = match problem.dv() % 8 {
-        0 => problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, dtype)?,
+        0 => problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, 8, dtype)?,
+        _ => None,
+    };
+    // Q fragments read as 32-bit words where pairs of depth elements are contiguous.
+    let q_address = match problem.depth % 2 {
+        0 => problem.packed_address(&mut body, 0, &batch, ["s", "d"], 1, 2, dtype)?,
         _ => None,
     };
     let data = json!({
@@ -262,6 +269,8 @@ fn tensor_core(
         "dp": dp,
         "dv": problem.dv(),
         "dvp": dvp,
+        "q_pairs": q_address.is_some(),
+        "q_address": q_address.unwrap_or_default(),
         "k_async": k_address.is_some(),
         "k_address": k_address.unwrap_or_default(),
         "v_async": v_address.is_some(),

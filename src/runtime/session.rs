@@ -99,6 +99,18 @@ pub struct Session {
     pub gemm_choices: Vec<GemmChoice>,
 }
 
+/// One step's GPU time from [`Session::profile`], medians in milliseconds.
+#[derive(Clone, Debug)]
+pub struct StepProfile {
+    /// The kernel's name, or the GEMM's description.
+    pub name: String,
+    /// Issued alone between two events, no graph: its launch included.
+    pub alone_ms: f64,
+    /// Between event record nodes inside the program's CUDA graph replay (sessions with
+    /// graphs only): what the step costs within the program.
+    pub in_graph_ms: Option<f64>,
+}
+
 /// How a session runs.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionOptions {
@@ -412,47 +424,117 @@ impl Session {
         Ok(())
     }
 
-    /// GPU time of each step (a kernel, or a GEMM with its epilogue), median of `iterations`
-    /// runs on `inputs` issued step by step with CUDA events between the steps (no graph):
-    /// (step name, milliseconds), in program order.
+    /// GPU time of each step (a kernel, or a GEMM with its epilogue) on `inputs`, median of
+    /// `iterations` runs after one warm-up, in program order. Each step is timed two ways:
+    /// alone (issued step by step with CUDA events between the steps, no graph: its launch
+    /// included) and, where the session uses CUDA graphs, inside the program's graph replay
+    /// (event record nodes captured between the steps: what the step costs in the program).
     pub fn profile(
         &mut self,
         inputs: &[(String, Tensor)],
         iterations: usize,
-    ) -> Result<Vec<(String, f64)>, RuntimeError> {
-        use cudarc::driver::sys::CUevent_flags;
+    ) -> Result<Vec<StepProfile>, RuntimeError> {
         self.upload(inputs)?;
+        let events = self.step_events()?;
+        let alone = self.median_step_times(&events, iterations, |session| {
+            events[0].record(&session.stream).map_err(driver)?;
+            for (s, step) in session.steps.iter().enumerate() {
+                session.execute_step(step)?;
+                events[s + 1].record(&session.stream).map_err(driver)?;
+            }
+            Ok(())
+        })?;
+        let in_graph = match self.use_graph {
+            true => Some(self.profile_in_graph(&events, iterations)?),
+            false => None,
+        };
+        Ok(self
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(s, step)| StepProfile {
+                name: match step {
+                    Loaded::Kernel(launch) => launch.name.clone(),
+                    Loaded::Gemm { .. } => step.name(),
+                },
+                alone_ms: alone[s],
+                in_graph_ms: in_graph.as_ref().map(|t| t[s]),
+            })
+            .collect())
+    }
+
+    /// One event before the first step and one after each.
+    fn step_events(&self) -> Result<Vec<CudaEvent>, RuntimeError> {
+        use cudarc::driver::sys::CUevent_flags;
         let ctx = self.stream.context().clone();
-        let events = (0..=self.steps.len())
+        (0..=self.steps.len())
             .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(driver)?;
-        let mut times = vec![Vec::with_capacity(iterations); self.steps.len()];
+            .map_err(driver)
+    }
+
+    /// Per step, the median over `iterations` (after one warm-up) of the time between the
+    /// events around it, `issue` recording them and the steps on the stream.
+    fn median_step_times(
+        &mut self,
+        events: &[CudaEvent],
+        iterations: usize,
+        issue: impl Fn(&Self) -> Result<(), RuntimeError>,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        let steps = events.len() - 1;
+        let mut times = vec![Vec::with_capacity(iterations); steps];
         for i in 0..iterations + 1 {
-            events[0].record(&self.stream).map_err(driver)?;
-            for (s, step) in self.steps.iter().enumerate() {
-                self.execute_step(step)?;
-                events[s + 1].record(&self.stream).map_err(driver)?;
-            }
-            events[self.steps.len()].synchronize().map_err(driver)?;
-            // The first pass warms up.
+            issue(self)?;
+            self.stream.synchronize().map_err(driver)?;
             for (s, t) in times.iter_mut().enumerate().filter(|_| i > 0) {
                 t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
             }
         }
-        Ok(self
-            .steps
-            .iter()
-            .zip(times)
-            .map(|(step, mut t)| {
+        Ok(times
+            .into_iter()
+            .map(|mut t| {
                 t.sort_by(f64::total_cmp);
-                let name = match step {
-                    Loaded::Kernel(launch) => launch.name.clone(),
-                    Loaded::Gemm { .. } => step.name(),
-                };
-                (name, t.get(t.len() / 2).copied().unwrap_or(0.0))
+                t.get(t.len() / 2).copied().unwrap_or(0.0)
             })
             .collect())
+    }
+
+    /// Step times inside a graph replay: the program captured once more, an event record node
+    /// before the first step and after each (`CU_EVENT_RECORD_EXTERNAL`), then replayed.
+    fn profile_in_graph(
+        &mut self,
+        events: &[CudaEvent],
+        iterations: usize,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        use cudarc::driver::sys::{self, CUevent_record_flags};
+        let record = |session: &Self, event: &CudaEvent| -> Result<(), RuntimeError> {
+            // SAFETY: both handles are live: the event is borrowed, the stream is the session's.
+            unsafe {
+                sys::cuEventRecordWithFlags(
+                    event.cu_event(),
+                    session.stream.cu_stream(),
+                    CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            }
+            .result()
+            .map_err(driver)
+        };
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver)?;
+        let recorded = (|| {
+            record(self, &events[0])?;
+            for (s, step) in self.steps.iter().enumerate() {
+                self.execute_step(step)?;
+                record(self, &events[s + 1])?;
+            }
+            Ok(())
+        })();
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
+        recorded?;
+        let graph =
+            graph.ok_or_else(|| RuntimeError::Driver("capturing the profiled graph gave no graph".into()))?;
+        self.median_step_times(events, iterations, |_| graph.launch().map_err(driver))
     }
 
     /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
