@@ -66,9 +66,9 @@ impl Default for CompileOptions {
 pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileError> {
     let model = import::import(path, &options.import)?;
     let (graph, covers, mode) = if options.no_fuse {
-        (model.graph.clone(), Default::default(), Mode::OneKernelPerNode)
+        (model.graph, Default::default(), Mode::OneKernelPerNode)
     } else {
-        let mut graph = model.graph.clone();
+        let mut graph = model.graph;
         passes::run_passes(&mut graph, &passes::standard())?;
         let fused = fusion::fuse(&graph, &FusionLimits::default())?;
         (fused.graph, fused.covers, Mode::Fused)
@@ -76,7 +76,7 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
     let (graph, covers) = match options.precision {
         DType::F32 => (graph, covers),
         DType::F16 | DType::BF16 => {
-            let (lowered, moved) = passes::lower_precision(&graph, options.precision)
+            let (lowered, moved) = passes::lower_precision(graph, options.precision)
                 .map_err(|source| PassError { pass: "lower-precision", source })?;
             let covers =
                 covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();

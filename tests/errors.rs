@@ -148,6 +148,22 @@ fn shape_error_names_the_node() {
     assert!(text.contains("fc1_matmul") && text.contains("MatMul") && text.contains("opset 17"), "{text}");
 }
 
+/// A large initializer (read from the file, not the decoded protobuf) whose raw data does
+/// not fit its shape is an error naming it.
+#[test]
+fn large_initializer_of_the_wrong_size_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
+    let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
+    let graph = proto.graph.as_mut().unwrap();
+    let w1 = graph.initializer.iter_mut().find(|t| t.name == "w1").unwrap();
+    w1.raw_data = vec![1; 70_001];
+    let path = write(&dir, "bad_raw.onnx", &proto.encode_to_vec());
+    let (err, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
+    assert!(matches!(err, ImportError::Initializer { .. }), "{text}");
+    assert!(text.contains("'w1'") && text.contains("70001 bytes"), "{text}");
+}
+
 #[test]
 fn training_mode_dropout_is_refused() {
     let dir = tempfile::tempdir().unwrap();

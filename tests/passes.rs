@@ -90,7 +90,7 @@ fn half_precision_keeps_every_fixture_close() {
         run_passes(&mut graph, &standard()).unwrap();
         let fused = fusec::fusion::fuse(&graph, &Default::default()).unwrap().graph;
         for precision in [DType::F16, DType::BF16] {
-            let (lowered, _) = fusec::passes::lower_precision(&fused, precision).unwrap();
+            let (lowered, _) = fusec::passes::lower_precision(fused.clone(), precision).unwrap();
             let types =
                 |g: &fusec::ir::Graph| g.inputs().iter().map(|&i| g.node(i).ty.clone()).collect::<Vec<_>>();
             assert_eq!(types(&lowered), types(&model.graph), "{file}: inputs keep their types");

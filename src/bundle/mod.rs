@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! magic "FUSECBND" | format version (u32 LE) | header length (u64 LE) | header (JSON)
-//! | weights length (u64 LE) | weights | FNV-1a 64 checksum of all before it (u64 LE)
+//! | weights length (u64 LE) | weights | checksum (u64 LE; [`bundle_checksum`] of the
+//! bytes before the weights and of the weights)
 //! ```
 //!
 //! The header holds the program (kernel sources, GEMM calls, memory locations), PTX per
@@ -19,7 +20,7 @@ use crate::ir::{DType, TensorType};
 use crate::plan::Location;
 
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
@@ -99,23 +100,57 @@ pub struct Bundle {
     pub weights: Vec<u8>,
 }
 
-/// FNV-1a, 64 bit: the bundle checksum and the NVRTC cache key.
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+/// FNV-1a, 64 bit, a byte at a time: the NVRTC cache key.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(FNV_BASIS, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
+}
+
+/// FNV-1a's step over 8-byte little-endian words in four interleaved lanes, the lanes and the
+/// length folded at the end: a byte at a time, a bundle's hundreds of MB of weights took
+/// most of a second. Each step is a bijection of the lane's state, so changing any one word
+/// changes the result.
+fn words_checksum(bytes: &[u8]) -> u64 {
+    let mut lanes = [FNV_BASIS, FNV_BASIS ^ 1, FNV_BASIS ^ 2, FNV_BASIS ^ 3];
+    let mut chunks = bytes.chunks_exact(32);
+    for chunk in &mut chunks {
+        for (lane, word) in lanes.iter_mut().zip(chunk.chunks_exact(8)) {
+            *lane = (*lane ^ u64::from_le_bytes(word.try_into().unwrap_or_default())).wrapping_mul(FNV_PRIME);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(lanes[0], |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME));
+    lanes[0] = tail;
+    let h = lanes.iter().fold(FNV_BASIS, |h, &l| (h ^ l).wrapping_mul(FNV_PRIME));
+    (h ^ bytes.len() as u64).wrapping_mul(FNV_PRIME)
+}
+
+/// The checksum a bundle ends with: of the bytes before the weights (magic, version,
+/// header, lengths) and of the weights.
+pub fn bundle_checksum(before_weights: &[u8], weights: &[u8]) -> u64 {
+    (words_checksum(before_weights).rotate_left(17) ^ words_checksum(weights)).wrapping_mul(FNV_PRIME)
 }
 
 impl Bundle {
-    pub fn to_bytes(&self) -> Result<Vec<u8>, BundleError> {
+    /// Everything before the weights: magic, version, header length, header, weights length.
+    fn prefix(&self) -> Result<Vec<u8>, BundleError> {
         let header = serde_json::to_vec(&self.header)
             .map_err(|e| BundleError::Header { path: String::new(), message: e.to_string() })?;
-        let mut out = Vec::with_capacity(header.len() + self.weights.len() + 64);
+        let mut out = Vec::with_capacity(header.len() + 28);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&(header.len() as u64).to_le_bytes());
         out.extend_from_slice(&header);
         out.extend_from_slice(&(self.weights.len() as u64).to_le_bytes());
+        Ok(out)
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>, BundleError> {
+        let mut out = self.prefix()?;
+        let sum = bundle_checksum(&out, &self.weights);
+        out.reserve(self.weights.len() + 8);
         out.extend_from_slice(&self.weights);
-        let sum = checksum(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         Ok(out)
     }
@@ -128,7 +163,9 @@ impl Bundle {
         if bytes.len() < 8 || &bytes[..8] != MAGIC {
             return Err(BundleError::Magic { path });
         }
-        let take = |at: usize, n: usize, what: &str| bytes.get(at..at + n).ok_or_else(|| truncated(what));
+        let take = |at: usize, n: usize, what: &str| {
+            at.checked_add(n).and_then(|end| bytes.get(at..end)).ok_or_else(|| truncated(what))
+        };
         let version = u32::from_le_bytes(take(8, 4, "version")?.try_into().unwrap_or_default());
         if version != FORMAT_VERSION {
             return Err(BundleError::Version { path, found: version });
@@ -139,22 +176,29 @@ impl Bundle {
         let at = 20 + header_len;
         let weights_len =
             u64::from_le_bytes(take(at, 8, "weights length")?.try_into().unwrap_or_default()) as usize;
-        let weights = take(at + 8, weights_len, "weights")?.to_vec();
+        let weights = take(at + 8, weights_len, "weights")?;
         let end = at + 8 + weights_len;
         let stored = u64::from_le_bytes(take(end, 8, "checksum")?.try_into().unwrap_or_default());
-        if bytes.len() != end + 8 || checksum(&bytes[..end]) != stored {
+        if bytes.len() != end + 8 || bundle_checksum(&bytes[..at + 8], weights) != stored {
             return Err(BundleError::Checksum { path });
         }
         let header: Header = serde_json::from_slice(header_bytes)
             .map_err(|e| BundleError::Header { path: path.clone(), message: e.to_string() })?;
-        Ok(Bundle { header, weights })
+        Ok(Bundle { header, weights: weights.to_vec() })
     }
 
+    /// Writes the bundle to `path`, the weights straight from memory (no second copy).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), BundleError> {
+        use std::io::Write;
         let path = path.as_ref();
-        let bytes = self.to_bytes()?;
-        std::fs::write(path, bytes)
-            .map_err(|source| BundleError::Write { path: path.display().to_string(), source })
+        let fail = |source| BundleError::Write { path: path.display().to_string(), source };
+        let prefix = self.prefix()?;
+        let sum = bundle_checksum(&prefix, &self.weights);
+        let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(fail)?);
+        file.write_all(&prefix).map_err(fail)?;
+        file.write_all(&self.weights).map_err(fail)?;
+        file.write_all(&sum.to_le_bytes()).map_err(fail)?;
+        file.flush().map_err(fail)
     }
 
     pub fn load(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {

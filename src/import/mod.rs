@@ -6,10 +6,12 @@ mod context;
 mod error;
 mod ops;
 mod options;
+mod raw;
 mod reference;
 mod tensor;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -98,18 +100,62 @@ pub fn supported_ops() -> Vec<&'static str> {
 
 /// Reads and decodes an ONNX file, with errors that say what is wrong with it.
 pub fn load_proto(path: &Path) -> Result<ModelProto, ImportError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| ImportError::Read { path: path.to_path_buf(), source })?;
-    if bytes.is_empty() {
-        return Err(ImportError::Empty { path: path.to_path_buf() });
+    Ok(Source::open(path)?.proto)
+}
+
+/// An ONNX file mapped into memory and decoded without the bytes of its large initializers,
+/// which stay in the mapping until [`Source::initializer`] reads them (see `raw.rs`).
+struct Source {
+    proto: ModelProto,
+    /// Per initializer of the graph, in order: where its left-out raw data is in `map`.
+    raw: Vec<Option<Range<usize>>>,
+    map: memmap2::Mmap,
+}
+
+impl Source {
+    fn open(path: &Path) -> Result<Source, ImportError> {
+        let read = |source| ImportError::Read { path: path.to_path_buf(), source };
+        let file = std::fs::File::open(path).map_err(read)?;
+        if file.metadata().map_err(read)?.len() == 0 {
+            return Err(ImportError::Empty { path: path.to_path_buf() });
+        }
+        // SAFETY: the mapping is read-only and private; like any reader, the import sees
+        // garbage (or the process a SIGBUS) if another process truncates the file meanwhile.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(read)?;
+        let decode = |message: String| ImportError::Decode { path: path.to_path_buf(), message };
+        let stripped = raw::strip(&map).map_err(decode)?;
+        let proto = tract_onnx::onnx()
+            .proto_model_for_read(&mut stripped.model.as_slice())
+            .map_err(|e| decode(format!("{e:#}")))?;
+        if proto.graph.is_none() {
+            return Err(ImportError::NoGraph { path: path.to_path_buf() });
+        }
+        Ok(Source { proto, raw: stripped.raw, map })
     }
-    let proto = tract_onnx::onnx()
-        .proto_model_for_read(&mut bytes.as_slice())
-        .map_err(|e| ImportError::Decode { path: path.to_path_buf(), message: format!("{e:#}") })?;
-    if proto.graph.is_none() {
-        return Err(ImportError::NoGraph { path: path.to_path_buf() });
+
+    /// Initializer `index` of the graph (`t`) as an IR tensor. Raw data left in the mapping
+    /// is converted from there and its pages given back, so that the file's weights and the
+    /// IR's are not both in memory.
+    fn initializer(&self, index: usize, t: &pb::TensorProto, path: &Path) -> Result<ir::Tensor, String> {
+        let Some(range) = self.raw.get(index).cloned().flatten() else {
+            return tensor_from_proto(t, path);
+        };
+        let bytes = &self.map[range.clone()];
+        let tensor = match raw::tensor(t.data_type, &t.dims, bytes) {
+            Some(tensor) => tensor,
+            None => {
+                let mut whole = t.clone();
+                whole.raw_data = bytes.to_vec();
+                tensor_from_proto(&whole, path)
+            }
+        };
+        // SAFETY: a read-only private file mapping: dropped pages read back from the file.
+        #[cfg(unix)]
+        let _ = unsafe {
+            self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
+        };
+        tensor
     }
-    Ok(proto)
 }
 
 fn graph_of<'a>(proto: &'a ModelProto, path: &Path) -> Result<&'a pb::GraphProto, ImportError> {
@@ -293,8 +339,9 @@ fn resolve_inputs(
 
 /// Imports the ONNX model at `path` with concrete input shapes.
 pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError> {
-    let proto = load_proto(path)?;
-    let summary = summarize_proto(&proto, path)?;
+    let source = Source::open(path)?;
+    let proto = &source.proto;
+    let summary = summarize_proto(proto, path)?;
     if !summary.unsupported.is_empty() {
         let list: Vec<String> = summary
             .unsupported
@@ -310,11 +357,11 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
             list: list.join(", "),
         });
     }
-    let onnx_graph = graph_of(&proto, path)?;
+    let onnx_graph = graph_of(proto, path)?;
     let mut graph = Graph::new();
     let mut values: HashMap<String, NodeId> = HashMap::new();
-    for t in &onnx_graph.initializer {
-        let value = tensor_from_proto(t, path).map_err(|message| ImportError::Initializer {
+    for (index, t) in onnx_graph.initializer.iter().enumerate() {
+        let value = source.initializer(index, t, path).map_err(|message| ImportError::Initializer {
             path: path.to_path_buf(),
             name: t.name.clone(),
             message,

@@ -159,9 +159,39 @@ impl Tensor {
     }
 
     /// Converts to another element type with ONNX `Cast` semantics.
+    /// The elements of an f32 tensor in standard (row-major, contiguous) layout.
+    fn as_f32_slice(&self) -> Option<&[f32]> {
+        match self {
+            Tensor::F32(a) => a.as_slice(),
+            _ => None,
+        }
+    }
+
     pub fn cast(&self, dtype: DType) -> Tensor {
         if dtype == self.dtype() {
             return self.clone();
+        }
+        // Weights lowered to a half type: converted directly, in bulk (f32 → f16 or bf16
+        // rounds to nearest even as through f64, which holds every f32 exactly).
+        if let (Tensor::F32(a), Some(values)) = (self, self.as_f32_slice()) {
+            use half::slice::HalfFloatSliceExt;
+            match dtype {
+                DType::F16 => {
+                    let mut out = ArrayD::from_elem(a.raw_dim(), f16::ZERO);
+                    if let Some(slice) = out.as_slice_mut() {
+                        slice.convert_from_f32_slice(values);
+                        return Tensor::F16(out);
+                    }
+                }
+                DType::BF16 => {
+                    let mut out = ArrayD::from_elem(a.raw_dim(), bf16::ZERO);
+                    if let Some(slice) = out.as_slice_mut() {
+                        slice.convert_from_f32_slice(values);
+                        return Tensor::BF16(out);
+                    }
+                }
+                _ => {}
+            }
         }
         match (self.dtype().is_float(), dtype) {
             (false, _) => Tensor::from_i64(self.to_i64(), dtype),

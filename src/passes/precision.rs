@@ -22,8 +22,23 @@ use std::sync::Arc;
 use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor};
 
 /// The graph in `target` precision, and where each old node went.
-pub fn lower_precision(graph: &Graph, target: DType) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
+///
+/// The graph is consumed: each f32 constant is let go once the last of its readers is
+/// lowered, so that a model's weights are not held in both precisions at once.
+pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
     let mixed = target == DType::BF16;
+    // Readers (one per use) still to lower, per constant; graph outputs hold theirs to the end.
+    let mut readers: HashMap<NodeId, usize> = HashMap::new();
+    for id in graph.node_ids() {
+        for input in graph.inputs_of(id) {
+            if graph.constant(input).is_some() {
+                *readers.entry(input).or_insert(0) += 1;
+            }
+        }
+    }
+    for (_, id) in graph.outputs() {
+        *readers.entry(*id).or_insert(0) += 1;
+    }
     let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new() };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
     for &input in graph.inputs() {
@@ -56,6 +71,17 @@ pub fn lower_precision(graph: &Graph, target: DType) -> Result<(Graph, HashMap<N
             }
         };
         map.insert(id, new);
+        for input in graph.inputs_of(id) {
+            if let Some(left) = readers.get_mut(&input) {
+                *left -= 1;
+                if *left == 0 {
+                    b.constants.remove(&map[&input]);
+                    if let Op::Constant(value) = &mut graph.node_mut(input).op {
+                        *value = Arc::new(Tensor::F32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0]))));
+                    }
+                }
+            }
+        }
     }
     let mut outputs = Vec::new();
     for (name, id) in graph.outputs() {

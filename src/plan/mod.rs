@@ -159,7 +159,7 @@ impl Plan {
             }
             if let Some(value) = graph.constant(id) {
                 let offset = weights.len();
-                weights.extend(tensor_bytes(value));
+                append_tensor_bytes(&mut weights, value);
                 weights.resize(aligned(weights.len()), 0);
                 locations.insert(id, Location::Weights(offset));
             }
@@ -259,14 +259,37 @@ impl Plan {
 
 /// The raw little-endian bytes of a tensor's elements, row-major.
 pub fn tensor_bytes(t: &crate::ir::Tensor) -> Vec<u8> {
+    let mut out = Vec::with_capacity(t.size_bytes());
+    append_tensor_bytes(&mut out, t);
+    out
+}
+
+/// Appends `t`'s elements to `out` as [`tensor_bytes`] lays them out.
+pub fn append_tensor_bytes(out: &mut Vec<u8>, t: &crate::ir::Tensor) {
     use crate::ir::Tensor;
+    fn put<T: Copy, const N: usize>(out: &mut Vec<u8>, a: &ndarray::ArrayD<T>, le: impl Fn(T) -> [u8; N]) {
+        out.reserve(a.len() * N);
+        match a.as_slice() {
+            // Contiguous: a chunk at a time, which the compiler turns into plain copies.
+            Some(values) => {
+                for chunk in values.chunks(4096) {
+                    let start = out.len();
+                    out.resize(start + chunk.len() * N, 0);
+                    for (to, &v) in out[start..].chunks_exact_mut(N).zip(chunk) {
+                        to.copy_from_slice(&le(v));
+                    }
+                }
+            }
+            None => a.iter().for_each(|&v| out.extend_from_slice(&le(v))),
+        }
+    }
     match t {
-        Tensor::F32(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::F16(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::BF16(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::F64(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::I64(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::I32(a) => a.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Tensor::Bool(a) => a.iter().map(|&v| v as u8).collect(),
+        Tensor::F32(a) => put(out, a, f32::to_le_bytes),
+        Tensor::F16(a) => put(out, a, half::f16::to_le_bytes),
+        Tensor::BF16(a) => put(out, a, half::bf16::to_le_bytes),
+        Tensor::F64(a) => put(out, a, f64::to_le_bytes),
+        Tensor::I64(a) => put(out, a, i64::to_le_bytes),
+        Tensor::I32(a) => put(out, a, i32::to_le_bytes),
+        Tensor::Bool(a) => put(out, a, |v| [u8::from(v)]),
     }
 }
