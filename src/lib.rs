@@ -9,6 +9,7 @@ pub mod codegen;
 pub mod fusion;
 pub mod import;
 pub mod ir;
+mod parallel;
 pub mod passes;
 pub mod pipeline;
 pub mod plan;
@@ -16,5 +17,5 @@ pub mod runtime;
 pub mod tensor_io;
 
 pub use bundle::Bundle;
-pub use pipeline::{compile, CompileOptions};
+pub use pipeline::{compile, compile_reporting, CompileOptions};
 pub use runtime::Session;

@@ -64,7 +64,18 @@ impl Default for CompileOptions {
 
 /// import → passes → fusion → partition → plan → codegen → (NVRTC) → bundle.
 pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileError> {
+    compile_reporting(path, options, &mut |_| {})
+}
+
+/// [`compile`], calling `done` with each stage's name as it ends (`import`, `fuse`, `lower`,
+/// `plan`, `codegen`, `nvrtc`): for progress and per-stage timing.
+pub fn compile_reporting(
+    path: &Path,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+) -> Result<Bundle, CompileError> {
     let model = import::import(path, &options.import)?;
+    done("import");
     let (graph, covers, mode) = if options.no_fuse {
         (model.graph, Default::default(), Mode::OneKernelPerNode)
     } else {
@@ -73,6 +84,7 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         let fused = fusion::fuse(&graph, &FusionLimits::default())?;
         (fused.graph, fused.covers, Mode::Fused)
     };
+    done("fuse");
     let (graph, covers) = match options.precision {
         DType::F32 => (graph, covers),
         DType::F16 | DType::BF16 => {
@@ -84,13 +96,16 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
         }
         other => return Err(CompileError::Precision(other)),
     };
+    done("lower");
     let partition = fusion::partition(&graph, &covers, mode)?;
     let (kernels, gemm_calls, graph_breaks) =
         (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
     let plan = Plan::new(graph, partition)?;
+    done("plan");
     let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
     let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum();
+    done("codegen");
     if let Some(dir) = &options.emit_cuda {
         let fail = |source| CompileError::Emit { path: dir.clone(), source };
         std::fs::create_dir_all(dir).map_err(fail)?;
@@ -104,6 +119,7 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
     if let Some(arch) = &arch {
         let sources: Vec<_> = steps.iter().flat_map(|s| s.sources()).collect();
         ptx.extend(nvrtc::compile_all_cached(&sources, arch)?);
+        done("nvrtc");
     }
     let graph = &plan.graph;
     let io = |bindings: &[crate::plan::Binding]| -> Vec<IoSpec> {

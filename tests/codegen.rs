@@ -14,6 +14,7 @@ use fusec::plan::Plan;
 /// (fixture, fused?) → the program's steps, f32; then every fixture fused in f16 and bf16.
 pub fn programs() -> Vec<(String, bool, Vec<Step>)> {
     let mut out = f32_programs();
+    out.extend(attention_programs());
     for file in common::all_fixtures() {
         for precision in [DType::F16, DType::BF16] {
             let import = common::shape_variants(&file).remove(0);
@@ -21,6 +22,31 @@ pub fn programs() -> Vec<(String, bool, Vec<Step>)> {
             let bundle = fusec::compile(&common::model_path(&file), &options)
                 .unwrap_or_else(|e| panic!("{file} {precision}: {e}"));
             out.push((format!("{file} {precision}"), true, bundle.header.steps));
+        }
+    }
+    out
+}
+
+/// Attention alone at the suite's shapes (batch 8, 12 heads): keys × depth of BERT-base and
+/// GPT-2 (128 × 64), a ViT (197 × 64), wide and odd heads, in both half types; the tiling
+/// (one buffer for up to 128 keys, two deep beyond) changes with them.
+fn attention_programs() -> Vec<(String, bool, Vec<Step>)> {
+    use fusec::ir::{Graph, Op, Origin, TensorType};
+    let mut out = Vec::new();
+    for (keys, depth) in [(128, 64), (197, 64), (128, 128), (77, 80), (512, 64)] {
+        for dtype in [DType::F16, DType::BF16] {
+            let origin = |n: &str| Origin::new(n, "test");
+            let mut g = Graph::new();
+            let q = g.add_input("q", TensorType::new(dtype, vec![8, 12, keys, depth]));
+            let kt = g.add_input("kt", TensorType::new(dtype, vec![8, 12, depth, keys]));
+            let v = g.add_input("v", TensorType::new(dtype, vec![8, 12, keys, depth]));
+            let op = Op::Attention { scale: 0.125, nan_to_zero: false };
+            let y = g.add_op(op, &[q, kt, v], "y", origin("y")).unwrap();
+            g.set_outputs(vec![("y".into(), y)]);
+            let part = partition(&g, &HashMap::new(), Mode::Fused).unwrap();
+            let plan = Plan::new(g, part).unwrap();
+            let steps = codegen::generate(&plan).unwrap();
+            out.push((format!("attention {keys}x{depth} {dtype}"), true, steps));
         }
     }
     out

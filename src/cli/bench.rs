@@ -89,24 +89,27 @@ struct Row {
     floor_ms: f64,
 }
 
-/// The ten steps that take longest in the graph replay (alone where the session has no
-/// graph), with their share of that total, and each step's time alone.
+/// The ten steps that take longest (their GPU time repeated in a graph where the session
+/// has graphs, else alone), with their share of that total, and each step's time alone.
 fn print_profile(steps: &[StepProfile]) {
-    let key = |s: &StepProfile| s.in_graph_ms.unwrap_or(s.alone_ms);
+    let key = |s: &StepProfile| s.repeated_ms.unwrap_or(s.alone_ms);
     let total: f64 = steps.iter().map(key).sum();
     let alone: f64 = steps.iter().map(|s| s.alone_ms).sum();
     let mut sorted: Vec<&StepProfile> = steps.iter().collect();
     sorted.sort_by(|a, b| key(b).total_cmp(&key(a)));
-    let graph = steps.first().is_some_and(|s| s.in_graph_ms.is_some());
+    let graph = steps.first().is_some_and(|s| s.repeated_ms.is_some());
     println!(
-        "profile: fused program, {} steps; {}; issued alone one by one: {alone:.4} ms in all. Top steps:",
+        "profile: fused program, {} steps; {}; issued alone one by one, launches included: {alone:.4} ms in all. Top steps:",
         steps.len(),
         match graph {
-            true => format!("in the CUDA graph replay (event nodes between the steps): {total:.4} ms in all"),
+            true => format!(
+                "GPU time without launches (each step repeated {} times in a CUDA graph): {total:.4} ms in all",
+                fusec::runtime::PROFILE_REPEAT
+            ),
             false => "no CUDA graph".to_string(),
         }
     );
-    println!("  {:>12} {:>6} {:>12}", if graph { "in graph ms" } else { "alone ms" }, "share", "alone ms");
+    println!("  {:>12} {:>6} {:>12}", if graph { "GPU ms" } else { "alone ms" }, "share", "alone ms");
     for s in sorted.iter().take(10) {
         println!(
             "  {:>12.4} {:>5.1}% {:>12.4}  {}",
@@ -225,7 +228,7 @@ impl Bench {
         }
         let profile = if self.profile {
             eprintln!(
-                "[{:>5.1}s] profiling the fused program step by step, alone and in its graph…",
+                "[{:>5.1}s] profiling the fused program step by step, alone and repeated in a graph…",
                 clock.elapsed().as_secs_f64()
             );
             Some(fast.profile(&sets[0], self.iters.clamp(1, 50))?)
@@ -299,7 +302,7 @@ impl Bench {
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
                     "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached,
                 })).collect::<Vec<_>>(),
-                "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "in_graph_ms": s.in_graph_ms})).collect::<Vec<_>>()),
+                "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms})).collect::<Vec<_>>()),
             });
             std::fs::write(path, serde_json::to_string_pretty(&json)?)
                 .with_context(|| format!("writing {}", path.display()))?;

@@ -37,6 +37,17 @@ pub struct Compile {
     /// GPU architecture to compile PTX for.
     #[arg(long, default_value = "sm_90")]
     arch: String,
+    /// Print each stage's time and the process's peak memory so far (on stderr).
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// The process's peak resident memory so far, in bytes (Linux; `None` elsewhere).
+fn peak_memory() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl Compile {
@@ -54,8 +65,20 @@ impl Compile {
             emit_cuda: self.emit_cuda.clone(),
             precision,
         };
-        let bundle = fusec::compile(&self.model, &options)?;
+        let clock = std::time::Instant::now();
+        let mut last = 0.0;
+        let verbose = self.verbose;
+        let mut report = |stage: &str| {
+            if verbose {
+                let now = clock.elapsed().as_secs_f64();
+                let peak = peak_memory().map_or(String::new(), |b| format!(", peak memory {} MB", b >> 20));
+                eprintln!("{stage:>8}: {:6.3} s (at {now:.3} s{peak})", now - last);
+                last = now;
+            }
+        };
+        let bundle = fusec::compile_reporting(&self.model, &options, &mut report)?;
         bundle.save(&self.output)?;
+        report("save");
         let h = &bundle.header;
         let ptx = match &h.arch {
             Some(arch) => format!("PTX for {arch}"),

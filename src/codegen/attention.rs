@@ -209,7 +209,12 @@ pub fn generate(
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
 /// multiprocessor a block, so that small batches spread over the chip.
+/// `FUSEC_ATTENTION_WARPS` (1, 2 or 4) overrides the choice, for measuring the variants.
 fn warps_per_block(heads: usize, queries: usize) -> usize {
+    let forced = std::env::var("FUSEC_ATTENTION_WARPS").ok().and_then(|w| w.parse().ok());
+    if let Some(w @ (1 | 2 | 4)) = forced {
+        return w;
+    }
     [4, 2, 1].into_iter().find(|&w| heads * queries.div_ceil(16 * w) >= MULTIPROCESSORS).unwrap_or(1)
 }
 
@@ -237,10 +242,18 @@ fn tensor_core(
     let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
     // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V).
     let (dp, dvp) = (round16(problem.depth), round16(problem.dv()));
-    // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V), or
-    // for wide heads (two buffers of K and V tiles within 48 KB of shared memory).
-    let kt = if 4 * 64 * (dp + dvp + 16) <= 48 * 1024 { 64 } else { 32 };
-    let kt = round16(problem.keys).min(kt);
+    // Keys per tile (a multiple of 16 for P·V): all of them in one buffer where they fit
+    // (up to 128, one pass of the online softmax: sequences of 128 and less); else 64, or 32
+    // for wide heads, two buffers deep. Shared memory stays within the static 48 KB.
+    let smem = |buffers: usize, kt: usize| buffers * kt * (dp + 8 + dvp + 8) * 2;
+    let keys = round16(problem.keys);
+    let (kt, buffers) = if keys <= 128 && smem(1, keys) <= 48 * 1024 {
+        (keys, 1)
+    } else if smem(2, 64) <= 48 * 1024 {
+        (keys.min(64), 2)
+    } else {
+        (keys.min(32), 2)
+    };
     // 16-byte copies where 8 consecutive depth (K) or value (V) elements are contiguous.
     let k_address = match problem.depth % 8 {
         0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?,
@@ -263,6 +276,7 @@ fn tensor_core(
         "qt": qt,
         "qblocks": qblocks,
         "kt": kt,
+        "kv_buffers": buffers,
         "queries": queries,
         "keys": problem.keys,
         "depth": problem.depth,

@@ -198,8 +198,10 @@ fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> O
         }
     }
     let bias = bias?;
-    let value = graph.constant(bias)?;
-    if value.len() != spec.n || value.shape().last() != Some(&spec.n) || value.dtype() != spec.dtype {
+    // A constant: its value is in the weights blob, its type on the node.
+    graph.constant(bias)?;
+    let ty = &graph.node(bias).ty;
+    if ty.len() != spec.n || ty.shape.last() != Some(&spec.n) || ty.dtype != spec.dtype {
         return None;
     }
     let location @ Location::Weights(_) = *plan.locations.get(&bias)? else { return None };

@@ -360,8 +360,11 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
     let onnx_graph = graph_of(proto, path)?;
     let mut graph = Graph::new();
     let mut values: HashMap<String, NodeId> = HashMap::new();
-    for (index, t) in onnx_graph.initializer.iter().enumerate() {
-        let value = source.initializer(index, t, path).map_err(|message| ImportError::Initializer {
+    // Converted on every core (the file's bytes to IR tensors), added in the file's order.
+    let indexed: Vec<(usize, &pb::TensorProto)> = onnx_graph.initializer.iter().enumerate().collect();
+    let tensors = crate::parallel::map(&indexed, |&(index, t)| source.initializer(index, t, path));
+    for ((_, t), value) in indexed.into_iter().zip(tensors) {
+        let value = value.map_err(|message| ImportError::Initializer {
             path: path.to_path_buf(),
             name: t.name.clone(),
             message,

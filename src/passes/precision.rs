@@ -39,6 +39,30 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
     for (_, id) in graph.outputs() {
         *readers.entry(*id).or_insert(0) += 1;
     }
+    // Everything in the target type (f16): every f32 constant is only ever wanted rounded,
+    // so all are converted up front on every core, each f32 value let go once converted.
+    let mut halved: HashMap<NodeId, Arc<Tensor>> = HashMap::new();
+    if !mixed {
+        let mut taken = Vec::new();
+        for id in graph.node_ids().collect::<Vec<_>>() {
+            if let Op::Constant(value) = &mut graph.node_mut(id).op {
+                if value.dtype() == DType::F32 {
+                    taken.push((id, std::mem::replace(value, Arc::new(Tensor::scalar_f32(0.0)))));
+                }
+            }
+        }
+        let taken: Vec<_> =
+            taken.into_iter().map(|(id, value)| (id, std::sync::Mutex::new(Some(value)))).collect();
+        let converted = crate::parallel::map(&taken, |(_, value)| {
+            let value = value.lock().ok().and_then(|mut v| v.take())?;
+            Some(Arc::new(value.cast(target)))
+        });
+        for ((id, _), value) in taken.into_iter().zip(converted) {
+            if let Some(value) = value {
+                halved.insert(id, value);
+            }
+        }
+    }
     let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new() };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
     for &input in graph.inputs() {
@@ -53,6 +77,12 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
         }
         let node = graph.node(id);
         let new = match &node.op {
+            Op::Constant(_) if halved.contains_key(&id) => {
+                let value = halved.remove(&id).unwrap_or_else(|| Arc::new(Tensor::scalar_f32(0.0)));
+                let new = b.out.add_constant(&node.name, value.clone(), node.origin.clone());
+                b.constants.insert(new, value);
+                new
+            }
             Op::Constant(value) => {
                 let stored = if value.dtype() == DType::F32 && !mixed { target } else { value.dtype() };
                 b.constant(&node.name, value, stored, node.origin.clone())

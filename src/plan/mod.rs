@@ -5,11 +5,12 @@
 //! of cudarc.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::fusion::{Kernel, Partition};
-use crate::ir::{Graph, IrError, NodeId, Op};
+use crate::ir::{Graph, IrError, NodeId, Op, Tensor, TensorType};
 
 /// Every buffer starts on this boundary (bytes), so vector loads are aligned.
 pub const ALIGN: usize = 256;
@@ -38,6 +39,9 @@ pub struct Binding {
 }
 
 pub struct Plan {
+    /// The program's graph. Constants placed in `weights` keep their node and type but no
+    /// longer their value (an empty tensor stands in): their bytes are in `weights`, and a
+    /// model's weights are not held twice.
     pub graph: Graph,
     pub kernels: Vec<Kernel>,
     pub locations: HashMap<NodeId, Location>,
@@ -111,7 +115,7 @@ impl Arena {
 
 impl Plan {
     /// Lays out memory for running `partition` over `graph`.
-    pub fn new(graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
+    pub fn new(mut graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
         let kernels = partition.kernels;
         let mut computed: HashMap<NodeId, usize> = HashMap::new();
         for (k, kernel) in kernels.iter().enumerate() {
@@ -152,24 +156,25 @@ impl Plan {
         let keep: std::collections::HashSet<NodeId> = outputs_stored.iter().map(|(_, _, s)| *s).collect();
 
         let mut locations = HashMap::new();
-        let mut weights = Vec::new();
-        let mut place_constant = |id: NodeId, locations: &mut HashMap<NodeId, Location>| {
-            if locations.contains_key(&id) {
-                return;
-            }
+        // In node order, so that a model compiles to the same weights layout (and kernel
+        // sources, which the NVRTC cache keys on) every time.
+        let mut constants: Vec<NodeId> = last_read.keys().chain(keep.iter()).copied().collect();
+        constants.sort_unstable();
+        constants.dedup();
+        constants.retain(|&id| graph.constant(id).is_some());
+        let total = constants.iter().map(|&id| aligned(graph.node(id).ty.size_bytes())).sum();
+        let mut weights = Vec::with_capacity(total);
+        for id in constants {
             if let Some(value) = graph.constant(id) {
                 let offset = weights.len();
                 append_tensor_bytes(&mut weights, value);
                 weights.resize(aligned(weights.len()), 0);
                 locations.insert(id, Location::Weights(offset));
             }
-        };
-        // In node order, so that a model compiles to the same weights layout (and kernel
-        // sources, which the NVRTC cache keys on) every time.
-        let mut constants: Vec<NodeId> = last_read.keys().chain(keep.iter()).copied().collect();
-        constants.sort_unstable();
-        for source in constants {
-            place_constant(source, &mut locations);
+            let dtype = graph.node(id).ty.dtype;
+            if let Op::Constant(value) = &mut graph.node_mut(id).op {
+                *value = Arc::new(Tensor::full(&TensorType::new(dtype, vec![0]), 0.0));
+            }
         }
         let mut arena = Arena::default();
         let bytes = |id: NodeId| graph.node(id).ty.size_bytes();
@@ -177,7 +182,11 @@ impl Plan {
         for &id in graph.inputs() {
             let offset = arena.allocate(bytes(id));
             locations.insert(id, Location::Arena(offset));
-            inputs.push(Binding { name: name(id), value: id, location: Location::Arena(offset) });
+            inputs.push(Binding {
+                name: graph.node(id).name.clone(),
+                value: id,
+                location: Location::Arena(offset),
+            });
         }
         for (k, kernel) in kernels.iter().enumerate() {
             let written: Vec<NodeId> = kernel

@@ -343,14 +343,34 @@ pub(super) struct AlgoCache {
     changed: bool,
 }
 
+/// Choices made or read in this process, by cache file (`None`: no cache directory). Sessions
+/// of one process always agree with each other, so that two sessions of one bundle compute
+/// the same bits, also when the cache file cannot be written.
+type InProcess =
+    std::collections::BTreeMap<Option<std::path::PathBuf>, std::collections::BTreeMap<String, CachedAlgo>>;
+static IN_PROCESS: std::sync::Mutex<InProcess> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Held from opening the cache to saving it: one session of the process times GEMMs at a
+/// time (its timings undisturbed by another's), and each sees the choices of those before it.
+pub(super) static TUNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn read_entries(path: Option<&std::path::PathBuf>) -> std::collections::BTreeMap<String, CachedAlgo> {
+    let text = path.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
+    text.lines().filter_map(parse_line).collect()
+}
+
 impl AlgoCache {
-    /// The cache for `device` (its name) in `dir`, or one in memory only when `dir` is `None`.
+    /// The cache for `device` (its name) in `dir`, or one in memory only when `dir` is `None`:
+    /// the file's choices, those this process made overriding them.
     pub(super) fn open(dir: Option<std::path::PathBuf>, device: &str) -> AlgoCache {
         let device: String =
             device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         let path = dir.map(|d| d.join(format!("cublaslt-{}-{TIMING}-{device}.txt", Lt::version())));
-        let text = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
-        let entries = text.lines().filter_map(parse_line).collect();
+        let mut entries = read_entries(path.as_ref());
+        let in_process = IN_PROCESS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(made) = in_process.get(&path) {
+            entries.extend(made.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
         AlgoCache { path, entries, changed: false }
     }
 
@@ -363,10 +383,20 @@ impl AlgoCache {
         self.changed = true;
     }
 
-    /// Writes the file when something was added (write to a temporary, then rename).
+    /// Keeps the choices for the rest of the process and, when something was added, writes
+    /// the file: merged with what other processes wrote meanwhile (the first choice written
+    /// for a GEMM stays), to a temporary, then renamed.
     pub(super) fn save(&mut self) {
+        let mut in_process = IN_PROCESS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let made = in_process.entry(self.path.clone()).or_default();
+        made.extend(self.entries.iter().map(|(k, v)| (k.clone(), v.clone())));
+        drop(in_process);
         let Some(path) = self.path.as_ref().filter(|_| self.changed) else { return };
-        let text: String = self.entries.iter().map(|(key, entry)| format_line(key, entry)).collect();
+        let mut merged = read_entries(Some(path));
+        for (key, entry) in &self.entries {
+            merged.entry(key.clone()).or_insert_with(|| entry.clone());
+        }
+        let text: String = merged.iter().map(|(key, entry)| format_line(key, entry)).collect();
         let temporary = path.with_extension(format!("tmp{}", std::process::id()));
         let written = path.parent().map(std::fs::create_dir_all).transpose().is_ok()
             && std::fs::write(&temporary, text).is_ok()

@@ -118,23 +118,8 @@ pub fn compile_all_cached(
     kernels: &[&KernelSource],
     arch: &str,
 ) -> Result<std::collections::HashMap<String, String>, RuntimeError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(kernels.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(kernel) = kernels.get(i) else { break };
-                        done.push(compile_cached(kernel, arch).map(|ptx| (kernel.name.clone(), ptx)));
-                    }
-                    done
-                })
-            })
-            .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect::<Vec<_>>()
+    let results = crate::parallel::map(kernels, |kernel| {
+        compile_cached(kernel, arch).map(|ptx| (kernel.name.clone(), ptx))
     });
     results.into_iter().collect()
 }

@@ -99,6 +99,9 @@ pub struct Session {
     pub gemm_choices: Vec<GemmChoice>,
 }
 
+/// How many times [`Session::profile`] repeats a step in a graph to time it without launches.
+pub const PROFILE_REPEAT: usize = 20;
+
 /// One step's GPU time from [`Session::profile`], medians in milliseconds.
 #[derive(Clone, Debug)]
 pub struct StepProfile {
@@ -106,9 +109,9 @@ pub struct StepProfile {
     pub name: String,
     /// Issued alone between two events, no graph: its launch included.
     pub alone_ms: f64,
-    /// Between event record nodes inside the program's CUDA graph replay (sessions with
-    /// graphs only): what the step costs within the program.
-    pub in_graph_ms: Option<f64>,
+    /// Repeated back to back in a CUDA graph, per repeat (sessions with graphs only): the
+    /// step's GPU time without its launch.
+    pub repeated_ms: Option<f64>,
 }
 
 /// How a session runs.
@@ -249,6 +252,7 @@ impl Session {
             gemm_choices: Vec::new(),
         };
         if tune {
+            let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
             session.gemm_choices = session.tune_gemms(&mut cache, options.cuda_graph)?;
             cache.save();
@@ -427,8 +431,9 @@ impl Session {
     /// GPU time of each step (a kernel, or a GEMM with its epilogue) on `inputs`, median of
     /// `iterations` runs after one warm-up, in program order. Each step is timed two ways:
     /// alone (issued step by step with CUDA events between the steps, no graph: its launch
-    /// included) and, where the session uses CUDA graphs, inside the program's graph replay
-    /// (event record nodes captured between the steps: what the step costs in the program).
+    /// included) and, where the session uses CUDA graphs, repeated back to back in a graph
+    /// (its GPU time without the launch; see `profile_repeated`). Event record nodes between
+    /// the steps of the program's graph were tried: each added ~2.5 µs to every step.
     pub fn profile(
         &mut self,
         inputs: &[(String, Tensor)],
@@ -444,8 +449,8 @@ impl Session {
             }
             Ok(())
         })?;
-        let in_graph = match self.use_graph {
-            true => Some(self.profile_in_graph(&events, iterations)?),
+        let repeated = match self.use_graph {
+            true => Some(self.profile_repeated(iterations)?),
             false => None,
         };
         Ok(self
@@ -458,7 +463,7 @@ impl Session {
                     Loaded::Gemm { .. } => step.name(),
                 },
                 alone_ms: alone[s],
-                in_graph_ms: in_graph.as_ref().map(|t| t[s]),
+                repeated_ms: repeated.as_ref().map(|t| t[s]),
             })
             .collect())
     }
@@ -499,42 +504,36 @@ impl Session {
             .collect())
     }
 
-    /// Step times inside a graph replay: the program captured once more, an event record node
-    /// before the first step and after each (`CU_EVENT_RECORD_EXTERNAL`), then replayed.
-    fn profile_in_graph(
-        &mut self,
-        events: &[CudaEvent],
-        iterations: usize,
-    ) -> Result<Vec<f64>, RuntimeError> {
-        use cudarc::driver::sys::{self, CUevent_record_flags};
-        let record = |session: &Self, event: &CudaEvent| -> Result<(), RuntimeError> {
-            // SAFETY: both handles are live: the event is borrowed, the stream is the session's.
-            unsafe {
-                sys::cuEventRecordWithFlags(
-                    event.cu_event(),
-                    session.stream.cu_stream(),
-                    CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-                )
+    /// Each step's GPU time without its launch: the step captured [`PROFILE_REPEAT`] times back
+    /// to back in a CUDA graph, the graph's median time over `iterations` replays (after one)
+    /// divided by the repeat count. Inputs are warm in L2, as in the program, where each
+    /// step's inputs were just written; a GEMM's weights are too, unlike in the program.
+    fn profile_repeated(&mut self, iterations: usize) -> Result<Vec<f64>, RuntimeError> {
+        let events = self.step_events()?;
+        let mut times = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            self.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver)?;
+            let recorded = (0..PROFILE_REPEAT).try_for_each(|_| self.execute_step(step));
+            let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
+            recorded?;
+            let graph = graph
+                .ok_or_else(|| RuntimeError::Driver("capturing a profiled step gave no graph".into()))?;
+            let mut runs = Vec::with_capacity(iterations);
+            for i in 0..iterations + 1 {
+                events[0].record(&self.stream).map_err(driver)?;
+                graph.launch().map_err(driver)?;
+                events[1].record(&self.stream).map_err(driver)?;
+                let ms = f64::from(events[0].elapsed_ms(&events[1]).map_err(driver)?);
+                if i > 0 {
+                    runs.push(ms / PROFILE_REPEAT as f64);
+                }
             }
-            .result()
-            .map_err(driver)
-        };
-        self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(driver)?;
-        let recorded = (|| {
-            record(self, &events[0])?;
-            for (s, step) in self.steps.iter().enumerate() {
-                self.execute_step(step)?;
-                record(self, &events[s + 1])?;
-            }
-            Ok(())
-        })();
-        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
-        recorded?;
-        let graph =
-            graph.ok_or_else(|| RuntimeError::Driver("capturing the profiled graph gave no graph".into()))?;
-        self.median_step_times(events, iterations, |_| graph.launch().map_err(driver))
+            runs.sort_by(f64::total_cmp);
+            times.push(runs.get(runs.len() / 2).copied().unwrap_or(0.0));
+        }
+        Ok(times)
     }
 
     /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with

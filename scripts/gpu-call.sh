@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU work, run on the GPU machine from the repository root after
+# scripts/gpu-stage.sh staged .gpu/ (carry it). Parts, in the order given:
+#   tests     the GPU test suite on every fixture
+#   compile   fusec compile -v of bert_base fp16 (cold NVRTC cache, then cached) and fp32
+#   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
+#   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
+# Logs and results go to $OUT (log.txt, res.tgz).
+set -u
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT/res"
+for f in .gpu/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x .gpu/fusec .gpu/test-gpu
+export PYTHONUNBUFFERED=1 FUSEC_CACHE_DIR="${FUSEC_CACHE_DIR:-/tmp/fusec-cache}"
+models="${FUSEC_MODELS:-bert_base gpt2_small}"
+export_models() {
+  local need=""
+  for m in "$@"; do [ -f ".bench-work/$m.onnx" ] || need="$need $m"; done
+  [ -z "$need" ] || EXPORT_MODELS="${need# }" timeout 300 python3 benches/export.py .bench-work 2>&1 | tail -2
+}
+{
+for part in "$@"; do
+  echo "=== $part ($(date -u +%H:%M:%S))"
+  case "$part" in
+    tests) timeout 300 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped" ;;
+    compile)
+      export_models bert_base
+      ls -l .bench-work/bert_base.onnx
+      rm -rf /tmp/cold && FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b.bundle --dim batch=8 --dim seq=128 --precision fp16 -v
+      for i in 1 2; do FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b.bundle --dim batch=8 --dim seq=128 --precision fp16 -v; done
+      FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b32.bundle --dim batch=8 --dim seq=128 -v
+      FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b32.bundle --dim batch=8 --dim seq=128 -v
+      ;;
+    variants)
+      export_models bert_base
+      for w in 4 2 1; do
+        echo "--- FUSEC_ATTENTION_WARPS=$w"
+        FUSEC_ATTENTION_WARPS=$w timeout 200 .gpu/fusec bench .bench-work/bert_base.onnx --dim batch=8 --dim seq=128 --precision fp16 --iters 100 --profile --json "$OUT/res/variant-warps$w.json" | grep -E "^fused|attention|layernorm|GPU time" | head -8
+      done
+      ;;
+    suite)
+      export_models $models
+      FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp16 FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 420 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
+      ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp16 --modes eager,reduce-overhead --no-micro" timeout 400 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
+      ;;
+  esac
+done
+tar czf "$OUT/res.tgz" -C "$OUT" res
+} 2>&1 | tee -a "$OUT/log.txt"

@@ -1,0 +1,44 @@
+//! Work spread over the machine's cores: compile-time stages whose items are independent
+//! (weights to convert, kernels to compile).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `f` of every item, in the items' order, computed on up to as many threads as the machine
+/// has cores (each thread takes the next item not yet taken).
+pub(crate) fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(index) else { break };
+                        done.push((index, f(item)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        // A panic in `f` is a bug: it goes on in the caller's thread.
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn results_keep_the_items_order() {
+        let items: Vec<u64> = (0..1000).collect();
+        let squares = super::map(&items, |&i| i * i);
+        assert_eq!(squares, items.iter().map(|i| i * i).collect::<Vec<_>>());
+        assert!(super::map(&[] as &[u64], |&i| i).is_empty());
+    }
+}
