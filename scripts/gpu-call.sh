@@ -5,6 +5,7 @@
 #   compile   fusec compile -v of bert_base fp16 (cold NVRTC cache, then cached) and fp32
 #   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
 #   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
+#   micro     the pointwise chains (f32): fusec and torch, side by side
 # Logs and results go to $OUT (log.txt, res.tgz).
 set -u
 OUT="${OUT:-/tmp/out}"
@@ -22,7 +23,7 @@ export_models() {
 for part in "$@"; do
   echo "=== $part ($(date -u +%H:%M:%S))"
   case "$part" in
-    tests) timeout 300 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped" ;;
+    tests) timeout 420 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped" ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx
@@ -40,8 +41,20 @@ for part in "$@"; do
       ;;
     suite)
       export_models $models
-      FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp16 FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 420 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
-      ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp16 --modes eager,reduce-overhead --no-micro" timeout 400 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
+      FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp16 FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 330 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
+      ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp16 --modes eager,reduce-overhead --no-micro" timeout 240 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
+      ;;
+    micro)
+      export_models $models
+      for chain in bias_gelu bias_dropout_residual_layernorm; do
+        for shape in 4096x3072 8192x4096; do
+          echo "== fusec bench ${chain}_$shape"
+          timeout 120 .gpu/fusec bench ".bench-work/${chain}_$shape.onnx" --iters 100 --profile \
+            --json "$OUT/res/fusec-${chain}-$shape-fp32.json" | grep -E "^fused|^unfused|speedup"
+        done
+      done
+      timeout 240 python3 benches/compare_torch.py --iters 100 --json "$OUT/res/torch-micro.json" --micro-only \
+        --modes eager,reduce-overhead 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-200
       ;;
   esac
 done
