@@ -62,9 +62,13 @@ fn truncated_file() {
 }
 
 /// bert_ts.onnx with its first Erf node renamed to an op fusec does not know.
+/// The fixture `file`, decoded for a test to break.
+fn fixture_proto(file: &str) -> ModelProto {
+    ModelProto::decode(std::fs::read(common::model_path(file)).unwrap().as_slice()).unwrap()
+}
+
 fn with_unsupported_op(dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let bytes = std::fs::read(common::model_path("bert_ts.onnx")).unwrap();
-    let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
+    let mut proto = fixture_proto("bert_ts.onnx");
     let graph = proto.graph.as_mut().unwrap();
     let node = graph.node.iter_mut().find(|n| n.op_type == "Erf").unwrap();
     node.op_type = "NonMaxSuppression".into();
@@ -136,8 +140,7 @@ fn wrong_input_type() {
 #[test]
 fn shape_error_names_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
-    let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
+    let mut proto = fixture_proto("mlp_block.onnx");
     let graph = proto.graph.as_mut().unwrap();
     let w1 = graph.initializer.iter_mut().find(|t| t.name == "w1").unwrap();
     w1.dims[0] = 41;
@@ -153,8 +156,7 @@ fn shape_error_names_the_node() {
 #[test]
 fn large_initializer_of_the_wrong_size_names_it() {
     let dir = tempfile::tempdir().unwrap();
-    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
-    let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
+    let mut proto = fixture_proto("mlp_block.onnx");
     let graph = proto.graph.as_mut().unwrap();
     let w1 = graph.initializer.iter_mut().find(|t| t.name == "w1").unwrap();
     w1.raw_data = vec![1; 70_001];
@@ -167,8 +169,7 @@ fn large_initializer_of_the_wrong_size_names_it() {
 #[test]
 fn training_mode_dropout_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let bytes = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
-    let mut proto = ModelProto::decode(bytes.as_slice()).unwrap();
+    let mut proto = fixture_proto("mlp_block.onnx");
     let graph = proto.graph.as_mut().unwrap();
     let mut flag = graph.initializer.iter().find(|t| t.name == "ratio").unwrap().clone();
     flag.name = "training".into();

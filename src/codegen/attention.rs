@@ -209,10 +209,10 @@ pub fn generate(
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
 /// multiprocessor a block, so that small batches spread over the chip.
-/// `FUSEC_ATTENTION_WARPS` (1, 2 or 4) overrides the choice, for measuring the variants.
+/// `FUSEC_ATTENTION_WARPS` (1, 2, 4 or 8) overrides the choice, for measuring the variants.
 fn warps_per_block(heads: usize, queries: usize) -> usize {
     let forced = std::env::var("FUSEC_ATTENTION_WARPS").ok().and_then(|w| w.parse().ok());
-    if let Some(w @ (1 | 2 | 4)) = forced {
+    if let Some(w @ (1 | 2 | 4 | 8)) = forced {
         return w;
     }
     [4, 2, 1].into_iter().find(|&w| heads * queries.div_ceil(16 * w) >= MULTIPROCESSORS).unwrap_or(1)

@@ -77,16 +77,18 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
         }
         let node = graph.node(id);
         let new = match &node.op {
-            Op::Constant(_) if halved.contains_key(&id) => {
-                let value = halved.remove(&id).unwrap_or_else(|| Arc::new(Tensor::scalar_f32(0.0)));
-                let new = b.out.add_constant(&node.name, value.clone(), node.origin.clone());
-                b.constants.insert(new, value);
-                new
-            }
-            Op::Constant(value) => {
-                let stored = if value.dtype() == DType::F32 && !mixed { target } else { value.dtype() };
-                b.constant(&node.name, value, stored, node.origin.clone())
-            }
+            Op::Constant(value) => match halved.remove(&id) {
+                // Converted up front: the f32 value is gone.
+                Some(half) => {
+                    let new = b.out.add_constant(&node.name, half.clone(), node.origin.clone());
+                    b.constants.insert(new, half);
+                    new
+                }
+                None => {
+                    let stored = if value.dtype() == DType::F32 && !mixed { target } else { value.dtype() };
+                    b.constant(&node.name, value, stored, node.origin.clone())
+                }
+            },
             op => {
                 let inputs: Vec<NodeId> = graph.inputs_of(id).iter().map(|i| map[i]).collect();
                 let (op, want) = if mixed { b.mixed(op, &inputs, target) } else { pure(op, target) };
