@@ -28,13 +28,14 @@ pub fn programs() -> Vec<(String, bool, Vec<Step>)> {
 }
 
 /// Attention alone at the suite's shapes (batch 8, 12 heads): keys × depth of BERT-base and
-/// GPT-2 (128 × 64), a ViT (197 × 64), wide and odd heads, in both half types; the tiling
-/// (one buffer for up to 128 keys, two deep beyond) changes with them.
+/// GPT-2 (128 × 64), a ViT (197 × 64), wide and odd heads, in f32 and both half types; the
+/// tiling (one buffer for up to 128 keys, two deep beyond; threads per query row in f32)
+/// changes with them.
 fn attention_programs() -> Vec<(String, bool, Vec<Step>)> {
     use fusec::ir::{Graph, Op, Origin, TensorType};
     let mut out = Vec::new();
-    for (keys, depth) in [(128, 64), (197, 64), (128, 128), (77, 80), (512, 64)] {
-        for dtype in [DType::F16, DType::BF16] {
+    for (keys, depth) in [(128, 64), (197, 64), (128, 128), (77, 80), (512, 64), (13, 20)] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
             let origin = |n: &str| Origin::new(n, "test");
             let mut g = Graph::new();
             let q = g.add_input("q", TensorType::new(dtype, vec![8, 12, keys, depth]));

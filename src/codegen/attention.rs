@@ -2,8 +2,9 @@
 //!
 //! Half-type attention (f16, bf16) runs on tensor cores (`templates/attention_mma.cu.hbs`):
 //! one warp per 16 query rows, `mma.sync` for both products, online softmax in registers.
-//! f32 attention keeps full f32 arithmetic on CUDA cores (`templates/attention.cu.hbs`), one
-//! thread per query row. Q, K, V and the mask are read through views (transposes, reshapes,
+//! f32 attention keeps full f32 arithmetic on CUDA cores (`templates/attention.cu.hbs`), up
+//! to 8 threads per query row (slices of the depth and value width, partial dot products
+//! summed by warp shuffles). Q, K, V and the mask are read through views (transposes, reshapes,
 //! head slices, the broadcasts of grouped-query attention) at the coordinates the template
 //! names, so no input layout is materialised for the kernel.
 
@@ -294,7 +295,7 @@ fn tensor_core(
     common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps)
 }
 
-/// f32 attention on CUDA cores: one thread per query row, K/V tiles in shared memory.
+/// f32 attention on CUDA cores: up to 8 threads per query row, K/V tiles in shared memory.
 fn cuda_core(
     plan: &Plan,
     kernel: &Kernel,
@@ -307,14 +308,19 @@ fn cuda_core(
     let (coord_decls, batch) = coords_decl("c", "bh", &problem.out[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
     let (queries, heads, depth, dv) = (problem.queries(), problem.heads(), problem.depth, problem.dv());
-    // Small problems get blocks of one warp so that more SMs have work.
+    // Small problems get blocks of 32 rows so that more SMs have work.
     let qt: usize = if heads * queries.div_ceil(64) < 2 * MULTIPROCESSORS { 32 } else { 64 };
+    // Threads per query row: the most (up to 8, lanes of one warp) that divide the depth and
+    // the value width; each holds a slice of q and of the output.
+    let rt = [8usize, 4, 2, 1].into_iter().find(|r| depth % r == 0 && dv % r == 0).unwrap_or(1);
     let qblocks = queries.div_ceil(qt).max(1);
     // Keys per shared-memory tile: a multiple of the chunk, within 40 KB of f32 K and V.
     let chunk = 4usize;
     let kt = ((40 * 1024 / (4 * (depth + dv).max(1))) / chunk * chunk).clamp(chunk, 32);
     let data = json!({
         "qt": qt,
+        "rt": rt,
+        "threads": qt * rt,
         "qblocks": qblocks,
         "kt": kt,
         "chunk": chunk,
@@ -324,5 +330,5 @@ fn cuda_core(
         "dv": dv
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    common.render(hb, "attention", data, qblocks * heads, qt)
+    common.render(hb, "attention", data, qblocks * heads, qt * rt)
 }

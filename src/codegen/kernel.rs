@@ -3,7 +3,8 @@
 //! Every node a kernel computes becomes a local `v<N>`; values from other kernels, inputs
 //! and weights are read from memory at coordinates traced back through views. Elementwise
 //! kernels run one thread per output element; row kernels one block per row, recomputing
-//! their pointwise prologue in each pass; attention one thread per query row.
+//! their pointwise prologue in each pass; attention one warp per 16 query rows (tensor cores)
+//! or up to 8 threads per query row (f32).
 
 use std::collections::{BTreeMap, HashSet};
 
