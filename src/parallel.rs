@@ -32,6 +32,18 @@ pub(crate) fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> 
     done.into_iter().map(|(_, r)| r).collect()
 }
 
+/// [`map`] over items it owns: each is handed to `f` by value, so `f` can let it go as soon
+/// as it is done with it (what stays in memory is the results and the items not yet taken).
+pub(crate) fn map_owned<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let slots: Vec<std::sync::Mutex<Option<T>>> =
+        items.into_iter().map(|t| std::sync::Mutex::new(Some(t))).collect();
+    // Each slot is taken exactly once, so every result is there.
+    map(&slots, |slot| slot.lock().ok().and_then(|mut item| item.take()).map(&f))
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -40,5 +52,7 @@ mod tests {
         let squares = super::map(&items, |&i| i * i);
         assert_eq!(squares, items.iter().map(|i| i * i).collect::<Vec<_>>());
         assert!(super::map(&[] as &[u64], |&i| i).is_empty());
+        let owned = super::map_owned(items.iter().map(|&i| vec![i]).collect(), |v| v[0] + 1);
+        assert_eq!(owned, items.iter().map(|i| i + 1).collect::<Vec<_>>());
     }
 }

@@ -161,6 +161,20 @@ impl Graph {
         }
     }
 
+    /// Takes the value out of constant `id`, for a stage done with it (its bytes moved or
+    /// converted elsewhere): the node keeps its type, an empty tensor of its element type
+    /// stands in for the value. `None` when `id` is not a constant.
+    pub fn take_constant(&mut self, id: NodeId) -> Option<Arc<Tensor>> {
+        let dtype = self.g[id].ty.dtype;
+        match &mut self.g[id].op {
+            Op::Constant(value) => {
+                let empty = Arc::new(Tensor::full(&crate::ir::TensorType::new(dtype, vec![0]), 0.0));
+                Some(std::mem::replace(value, empty))
+            }
+            _ => None,
+        }
+    }
+
     /// Makes every reader of `old` (and every graph output naming it) read `new` instead.
     pub fn replace_uses(&mut self, old: NodeId, new: NodeId) {
         let edges: Vec<_> = self

@@ -159,38 +159,31 @@ impl Tensor {
     }
 
     /// Converts to another element type with ONNX `Cast` semantics.
-    /// The elements of an f32 tensor in standard (row-major, contiguous) layout.
-    fn as_f32_slice(&self) -> Option<&[f32]> {
-        match self {
-            Tensor::F32(a) => a.as_slice(),
-            _ => None,
-        }
-    }
-
     pub fn cast(&self, dtype: DType) -> Tensor {
         if dtype == self.dtype() {
             return self.clone();
         }
         // Weights lowered to a half type: converted directly, in bulk (f32 → f16 or bf16
         // rounds to nearest even as through f64, which holds every f32 exactly).
-        if let (Tensor::F32(a), Some(values)) = (self, self.as_f32_slice()) {
+        if let Tensor::F32(a) = self {
             use half::slice::HalfFloatSliceExt;
-            match dtype {
-                DType::F16 => {
-                    let mut out = ArrayD::from_elem(a.raw_dim(), f16::ZERO);
-                    if let Some(slice) = out.as_slice_mut() {
-                        slice.convert_from_f32_slice(values);
-                        return Tensor::F16(out);
-                    }
-                }
-                DType::BF16 => {
-                    let mut out = ArrayD::from_elem(a.raw_dim(), bf16::ZERO);
-                    if let Some(slice) = out.as_slice_mut() {
-                        slice.convert_from_f32_slice(values);
-                        return Tensor::BF16(out);
-                    }
-                }
-                _ => {}
+            fn halve<T: Copy>(
+                a: &ArrayD<f32>,
+                zero: T,
+                convert: impl Fn(&mut [T], &[f32]),
+            ) -> Option<ArrayD<T>> {
+                let values = a.as_slice()?;
+                let mut out = ArrayD::from_elem(a.raw_dim(), zero);
+                convert(out.as_slice_mut()?, values);
+                Some(out)
+            }
+            let halved = match dtype {
+                DType::F16 => halve(a, f16::ZERO, |o, v| o.convert_from_f32_slice(v)).map(Tensor::F16),
+                DType::BF16 => halve(a, bf16::ZERO, |o, v| o.convert_from_f32_slice(v)).map(Tensor::BF16),
+                _ => None,
+            };
+            if let Some(halved) = halved {
+                return halved;
             }
         }
         match (self.dtype().is_float(), dtype) {

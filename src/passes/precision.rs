@@ -23,8 +23,9 @@ use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor};
 
 /// The graph in `target` precision, and where each old node went.
 ///
-/// The graph is consumed: each f32 constant is let go once the last of its readers is
-/// lowered, so that a model's weights are not held in both precisions at once.
+/// The graph is consumed so that a model's weights are not held in both precisions at once:
+/// in f16 every f32 constant is converted up front and let go as it is; in bf16 each
+/// constant is let go once the last of its readers is lowered.
 pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
     let mixed = target == DType::BF16;
     // Readers (one per use) still to lower, per constant; graph outputs hold theirs to the end.
@@ -43,25 +44,12 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
     // so all are converted up front on every core, each f32 value let go once converted.
     let mut halved: HashMap<NodeId, Arc<Tensor>> = HashMap::new();
     if !mixed {
-        let mut taken = Vec::new();
-        for id in graph.node_ids().collect::<Vec<_>>() {
-            if let Op::Constant(value) = &mut graph.node_mut(id).op {
-                if value.dtype() == DType::F32 {
-                    taken.push((id, std::mem::replace(value, Arc::new(Tensor::scalar_f32(0.0)))));
-                }
-            }
-        }
-        let taken: Vec<_> =
-            taken.into_iter().map(|(id, value)| (id, std::sync::Mutex::new(Some(value)))).collect();
-        let converted = crate::parallel::map(&taken, |(_, value)| {
-            let value = value.lock().ok().and_then(|mut v| v.take())?;
-            Some(Arc::new(value.cast(target)))
-        });
-        for ((id, _), value) in taken.into_iter().zip(converted) {
-            if let Some(value) = value {
-                halved.insert(id, value);
-            }
-        }
+        let ids: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).ty.dtype == DType::F32).collect();
+        let taken: Vec<(NodeId, Arc<Tensor>)> =
+            ids.into_iter().filter_map(|id| Some((id, graph.take_constant(id)?))).collect();
+        halved = crate::parallel::map_owned(taken, |(id, value)| (id, Arc::new(value.cast(target))))
+            .into_iter()
+            .collect();
     }
     let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new() };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
@@ -108,9 +96,7 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
                 *left -= 1;
                 if *left == 0 {
                     b.constants.remove(&map[&input]);
-                    if let Op::Constant(value) = &mut graph.node_mut(input).op {
-                        *value = Arc::new(Tensor::F32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[0]))));
-                    }
+                    graph.take_constant(input);
                 }
             }
         }

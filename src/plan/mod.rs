@@ -5,12 +5,11 @@
 //! of cudarc.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::fusion::{Kernel, Partition};
-use crate::ir::{Graph, IrError, NodeId, Op, Tensor, TensorType};
+use crate::ir::{Graph, IrError, NodeId, Op};
 
 /// Every buffer starts on this boundary (bytes), so vector loads are aligned.
 pub const ALIGN: usize = 256;
@@ -171,10 +170,7 @@ impl Plan {
                 weights.resize(aligned(weights.len()), 0);
                 locations.insert(id, Location::Weights(offset));
             }
-            let dtype = graph.node(id).ty.dtype;
-            if let Op::Constant(value) = &mut graph.node_mut(id).op {
-                *value = Arc::new(Tensor::full(&TensorType::new(dtype, vec![0]), 0.0));
-            }
+            graph.take_constant(id);
         }
         let mut arena = Arena::default();
         let bytes = |id: NodeId| graph.node(id).ty.size_bytes();

@@ -99,6 +99,12 @@ pub struct Session {
     pub gemm_choices: Vec<GemmChoice>,
 }
 
+/// The middle value of `times` (0 when empty).
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// How many times [`Session::profile`] repeats a step in a graph to time it without launches.
 pub const PROFILE_REPEAT: usize = 20;
 
@@ -338,13 +344,11 @@ impl Session {
         warmup: usize,
         iterations: usize,
     ) -> Result<Vec<f64>, RuntimeError> {
-        use cudarc::driver::sys::CUevent_flags;
         if input_sets.is_empty() {
             return Err(RuntimeError::Input("no input sets to time".into()));
         }
-        let ctx = self.stream.context().clone();
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
-        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let events = self.timing_events(2)?;
+        let (start, end) = (&events[0], &events[1]);
         let mut times = Vec::with_capacity(iterations);
         for i in 0..warmup.max(1) + iterations {
             if i < input_sets.len() || input_sets.len() > 1 {
@@ -355,7 +359,7 @@ impl Session {
                 self.execute_all()?;
                 continue;
             }
-            let ms = self.timed_run(&start, &end)?;
+            let ms = self.timed_run(start, end)?;
             if i >= warmup.max(1) {
                 times.push(ms);
             }
@@ -440,15 +444,20 @@ impl Session {
         iterations: usize,
     ) -> Result<Vec<StepProfile>, RuntimeError> {
         self.upload(inputs)?;
-        let events = self.step_events()?;
-        let alone = self.median_step_times(&events, iterations, |session| {
-            events[0].record(&session.stream).map_err(driver)?;
-            for (s, step) in session.steps.iter().enumerate() {
-                session.execute_step(step)?;
-                events[s + 1].record(&session.stream).map_err(driver)?;
+        let events = self.timing_events(self.steps.len() + 1)?;
+        let mut times = vec![Vec::with_capacity(iterations); self.steps.len()];
+        // The first pass warms up.
+        for i in 0..iterations + 1 {
+            events[0].record(&self.stream).map_err(driver)?;
+            for (s, step) in self.steps.iter().enumerate() {
+                self.execute_step(step)?;
+                events[s + 1].record(&self.stream).map_err(driver)?;
             }
-            Ok(())
-        })?;
+            self.stream.synchronize().map_err(driver)?;
+            for (s, t) in times.iter_mut().enumerate().filter(|_| i > 0) {
+                t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
+            }
+        }
         let repeated = match self.use_graph {
             true => Some(self.profile_repeated(iterations)?),
             false => None,
@@ -456,52 +465,24 @@ impl Session {
         Ok(self
             .steps
             .iter()
+            .zip(times)
             .enumerate()
-            .map(|(s, step)| StepProfile {
-                name: match step {
-                    Loaded::Kernel(launch) => launch.name.clone(),
-                    Loaded::Gemm { .. } => step.name(),
-                },
-                alone_ms: alone[s],
-                repeated_ms: repeated.as_ref().map(|t| t[s]),
+            .map(|(s, (step, t))| StepProfile {
+                name: step.name(),
+                alone_ms: median(t),
+                repeated_ms: repeated.as_ref().map(|r| r[s]),
             })
             .collect())
     }
 
-    /// One event before the first step and one after each.
-    fn step_events(&self) -> Result<Vec<CudaEvent>, RuntimeError> {
+    /// `count` events that record timing.
+    fn timing_events(&self, count: usize) -> Result<Vec<CudaEvent>, RuntimeError> {
         use cudarc::driver::sys::CUevent_flags;
         let ctx = self.stream.context().clone();
-        (0..=self.steps.len())
+        (0..count)
             .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(driver)
-    }
-
-    /// Per step, the median over `iterations` (after one warm-up) of the time between the
-    /// events around it, `issue` recording them and the steps on the stream.
-    fn median_step_times(
-        &mut self,
-        events: &[CudaEvent],
-        iterations: usize,
-        issue: impl Fn(&Self) -> Result<(), RuntimeError>,
-    ) -> Result<Vec<f64>, RuntimeError> {
-        let steps = events.len() - 1;
-        let mut times = vec![Vec::with_capacity(iterations); steps];
-        for i in 0..iterations + 1 {
-            issue(self)?;
-            self.stream.synchronize().map_err(driver)?;
-            for (s, t) in times.iter_mut().enumerate().filter(|_| i > 0) {
-                t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
-            }
-        }
-        Ok(times
-            .into_iter()
-            .map(|mut t| {
-                t.sort_by(f64::total_cmp);
-                t.get(t.len() / 2).copied().unwrap_or(0.0)
-            })
-            .collect())
     }
 
     /// Each step's GPU time without its launch: the step captured [`PROFILE_REPEAT`] times back
@@ -509,7 +490,7 @@ impl Session {
     /// divided by the repeat count. Inputs are warm in L2, as in the program, where each
     /// step's inputs were just written; a GEMM's weights are too, unlike in the program.
     fn profile_repeated(&mut self, iterations: usize) -> Result<Vec<f64>, RuntimeError> {
-        let events = self.step_events()?;
+        let events = self.timing_events(2)?;
         let mut times = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
             self.stream
@@ -530,8 +511,7 @@ impl Session {
                     runs.push(ms / PROFILE_REPEAT as f64);
                 }
             }
-            runs.sort_by(f64::total_cmp);
-            times.push(runs.get(runs.len() / 2).copied().unwrap_or(0.0));
+            times.push(median(runs));
         }
         Ok(times)
     }
@@ -653,21 +633,17 @@ impl Session {
     /// Median milliseconds of the program as a CUDA graph (captured anew), over
     /// `lt::TIMED_RUNS` replays after three untimed ones.
     fn time_program(&mut self) -> Result<f64, RuntimeError> {
-        use cudarc::driver::sys::CUevent_flags;
         self.graph = None;
         self.execute_all()?;
-        let ctx = self.stream.context().clone();
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
-        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver)?;
+        let events = self.timing_events(2)?;
         let mut times = Vec::with_capacity(lt::TIMED_RUNS);
         for i in 0..3 + lt::TIMED_RUNS {
-            let ms = self.timed_run(&start, &end)?;
+            let ms = self.timed_run(&events[0], &events[1])?;
             if i >= 3 {
                 times.push(ms);
             }
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(median(times))
     }
 
     fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
