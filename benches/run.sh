@@ -10,8 +10,9 @@
 # FUSEC (default: target/release/fusec, else .gpu/fusec), WORK (exported models, default
 # .bench-work, ignored by git), RESULTS (default benches/results), ITERS (default 100) override.
 # TORCH_ARGS passes options to compare_torch.py (e.g. "--dtypes fp32 --no-micro");
-# FUSEC_MODELS (default "bert_base gpt2_small llama_style"), PRECISIONS (default "fp32 fp16")
-# and FUSEC_MICRO=0 narrow the fusec part; EXPORT_MODELS the export part.
+# FUSEC_MODELS (default "bert_base gpt2_small llama_style"), SHAPES (default "1x128 8x128
+# 32x128"), PRECISIONS (default "fp32 fp16") and FUSEC_MICRO=0 narrow the fusec part;
+# EXPORT_MODELS the export part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUSEC="${FUSEC:-$( [ -x target/release/fusec ] && echo target/release/fusec || echo .gpu/fusec )}"
@@ -31,7 +32,7 @@ for part in "${parts[@]}"; do
       nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$RESULTS/gpu.txt"
       "$FUSEC" --version > "$RESULTS/fusec-version.txt" 2>&1 || true
       for model in ${FUSEC_MODELS:-bert_base gpt2_small llama_style}; do
-        for shape in 1x128 8x128 32x128; do
+        for shape in ${SHAPES:-1x128 8x128 32x128}; do
           for precision in ${PRECISIONS:-fp32 fp16}; do
             b="${shape%x*}" s="${shape#*x}"
             profile=()

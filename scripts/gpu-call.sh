@@ -6,12 +6,16 @@
 #   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
 #   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
 #   micro     the pointwise chains (f32): fusec and torch, side by side
+#   ab        .gpu/fusec-old (an earlier build, staged by hand) against .gpu/fusec: compile -v
+#             of bert_base fp16 cold and cached, then 8x128 fp16 profiles of $FUSEC_MODELS
+#   fp32      the suite's fp32 rows at $SHAPES (default 1x128 32x128): fusec and torch
 # Logs and results go to $OUT (log.txt, res.tgz).
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT/res"
 for f in .gpu/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x .gpu/fusec .gpu/test-gpu
+[ -e .gpu/fusec-old ] && chmod +x .gpu/fusec-old
 export PYTHONUNBUFFERED=1 FUSEC_CACHE_DIR="${FUSEC_CACHE_DIR:-/tmp/fusec-cache}"
 models="${FUSEC_MODELS:-bert_base gpt2_small}"
 export_models() {
@@ -55,6 +59,30 @@ for part in "$@"; do
       done
       timeout 240 python3 benches/compare_torch.py --iters 100 --json "$OUT/res/torch-micro.json" --micro-only \
         --modes eager,reduce-overhead 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-200
+      ;;
+    ab)
+      export_models bert_base $models
+      for build in old new; do
+        bin=.gpu/fusec; [ $build = old ] && bin=.gpu/fusec-old
+        echo "--- $build: compile bert_base fp16, cold then cached"
+        rm -rf /tmp/cache-$build
+        for i in 1 2 3; do
+          FUSEC_CACHE_DIR=/tmp/cache-$build $bin compile .bench-work/bert_base.onnx -o /tmp/ab-$build.bundle --dim batch=8 --dim seq=128 --precision fp16 -v 2>&1 | tail -10
+        done
+      done
+      for m in $models; do
+        for build in old new; do
+          bin=.gpu/fusec; [ $build = old ] && bin=.gpu/fusec-old
+          echo "--- $build: bench $m 8x128 fp16"
+          FUSEC_CACHE_DIR=/tmp/cache-$build timeout 200 $bin bench .bench-work/$m.onnx --dim batch=8 --dim seq=128 --precision fp16 --iters 200 --profile --json "$OUT/res/ab-$build-$m.json" | grep -E "^fused|^unfused|attention|speedup" | head -6
+        done
+      done
+      ;;
+    fp32)
+      export_models $models
+      shapes="${SHAPES:-1x128 32x128}"
+      FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp32 SHAPES="$shapes" FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 330 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
+      ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp32 --shapes ${shapes// /,} --modes eager,reduce-overhead --no-micro" timeout 300 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
       ;;
   esac
 done

@@ -67,7 +67,7 @@ pub fn compile(path: &Path, options: &CompileOptions) -> Result<Bundle, CompileE
     compile_reporting(path, options, &mut |_| {})
 }
 
-/// [`compile`], calling `done` with each stage's name as it ends (`import`, `fuse`, `lower`,
+/// [`compile`], calling `done` with each stage's name as it ends (`import`, `passes`, `fuse`, `lower`,
 /// `plan`, `codegen`, `nvrtc`): for progress and per-stage timing.
 pub fn compile_reporting(
     path: &Path,
@@ -81,6 +81,7 @@ pub fn compile_reporting(
     } else {
         let mut graph = model.graph;
         passes::run_passes(&mut graph, &passes::standard())?;
+        done("passes");
         let fused = fusion::fuse(&graph, &FusionLimits::default())?;
         (fused.graph, fused.covers, Mode::Fused)
     };
@@ -110,7 +111,7 @@ pub fn compile_reporting(
         let fail = |source| CompileError::Emit { path: dir.clone(), source };
         std::fs::create_dir_all(dir).map_err(fail)?;
         for source in steps.iter().flat_map(|s| s.sources()) {
-            std::fs::write(dir.join(format!("{}.cu", source.name)), nvrtc::full_source(source))
+            std::fs::write(dir.join(format!("{}.cu", source.function)), nvrtc::full_source(source))
                 .map_err(fail)?;
         }
     }

@@ -291,3 +291,48 @@ fn rotate_half_reads_its_input_from_memory() {
         println!("NVRTC not found: the rotate-half kernels were generated but not compiled");
     }
 }
+
+/// The kernels of identical layers run one function: their sources are the same once the
+/// memory they touch is a parameter, and only their arguments differ. Every step naming a
+/// function carries that function's source, and two steps of one function never get the
+/// same arguments unless they are the same kernel.
+#[test]
+fn identical_layers_share_one_function() {
+    for (file, dims) in
+        [("bert12_ts.onnx", [("batch", 2), ("seq", 9)]), ("gpt2_ts.onnx", [("batch", 3), ("seq", 7)])]
+    {
+        let mut import = fusec::import::ImportOptions::default();
+        for (name, value) in dims {
+            import.dims.insert(name.into(), value);
+        }
+        let options = fusec::CompileOptions { import, precision: DType::F16, ..Default::default() };
+        let bundle = fusec::compile(&common::model_path(file), &options).unwrap();
+        let sources: Vec<_> = bundle.header.steps.iter().flat_map(|s| s.sources()).collect();
+        let mut functions: HashMap<&str, Vec<&fusec::codegen::KernelSource>> = HashMap::new();
+        for s in &sources {
+            assert!(
+                s.source.contains(&format!(" {}(", s.function)),
+                "{file}: {} is not in its source",
+                s.function
+            );
+            functions.entry(&s.function).or_default().push(s);
+        }
+        for (function, steps) in &functions {
+            assert!(steps.iter().all(|s| s.source == steps[0].source), "{file}: {function} has two sources");
+            let mut args: Vec<_> = steps.iter().map(|s| format!("{:?}", s.args)).collect();
+            args.sort();
+            args.dedup();
+            assert_eq!(args.len(), steps.len(), "{file}: two steps of {function} touch the same memory");
+        }
+        println!("{file}: {} kernel launches, {} functions", sources.len(), functions.len());
+        if file == "bert12_ts.onnx" {
+            // 12 layers: embeddings, then per layer the same handful of kernels.
+            assert!(
+                sources.len() >= 60 && functions.len() <= 12,
+                "{} sources, {} functions",
+                sources.len(),
+                functions.len()
+            );
+        }
+    }
+}

@@ -20,7 +20,7 @@ use crate::ir::{DType, TensorType};
 use crate::plan::Location;
 
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
@@ -73,7 +73,7 @@ pub struct Header {
     /// Storage type of weights and activations (inputs and outputs are f32 regardless).
     pub precision: DType,
     pub steps: Vec<Step>,
-    /// PTX by kernel name, for `arch`.
+    /// PTX by function (one for all the steps that run it), for `arch`.
     pub ptx: BTreeMap<String, String>,
     pub arch: Option<String>,
     pub inputs: Vec<IoSpec>,

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::expr::{header, literal};
 use super::index::{broadcast, Coords};
-use super::kernel::{buffers_json, coords_decl, render, Body};
+use super::kernel::{args, coords_decl, params, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op};
@@ -173,25 +173,27 @@ impl Common<'_, '_> {
             "name": self.name,
             "headers": self.body.headers.iter().collect::<Vec<_>>(),
             "about": self.kernel.kind.name(),
-            "buffers": buffers_json(self.body),
+            "params": params(self.body),
             "coords": self.coords,
             "q": operands.q,
             "k": operands.k,
             "v": operands.v,
             "mask": operands.mask,
             "scale": literal(f64::from(problem.scale), DType::F32),
+            "scale_log2e": literal(f64::from(problem.scale) * std::f64::consts::LOG2_E, DType::F32),
             "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },
             "store": operands.store,
         });
         if let (Some(data), serde_json::Value::Object(common)) = (data.as_object_mut(), common) {
             data.extend(common);
         }
-        Ok(KernelSource {
-            name: self.name.into(),
-            source: render(hb, template, &data)?,
-            grid: u32::try_from(blocks).map_err(|_| "attention grid too large")?.max(1),
-            block: threads as u32,
-        })
+        Ok(KernelSource::new(
+            self.name,
+            render(hb, template, &data)?,
+            u32::try_from(blocks).map_err(|_| "attention grid too large")?.max(1),
+            threads as u32,
+            args(self.body),
+        ))
     }
 }
 
@@ -269,6 +271,14 @@ fn tensor_core(
         0 => problem.packed_address(&mut body, 0, &batch, ["s", "d"], 1, 2, dtype)?,
         _ => None,
     };
+    // The output stored as 32-bit pairs where two consecutive value elements are adjacent.
+    let out_address = match problem.dv() % 2 {
+        0 => {
+            let out: Vec<String> = batch.iter().cloned().chain(["s".to_string(), "e".to_string()]).collect();
+            body.store_address(kernel, problem.anchor, &out, 2)?
+        }
+        _ => None,
+    };
     let data = json!({
         "half": half,
         "to_half": to_half,
@@ -289,7 +299,9 @@ fn tensor_core(
         "k_async": k_address.is_some(),
         "k_address": k_address.unwrap_or_default(),
         "v_async": v_address.is_some(),
-        "v_address": v_address.unwrap_or_default()
+        "v_address": v_address.unwrap_or_default(),
+        "out_pairs": out_address.is_some(),
+        "out_address": out_address.unwrap_or_default()
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
     common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps)

@@ -172,6 +172,44 @@ pub fn packs_along(
     }
 }
 
+/// Whether a kernel storing `value` in the layout of `view` (a chain of reshapes and
+/// transposes of it, or `value` itself) writes `pack` consecutive elements of its last axis,
+/// from a multiple of `pack`, as `pack` consecutive elements of `view`'s memory from a
+/// multiple of `pack` (one aligned store in a buffer aligned to the pack). The last axis must
+/// stay last through transposes, and reshapes must keep both last dims multiples of the pack.
+pub fn stores_pack_along(graph: &Graph, value: NodeId, view: NodeId, pack: usize) -> bool {
+    let mut chain = Vec::new();
+    let mut at = view;
+    while at != value {
+        chain.push(at);
+        match graph.inputs_of(at).first() {
+            Some(&input) => at = input,
+            None => return false,
+        }
+    }
+    let shape = &graph.node(value).ty.shape;
+    let Some(mut axis) = shape.len().checked_sub(1) else { return false };
+    if shape[axis] % pack != 0 {
+        return false;
+    }
+    for &v in chain.iter().rev() {
+        let to = &graph.node(v).ty.shape;
+        let last = to.len().wrapping_sub(1);
+        axis = match &graph.node(v).op {
+            Op::Reshape { .. } if to.get(last).is_some_and(|d| d % pack == 0) => last,
+            Op::Transpose { perm } => match perm.iter().position(|&p| p == axis) {
+                Some(a) => a,
+                None => return false,
+            },
+            _ => return false,
+        };
+        if axis != last {
+            return false;
+        }
+    }
+    true
+}
+
 /// The linear index, in the layout of `view`, of `value`'s element at `coords`, where `view`
 /// is a chain of reshapes and transposes of `value`.
 pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords) -> Option<String> {
@@ -183,7 +221,9 @@ pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords)
     }
     let mut coords = coords;
     let mut shape = graph.node(value).ty.shape.clone();
-    for &v in chain.iter().rev() {
+    // Reshapes at the end of the chain keep the linear index as it is.
+    let tail = chain.iter().take_while(|&&v| matches!(graph.node(v).op, Op::Reshape { .. })).count();
+    for &v in chain[tail..].iter().rev() {
         let node = graph.node(v);
         coords = match &node.op {
             Op::Reshape { shape: to } => delinearize(&linearize(&coords, &shape), to),
@@ -198,7 +238,7 @@ pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords)
 /// Whether every index of `kernel` fits 32-bit arithmetic: it computes and reads only float
 /// and bool values (so every `long long` and `LL` in its source is index arithmetic, never
 /// data), and no tensor it touches, nor attention's virtual score matrix, nears 2^31
-/// elements. 64-bit division and remainder cost many instructions; 32-bit ones a few.
+/// elements (where a tensor is in memory is a pointer parameter, never in the source). 64-bit division and remainder cost many instructions; 32-bit ones a few.
 pub fn fits_i32(plan: &crate::plan::Plan, kernel: &crate::fusion::Kernel) -> bool {
     let graph = &plan.graph;
     let limit = (i32::MAX / 4) as usize;
@@ -217,8 +257,7 @@ pub fn fits_i32(plan: &crate::plan::Plan, kernel: &crate::fusion::Kernel) -> boo
             _ => true,
         };
         ok(n) && inputs.into_iter().all(ok) && scores_fit
-    }) && plan.arena_bytes < limit
-        && plan.weights.len() < limit
+    })
 }
 
 /// `source` with 32-bit index arithmetic: `long long` becomes `int` and the `LL` suffix of
@@ -262,5 +301,26 @@ mod tests {
             "((i / 12LL) * 12LL + ((i / 4LL) % 3LL) * 4LL + (i % 4LL))"
         );
         assert_eq!(broadcast(&["a".into(), "b".into(), "c".into()], &[2, 3, 4], &[3, 1]), ["b", "0"]);
+    }
+
+    /// Attention's output stored as [batch, seq, heads·depth] through a transpose that keeps
+    /// the last axis last: pairs along it are adjacent; a transpose that moves it is not.
+    #[test]
+    fn stores_pack_only_where_the_last_axis_stays_last() {
+        use crate::ir::{DType, Origin, TensorType};
+        let mut g = Graph::new();
+        let x = g.add_input("x", TensorType::new(DType::F16, vec![2, 3, 4, 8]));
+        let origin = Origin::new("t", "test");
+        let t = g.add_op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x], "t", origin.clone()).unwrap();
+        let r = g.add_op(Op::Reshape { shape: vec![2, 4, 24] }, &[t], "r", origin.clone()).unwrap();
+        assert!(stores_pack_along(&g, x, r, 2));
+        assert!(stores_pack_along(&g, x, r, 8));
+        assert!(!stores_pack_along(&g, x, r, 16));
+        assert!(stores_pack_along(&g, x, x, 4));
+        let moved = g.add_op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[x], "m", origin).unwrap();
+        assert!(!stores_pack_along(&g, x, moved, 2));
+        // The reshapes at the end keep the linear index: no division by the view's dims.
+        let index = trace_forward(&g, x, r, vec!["a".into(), "b".into(), "c".into(), "d".into()]).unwrap();
+        assert_eq!(index, "(a * 96LL + c * 24LL + b * 8LL + d)");
     }
 }

@@ -34,13 +34,21 @@ pub struct Body<'a> {
     pub plan: &'a Plan,
     pub members: HashSet<NodeId>,
     gemm: Option<GemmRaw>,
-    pub buffers: BTreeMap<String, String>,
+    /// The memory it touches, in the order first used: each becomes a pointer parameter.
+    buffers: Vec<Buffer>,
     pub statements: Vec<String>,
     /// `#include` lines the kernel needs (half types).
     pub headers: std::collections::BTreeSet<&'static str>,
     fresh: usize,
     /// Set when each thread computes several consecutive elements of the last axis.
     lanes: Option<Lanes>,
+}
+
+/// A pointer parameter of a kernel: `{qualifier}{ty}* name`, pointing at `location`.
+struct Buffer {
+    name: String,
+    pointee: String,
+    location: Location,
 }
 
 /// The coordinate of an element along the last axis inside a thread's lane loop.
@@ -92,7 +100,7 @@ impl<'a> Body<'a> {
             plan,
             members: kernel.nodes.iter().copied().collect(),
             gemm: None,
-            buffers: BTreeMap::new(),
+            buffers: Vec::new(),
             statements: Vec::new(),
             headers: Default::default(),
             fresh: 0,
@@ -194,17 +202,12 @@ impl<'a> Body<'a> {
         dtype: DType,
         writable: bool,
     ) -> Result<(), String> {
-        let (base, offset) = match location {
-            Location::Arena(o) => ("arena", o),
-            Location::Weights(o) => ("weights", o),
-        };
         let ty = c_type(dtype)?;
         self.headers.extend(header(dtype));
-        let name = name.to_string();
-        let qualifier = if writable { "" } else { "const " };
-        self.buffers.entry(name.clone()).or_insert_with(|| {
-            format!("{qualifier}{ty}* __restrict__ {name} = ({qualifier}{ty}*)({base} + {offset});")
-        });
+        if !self.buffers.iter().any(|b| b.name == name) {
+            let qualifier = if writable { "" } else { "const " };
+            self.buffers.push(Buffer { name: name.into(), pointee: format!("{qualifier}{ty}"), location });
+        }
         Ok(())
     }
 
@@ -540,10 +543,51 @@ impl<'a> Body<'a> {
         }
         Ok(())
     }
+
+    /// The address [`Body::store`] writes `id`'s element at `coords` to, where `pack`
+    /// consecutive elements of the last axis from there (the last coordinate a multiple of
+    /// `pack`) are one aligned run in memory: for a vector store of them.
+    pub fn store_address(
+        &mut self,
+        kernel: &Kernel,
+        id: NodeId,
+        coords: &Coords,
+        pack: usize,
+    ) -> Result<Option<String>, String> {
+        let graph = &self.plan.graph;
+        let (target, index) = match kernel.store_views.iter().find(|(v, _)| *v == id) {
+            Some(&(_, view)) => match trace_forward(graph, id, view, coords.clone()) {
+                Some(index) => (view, index),
+                None => return Ok(None),
+            },
+            None => (id, linearize(coords, &graph.node(id).ty.shape)),
+        };
+        if !super::index::stores_pack_along(graph, id, target, pack) {
+            return Ok(None);
+        }
+        let pointer = self.pointer(target, true)?;
+        Ok(Some(format!("({pointer} + {index})")))
+    }
 }
 
-pub(super) fn buffers_json(body: &Body<'_>) -> Vec<String> {
-    body.buffers.values().cloned().collect()
+/// The kernel's parameter list: one pointer per buffer, `__restrict__` unless another
+/// parameter points at the same memory (a GEMM epilogue writes over the product it reads).
+pub(super) fn params(body: &Body<'_>) -> String {
+    let shared = |b: &Buffer| body.buffers.iter().filter(|o| o.location == b.location).count() > 1;
+    let list: Vec<String> = body
+        .buffers
+        .iter()
+        .map(|b| {
+            let restrict = if shared(b) { "" } else { " __restrict__" };
+            format!("{}*{restrict} {}", b.pointee, b.name)
+        })
+        .collect();
+    list.join(", ")
+}
+
+/// Where each parameter of [`params`] points, in order: the launch's arguments.
+pub(super) fn args(body: &Body<'_>) -> Vec<Location> {
+    body.buffers.iter().map(|b| b.location).collect()
 }
 
 pub(super) fn coords_decl(prefix: &str, linear: &str, shape: &[usize]) -> (Vec<String>, Coords) {
@@ -633,18 +677,19 @@ pub fn elementwise(
         "vector": lanes > 1,
         "lane": LANE,
         "base": base,
-        "buffers": buffers_json(&body),
+        "params": params(&body),
         "coords": coord_decls,
         "before": before,
         "statements": body.statements,
         "after": after,
     });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "elementwise", &data)?,
-        grid: threads.div_ceil(BLOCK as usize).max(1) as u32,
-        block: BLOCK,
-    })
+    Ok(KernelSource::new(
+        name,
+        render(hb, "elementwise", &data)?,
+        threads.div_ceil(BLOCK as usize).max(1) as u32,
+        BLOCK,
+        args(&body),
+    ))
 }
 
 /// How many consecutive elements of the last axis each thread of an elementwise kernel

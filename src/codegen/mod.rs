@@ -19,7 +19,7 @@ use thiserror::Error;
 pub use gemm::{GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
-use crate::plan::Plan;
+use crate::plan::{Location, Plan};
 
 /// The shared device code every kernel includes as `fusec.cuh`.
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
@@ -40,13 +40,28 @@ pub enum CodegenError {
     Template(String),
 }
 
-/// One CUDA kernel: its source and launch shape.
+/// One kernel launch: the step's name (`fusec_k<step>_<kind>`, for profiles), the CUDA
+/// function it runs, its launch shape and where its pointer parameters point.
+///
+/// Kernels of identical layers differ only in the memory they touch, which is passed as
+/// parameters: their sources are the same, named after a hash of the source, and compiled
+/// and stored once.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KernelSource {
     pub name: String,
+    /// The entry point in `source`, and the key of its PTX in a bundle and the NVRTC cache.
+    pub function: String,
     pub source: String,
     pub grid: u32,
     pub block: u32,
+    /// The kernel's arguments, one device pointer each, in parameter order.
+    pub args: Vec<Location>,
+}
+
+impl KernelSource {
+    pub(crate) fn new(name: &str, source: String, grid: u32, block: u32, args: Vec<Location>) -> Self {
+        KernelSource { name: name.into(), function: name.into(), source, grid, block, args }
+    }
 }
 
 /// One step of the program: a kernel launch, or a cuBLAS GEMM with an optional epilogue.
@@ -91,26 +106,115 @@ fn templates() -> Result<Handlebars<'static>, CodegenError> {
 /// Generates the program for `plan`: one step per kernel, in order.
 pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
     let hb = templates()?;
+    let mut functions = std::collections::HashMap::new();
     plan.kernels
         .iter()
         .enumerate()
         .map(|(k, kernel)| {
             let fail =
                 |message: String| CodegenError::Kernel { kernel: k, kind: kernel.kind.name(), message };
-            let name = format!("fusec_k{k}_{}", kernel.kind.name().replace(['+', ':'], "_").to_lowercase());
+            let kind = kernel.kind.name().replace(['+', ':'], "_").to_lowercase();
+            let name = format!("fusec_k{k}_{kind}");
             let mut step = match &kernel.kind {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
-            if index::fits_i32(plan, kernel) {
-                match &mut step {
-                    Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
-                        source.source = index::narrow(&source.source)
+            let narrow = index::fits_i32(plan, kernel);
+            match &mut step {
+                Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
+                    if narrow {
+                        source.source = index::narrow(&source.source);
                     }
-                    Step::Gemm { epilogue: None, .. } => {}
+                    share(source, &kind, &mut functions);
                 }
+                Step::Gemm { epilogue: None, .. } => {}
             }
             Ok(step)
         })
         .collect()
+}
+
+/// Stands in for the function's name while sources are compared.
+const PLACEHOLDER: &str = "FUSEC_FUNCTION";
+
+/// Names `kernel`'s function after its source with local names renumbered
+/// ([`canonical_names`]), so that kernels of identical layers run one function. `functions`
+/// holds each function's source so far: a hash shared by two different sources gets a
+/// suffix, never the other's code.
+fn share(kernel: &mut KernelSource, kind: &str, functions: &mut std::collections::HashMap<String, String>) {
+    let body = canonical_names(&kernel.source.replace(&kernel.name, PLACEHOLDER));
+    let hash = crate::bundle::checksum(body.as_bytes());
+    let mut function = format!("fusec_{kind}_{:012x}", hash >> 16);
+    let mut n = 1;
+    while let Some(existing) = functions.get(&function) {
+        if *existing == body {
+            break;
+        }
+        n += 1;
+        function = format!("fusec_{kind}_{:012x}_{n}", hash >> 16);
+    }
+    kernel.source = body.replace(PLACEHOLDER, &function);
+    functions.insert(function.clone(), body);
+    kernel.function = function;
+}
+
+/// Local names the generators number by node (`v12`, `s12`, `raw12`, `in12`, `out12`)
+/// renumbered in order of first use, each prefix on its own: a one-to-one renaming, so the
+/// code means the same, and a kernel's source no longer depends on where in the graph its
+/// nodes are.
+pub fn canonical_names(source: &str) -> String {
+    const PREFIXES: [&str; 5] = ["raw", "out", "in", "v", "s"];
+    let bytes = source.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut numbers: std::collections::HashMap<(&str, &str), usize> = Default::default();
+    let mut counts = [0usize; PREFIXES.len()];
+    let mut out = String::with_capacity(source.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if !word(bytes[i]) {
+            let start = i;
+            while i < bytes.len() && !word(bytes[i]) {
+                i += 1;
+            }
+            out.push_str(&source[start..i]);
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && word(bytes[i]) {
+            i += 1;
+        }
+        let token = &source[start..i];
+        let renamed = PREFIXES.iter().enumerate().find_map(|(p, prefix)| {
+            let digits = token.strip_prefix(prefix)?;
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some((p, *prefix, digits))
+        });
+        match renamed {
+            Some((p, prefix, digits)) => {
+                let n = *numbers.entry((prefix, digits)).or_insert_with(|| {
+                    counts[p] += 1;
+                    counts[p] - 1
+                });
+                out.push_str(prefix);
+                out.push_str(&n.to_string());
+            }
+            None => out.push_str(token),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_names;
+
+    #[test]
+    fn local_names_are_renumbered_consistently() {
+        let a = "const float v12 = in7[i] + v3; out12[i] = v12 * s9 + raw4 + float4_x + v2x;";
+        let b = "const float v40 = in31[i] + v35; out40[i] = v40 * s2 + raw8 + float4_x + v2x;";
+        let expected = "const float v0 = in0[i] + v1; out0[i] = v0 * s0 + raw0 + float4_x + v2x;";
+        assert_eq!(canonical_names(a), expected);
+        assert_eq!(canonical_names(b), expected);
+        // Literals and longer identifiers are left alone.
+        assert_eq!(canonical_names("x = 12LL + 1.5e3f; inner2 = v1;"), "x = 12LL + 1.5e3f; inner2 = v0;");
+    }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::expr::literal;
 use super::index::{delinearize, reshape_coords, Coords};
-use super::kernel::{buffers_json, coords_decl, render, Body};
+use super::kernel::{args, coords_decl, params, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op, ReduceOp};
@@ -294,7 +294,7 @@ fn cached(
         "pack": layout.pack,
         "packs": layout.packs,
         "width": row.width,
-        "buffers": buffers_json(&body),
+        "params": params(&body),
         "row_coords": row_coords,
         "element_coords": element_coords,
         "load_before": load_before,
@@ -305,13 +305,13 @@ fn cached(
         "finish": finish,
         "finish_after": finish_after,
     });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "row_cached", &data)?,
-        grid: u32::try_from(row.rows.div_ceil(layout.rows_per_block).max(1))
-            .map_err(|_| "row grid too large")?,
-        block: threads as u32,
-    })
+    Ok(KernelSource::new(
+        name,
+        render(hb, "row_cached", &data)?,
+        u32::try_from(row.rows.div_ceil(layout.rows_per_block).max(1)).map_err(|_| "row grid too large")?,
+        threads as u32,
+        args(&body),
+    ))
 }
 
 /// Block per row, the prologue recomputed in every pass: any row op (also reductions), any
@@ -419,15 +419,10 @@ fn general(
         "about": kernel.kind.name(),
         "block": ROW_BLOCK,
         "width": width,
-        "buffers": buffers_json(&body),
+        "params": params(&body),
         "coords": coord_decls,
         "prologue": prologue,
         "passes": passes,
     });
-    Ok(KernelSource {
-        name: name.into(),
-        source: render(hb, "row", &data)?,
-        grid: rows.max(1) as u32,
-        block: ROW_BLOCK,
-    })
+    Ok(KernelSource::new(name, render(hb, "row", &data)?, rows.max(1) as u32, ROW_BLOCK, args(&body)))
 }

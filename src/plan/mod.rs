@@ -161,17 +161,25 @@ impl Plan {
         constants.sort_unstable();
         constants.dedup();
         constants.retain(|&id| graph.constant(id).is_some());
+        // Each constant's bytes are written into its own slice of the blob on every core; its
+        // value goes as soon as it is written, so the blob and the values not yet written
+        // are what is in memory.
         let total = constants.iter().map(|&id| aligned(graph.node(id).ty.size_bytes())).sum();
-        let mut weights = Vec::with_capacity(total);
+        let mut weights = vec![0u8; total];
+        let mut jobs = Vec::with_capacity(constants.len());
+        let mut rest = weights.as_mut_slice();
+        let mut offset = 0;
         for id in constants {
-            if let Some(value) = graph.constant(id) {
-                let offset = weights.len();
-                append_tensor_bytes(&mut weights, value);
-                weights.resize(aligned(weights.len()), 0);
+            if let Some(value) = graph.take_constant(id) {
+                let size = aligned(graph.node(id).ty.size_bytes());
+                let (slot, tail) = std::mem::take(&mut rest).split_at_mut(size);
+                rest = tail;
                 locations.insert(id, Location::Weights(offset));
+                offset += size;
+                jobs.push((slot, value));
             }
-            graph.take_constant(id);
         }
+        crate::parallel::map_owned(jobs, |(slot, value)| write_tensor_bytes(slot, &value));
         let mut arena = Arena::default();
         let bytes = |id: NodeId| graph.node(id).ty.size_bytes();
         let mut inputs = Vec::new();
@@ -271,21 +279,28 @@ pub fn tensor_bytes(t: &crate::ir::Tensor) -> Vec<u8> {
 
 /// Appends `t`'s elements to `out` as [`tensor_bytes`] lays them out.
 pub fn append_tensor_bytes(out: &mut Vec<u8>, t: &crate::ir::Tensor) {
+    let start = out.len();
+    out.resize(start + t.size_bytes(), 0);
+    write_tensor_bytes(&mut out[start..], t);
+}
+
+/// Writes `t`'s elements into the start of `out` as [`tensor_bytes`] lays them out (as many
+/// as fit).
+pub fn write_tensor_bytes(out: &mut [u8], t: &crate::ir::Tensor) {
     use crate::ir::Tensor;
-    fn put<T: Copy, const N: usize>(out: &mut Vec<u8>, a: &ndarray::ArrayD<T>, le: impl Fn(T) -> [u8; N]) {
-        out.reserve(a.len() * N);
+    fn put<T: Copy, const N: usize>(out: &mut [u8], a: &ndarray::ArrayD<T>, le: impl Fn(T) -> [u8; N]) {
         match a.as_slice() {
-            // Contiguous: a chunk at a time, which the compiler turns into plain copies.
+            // Contiguous: a slice walk, which the compiler turns into plain copies.
             Some(values) => {
-                for chunk in values.chunks(4096) {
-                    let start = out.len();
-                    out.resize(start + chunk.len() * N, 0);
-                    for (to, &v) in out[start..].chunks_exact_mut(N).zip(chunk) {
-                        to.copy_from_slice(&le(v));
-                    }
+                for (to, &v) in out.chunks_exact_mut(N).zip(values) {
+                    to.copy_from_slice(&le(v));
                 }
             }
-            None => a.iter().for_each(|&v| out.extend_from_slice(&le(v))),
+            None => {
+                for (to, &v) in out.chunks_exact_mut(N).zip(a.iter()) {
+                    to.copy_from_slice(&le(v));
+                }
+            }
         }
     }
     match t {

@@ -54,14 +54,14 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
         ..Default::default()
     };
     compile_ptx_with_opts(&source, options).map(|ptx| ptx.to_src()).map_err(|e| {
-        let path: PathBuf = std::env::temp_dir().join(format!("{}.cu", kernel.name));
+        let path: PathBuf = std::env::temp_dir().join(format!("{}.cu", kernel.function));
         let written = std::fs::write(&path, &source).map(|_| path.display().to_string());
         let log = match e {
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
             other => format!("{other:?}"),
         };
         RuntimeError::Compile {
-            kernel: kernel.name.clone(),
+            kernel: format!("{} ({})", kernel.function, kernel.name),
             source_path: written.unwrap_or_else(|e| format!("<could not write: {e}>")),
             log,
         }
@@ -97,7 +97,7 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
     let (major, minor) = nvrtc_version();
     let key =
         crate::bundle::checksum(format!("{arch}\0nvrtc {major}.{minor}\0{}", full_source(kernel)).as_bytes());
-    let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.name)));
+    let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.function)));
     if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(ptx);
     }
@@ -112,14 +112,16 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
     Ok(ptx)
 }
 
-/// [`compile_cached`] for many kernels at once, on as many threads as the machine has cores:
-/// PTX by kernel name. The first failure is returned.
+/// [`compile_cached`] for many kernels at once, each function once, on as many threads as
+/// the machine has cores: PTX by function. The first failure is returned.
 pub fn compile_all_cached(
     kernels: &[&KernelSource],
     arch: &str,
 ) -> Result<std::collections::HashMap<String, String>, RuntimeError> {
-    let results = crate::parallel::map(kernels, |kernel| {
-        compile_cached(kernel, arch).map(|ptx| (kernel.name.clone(), ptx))
+    let mut seen = std::collections::HashSet::new();
+    let distinct: Vec<&KernelSource> = kernels.iter().copied().filter(|k| seen.insert(&k.function)).collect();
+    let results = crate::parallel::map(&distinct, |kernel| {
+        compile_cached(kernel, arch).map(|ptx| (kernel.function.clone(), ptx))
     });
     results.into_iter().collect()
 }

@@ -7,6 +7,7 @@
 //! CUDA graphs: the first `run` executes the steps one by one; it then captures them into a
 //! CUDA graph, and every later run replays that graph with one launch (unless turned off).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
@@ -39,6 +40,8 @@ struct Launch {
     name: String,
     function: CudaFunction,
     config: LaunchConfig,
+    /// Device pointers, one per kernel parameter.
+    args: Vec<u64>,
 }
 
 enum Loaded {
@@ -174,7 +177,7 @@ impl Session {
             .steps
             .iter()
             .flat_map(Step::sources)
-            .filter(|s| !ptx_fits || !header.ptx.contains_key(&s.name))
+            .filter(|s| !ptx_fits || !header.ptx.contains_key(&s.function))
             .collect();
         // PTX by kernel name: the bundle's where it fits this GPU, the rest compiled now.
         let mut ptx_of =
@@ -182,20 +185,6 @@ impl Session {
         if ptx_fits {
             ptx_of.extend(header.ptx.iter().map(|(name, ptx)| (name.clone(), ptx.clone())));
         }
-        let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
-            let ptx = ptx_of
-                .get(&source.name)
-                .cloned()
-                .ok_or_else(|| RuntimeError::Driver(format!("no PTX for kernel {}", source.name)))?;
-            let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
-            let function = module.load_function(&source.name).map_err(driver)?;
-            let config = LaunchConfig {
-                grid_dim: (source.grid, 1, 1),
-                block_dim: (source.block, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            Ok(Launch { name: source.name.clone(), function, config })
-        };
         let arena = stream.alloc_zeros::<u8>(header.arena_bytes.max(1)).map_err(driver)?;
         let weights = if bundle.weights.is_empty() {
             stream.alloc_zeros::<u8>(1).map_err(driver)?
@@ -204,6 +193,44 @@ impl Session {
         };
         let arena_ptr = arena.device_ptr(&stream).0;
         let weights_ptr = weights.device_ptr(&stream).0;
+        // One module per function, however many steps run it.
+        let mut functions: HashMap<String, CudaFunction> = HashMap::new();
+        let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
+            let function = match functions.get(&source.function) {
+                Some(f) => f.clone(),
+                None => {
+                    let ptx = ptx_of.get(&source.function).cloned().ok_or_else(|| {
+                        RuntimeError::Driver(format!("no PTX for kernel {}", source.function))
+                    })?;
+                    let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
+                    let f = module.load_function(&source.function).map_err(driver)?;
+                    functions.insert(source.function.clone(), f.clone());
+                    f
+                }
+            };
+            let args = source
+                .args
+                .iter()
+                .map(|&location| {
+                    let inside = match location {
+                        Location::Arena(o) => o < header.arena_bytes.max(1),
+                        Location::Weights(o) => o < bundle.weights.len().max(1),
+                    };
+                    inside.then(|| device_address(location, arena_ptr, weights_ptr)).ok_or_else(|| {
+                        RuntimeError::Driver(format!(
+                            "kernel {}: argument {location:?} lies outside the bundle's memory",
+                            source.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            let config = LaunchConfig {
+                grid_dim: (source.grid, 1, 1),
+                block_dim: (source.block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            Ok(Launch { name: source.name.clone(), function, config, args })
+        };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
         let wants_lt = header.steps.iter().any(|s| {
@@ -673,10 +700,12 @@ impl Session {
 
     fn launch(&self, launch: &Launch) -> Result<(), RuntimeError> {
         let mut args = self.stream.launch_builder(&launch.function);
-        args.arg(&self.arena_ptr);
-        args.arg(&self.weights_ptr);
-        // SAFETY: every generated kernel takes (arena, weights) device pointers and touches
-        // only the offsets the plan gave it, all inside the two allocations.
+        for pointer in &launch.args {
+            args.arg(pointer);
+        }
+        // SAFETY: every generated kernel takes one device pointer per buffer it touches,
+        // each checked at load to start inside the arena or the weights, and touches only
+        // the bytes the plan gave that buffer.
         unsafe { args.launch(launch.config) }.map_err(driver)?;
         Ok(())
     }
