@@ -149,6 +149,15 @@ fn nvrtc_cache_is_reused() {
     let other_arch = fusec::runtime::nvrtc::compile_cached(&source, "sm_80").unwrap();
     assert_ne!(other_arch, first);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    // An entry cut short, or another kernel's PTX under this key, is compiled again and
+    // replaced, never loaded.
+    let entry = files[0].as_ref().unwrap().path();
+    let whole = std::fs::read_to_string(&entry).unwrap();
+    for bad in [whole[..whole.len() / 2].to_string(), whole.replace(&source.function, "fusec_other")] {
+        std::fs::write(&entry, bad).unwrap();
+        assert_eq!(fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap(), first);
+        assert_eq!(std::fs::read_to_string(&entry).unwrap(), whole);
+    }
 }
 
 /// GEMM epilogues that are a bias vector then at most ReLU or tanh-GELU run inside cuBLASLt

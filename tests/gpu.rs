@@ -225,6 +225,43 @@ fn cuda_graph_replay_matches_step_by_step() {
     }
 }
 
+/// Sessions made and run on several threads at once, from one bundle (each tuning its GEMMs
+/// and capturing its CUDA graph while the others load modules and launch): every run gives
+/// the single-threaded output, bit for bit.
+#[test]
+fn sessions_on_several_threads_agree() {
+    if !gpu() {
+        return;
+    }
+    let file = "gpt2_ts.onnx";
+    let import = common::shape_variants(file).remove(2);
+    let options = CompileOptions { import: import.clone(), precision: DType::F16, ..Default::default() };
+    let bundle = fusec::compile(&common::model_path(file), &options).unwrap();
+    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let inputs = common::random_inputs(&model, 5);
+    let reference = Session::new(&bundle, 0).unwrap().run(&inputs).unwrap();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..3)
+                        .map(|_| {
+                            let mut session = Session::new(&bundle, 0)?;
+                            (0..4).map(|_| session.run(&inputs)).collect::<Result<Vec<_>, _>>()
+                        })
+                        .collect::<Result<Vec<_>, RuntimeError>>()
+                })
+            })
+            .collect();
+        for thread in threads {
+            let runs = thread.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+            for outputs in runs.iter().flatten() {
+                assert_eq!(*outputs, reference);
+            }
+        }
+    });
+}
+
 /// The ONNX backend node test cases (see tests/onnx_node.rs), compiled and run on the GPU.
 /// Set FUSEC_GPU_NODE_RESULTS=FILE to get the pass counts per op.
 #[test]

@@ -88,9 +88,22 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("fusec").join("nvrtc"))
 }
 
+/// The line every cache entry ends with: an entry without it (cut short, or not written by
+/// fusec) is compiled again, never loaded.
+const CACHE_END: &str = "// fusec nvrtc cache entry end\n";
+
+/// The PTX of a cache entry, if it is whole and defines `function`.
+fn cache_entry(text: String, function: &str) -> Option<String> {
+    let ptx = text.strip_suffix(CACHE_END)?;
+    ptx.contains(&format!(".entry {function}(")).then(|| ptx.to_string())
+}
+
 /// [`compile`] with a cache on disk keyed by the source's hash, the arch and NVRTC's
-/// version. A cache that cannot be read or written is skipped, never an error.
+/// version. A cache that cannot be read or written is skipped, never an error. Entries are
+/// written to a file of their own (unique to the process, thread and write) and renamed into
+/// place, so a reader never sees one half written.
 pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError> {
+    static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     if !available() {
         return Err(RuntimeError::NoNvrtc);
     }
@@ -98,14 +111,16 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
     let key =
         crate::bundle::checksum(format!("{arch}\0nvrtc {major}.{minor}\0{}", full_source(kernel)).as_bytes());
     let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.function)));
-    if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+    let cached = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
+    if let Some(ptx) = cached.and_then(|text| cache_entry(text, &kernel.function)) {
         return Ok(ptx);
     }
     let ptx = compile(kernel, arch)?;
     if let Some(path) = path {
         let written = path.parent().map(std::fs::create_dir_all).transpose().ok().and_then(|_| {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, &ptx).and_then(|_| std::fs::rename(&tmp, &path)).ok()
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+            std::fs::write(&tmp, format!("{ptx}{CACHE_END}")).and_then(|_| std::fs::rename(&tmp, &path)).ok()
         });
         let _ = written;
     }

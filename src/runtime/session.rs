@@ -111,6 +111,9 @@ fn median(mut times: Vec<f64>) -> f64 {
 /// How many times [`Session::profile`] repeats a step in a graph to time it without launches.
 pub const PROFILE_REPEAT: usize = 20;
 
+/// Captures of a CUDA graph tried before a failure is an error ([`Session::capture`]).
+const CAPTURE_TRIES: usize = 5;
+
 /// One step's GPU time from [`Session::profile`], medians in milliseconds.
 #[derive(Clone, Debug)]
 pub struct StepProfile {
@@ -404,18 +407,37 @@ impl Session {
         self.stream.synchronize().map_err(driver)?;
         self.runs += 1;
         if self.use_graph && self.graph.is_none() {
+            let graph = self.capture(|session| session.execute())?;
+            graph.upload().map_err(driver)?;
+            self.graph = Some(graph);
+        }
+        Ok(())
+    }
+
+    /// The CUDA graph of what `record` launches on the session's stream. Another thread's
+    /// call can invalidate a capture in flight (a module unloaded, a context synchronized, by
+    /// another session or by the program embedding this one): the capture is then made
+    /// again, up to [`CAPTURE_TRIES`] times, before its error is returned.
+    fn capture(&self, record: impl Fn(&Self) -> Result<(), RuntimeError>) -> Result<CudaGraph, RuntimeError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
             self.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
-            let recorded = self.execute();
-            let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
-            recorded?;
-            if let Some(graph) = &graph {
-                graph.upload().map_err(driver)?;
+            let recorded = record(self);
+            let captured = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
+            let failure = match (recorded, captured) {
+                (Ok(()), Ok(Some(graph))) => return Ok(graph),
+                (Ok(()), Ok(None)) => RuntimeError::Driver("the capture gave no graph".into()),
+                (Err(e), _) | (_, Err(e)) => e,
+            };
+            if tries >= CAPTURE_TRIES {
+                return Err(failure);
             }
-            self.graph = graph;
+            self.stream.synchronize().map_err(driver)?;
+            std::thread::sleep(std::time::Duration::from_millis(tries as u64));
         }
-        Ok(())
     }
 
     /// Kernel launches and library calls per run as loaded (a GEMM whose epilogue cuBLASLt
@@ -520,14 +542,8 @@ impl Session {
         let events = self.timing_events(2)?;
         let mut times = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
-            self.stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(driver)?;
-            let recorded = (0..PROFILE_REPEAT).try_for_each(|_| self.execute_step(step));
-            let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver)?;
-            recorded?;
-            let graph = graph
-                .ok_or_else(|| RuntimeError::Driver("capturing a profiled step gave no graph".into()))?;
+            let graph =
+                self.capture(|session| (0..PROFILE_REPEAT).try_for_each(|_| session.execute_step(step)))?;
             let mut runs = Vec::with_capacity(iterations);
             for i in 0..iterations + 1 {
                 events[0].record(&self.stream).map_err(driver)?;
