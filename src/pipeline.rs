@@ -82,7 +82,8 @@ pub fn compile_reporting(
         let mut graph = model.graph;
         passes::run_passes(&mut graph, &passes::standard())?;
         done("passes");
-        let fused = fusion::fuse(&graph, &FusionLimits::default())?;
+        let limits = FusionLimits { precision: options.precision, ..Default::default() };
+        let fused = fusion::fuse(&graph, &limits)?;
         (fused.graph, fused.covers, Mode::Fused)
     };
     done("fuse");

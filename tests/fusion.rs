@@ -262,3 +262,30 @@ fn every_kernel_says_which_onnx_nodes_it_covers() {
         );
     }
 }
+
+/// The cost model chooses between the attention kernel and GEMM + softmax + GEMM per shape
+/// and precision: half types always take the tensor-core kernel; in f32, a small problem
+/// takes the kernel and a large one the GEMMs, whose arithmetic runs several times faster.
+#[test]
+fn attention_or_gemms_is_chosen_per_shape_and_precision() {
+    let attention_kernels = |batch: usize, precision: ir::DType| {
+        let options = ImportOptions::default().dim("batch", batch);
+        let model = import(&common::model_path("attention_d64.onnx"), &options).unwrap();
+        let mut graph = model.graph.clone();
+        run_passes(&mut graph, &standard()).unwrap();
+        let limits = FusionLimits { precision, ..Default::default() };
+        let fused = fusion::fuse(&graph, &limits).unwrap();
+        let part = fused_partition(&fused);
+        let gemms = part.gemm_calls();
+        let attention = part.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Attention)).count();
+        (attention, gemms)
+    };
+    // 12 heads, 77 queries and keys, depth 64.
+    assert_eq!(attention_kernels(1, ir::DType::F32), (1, 0));
+    assert_eq!(attention_kernels(8, ir::DType::F32), (0, 2));
+    for precision in [ir::DType::F16, ir::DType::BF16] {
+        for batch in [1, 8, 32] {
+            assert_eq!(attention_kernels(batch, precision), (1, 0), "{precision} batch {batch}");
+        }
+    }
+}

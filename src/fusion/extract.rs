@@ -71,13 +71,14 @@ pub fn extract(
     source: &Graph,
     class_of: &HashMap<NodeId, Id>,
     egraph: &FusionGraph,
+    precision: crate::ir::DType,
 ) -> Result<Extracted, FusionError> {
     let order = source.topo_order()?;
     let mut original_of = HashMap::new();
     for &id in &order {
         original_of.entry(egraph.find(class_of[&id])).or_insert(id);
     }
-    let extractor = Extractor::new(egraph, HbmCost { egraph });
+    let extractor = Extractor::new(egraph, HbmCost { egraph, precision });
     let mut builder =
         Builder { egraph, extractor, original_of, source, graph: Graph::new(), built: HashMap::new() };
     // Inputs first, in their original order.

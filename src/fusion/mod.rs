@@ -33,17 +33,25 @@ pub enum FusionError {
     Extraction(String),
 }
 
-/// The runner's limits. Saturation stops at whichever comes first.
+/// The runner's limits (saturation stops at whichever comes first), and the precision the
+/// graph will run in, which the cost model prices matrix products at.
 #[derive(Clone, Debug)]
 pub struct FusionLimits {
     pub iterations: usize,
     pub nodes: usize,
     pub time: Duration,
+    /// The storage precision the fused graph is lowered to (f32, f16 or bf16).
+    pub precision: crate::ir::DType,
 }
 
 impl Default for FusionLimits {
     fn default() -> Self {
-        FusionLimits { iterations: 30, nodes: 200_000, time: Duration::from_secs(10) }
+        FusionLimits {
+            iterations: 30,
+            nodes: 200_000,
+            time: Duration::from_secs(10),
+            precision: crate::ir::DType::F32,
+        }
     }
 }
 
@@ -87,7 +95,7 @@ pub fn fuse(graph: &Graph, limits: &FusionLimits) -> Result<Fused, FusionError> 
     let stop_reason = runner.stop_reason.as_ref().map_or_else(|| "not run".to_string(), |r| format!("{r:?}"));
     let egraph = runner.egraph;
     let started = Instant::now();
-    let extracted = extract::extract(graph, &class_of, &egraph)?;
+    let extracted = extract::extract(graph, &class_of, &egraph, limits.precision)?;
     let report = FusionReport {
         stop_reason,
         iterations: runner.iterations.len(),
