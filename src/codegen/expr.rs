@@ -83,6 +83,7 @@ pub fn unary(op: UnaryOp, x: &str, dtype: DType) -> String {
         UnaryOp::Cos => format!("cosf({x})"),
         UnaryOp::Not => format!("(!{x})"),
         UnaryOp::IsNaN => format!("({x} != {x})"),
+        UnaryOp::NanToZero => format!("({x} != {x} ? 0.0f : {x})"),
         UnaryOp::Gelu => format!("fusec::gelu({x})"),
         UnaryOp::GeluTanh => format!("fusec::gelu_tanh({x})"),
     }

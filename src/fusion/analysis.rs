@@ -116,6 +116,7 @@ pub fn ir_op<'a>(
         L::Erf(c) => unary(UnaryOp::Erf, c),
         L::Tanh(c) => unary(UnaryOp::Tanh, c),
         L::IsNaN(c) => unary(UnaryOp::IsNaN, c),
+        L::NanToZero(c) => unary(UnaryOp::NanToZero, c),
         L::Gelu(c) => unary(UnaryOp::Gelu, c),
         L::GeluTanh(c) => unary(UnaryOp::GeluTanh, c),
         L::RotateHalf(c) => Some((Op::RotateHalf, c.to_vec())),

@@ -44,6 +44,7 @@ pub fn lower(graph: &Graph) -> Result<Lowered, FusionError> {
             Op::Unary(UnaryOp::Erf) => FusionLang::Erf([c[0]]),
             Op::Unary(UnaryOp::Tanh) => FusionLang::Tanh([c[0]]),
             Op::Unary(UnaryOp::IsNaN) => FusionLang::IsNaN([c[0]]),
+            Op::Unary(UnaryOp::NanToZero) => FusionLang::NanToZero([c[0]]),
             Op::Unary(UnaryOp::Gelu) => FusionLang::Gelu([c[0]]),
             Op::Unary(UnaryOp::GeluTanh) => FusionLang::GeluTanh([c[0]]),
             Op::Reduce { op, axes, keep_dims: true } if axes.len() == 1 && last(axes[0]) => match op {

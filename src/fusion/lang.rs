@@ -78,6 +78,7 @@ define_language! {
         "erf" = Erf([Id; 1]),
         "tanh" = Tanh([Id; 1]),
         "isnan" = IsNaN([Id; 1]),
+        "nan0" = NanToZero([Id; 1]),
         "mean" = Mean([Id; 1]),
         "sum" = Sum([Id; 1]),
         "max" = Max([Id; 1]),

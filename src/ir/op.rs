@@ -24,6 +24,9 @@ pub enum UnaryOp {
     Cos,
     Not,
     IsNaN,
+    /// `x`, or 0 where `x` is NaN: the exporters' `Where(IsNaN(s), 0, s)` guard after a
+    /// softmax, as one op (no ONNX op of its own).
+    NanToZero,
     /// ONNX `Gelu` with `approximate="none"` (erf form).
     Gelu,
     /// ONNX `Gelu` with `approximate="tanh"`.

@@ -66,6 +66,8 @@ pub fn unary_f64(op: UnaryOp, v: f64) -> f64 {
         }
         UnaryOp::Not => (v == 0.0) as u8 as f64,
         UnaryOp::IsNaN => v.is_nan() as u8 as f64,
+        UnaryOp::NanToZero if v.is_nan() => 0.0,
+        UnaryOp::NanToZero => v,
     }
 }
 
