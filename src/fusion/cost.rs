@@ -6,12 +6,16 @@
 //! about 2 µs at 3 TB/s. Layout-only ops cost nothing (they become views or strides);
 //! pattern-only nodes cost infinity, so extraction never picks them.
 //!
-//! Matrix products also cost their arithmetic, as the bytes the GPU could have moved in the
-//! time it takes at the rate measured for its kind and precision (H100, 2026-11-23): this is
-//! what chooses, per shape, between the attention kernel and GEMM + softmax + GEMM. In half
-//! types the tensor-core attention kernel wins everywhere measured; in f32 its CUDA-core
-//! arithmetic (about 8 TFLOP/s) loses to cuBLAS's batched GEMMs once the problem is large
-//! (BERT-base at 8×128: 48 µs per layer against 37 µs for the GEMMs, softmax and copies).
+//! Attention is chosen apart, per e-class and from its shapes alone ([`attention_choices`]):
+//! the kernel, or GEMM + softmax + GEMM, whichever the estimate says is faster. The choice
+//! cannot be left to the sum over children that extraction minimises: a tree cost counts a
+//! shared sub-graph once per use, and the two forms reach their q, k and v through different
+//! e-nodes, so the sums differ by more than the attention itself. In half types the
+//! tensor-core kernel wins everywhere measured; in f32 its CUDA-core arithmetic (about
+//! 8 TFLOP/s) loses to cuBLAS's batched GEMMs once the problem is large (BERT-base at 8×128:
+//! 48 µs per layer against 37 µs for the GEMMs, softmax and copies; H100, 2026-11-23).
+
+use std::collections::HashMap;
 
 use egg::{CostFunction, Id, Language};
 
@@ -25,66 +29,83 @@ pub const LAUNCH_BYTES: f64 = 6.0e6;
 /// HBM bandwidth the prices assume, bytes per second.
 const BANDWIDTH: f64 = 3.0e12;
 
-/// Rates of the matrix products, FLOP/s: (f32, half types).
+/// Rates measured on the H100 (FLOP/s), f32 and half types: cuBLAS's batched GEMMs of
+/// attention's shapes, and the attention kernel.
 const GEMM_RATE: (f64, f64) = (25.0e12, 300.0e12);
 const ATTENTION_RATE: (f64, f64) = (8.0e12, 45.0e12);
 
 pub struct HbmCost<'a> {
-    pub egraph: &'a FusionGraph,
-    /// The precision the graph runs in.
-    pub precision: DType,
+    egraph: &'a FusionGraph,
+    /// For each e-class holding an attention node: whether the kernel is the faster form.
+    attention: HashMap<Id, bool>,
 }
 
-impl HbmCost<'_> {
+/// Whether `node` is an attention kernel.
+fn is_attention(node: &FusionLang) -> bool {
+    matches!(node, FusionLang::Attention(_) | FusionLang::AttentionNanToZero(_))
+}
+
+/// For each e-class with an attention node, whether the attention kernel is estimated faster
+/// than GEMM + softmax + GEMM for its shapes when the graph runs in `precision`.
+///
+/// - Kernel: its output written, one launch, its arithmetic at the attention kernel's rate.
+/// - GEMMs: their arithmetic at the batched-GEMM rate, two launches; the score matrix written
+///   three times (the product, scale and mask, softmax) with two launches; q, k, v and the
+///   output copied into the layouts cuBLAS takes, four launches.
+pub fn attention_choices(egraph: &FusionGraph, precision: DType) -> HashMap<Id, bool> {
+    let (gemm_rate, attention_rate, element) = match precision {
+        DType::F32 => (GEMM_RATE.0, ATTENTION_RATE.0, 4.0),
+        _ => (GEMM_RATE.1, ATTENTION_RATE.1, 2.0),
+    };
+    let mut choices = HashMap::new();
+    for class in egraph.classes() {
+        let Some(out) = class.data.ty.as_ref() else { continue };
+        for node in class.iter().filter(|n| is_attention(n)) {
+            let ty = |i: usize| egraph[node.children()[i]].data.ty.as_ref();
+            let (Some(q), Some(&keys)) = (ty(0), ty(1).and_then(|t| t.shape.last())) else { continue };
+            let (q_len, out_len, keys) = (q.len() as f64, out.len() as f64, keys as f64);
+            let flops = 2.0 * (q_len + out_len) * keys;
+            let depth = q.shape.last().copied().unwrap_or(1).max(1) as f64;
+            let scores = q_len / depth * keys * element;
+            let kernel = out_len * element + LAUNCH_BYTES + flops / attention_rate * BANDWIDTH;
+            let gemms = flops / gemm_rate * BANDWIDTH
+                + 3.0 * scores
+                + 2.0 * (q_len + out_len) * element
+                + 8.0 * LAUNCH_BYTES;
+            choices.insert(class.id, kernel <= gemms);
+            break;
+        }
+    }
+    choices
+}
+
+impl<'a> HbmCost<'a> {
+    pub fn new(egraph: &'a FusionGraph, precision: DType) -> Self {
+        HbmCost { egraph, attention: attention_choices(egraph, precision) }
+    }
+
     fn written_bytes(&self, node: &FusionLang) -> Option<f64> {
         let class = self.egraph.lookup(node.clone())?;
         let ty = self.egraph[class].data.ty.as_ref()?;
         Some(ty.size_bytes() as f64)
     }
 
-    /// Floating-point operations of a matrix product (a multiply-add is two), else 0.
-    fn flops(&self, node: &FusionLang) -> f64 {
-        use FusionLang as L;
-        let ty = |id: Id| self.egraph[id].data.ty.as_ref();
-        let out = || self.egraph.lookup(node.clone()).and_then(ty);
-        match node {
-            L::MatMul([a, _]) => match (out(), ty(*a).and_then(|t| t.shape.last())) {
-                (Some(out), Some(&k)) => 2.0 * out.len() as f64 * k as f64,
-                _ => 0.0,
-            },
-            L::Attention([q, kt, ..]) | L::AttentionNanToZero([q, kt, ..]) => {
-                match (out(), ty(*q), ty(*kt).and_then(|t| t.shape.last())) {
-                    (Some(out), Some(q), Some(&keys)) => 2.0 * (q.len() + out.len()) as f64 * keys as f64,
-                    _ => 0.0,
-                }
-            }
-            _ => 0.0,
-        }
-    }
-
-    /// The arithmetic of `node`, in bytes moved in the same time.
-    fn compute_bytes(&self, node: &FusionLang) -> f64 {
-        let flops = self.flops(node);
-        if flops == 0.0 {
-            return 0.0;
-        }
-        let (f32_rate, half_rate) = match node {
-            FusionLang::MatMul(_) => GEMM_RATE,
-            _ => ATTENTION_RATE,
-        };
-        let rate = if self.precision == DType::F32 { f32_rate } else { half_rate };
-        flops / rate * BANDWIDTH
-    }
-
     fn own_cost(&self, node: &FusionLang) -> f64 {
         use FusionLang as L;
+        // In a class with an attention node, only the chosen form can be extracted.
+        let class = self.egraph.lookup(node.clone()).map(|c| self.egraph.find(c));
+        if let Some(&kernel) = class.and_then(|c| self.attention.get(&c)) {
+            if kernel != is_attention(node) {
+                return f64::INFINITY;
+            }
+        }
         match node {
             L::Const(_) | L::Input(_) | L::Absent | L::Perm(_) => 0.0,
             L::Variance(_) | L::SoftmaxNanToZero(_) => f64::INFINITY,
             L::Transpose(_) => 1.0,
             L::Other(op, _) if matches!(self.egraph.analysis.op(*op), Op::Reshape { .. }) => 0.0,
             _ => match self.written_bytes(node) {
-                Some(bytes) => bytes + LAUNCH_BYTES + self.compute_bytes(node),
+                Some(bytes) => bytes + LAUNCH_BYTES,
                 None => f64::INFINITY,
             },
         }

@@ -78,7 +78,7 @@ pub fn extract(
     for &id in &order {
         original_of.entry(egraph.find(class_of[&id])).or_insert(id);
     }
-    let extractor = Extractor::new(egraph, HbmCost { egraph, precision });
+    let extractor = Extractor::new(egraph, HbmCost::new(egraph, precision));
     let mut builder =
         Builder { egraph, extractor, original_of, source, graph: Graph::new(), built: HashMap::new() };
     // Inputs first, in their original order.
