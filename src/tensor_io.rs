@@ -166,10 +166,81 @@ pub fn allclose(actual: &Tensor, expected: &Tensor, rtol: f64, atol: f64) -> boo
         .all(|(&x, &y)| (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * y.abs())
 }
 
+/// The comparison `fusec run DIR` makes of a whole model's output with its expected one when
+/// the directory gives no `tolerance.json`: numpy's `allclose` with `rtol` 1e-3 and an `atol` of
+/// 1e-5 times the output's largest expected magnitude (at least 1e-7). A model's fp32 output
+/// legitimately differs from another runtime's in the last bits of its largest values, which
+/// ONNX's single-op default (`atol` 1e-7) calls wrong.
+pub fn model_tolerance(expected: &Tensor) -> (f64, f64) {
+    let largest = if expected.dtype().is_float() {
+        expected.to_f64().iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()))
+    } else {
+        0.0
+    };
+    (1e-3, (1e-5 * largest).max(1e-7))
+}
+
+/// The element of `actual` furthest outside `atol + rtol·|expected|` (or, when all are
+/// inside, closest to the edge): its index, our value and the expected one. `None` when the
+/// shapes differ or the tensors are empty.
+pub fn worst_element(
+    actual: &Tensor,
+    expected: &Tensor,
+    rtol: f64,
+    atol: f64,
+) -> Option<(Vec<usize>, f64, f64)> {
+    if actual.shape() != expected.shape() {
+        return None;
+    }
+    let (a, b) = (actual.to_f64(), expected.to_f64());
+    let excess = |x: f64, y: f64| {
+        if (x.is_nan() && y.is_nan()) || x == y {
+            f64::NEG_INFINITY
+        } else if x.is_nan() || y.is_nan() {
+            f64::INFINITY
+        } else {
+            (x - y).abs() - (atol + rtol * y.abs())
+        }
+    };
+    let (index, _) = a
+        .indexed_iter()
+        .map(|(index, &x)| {
+            let e = excess(x, b[&index]);
+            (index, e)
+        })
+        .max_by(|l, r| l.1.total_cmp(&r.1))?;
+    Some((ndarray::Dimension::slice(&index).to_vec(), a[&index], b[&index]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use ndarray::{ArrayD, IxDyn};
+
+    /// A whole model's output 4e-6 away from the expected one (on an element near 0, where
+    /// the single-op `atol` 1e-7 alone applies) passes; 1e-2 away does not, and the worst
+    /// element is the one reported.
+    #[test]
+    fn model_outputs_are_compared_at_their_scale() {
+        let expected =
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![0.9, -1.2, 0.0, 0.5]).unwrap());
+        let (rtol, atol) = model_tolerance(&expected);
+        assert!((atol - 1.2e-5).abs() < 1e-9, "{atol}");
+        let near = Tensor::F32(
+            ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![0.900004, -1.200004, 4e-6, 0.5]).unwrap(),
+        );
+        assert!(allclose(&near, &expected, rtol, atol));
+        assert!(!allclose(&near, &expected, 1e-3, 1e-7), "the single-op default would call it wrong");
+        let far = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![0.9, -1.2, 0.01, 0.5]).unwrap());
+        assert!(!allclose(&far, &expected, rtol, atol));
+        let (index, ours, want) = worst_element(&far, &expected, rtol, atol).unwrap();
+        assert_eq!(index, vec![1, 0]);
+        assert!((ours - 0.01).abs() < 1e-6 && want == 0.0);
+        assert_eq!(
+            model_tolerance(&Tensor::I64(ArrayD::from_shape_vec(IxDyn(&[1]), vec![5]).unwrap())).1,
+            1e-7
+        );
+    }
 
     #[test]
     fn npy_round_trip() {

@@ -45,6 +45,14 @@ pub struct Run {
     /// Run the steps one by one every time instead of replaying a CUDA graph.
     #[arg(long)]
     no_cuda_graph: bool,
+    /// For a test directory: the relative tolerance of each element (numpy `allclose`).
+    /// Default: the directory's tolerance.json, else 1e-3.
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// For a test directory: the absolute tolerance of each element. Default: the directory's
+    /// tolerance.json, else 1e-5 × the output's largest expected magnitude.
+    #[arg(long)]
+    atol: Option<f64>,
 }
 
 fn read_inputs(specs: &[String]) -> anyhow::Result<Vec<(String, Tensor)>> {
@@ -73,8 +81,7 @@ impl Run {
     /// Runs every data set of an ONNX backend test directory against its expected outputs.
     fn run_test_directory(&self) -> anyhow::Result<ExitCode> {
         let model = self.model.join("model.onnx");
-        // ONNX's backend tests default to rtol 1e-3, atol 1e-7.
-        let (rtol, atol) = fusec::tensor_io::read_tolerance(&self.model).unwrap_or((1e-3, 1e-7));
+        let given = fusec::tensor_io::read_tolerance(&self.model);
         let sets = fusec::tensor_io::read_test_data_sets(&self.model)?;
         if sets.is_empty() {
             bail!("{}: no test_data_set_N directories", self.model.display());
@@ -90,9 +97,17 @@ impl Run {
             let outputs =
                 fusec::runtime::Session::with_options(&bundle, self.device, options)?.run(&named)?;
             for ((name, ours), want) in outputs.iter().zip(&expected) {
-                let detail =
-                    format!("max-abs {:.3e} (rtol {rtol:e}, atol {atol:e})", max_abs_diff(ours, want));
+                // tolerance.json, else a whole model's criterion; --rtol/--atol override both.
+                let (rtol, atol) = given.unwrap_or_else(|| fusec::tensor_io::model_tolerance(want));
+                let (rtol, atol) = (self.rtol.unwrap_or(rtol), self.atol.unwrap_or(atol));
                 let pass = fusec::tensor_io::allclose(ours, want, rtol, atol);
+                let mut detail =
+                    format!("max-abs {:.3e} (rtol {rtol:e}, atol {atol:e})", max_abs_diff(ours, want));
+                if !pass {
+                    if let Some((index, x, y)) = fusec::tensor_io::worst_element(ours, want, rtol, atol) {
+                        detail.push_str(&format!("; worst at {index:?}: ours {x:e}, expected {y:e}"));
+                    }
+                }
                 failed += verdict(&format!("test_data_set_{n} {name}"), &detail, pass);
             }
         }
