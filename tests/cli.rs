@@ -199,3 +199,30 @@ fn bench_without_a_gpu_says_so() {
         &["needs an NVIDIA GPU", "no CUDA driver"],
     );
 }
+
+/// `fusec cache info` counts the entries fusec writes, by kind; `fusec cache clear` deletes
+/// those and leaves every other file of the directory.
+#[test]
+fn cache_info_and_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |action: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
+            .args(["cache", action])
+            .env("FUSEC_CACHE_DIR", dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert!(run("info").contains("entries     none"));
+    std::fs::write(dir.path().join("fusec_attention_0123456789ab-00ff.ptx"), "ptx").unwrap();
+    std::fs::write(dir.path().join("fusec_pointwise_0123456789ab-00fe.ptx"), "ptx!").unwrap();
+    std::fs::write(dir.path().join("cublaslt-130000-program-H100.txt"), "choices").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not ours").unwrap();
+    let info = run("info");
+    assert!(info.contains("compiled kernels (PTX): 2 files, 7 bytes"), "{info}");
+    assert!(info.contains("GEMM algorithm choices: 1 files, 7 bytes"), "{info}");
+    assert!(run("clear").contains("deleted 3 files"));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["notes.txt"]);
+}

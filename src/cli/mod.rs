@@ -1,6 +1,7 @@
 //! Subcommands of `fusec`.
 
 mod bench;
+mod cache;
 mod compile;
 mod inspect;
 mod run;
@@ -24,6 +25,7 @@ enum Command {
     Bench(bench::Bench),
     Run(run::Run),
     Inspect(inspect::Inspect),
+    Cache(cache::Cache),
 }
 
 impl Cli {
@@ -33,6 +35,7 @@ impl Cli {
             Command::Bench(cmd) => cmd.execute(),
             Command::Run(cmd) => cmd.execute(),
             Command::Inspect(cmd) => cmd.execute(),
+            Command::Cache(cmd) => cmd.execute(),
         }
     }
 }
