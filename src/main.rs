@@ -4,10 +4,29 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+/// `fusec --version`: the crate's version, the bundle format it reads and writes, and the
+/// NVRTC and CUDA driver it finds on this machine.
+fn long_version() -> String {
+    let found =
+        |v: Option<(i32, i32)>| v.map_or_else(|| "not found".to_string(), |(a, b)| format!("{a}.{b}"));
+    format!(
+        "{}\nbundle format {}\nNVRTC {}\nCUDA driver {}",
+        env!("CARGO_PKG_VERSION"),
+        fusec::bundle::FORMAT_VERSION,
+        found(fusec::runtime::nvrtc::version()),
+        found(fusec::runtime::driver_version()),
+    )
+}
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    // Computed once per process, so leaking it costs nothing.
+    let version: &'static str = Box::leak(long_version().into_boxed_str());
+    let matches = cli::Cli::command().long_version(version).get_matches();
+    let cli = match cli::Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.execute() {
         Ok(code) => code,
         Err(e) => {

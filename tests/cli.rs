@@ -226,3 +226,17 @@ fn cache_info_and_clear() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["notes.txt"]);
 }
+
+/// `fusec --version` says which bundle format it reads and writes and which NVRTC and CUDA
+/// driver it finds (or that it finds none).
+#[test]
+fn version_names_the_bundle_format_and_cuda() {
+    let out = fusec(&["--version"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains(&format!("bundle format {}", fusec::bundle::FORMAT_VERSION)), "{stdout}");
+    let line = |prefix: &str| stdout.lines().find(|l| l.starts_with(prefix)).map(str::to_string);
+    let nvrtc = line("NVRTC ").unwrap_or_else(|| panic!("no NVRTC line: {stdout}"));
+    assert_eq!(nvrtc == "NVRTC not found", !fusec::runtime::nvrtc::available(), "{nvrtc}");
+    assert!(line("CUDA driver ").is_some(), "{stdout}");
+}

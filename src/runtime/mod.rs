@@ -11,7 +11,8 @@ mod session;
 pub use lt::{GemmChoice, Reference as GemmReference, CANDIDATES as GEMM_CANDIDATES};
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
-    driver_available, run_once, tensor_from_bytes, Session, SessionOptions, StepProfile, PROFILE_REPEAT,
+    driver_available, driver_version, run_once, tensor_from_bytes, Session, SessionOptions, StepProfile,
+    PROFILE_REPEAT,
 };
 
 use thiserror::Error;

@@ -68,6 +68,11 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
     })
 }
 
+/// NVRTC's version (major, minor), or `None` where libnvrtc cannot be loaded.
+pub fn version() -> Option<(i32, i32)> {
+    available().then(nvrtc_version)
+}
+
 /// NVRTC's version, part of the cache key (a newer NVRTC may emit different PTX).
 fn nvrtc_version() -> (i32, i32) {
     let (mut major, mut minor) = (0, 0);

@@ -30,6 +30,17 @@ fn driver(e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("{e:?}"))
 }
 
+/// The CUDA version the driver supports (major, minor), or `None` where there is no driver.
+pub fn driver_version() -> Option<(i32, i32)> {
+    if !driver_available() {
+        return None;
+    }
+    let mut version = 0;
+    // SAFETY: writes one int; the library was just found to load.
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some((version / 1000, version % 1000 / 10))
+}
+
 /// Whether a CUDA driver can be loaded, without panicking when there is none.
 pub fn driver_available() -> bool {
     // SAFETY: only tries to dlopen libcuda; no driver call is made.
