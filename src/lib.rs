@@ -14,6 +14,7 @@ pub mod passes;
 pub mod pipeline;
 pub mod plan;
 pub mod runtime;
+pub mod suggest;
 pub mod tensor_io;
 
 pub use bundle::Bundle;

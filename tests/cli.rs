@@ -240,3 +240,18 @@ fn version_names_the_bundle_format_and_cuda() {
     assert_eq!(nvrtc == "NVRTC not found", !fusec::runtime::nvrtc::available(), "{nvrtc}");
     assert!(line("CUDA driver ").is_some(), "{stdout}");
 }
+
+/// A misspelled `--dim` or `--input` name gets the closest of the model's names suggested.
+#[test]
+fn misspelled_names_get_a_suggestion() {
+    let model = common::model_path("bert_ts.onnx");
+    let model = model.to_str().unwrap();
+    let out = fusec(&["inspect", model, "--dim", "bacth=2", "--dim", "seq=3"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("; did you mean 'batch'?"), "{}", text(&out.stderr));
+    let out = fusec(&["inspect", model, "--input", "inptu:2x3"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("; did you mean 'input'?"), "{}", text(&out.stderr));
+    let out = fusec(&["inspect", model, "--dim", "length=2"]);
+    assert!(!text(&out.stderr).contains("did you mean"), "{}", text(&out.stderr));
+}

@@ -25,12 +25,12 @@ pub enum ImportError {
     Initializer { path: PathBuf, name: String, message: String },
     #[error("{path}: input '{input}' dimension {axis} is symbolic ('{symbol}'): give it with --dim {symbol}=N or --input {input}:SHAPE")]
     SymbolicDim { path: PathBuf, input: String, axis: usize, symbol: String },
-    #[error("{path}: --input names '{name}', but the model's inputs are: {available}")]
-    UnknownInput { path: PathBuf, name: String, available: String },
+    #[error("{path}: --input names '{name}', but the model's inputs are: {available}{suggestion}")]
+    UnknownInput { path: PathBuf, name: String, available: String, suggestion: String },
     #[error(
-        "{path}: --dim {symbol} matches no symbolic dimension of the model's inputs (they have: {available})"
+        "{path}: --dim {symbol} matches no symbolic dimension of the model's inputs (they have: {available}){suggestion}"
     )]
-    UnknownDim { path: PathBuf, symbol: String, available: String },
+    UnknownDim { path: PathBuf, symbol: String, available: String, suggestion: String },
     #[error("{path}: input '{input}': {message}")]
     InputShape { path: PathBuf, input: String, message: String },
     #[error("{path}: graph output '{name}' is not produced by any node")]

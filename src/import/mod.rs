@@ -247,7 +247,14 @@ fn resolve_inputs(
     let names = || summary.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
     for spec in &options.inputs {
         if !summary.inputs.iter().any(|i| i.name == spec.name) {
-            return Err(ImportError::UnknownInput { path, name: spec.name.clone(), available: names() });
+            let suggestion =
+                crate::suggest::did_you_mean(&spec.name, summary.inputs.iter().map(|i| i.name.as_str()));
+            return Err(ImportError::UnknownInput {
+                path,
+                name: spec.name.clone(),
+                available: names(),
+                suggestion,
+            });
         }
     }
     let symbols: Vec<&str> = summary
@@ -262,7 +269,8 @@ fn resolve_inputs(
     for symbol in options.dims.keys() {
         if !symbols.contains(&symbol.as_str()) {
             let available = if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") };
-            return Err(ImportError::UnknownDim { path, symbol: symbol.clone(), available });
+            let suggestion = crate::suggest::did_you_mean(symbol, symbols.iter().copied());
+            return Err(ImportError::UnknownDim { path, symbol: symbol.clone(), available, suggestion });
         }
     }
     let mut resolved = Vec::new();
@@ -379,6 +387,10 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
                 path: path.to_path_buf(),
                 name: name.clone(),
                 available,
+                suggestion: crate::suggest::did_you_mean(
+                    name,
+                    summary.inputs.iter().map(|i| i.name.as_str()),
+                ),
             });
         }
         let id = graph.add_constant(name, Arc::new(value.clone()), Origin::new(name, "FrozenInput"));

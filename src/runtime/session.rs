@@ -326,8 +326,9 @@ impl Session {
         for (name, _) in inputs {
             if !self.inputs.iter().any(|i| &i.name == name) {
                 return Err(RuntimeError::Input(format!(
-                    "'{name}' is not an input of the model (its inputs: {})",
-                    expected()
+                    "'{name}' is not an input of the model (its inputs: {}){}",
+                    expected(),
+                    crate::suggest::did_you_mean(name, self.inputs.iter().map(|i| i.name.as_str()))
                 )));
             }
         }
