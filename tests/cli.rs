@@ -254,4 +254,12 @@ fn misspelled_names_get_a_suggestion() {
     assert!(text(&out.stderr).contains("; did you mean 'input'?"), "{}", text(&out.stderr));
     let out = fusec(&["inspect", model, "--dim", "length=2"]);
     assert!(!text(&out.stderr).contains("did you mean"), "{}", text(&out.stderr));
+    // No --dim at all: every symbolic dim is named, with flags that would work.
+    let out = fusec(&["inspect", model]);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("symbolic dims not given: batch, seq; e.g. --dim batch=1 --dim seq=1"),
+        "{stderr}"
+    );
+    assert!(fusec(&["inspect", model, "--dim", "batch=1", "--dim", "seq=1"]).status.success());
 }

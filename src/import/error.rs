@@ -23,8 +23,8 @@ pub enum ImportError {
     Node { path: PathBuf, node: String, op_type: String, opset: i64, message: String },
     #[error("{path}: initializer '{name}': {message}")]
     Initializer { path: PathBuf, name: String, message: String },
-    #[error("{path}: input '{input}' dimension {axis} is symbolic ('{symbol}'): give it with --dim {symbol}=N or --input {input}:SHAPE")]
-    SymbolicDim { path: PathBuf, input: String, axis: usize, symbol: String },
+    #[error("{path}: input '{input}' dimension {axis} is symbolic ('{symbol}'): give it with --dim {symbol}=N or --input {input}:SHAPE{missing}")]
+    SymbolicDim { path: PathBuf, input: String, axis: usize, symbol: String, missing: String },
     #[error("{path}: --input names '{name}', but the model's inputs are: {available}{suggestion}")]
     UnknownInput { path: PathBuf, name: String, available: String, suggestion: String },
     #[error(

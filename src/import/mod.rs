@@ -273,6 +273,17 @@ fn resolve_inputs(
             return Err(ImportError::UnknownDim { path, symbol: symbol.clone(), available, suggestion });
         }
     }
+    // Every symbolic dim not given, as flags that would compile (for the error below).
+    let mut seen = std::collections::HashSet::new();
+    let not_given: Vec<&str> =
+        symbols.iter().copied().filter(|s| !options.dims.contains_key(*s) && seen.insert(*s)).collect();
+    let missing = match not_given.as_slice() {
+        [] | [_] => String::new(),
+        many => {
+            let flags: Vec<String> = many.iter().map(|s| format!("--dim {s}=1")).collect();
+            format!(" (the model's symbolic dims not given: {}; e.g. {})", many.join(", "), flags.join(" "))
+        }
+    };
     let mut resolved = Vec::new();
     for input in summary.inputs.iter().filter(|i| !options.constants.iter().any(|(n, _)| *n == i.name)) {
         let fail = |message: String| ImportError::InputShape {
@@ -329,6 +340,7 @@ fn resolve_inputs(
                             input: input.name.clone(),
                             axis,
                             symbol: s.clone(),
+                            missing: missing.clone(),
                         })
                     }
                     DeclaredDim::Unknown => Err(ImportError::SymbolicDim {
@@ -336,6 +348,7 @@ fn resolve_inputs(
                         input: input.name.clone(),
                         axis,
                         symbol: "?".into(),
+                        missing: String::new(),
                     }),
                 })
                 .collect::<Result<_, _>>()?,
