@@ -263,3 +263,32 @@ fn misspelled_names_get_a_suggestion() {
     );
     assert!(fusec(&["inspect", model, "--dim", "batch=1", "--dim", "seq=1"]).status.success());
 }
+
+/// With NVRTC but no CUDA headers, a half-precision compile says which variable to set
+/// (rather than passing on NVRTC's "could not open source file").
+#[test]
+fn missing_cuda_headers_name_the_variable() {
+    if !fusec::runtime::nvrtc::available() {
+        println!("skipped: NVRTC not found");
+        return;
+    }
+    if std::path::Path::new("/usr/local/cuda/include/cuda_fp16.h").exists() {
+        println!("skipped: this machine has the CUDA headers in /usr/local/cuda/include");
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let bundle = out_dir.path().join("b.bundle");
+    let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(["compile", common::model_path("mlp_block.onnx").to_str().unwrap(), "-o"])
+        .arg(&bundle)
+        .args(["--dim", "batch=2", "--precision", "fp16", "--arch", "sm_90"])
+        .env_remove("FUSEC_CUDA_INCLUDE")
+        .env_remove("CUDA_HOME")
+        .env("FUSEC_CACHE_DIR", cache.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("includes cuda_fp16.h") && stderr.contains("set FUSEC_CUDA_INCLUDE"), "{stderr}");
+}

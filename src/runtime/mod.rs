@@ -31,6 +31,8 @@ pub enum RuntimeError {
     Driver(String),
     #[error("{0}")]
     Input(String),
+    #[error("kernel {kernel} includes {header}, but no CUDA include directory has it: set FUSEC_CUDA_INCLUDE to one (e.g. /usr/local/cuda/include, or the include/ of the nvidia-cuda-runtime wheel), or CUDA_HOME")]
+    NoCudaHeaders { kernel: String, header: String },
     #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]
     Compile { kernel: String, source_path: String, log: String },
 }

@@ -47,10 +47,21 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
         return Err(RuntimeError::NoNvrtc);
     }
     let source = full_source(kernel);
+    let include_dir = cuda_include_dir();
+    if include_dir.is_none() {
+        let needed =
+            ["cuda_fp16.h", "cuda_bf16.h"].into_iter().find(|h| source.contains(&format!("#include <{h}>")));
+        if let Some(header) = needed {
+            return Err(RuntimeError::NoCudaHeaders {
+                kernel: kernel.function.clone(),
+                header: header.into(),
+            });
+        }
+    }
     let options = CompileOptions {
         arch: Some(arch_name(arch)),
         options: vec!["--std=c++17".into(), "-default-device".into()],
-        include_paths: cuda_include_dir().map(|d| d.display().to_string()).into_iter().collect(),
+        include_paths: include_dir.map(|d| d.display().to_string()).into_iter().collect(),
         ..Default::default()
     };
     compile_ptx_with_opts(&source, options).map(|ptx| ptx.to_src()).map_err(|e| {
