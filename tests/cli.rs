@@ -292,3 +292,22 @@ fn missing_cuda_headers_name_the_variable() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("includes cuda_fp16.h") && stderr.contains("set FUSEC_CUDA_INCLUDE"), "{stderr}");
 }
+
+/// `fusec ops` lists every op the importer takes and every fusion rule, and the README's list
+/// of supported ops names each of them.
+#[test]
+fn ops_lists_the_importer_and_the_rules() {
+    let out = fusec(&["ops"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme.split("## Supported ONNX ops").nth(1).unwrap().split("\n## ").next().unwrap();
+    let words: Vec<&str> = section.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    for op in fusec::import::supported_ops() {
+        assert!(stdout.contains(op), "{op} not listed");
+        assert!(words.contains(&op), "README's supported ops do not name {op}");
+    }
+    for rule in fusec::fusion::rules::all() {
+        assert!(stdout.contains(&format!("  {}\n", rule.name)), "rule {} not listed", rule.name);
+    }
+}

@@ -4,6 +4,7 @@ mod bench;
 mod cache;
 mod compile;
 mod inspect;
+mod ops;
 mod run;
 mod shapes;
 
@@ -26,6 +27,7 @@ enum Command {
     Run(run::Run),
     Inspect(inspect::Inspect),
     Cache(cache::Cache),
+    Ops(ops::Ops),
 }
 
 impl Cli {
@@ -36,6 +38,7 @@ impl Cli {
             Command::Run(cmd) => cmd.execute(),
             Command::Inspect(cmd) => cmd.execute(),
             Command::Cache(cmd) => cmd.execute(),
+            Command::Ops(cmd) => cmd.execute(),
         }
     }
 }
