@@ -111,7 +111,9 @@ pub fn compile_reporting(
     if let Some(dir) = &options.emit_cuda {
         let fail = |source| CompileError::Emit { path: dir.clone(), source };
         std::fs::create_dir_all(dir).map_err(fail)?;
-        for source in steps.iter().flat_map(|s| s.sources()) {
+        // Steps that run one function share its file: each is written once.
+        let mut written = std::collections::HashSet::new();
+        for source in steps.iter().flat_map(|s| s.sources()).filter(|s| written.insert(&s.function)) {
             std::fs::write(dir.join(format!("{}.cu", source.function)), nvrtc::full_source(source))
                 .map_err(fail)?;
         }

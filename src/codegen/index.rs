@@ -172,21 +172,25 @@ pub fn packs_along(
     }
 }
 
+/// The nodes from `view` back to `value` along first inputs, `view` first and `value` left
+/// out (empty when they are the same); `None` if `value` is not reached.
+fn view_chain(graph: &Graph, value: NodeId, view: NodeId) -> Option<Vec<NodeId>> {
+    let mut chain = Vec::new();
+    let mut at = view;
+    while at != value {
+        chain.push(at);
+        at = *graph.inputs_of(at).first()?;
+    }
+    Some(chain)
+}
+
 /// Whether a kernel storing `value` in the layout of `view` (a chain of reshapes and
 /// transposes of it, or `value` itself) writes `pack` consecutive elements of its last axis,
 /// from a multiple of `pack`, as `pack` consecutive elements of `view`'s memory from a
 /// multiple of `pack` (one aligned store in a buffer aligned to the pack). The last axis must
 /// stay last through transposes, and reshapes must keep both last dims multiples of the pack.
 pub fn stores_pack_along(graph: &Graph, value: NodeId, view: NodeId, pack: usize) -> bool {
-    let mut chain = Vec::new();
-    let mut at = view;
-    while at != value {
-        chain.push(at);
-        match graph.inputs_of(at).first() {
-            Some(&input) => at = input,
-            None => return false,
-        }
-    }
+    let Some(chain) = view_chain(graph, value, view) else { return false };
     let shape = &graph.node(value).ty.shape;
     let Some(mut axis) = shape.len().checked_sub(1) else { return false };
     if shape[axis] % pack != 0 {
@@ -213,12 +217,7 @@ pub fn stores_pack_along(graph: &Graph, value: NodeId, view: NodeId, pack: usize
 /// The linear index, in the layout of `view`, of `value`'s element at `coords`, where `view`
 /// is a chain of reshapes and transposes of `value`.
 pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords) -> Option<String> {
-    let mut chain = Vec::new();
-    let mut at = view;
-    while at != value {
-        chain.push(at);
-        at = *graph.inputs_of(at).first()?;
-    }
+    let chain = view_chain(graph, value, view)?;
     let mut coords = coords;
     let mut shape = graph.node(value).ty.shape.clone();
     // Reshapes at the end of the chain keep the linear index as it is.
@@ -238,7 +237,8 @@ pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords)
 /// Whether every index of `kernel` fits 32-bit arithmetic: it computes and reads only float
 /// and bool values (so every `long long` and `LL` in its source is index arithmetic, never
 /// data), and no tensor it touches, nor attention's virtual score matrix, nears 2^31
-/// elements (where a tensor is in memory is a pointer parameter, never in the source). 64-bit division and remainder cost many instructions; 32-bit ones a few.
+/// elements (where a tensor is in memory is a pointer parameter, never in the source).
+/// 64-bit division and remainder cost many instructions; 32-bit ones a few.
 pub fn fits_i32(plan: &crate::plan::Plan, kernel: &crate::fusion::Kernel) -> bool {
     let graph = &plan.graph;
     let limit = (i32::MAX / 4) as usize;

@@ -516,14 +516,8 @@ impl<'a> Body<'a> {
     /// Stores `v<id>` (at `coords` of `id`'s shape) where the plan keeps it.
     pub fn store(&mut self, kernel: &Kernel, id: NodeId, coords: &Coords) -> Result<(), String> {
         let graph = &self.plan.graph;
-        let (target, index) = match kernel.store_views.iter().find(|(v, _)| *v == id) {
-            Some(&(_, view)) => {
-                let index = trace_forward(graph, id, view, coords.clone())
-                    .ok_or("store through a view that is not a reshape/transpose chain")?;
-                (view, index)
-            }
-            None => (id, linearize(coords, &graph.node(id).ty.shape)),
-        };
+        let (target, index) = store_target(graph, kernel, id, coords)
+            .ok_or("store through a view that is not a reshape/transpose chain")?;
         let (shape, dtype) = (graph.node(id).ty.shape.clone(), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
         let value = narrow(&format!("v{}", id.index()), dtype);
@@ -555,18 +549,27 @@ impl<'a> Body<'a> {
         pack: usize,
     ) -> Result<Option<String>, String> {
         let graph = &self.plan.graph;
-        let (target, index) = match kernel.store_views.iter().find(|(v, _)| *v == id) {
-            Some(&(_, view)) => match trace_forward(graph, id, view, coords.clone()) {
-                Some(index) => (view, index),
-                None => return Ok(None),
-            },
-            None => (id, linearize(coords, &graph.node(id).ty.shape)),
-        };
+        let Some((target, index)) = store_target(graph, kernel, id, coords) else { return Ok(None) };
         if !super::index::stores_pack_along(graph, id, target, pack) {
             return Ok(None);
         }
         let pointer = self.pointer(target, true)?;
         Ok(Some(format!("({pointer} + {index})")))
+    }
+}
+
+/// Where `kernel` stores `id`'s element at `coords`: the stored value (`id`, or the view it
+/// is stored in the layout of) and the linear index there. `None` for a store view that is
+/// not a chain of reshapes and transposes.
+fn store_target(
+    graph: &crate::ir::Graph,
+    kernel: &Kernel,
+    id: NodeId,
+    coords: &Coords,
+) -> Option<(NodeId, String)> {
+    match kernel.store_views.iter().find(|(v, _)| *v == id) {
+        Some(&(_, view)) => Some((view, trace_forward(graph, id, view, coords.clone())?)),
+        None => Some((id, linearize(coords, &graph.node(id).ty.shape))),
     }
 }
 

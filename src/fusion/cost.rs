@@ -84,17 +84,11 @@ impl<'a> HbmCost<'a> {
         HbmCost { egraph, attention: attention_choices(egraph, precision) }
     }
 
-    fn written_bytes(&self, node: &FusionLang) -> Option<f64> {
-        let class = self.egraph.lookup(node.clone())?;
-        let ty = self.egraph[class].data.ty.as_ref()?;
-        Some(ty.size_bytes() as f64)
-    }
-
     fn own_cost(&self, node: &FusionLang) -> f64 {
         use FusionLang as L;
+        let class = self.egraph.lookup(node.clone());
         // In a class with an attention node, only the chosen form can be extracted.
-        let class = self.egraph.lookup(node.clone()).map(|c| self.egraph.find(c));
-        if let Some(&kernel) = class.and_then(|c| self.attention.get(&c)) {
+        if let Some(&kernel) = class.and_then(|c| self.attention.get(&self.egraph.find(c))) {
             if kernel != is_attention(node) {
                 return f64::INFINITY;
             }
@@ -104,8 +98,8 @@ impl<'a> HbmCost<'a> {
             L::Variance(_) | L::SoftmaxNanToZero(_) => f64::INFINITY,
             L::Transpose(_) => 1.0,
             L::Other(op, _) if matches!(self.egraph.analysis.op(*op), Op::Reshape { .. }) => 0.0,
-            _ => match self.written_bytes(node) {
-                Some(bytes) => bytes + LAUNCH_BYTES,
+            _ => match class.and_then(|c| self.egraph[c].data.ty.as_ref()) {
+                Some(ty) => ty.size_bytes() as f64 + LAUNCH_BYTES,
                 None => f64::INFINITY,
             },
         }
