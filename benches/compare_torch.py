@@ -72,6 +72,7 @@ def run_case(records, label, module_f32, make_inputs, dtype, args, extra, modes)
     bound = 1e-4 if dtype == "fp32" else 2e-2
     for mode, fn, _ in variants(module, modes):
         record = dict(system=f"torch {mode}", case=label, dtype=dtype, **extra)
+        case_start = time.perf_counter()
         try:
             with torch.no_grad():
                 t0 = time.perf_counter()
@@ -85,6 +86,7 @@ def run_case(records, label, module_f32, make_inputs, dtype, args, extra, modes)
             record.update(median_ms=median, p10_ms=p10, p90_ms=p90)
         except Exception as e:  # record and go on: one failure must not hide the rest
             record.update(check="error", error=f"{type(e).__name__}: {e}"[:500])
+        record["case_s"] = round(time.perf_counter() - case_start, 2)
         print(json.dumps(record), flush=True)
         records.append(record)
         save(args, records)
@@ -101,6 +103,9 @@ def main():
     parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in suite.SHAPES),
                         help="batch x sequence, comma-separated (default: the suite's)")
     parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
+    parser.add_argument("--compile-shapes", default=None,
+                        help="shapes at which the default-mode torch.compile runs (default: all of --shapes); "
+                             "it runs last, after reduce-overhead on every shape")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--no-micro", action="store_true")
@@ -111,12 +116,17 @@ def main():
     dev = torch.device("cuda")
     records = []
     # Cheapest first (every run is cut off by the caller's time limit at some point): eager on
-    # every case, then the pointwise chains in all modes, then the compiled models.
+    # every case, then the pointwise chains in all modes, then the models under
+    # reduce-overhead (the fastest PyTorch mode on every row measured), then under the default
+    # mode (at --compile-shapes).
     wanted_modes = args.modes.split(",")
-    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
-    phases = [(["eager"], not args.micro_only, False), (MODES, not args.no_micro, True),
-              (MODES[1:], not args.micro_only, False)]
-    for modes, wanted, micro in phases:
+    parse = lambda text: [tuple(int(n) for n in shape.split("x")) for shape in text.split(",")]  # noqa: E731
+    all_shapes = parse(args.shapes)
+    compile_shapes = parse(args.compile_shapes) if args.compile_shapes else all_shapes
+    phases = [(["eager"], not args.micro_only, False, all_shapes), (MODES, not args.no_micro, True, []),
+              (["reduce-overhead"], not args.micro_only, False, all_shapes),
+              (["compile"], not args.micro_only, False, compile_shapes)]
+    for modes, wanted, micro, shapes in phases:
         modes = [m for m in modes if m in wanted_modes]
         if not wanted or not modes:
             continue

@@ -221,14 +221,16 @@ warm-up runs, timed with CUDA events around each run, four random non-zero input
 rotated (token ids in [1, 1000); floats in [-1, 1); fusec uses one set when the inputs exceed
 16 MB, as for the pointwise chains, where rotating only adds uploads). fusec checks fused against unfused
 outputs before timing (rel-L2 ≤ 1e-5 f32, 1e-2 f16); compare_torch.py checks every compiled
-variant against eager f32 (1e-4 f32, 2e-2 f16). fusec unfused is one kernel per ONNX node,
+variant against eager f32 (1e-4 f32, 2e-2 f16). The default-mode torch.compile runs at the
+shapes `--compile-shapes` names (the suite's default: 8x128 only; it never beat reduce-overhead
+on a row measured, and each compile takes 8–18 s); "—" marks a cell not run. fusec unfused is one kernel per ONNX node,
 GEMMs on cuBLAS, no CUDA graph; fused replays one CUDA graph. torch.compile is static per
 shape; TF32 is off everywhere. fusec's fp16 keeps inputs and outputs f32 (weights and
 activations are f16). The floor is max(FLOPs / GEMM rate, estimated HBM bytes / copy
 bandwidth) for the fused program. Weights are random (fusec and torch draw their own);
 latency does not depend on their values.
 
-## Models (Hugging Face BERT-base and GPT-2 small)
+## Models (Hugging Face BERT-base, GPT-2 small and a Llama-style decoder)
 
 {table(rows, extra, micro=False)}
 

@@ -9,7 +9,8 @@
 # (benches/report.py → benches/RESULTS.md and benches/latency.svg from $RESULTS/*.json).
 # FUSEC (default: target/release/fusec, else .gpu/fusec), WORK (exported models, default
 # .bench-work, ignored by git), RESULTS (default benches/results), ITERS (default 100) override.
-# TORCH_ARGS passes options to compare_torch.py (e.g. "--dtypes fp32 --no-micro");
+# TORCH_ARGS passes options to compare_torch.py (default "--dtypes fp16,fp32 --compile-shapes
+# 8x128": the default-mode torch.compile, never the fastest PyTorch mode, only at 8x128);
 # FUSEC_MODELS (default "bert_base gpt2_small llama_style"), SHAPES (default "1x128 8x128
 # 32x128"), PRECISIONS (default "fp32 fp16") and FUSEC_MICRO=0 narrow the fusec part;
 # EXPORT_MODELS the export part.
@@ -37,7 +38,7 @@ for part in "${parts[@]}"; do
             b="${shape%x*}" s="${shape#*x}"
             profile=()
             [ "$shape" = 8x128 ] && profile=(--profile)
-            echo "== fusec bench $model $shape $precision"
+            echo "== fusec bench $model $shape $precision ($(date -u +%T))"
             "$FUSEC" bench "$WORK/$model.onnx" --dim batch="$b" --dim seq="$s" --precision "$precision" \
               --iters "$ITERS" "${profile[@]}" --json "$RESULTS/fusec-$model-$shape-$precision.json" \
               || echo "FAILED: fusec bench $model $shape $precision (exit $?)"
@@ -47,7 +48,7 @@ for part in "${parts[@]}"; do
       [ "${FUSEC_MICRO:-1}" = 0 ] && continue
       for chain in bias_gelu bias_dropout_residual_layernorm; do
         for shape in 4096x3072 8192x4096; do
-          echo "== fusec bench ${chain}_$shape"
+          echo "== fusec bench ${chain}_$shape ($(date -u +%T))"
           "$FUSEC" bench "$WORK/${chain}_$shape.onnx" --iters "$ITERS" --profile \
             --json "$RESULTS/fusec-${chain}-$shape-fp32.json" || echo "FAILED: fusec bench ${chain}_$shape (exit $?)"
         done
@@ -55,7 +56,8 @@ for part in "${parts[@]}"; do
       ;;
     torch)
       # shellcheck disable=SC2086
-      python3 benches/compare_torch.py --iters "$ITERS" --json "$RESULTS/torch-$(date +%s).json" ${TORCH_ARGS:-}
+      python3 benches/compare_torch.py --iters "$ITERS" --json "$RESULTS/torch-$(date +%s).json" \
+        ${TORCH_ARGS:---dtypes fp16,fp32 --compile-shapes 8x128}
       ;;
     report)
       python3 benches/report.py "$RESULTS" benches/RESULTS.md benches/latency.svg

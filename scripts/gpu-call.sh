@@ -9,6 +9,10 @@
 #   ab        .gpu/fusec-old (an earlier build, staged by hand) against .gpu/fusec: compile -v
 #             of bert_base fp16 cold and cached, then 8x128 fp16 profiles of $FUSEC_MODELS
 #   fp32      the suite's fp32 rows at $SHAPES (default 1x128 32x128): fusec and torch
+#   all       the whole suite in one call (export, fusec, torch eager / compile /
+#             reduce-overhead, report into $OUT/res), every step cut off by one deadline
+#             ($BUDGET seconds from the start of the part, default 570) so the results and the
+#             timestamps of what ran come back
 # Logs and results go to $OUT (log.txt, res.tgz).
 set -u
 OUT="${OUT:-/tmp/out}"
@@ -83,6 +87,19 @@ for part in "$@"; do
       shapes="${SHAPES:-1x128 32x128}"
       FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp32 SHAPES="$shapes" FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 330 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
       ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp32 --shapes ${shapes// /,} --modes eager,reduce-overhead --no-micro" timeout 300 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
+      ;;
+    all)
+      deadline=$(( $(date +%s) + ${BUDGET:-570} ))
+      left() { local n=$(( deadline - $(date +%s) - ${1:-0} )); [ $n -gt 1 ] && echo $n || echo 1; }
+      t=$(date +%s); export_models bert_base gpt2_small llama_style; echo "export: $(( $(date +%s) - t )) s"
+      t=$(date +%s)
+      FUSEC=.gpu/fusec RESULTS="$OUT/res" timeout "$(left 300)" benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
+      echo "fusec: $(( $(date +%s) - t )) s"
+      t=$(date +%s)
+      RESULTS="$OUT/res" TORCH_ARGS="${TORCH_ARGS:-}" timeout "$(left 15)" benches/run.sh torch 2>&1 \
+        | grep -E '"median_ms"|Error|error' | cut -c1-400
+      echo "torch: $(( $(date +%s) - t )) s"
+      python3 benches/report.py "$OUT/res" "$OUT/res/RESULTS.md" "$OUT/res/latency.svg"
       ;;
   esac
 done
