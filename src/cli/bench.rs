@@ -58,7 +58,7 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
     }
     println!(
         "GEMM algorithms (the fused program timed as a CUDA graph with the reference and with each of the cuBLASLt heuristic's top {}):",
-        fusec::runtime::GEMM_CANDIDATES
+        fusec::runtime::gemm_candidates()
     );
     for c in choices {
         let reference = match c.reference {

@@ -25,8 +25,21 @@ use crate::ir::DType;
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// How many of the heuristic's algorithms are timed for each GEMM.
+/// How many of the heuristic's algorithms are timed for each GEMM, unless
+/// `FUSEC_GEMM_CANDIDATES` (1 to [`MAX_CANDIDATES`]) says otherwise: see [`candidates_wanted`].
 pub const CANDIDATES: usize = 8;
+/// The most candidates `FUSEC_GEMM_CANDIDATES` may ask for.
+pub const MAX_CANDIDATES: usize = 64;
+
+/// How many of the heuristic's algorithms are asked for and timed for each GEMM:
+/// `FUSEC_GEMM_CANDIDATES` when it is a number from 1 to [`MAX_CANDIDATES`], else [`CANDIDATES`].
+pub fn candidates_wanted() -> usize {
+    std::env::var("FUSEC_GEMM_CANDIDATES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=MAX_CANDIDATES).contains(n))
+        .unwrap_or(CANDIDATES)
+}
 /// Whole-program runs timed for each candidate (median), after a capture and warm-up.
 pub(super) const TIMED_RUNS: usize = 15;
 /// A candidate replaces the current choice only when the program's median time drops
@@ -184,10 +197,10 @@ impl Lt {
         let size = WORKSPACE_BYTES;
         // SAFETY: the zeroed results are plain C structs the call fills in.
         let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+            vec![unsafe { std::mem::zeroed() }; candidates_wanted()];
         let mut found = 0i32;
         // SAFETY: the attribute takes a size_t; every descriptor is live; `results` has room
-        // for the `CANDIDATES` results asked for.
+        // for the `results.len()` results asked for.
         let status = unsafe {
             let ok = lt::set_matmul_pref_attribute(
                 pref,
@@ -204,7 +217,7 @@ impl Lt {
                     gemm.layouts[2],
                     gemm.layouts[2],
                     pref,
-                    CANDIDATES as i32,
+                    results.len() as i32,
                     results.as_mut_ptr(),
                     &mut found,
                 ),
@@ -365,7 +378,9 @@ impl AlgoCache {
     pub(super) fn open(dir: Option<std::path::PathBuf>, device: &str) -> AlgoCache {
         let device: String =
             device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-        let path = dir.map(|d| d.join(format!("cublaslt-{}-{TIMING}-{device}.txt", Lt::version())));
+        let path = dir.map(|d| {
+            d.join(format!("cublaslt-{}-{TIMING}-c{}-{device}.txt", Lt::version(), candidates_wanted()))
+        });
         let mut entries = read_entries(path.as_ref());
         let in_process = IN_PROCESS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(made) = in_process.get(&path) {

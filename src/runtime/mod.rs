@@ -8,7 +8,10 @@ pub mod nvrtc;
 mod rates;
 mod session;
 
-pub use lt::{GemmChoice, Reference as GemmReference, CANDIDATES as GEMM_CANDIDATES};
+pub use lt::{
+    candidates_wanted as gemm_candidates, GemmChoice, Reference as GemmReference,
+    CANDIDATES as GEMM_CANDIDATES,
+};
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
     driver_available, driver_version, run_once, tensor_from_bytes, Session, SessionOptions, StepProfile,
