@@ -9,6 +9,9 @@
 #   ab        .gpu/fusec-old (an earlier build, staged by hand) against .gpu/fusec: compile -v
 #             of bert_base fp16 cold and cached, then 8x128 fp16 profiles of $FUSEC_MODELS
 #   fp32      the suite's fp32 rows at $SHAPES (default 1x128 32x128): fusec and torch
+#   usability what the README shows a new user: --version, the API example (examples/api.rs,
+#             staged as .gpu/example-api), compile --json, bench --json -, run DIR on the ONNX
+#             node cases carried in .onnx-node-cases/
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -87,6 +90,15 @@ for part in "$@"; do
       shapes="${SHAPES:-1x128 32x128}"
       FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp32 SHAPES="$shapes" FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 330 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
       ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp32 --shapes ${shapes// /,} --modes eager,reduce-overhead --no-micro" timeout 300 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
+      ;;
+    usability)
+      [ -e .gpu/example-api ] && chmod +x .gpu/example-api
+      .gpu/fusec --version
+      .gpu/example-api
+      .gpu/example-api models/bert_ts.onnx batch=2 seq=16
+      .gpu/fusec compile models/bert_ts.onnx -o /tmp/bert.bundle --dim batch=2 --dim seq=16 --precision fp16 --json - | head -c 600; echo
+      .gpu/fusec bench models/bert_ts.onnx --dim batch=2 --dim seq=16 --iters 50 --json - 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["schema"], d["schema_version"], [(v["variant"], round(v["median_ms"], 4)) for v in d["variants"]])'
+      for case in .onnx-node-cases/*/; do echo "--- fusec run $case"; .gpu/fusec run "$case"; echo "exit $?"; done
       ;;
     all)
       deadline=$(( $(date +%s) + ${BUDGET:-570} ))

@@ -3,7 +3,7 @@
 # the GPU test binary, compressed. The GPU machine has no cargo; run scripts/gpu-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release
+cargo build --release --bins --examples
 cargo test --release --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for line in sys.stdin:
@@ -12,6 +12,7 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])' > /tmp/fusec-test-binaries
 rm -rf .gpu && mkdir -p .gpu
 cp target/release/fusec .gpu/
+cp target/release/examples/api .gpu/example-api
 while read -r name path; do
     case "$name" in gpu) cp "$path" ".gpu/test-$name" ;; esac
 done < /tmp/fusec-test-binaries

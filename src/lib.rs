@@ -11,6 +11,7 @@ pub mod import;
 pub mod ir;
 mod parallel;
 pub mod passes;
+pub mod picture;
 pub mod pipeline;
 pub mod plan;
 pub mod runtime;

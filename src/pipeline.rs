@@ -74,36 +74,11 @@ pub fn compile_reporting(
     options: &CompileOptions,
     done: &mut dyn FnMut(&'static str),
 ) -> Result<Bundle, CompileError> {
-    let model = import::import(path, &options.import)?;
-    done("import");
-    let (graph, covers, mode) = if options.no_fuse {
-        (model.graph, Default::default(), Mode::OneKernelPerNode)
-    } else {
-        let mut graph = model.graph;
-        passes::run_passes(&mut graph, &passes::standard())?;
-        done("passes");
-        let limits = FusionLimits { precision: options.precision, ..Default::default() };
-        let fused = fusion::fuse(&graph, &limits)?;
-        (fused.graph, fused.covers, Mode::Fused)
-    };
-    done("fuse");
-    let (graph, covers) = match options.precision {
-        DType::F32 => (graph, covers),
-        DType::F16 | DType::BF16 => {
-            let (lowered, moved) = passes::lower_precision(graph, options.precision)
-                .map_err(|source| PassError { pass: "lower-precision", source })?;
-            let covers =
-                covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();
-            (lowered, covers)
-        }
-        other => return Err(CompileError::Precision(other)),
-    };
-    done("lower");
-    let partition = fusion::partition(&graph, &covers, mode)?;
-    let (kernels, gemm_calls, graph_breaks) =
-        (partition.launches(), partition.gemm_calls(), partition.graph_breaks);
-    let plan = Plan::new(graph, partition)?;
-    done("plan");
+    let (plan, _) = plan_reporting(path, options, done)?;
+    let kernels = plan.kernels.len();
+    let gemm_calls =
+        plan.kernels.iter().filter(|k| matches!(k.kind, fusion::KernelKind::Gemm { .. })).count();
+    let graph_breaks = plan.graph_breaks;
     let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
     let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum();
@@ -148,4 +123,43 @@ pub fn compile_reporting(
         flops,
     };
     Ok(Bundle { header, weights: plan.weights })
+}
+
+/// The stages of [`compile`] up to the plan (import → passes → fusion → lower → partition →
+/// plan), calling `done` as each ends: what `fusec inspect` draws and lists, exactly the program
+/// `compile` generates code for; with fusion's report unless `options.no_fuse`.
+pub fn plan_reporting(
+    path: &Path,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
+    let model = import::import(path, &options.import)?;
+    done("import");
+    let (graph, covers, mode, report) = if options.no_fuse {
+        (model.graph, Default::default(), Mode::OneKernelPerNode, None)
+    } else {
+        let mut graph = model.graph;
+        passes::run_passes(&mut graph, &passes::standard())?;
+        done("passes");
+        let limits = FusionLimits { precision: options.precision, ..Default::default() };
+        let fused = fusion::fuse(&graph, &limits)?;
+        (fused.graph, fused.covers, Mode::Fused, Some(fused.report))
+    };
+    done("fuse");
+    let (graph, covers) = match options.precision {
+        DType::F32 => (graph, covers),
+        DType::F16 | DType::BF16 => {
+            let (lowered, moved) = passes::lower_precision(graph, options.precision)
+                .map_err(|source| PassError { pass: "lower-precision", source })?;
+            let covers =
+                covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();
+            (lowered, covers)
+        }
+        other => return Err(CompileError::Precision(other)),
+    };
+    done("lower");
+    let partition = fusion::partition(&graph, &covers, mode)?;
+    let plan = Plan::new(graph, partition)?;
+    done("plan");
+    Ok((plan, report))
 }

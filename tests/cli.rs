@@ -147,8 +147,10 @@ fn inspect_fused_lists_kernels_and_totals() {
     let out = fusec(&["inspect", path, "--dim", "batch=2", "--dim", "seq=9", "--fused", "--no-fuse"]);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("kernels     70 (16 cuBLAS GEMMs)"), "{stdout}");
-    let out = fusec(&["inspect", path, "--no-fuse"]);
-    assert_eq!(out.status.code(), Some(2), "--no-fuse needs --fused");
+    // --no-fuse alone changes nothing shown: no program is listed without --fused.
+    let out = fusec(&["inspect", path, "--dim", "batch=2", "--dim", "seq=9", "--no-fuse"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("kernels     "), "{}", text(&out.stdout));
 }
 
 #[test]
@@ -160,7 +162,9 @@ fn compile_then_run_without_a_gpu_says_so() {
         fusec(&["compile", model.to_str().unwrap(), "-o", bundle.to_str().unwrap(), "--dim", "batch=2"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("3 kernels, 4 launches per run (2 cuBLAS GEMMs), 0 graph breaks"),
+        text(&out.stdout).contains(
+            "3 kernels (3 distinct functions), 4 launches per run (2 cuBLAS GEMMs), 0 graph breaks"
+        ),
         "{}",
         text(&out.stdout)
     );
@@ -310,4 +314,154 @@ fn ops_lists_the_importer_and_the_rules() {
     for rule in fusec::fusion::rules::all() {
         assert!(stdout.contains(&format!("  {}\n", rule.name)), "rule {} not listed", rule.name);
     }
+}
+
+/// `fusec` run from the repository root, so that paths in its output are the relative ones given.
+fn fusec_at_root(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the fusec binary runs")
+}
+
+#[test]
+fn inspect_dot_is_the_golden_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let dot = dir.path().join("mlp.dot");
+    let out = fusec_at_root(&[
+        "inspect",
+        "models/mlp_block.onnx",
+        "--input",
+        "x:4x7x40",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    insta::assert_snapshot!("inspect_mlp_block_dot", std::fs::read_to_string(&dot).unwrap());
+    // One layer of the tiny BERT in fp16, the README's picture (launches 2 to 8).
+    let out = fusec_at_root(&[
+        "inspect",
+        "models/bert_ts.onnx",
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=16",
+        "--precision",
+        "fp16",
+        "--launches",
+        "2..8",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let layer = std::fs::read_to_string(&dot).unwrap();
+    assert_eq!(layer.matches("subgraph cluster_").count(), 7, "{layer}");
+    assert!(layer.contains("#3 attention") && !layer.contains("cluster_9"), "{layer}");
+    insta::assert_snapshot!("inspect_bert_ts_layer_fp16_dot", layer);
+}
+
+#[test]
+fn inspect_json_is_the_golden_document() {
+    let out = fusec_at_root(&["inspect", "models/mlp_block.onnx", "--input", "x:4x7x40", "--json", "-"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let doc: serde_json::Value = serde_json::from_str(&stdout).expect("--json - prints only JSON");
+    assert_eq!(doc["schema"], "fusec-inspect");
+    assert_eq!(doc["schema_version"], fusec::picture::JSON_SCHEMA_VERSION);
+    let program = &doc["program"];
+    assert_eq!(program["launches"], 3);
+    assert_eq!(program["kernels"].as_array().unwrap().len(), 3);
+    let bytes: u64 =
+        program["kernels"].as_array().unwrap().iter().map(|k| k["estimated_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(program["estimated_bytes"].as_u64(), Some(bytes), "the kernels' bytes add up to the total");
+    insta::assert_snapshot!("inspect_mlp_block_json", stdout);
+    // The unfused baseline: one launch per node that computes.
+    let out = fusec_at_root(&[
+        "inspect",
+        "models/mlp_block.onnx",
+        "--input",
+        "x:4x7x40",
+        "--no-fuse",
+        "--json",
+        "-",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(doc["program"]["fused"], false);
+    assert!(doc["program"]["launches"].as_u64().unwrap() > 3, "{doc}");
+}
+
+#[test]
+fn compile_json_describes_the_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("mlp.bundle");
+    let out = fusec_at_root(&[
+        "compile",
+        "models/mlp_block.onnx",
+        "--input",
+        "x:4x7x40",
+        "-o",
+        bundle.to_str().unwrap(),
+        "--json",
+        "-",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("--json - prints only JSON");
+    assert_eq!(doc["schema"], "fusec-compile");
+    assert_eq!(doc["schema_version"], fusec::picture::JSON_SCHEMA_VERSION);
+    assert_eq!(
+        (doc["kernels"].as_u64(), doc["gemm_calls"].as_u64(), doc["graph_breaks"].as_u64()),
+        (Some(3), Some(2), Some(0))
+    );
+    assert_eq!(doc["bundle_format"], fusec::bundle::FORMAT_VERSION);
+    let stages: Vec<&str> =
+        doc["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages.first(), Some(&"import"), "{stages:?}");
+    assert_eq!(stages.last(), Some(&"save"), "{stages:?}");
+    let loaded = fusec::Bundle::load(&bundle).unwrap();
+    assert_eq!(doc["weight_bytes"].as_u64(), Some(loaded.weights.len() as u64));
+}
+
+#[test]
+fn inspect_svg_renders_or_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("mlp.svg");
+    let out = fusec_at_root(&[
+        "inspect",
+        "models/mlp_block.onnx",
+        "--input",
+        "x:4x7x40",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let has_dot = Command::new("dot").arg("-V").output().is_ok();
+    if has_dot {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let image = std::fs::read_to_string(&svg).unwrap();
+        assert!(image.contains("<svg") && image.contains("gemm+bias+gelu"), "{image}");
+    } else {
+        println!("Graphviz's dot is not installed: checking the error that says so");
+        assert!(!out.status.success());
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("Graphviz") && stderr.contains("--dot"), "{stderr}");
+    }
+}
+
+#[test]
+fn inspect_launches_out_of_range_is_an_error() {
+    let out = fusec_at_root(&[
+        "inspect",
+        "models/mlp_block.onnx",
+        "--input",
+        "x:4x7x40",
+        "--launches",
+        "5..9",
+        "--dot",
+        "-",
+    ]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--launches 5..9: the program has 3 launches (0..2)"), "{stderr}");
+    let out = fusec_at_root(&["inspect", "models/mlp_block.onnx", "--launches", "4..2", "--dot", "x.dot"]);
+    assert!(text(&out.stderr).contains("the first launch is after the last"), "{}", text(&out.stderr));
 }

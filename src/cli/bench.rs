@@ -155,11 +155,7 @@ impl Bench {
         if !fusec::runtime::driver_available() {
             bail!("fusec bench needs an NVIDIA GPU: no CUDA driver (libcuda.so) was found on this machine");
         }
-        let precision = match self.precision.as_str() {
-            "fp16" => DType::F16,
-            "bf16" => DType::BF16,
-            _ => DType::F32,
-        };
+        let precision = super::shapes::precision(&self.precision);
         let clock = std::time::Instant::now();
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
             let import = self.shapes.options();
@@ -235,53 +231,66 @@ impl Bench {
         } else {
             None
         };
-        println!(
-            "{} on {} ({}), {}, {} runs after {} warm-up, CUDA events, {} input sets rotated",
-            onnx.display(),
-            fast.device_name,
-            fast.arch,
-            fused.header.precision,
-            self.iters,
-            self.warmup,
-            sets.len()
-        );
-        println!(
-            "measured at start-up: copy {:.2} TB/s (read + write), {} GEMM {:.1} TFLOP/s; model: {:.3} GFLOP in matrix products",
-            rates.copy_bytes_per_s / 1e12,
-            rates.gemm_dtype,
-            rates.gemm_flops_per_s / 1e12,
-            fused.header.flops as f64 / 1e9
-        );
-        println!(
-            "{:<9} {:>12} {:>10} {:>10} {:>9} {:>7} {:>13} {:>10} {:>11}",
-            "", "median (ms)", "p10", "p90", "launches", "cuBLAS", "graph breaks", "HBM (MB)", "floor (ms)"
-        );
-        for r in &rows {
-            println!(
-                "{:<9} {:>12.4} {:>10.4} {:>10.4} {:>9} {:>7} {:>13} {:>10.2} {:>11.4}",
-                r.label,
-                r.median,
-                r.p10,
-                r.p90,
-                r.launches,
-                r.header.gemm_calls,
-                r.header.graph_breaks,
-                r.header.traffic_bytes as f64 / 1e6,
-                r.floor_ms
-            );
-        }
         let speedup = rows[0].median / rows[1].median;
-        println!(
-            "speedup (unfused / fused median): {speedup:.2}x; fused is {:.2}x its floor",
-            rows[1].median / rows[1].floor_ms
-        );
-        println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
-        print_gemm_choices(&fast.gemm_choices);
-        if let Some(steps) = &profile {
-            print_profile(steps);
+        // With `--json -` standard output carries only the JSON.
+        if self.json.as_ref().is_none_or(|p| p.as_os_str() != "-") {
+            println!(
+                "{} on {} ({}), {}, {} runs after {} warm-up, CUDA events, {} input sets rotated",
+                onnx.display(),
+                fast.device_name,
+                fast.arch,
+                fused.header.precision,
+                self.iters,
+                self.warmup,
+                sets.len()
+            );
+            println!(
+                "measured at start-up: copy {:.2} TB/s (read + write), {} GEMM {:.1} TFLOP/s; model: {:.3} GFLOP in matrix products",
+                rates.copy_bytes_per_s / 1e12,
+                rates.gemm_dtype,
+                rates.gemm_flops_per_s / 1e12,
+                fused.header.flops as f64 / 1e9
+            );
+            println!(
+                "{:<9} {:>12} {:>10} {:>10} {:>9} {:>7} {:>13} {:>10} {:>11}",
+                "",
+                "median (ms)",
+                "p10",
+                "p90",
+                "launches",
+                "cuBLAS",
+                "graph breaks",
+                "HBM (MB)",
+                "floor (ms)"
+            );
+            for r in &rows {
+                println!(
+                    "{:<9} {:>12.4} {:>10.4} {:>10.4} {:>9} {:>7} {:>13} {:>10.2} {:>11.4}",
+                    r.label,
+                    r.median,
+                    r.p10,
+                    r.p90,
+                    r.launches,
+                    r.header.gemm_calls,
+                    r.header.graph_breaks,
+                    r.header.traffic_bytes as f64 / 1e6,
+                    r.floor_ms
+                );
+            }
+            println!(
+                "speedup (unfused / fused median): {speedup:.2}x; fused is {:.2}x its floor",
+                rows[1].median / rows[1].floor_ms
+            );
+            println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
+            print_gemm_choices(&fast.gemm_choices);
+            if let Some(steps) = &profile {
+                print_profile(steps);
+            }
         }
         if let Some(path) = &self.json {
             let json = serde_json::json!({
+                "schema": "fusec-bench",
+                "schema_version": fusec::picture::JSON_SCHEMA_VERSION,
                 "model": onnx.display().to_string(),
                 "device": fast.device_name,
                 "arch": fast.arch,
@@ -304,8 +313,7 @@ impl Bench {
                 })).collect::<Vec<_>>(),
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms})).collect::<Vec<_>>()),
             });
-            std::fs::write(path, serde_json::to_string_pretty(&json)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            super::shapes::write_json(path, &json)?;
         }
         Ok(ExitCode::SUCCESS)
     }

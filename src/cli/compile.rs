@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::bail;
 use clap::Args;
-use fusec::ir::DType;
 use fusec::CompileOptions;
 
 use super::shapes::ShapeArgs;
@@ -40,6 +38,10 @@ pub struct Compile {
     /// Print each stage's time and the process's peak memory so far (on stderr).
     #[arg(short, long)]
     verbose: bool,
+    /// Also write what was compiled as JSON (schema in the README; `-` for standard output,
+    /// which then carries only the JSON).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 /// The process's peak resident memory so far, in bytes (Linux; `None` elsewhere).
@@ -52,12 +54,7 @@ fn peak_memory() -> Option<u64> {
 
 impl Compile {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        let precision = match self.precision.as_str() {
-            "fp16" => DType::F16,
-            "bf16" => DType::BF16,
-            "fp32" => DType::F32,
-            other => bail!("--precision {other}: use fp32, fp16 or bf16"),
-        };
+        let precision = super::shapes::precision(&self.precision);
         let options = CompileOptions {
             import: self.shapes.options(),
             no_fuse: self.no_fuse,
@@ -68,13 +65,15 @@ impl Compile {
         let clock = std::time::Instant::now();
         let mut last = 0.0;
         let verbose = self.verbose;
+        let mut stages = Vec::new();
         let mut report = |stage: &str| {
+            let now = clock.elapsed().as_secs_f64();
+            stages.push(serde_json::json!({"stage": stage, "seconds": now - last}));
             if verbose {
-                let now = clock.elapsed().as_secs_f64();
                 let peak = peak_memory().map_or(String::new(), |b| format!(", peak memory {} MB", b >> 20));
                 eprintln!("{stage:>8}: {:6.3} s (at {now:.3} s{peak})", now - last);
-                last = now;
             }
+            last = now;
         };
         let bundle = fusec::compile_reporting(&self.model, &options, &mut report)?;
         bundle.save(&self.output)?;
@@ -84,16 +83,48 @@ impl Compile {
             Some(arch) => format!("PTX for {arch}"),
             None => "CUDA sources only (NVRTC not found: the runtime compiles them at load)".into(),
         };
-        println!(
-            "{}: {} kernels, {} launches per run ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
-            self.output.display(),
-            h.kernels,
-            h.launches,
-            h.gemm_calls,
-            h.graph_breaks,
-            bundle.weights.len(),
-            h.arena_bytes
-        );
+        let functions: std::collections::BTreeSet<&str> =
+            h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect();
+        let quiet = self.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
+        if !quiet {
+            println!(
+                "{}: {} kernels ({} distinct functions), {} launches per run ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
+                self.output.display(),
+                h.kernels,
+                functions.len(),
+                h.launches,
+                h.gemm_calls,
+                h.graph_breaks,
+                bundle.weights.len(),
+                h.arena_bytes
+            );
+        }
+        if let Some(path) = &self.json {
+            let doc = serde_json::json!({
+                "schema": "fusec-compile",
+                "schema_version": fusec::picture::JSON_SCHEMA_VERSION,
+                "model": self.model.display().to_string(),
+                "bundle": self.output.display().to_string(),
+                "bundle_format": h.format_version,
+                "precision": self.precision,
+                "fused": h.fused,
+                "arch": h.arch,
+                "kernels": h.kernels,
+                "functions": functions.len(),
+                "launches": h.launches,
+                "gemm_calls": h.gemm_calls,
+                "graph_breaks": h.graph_breaks,
+                "weight_bytes": bundle.weights.len(),
+                "activation_bytes": h.arena_bytes,
+                "estimated_bytes": h.traffic_bytes,
+                "flops": h.flops,
+                "inputs": h.inputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
+                "outputs": h.outputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
+                "stages": stages,
+                "peak_memory_bytes": peak_memory(),
+            });
+            super::shapes::write_json(path, &doc)?;
+        }
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -1,23 +1,26 @@
 //! `fusec inspect`: what a model holds and what import makes of it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use fusec::fusion::{self, FusionLimits, Mode};
+use fusec::fusion::{FusionReport, KernelKind};
 use fusec::import::{self, DeclaredDim, SHAPE_OPS};
-use fusec::{ir, passes};
+use fusec::picture::{self, abbreviated, human_bytes, JSON_SCHEMA_VERSION};
+use fusec::plan::Plan;
+use fusec::{ir, CompileOptions};
 
-use super::shapes::ShapeArgs;
+use super::shapes::{precision, write_json, ShapeArgs};
 
-/// Show a model's inputs, outputs, weights and op histogram before and after import.
+/// Show a model's inputs, outputs, weights and op histogram before and after import; with
+/// --fused, --dot, --svg or --json, also the program `fusec compile` would make of it.
 ///
 /// Exits non-zero if the model holds ops fusec does not support (they are listed).
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dump"
+    after_help = "Examples:\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --svg bert.svg\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dot mlp.dot --json mlp.json\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --json - | jq .program.launches\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dump"
 )]
 pub struct Inspect {
     /// The ONNX model.
@@ -27,12 +30,29 @@ pub struct Inspect {
     /// Also print the imported IR graph.
     #[arg(long)]
     dump: bool,
-    /// Fuse the model and list its kernels: what each is and which ONNX nodes it covers.
+    /// List the program's kernels: what each is and which ONNX nodes it covers.
     #[arg(long)]
     fused: bool,
-    /// With --fused: partition without fusion, one kernel per node (the unfused baseline).
-    #[arg(long, requires = "fused")]
+    /// Show the unfused baseline instead (one kernel per node) in --fused, --dot, --svg, --json.
+    #[arg(long)]
     no_fuse: bool,
+    /// Element type of the program shown (as `fusec compile --precision`).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
+    precision: String,
+    /// Write the program as a Graphviz DOT graph: each kernel a coloured cluster with its
+    /// launch number, kind, the ONNX nodes it covers and its estimated bytes; GEMMs in bold.
+    #[arg(long, value_name = "FILE")]
+    dot: Option<PathBuf>,
+    /// Render that graph as SVG (needs Graphviz's `dot` on PATH).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Draw only these launches in --dot/--svg, e.g. 2..8 (inclusive; numbers as --fused lists them).
+    #[arg(long, value_name = "FIRST..LAST", value_parser = parse_launches)]
+    launches: Option<std::ops::RangeInclusive<usize>>,
+    /// Write what is shown as JSON (schema in the README; `-` for standard output, which then
+    /// carries only the JSON).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 fn histogram(counts: &BTreeMap<String, usize>) -> String {
@@ -52,24 +72,37 @@ fn declared_shape(dims: &Option<Vec<DeclaredDim>>) -> String {
     format!("[{}]", dims.join(","))
 }
 
-/// The first few names of a list, and how many more there are.
-fn abbreviated(names: &[String], shown: usize) -> String {
-    let mut text = names.iter().take(shown).cloned().collect::<Vec<_>>().join(", ");
-    if names.len() > shown {
-        text.push_str(&format!(", … ({} more)", names.len() - shown));
+fn parse_launches(text: &str) -> Result<std::ops::RangeInclusive<usize>, String> {
+    let (first, last) = text.split_once("..").unwrap_or((text, text));
+    let number = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("'{text}': expected FIRST..LAST, e.g. 2..8, or one launch number"))
+    };
+    let (first, last) = (number(first)?, number(last)?);
+    if first > last {
+        return Err(format!("'{text}': the first launch is after the last"));
     }
-    text
+    Ok(first..=last)
+}
+
+fn dims_json(dims: &Option<Vec<DeclaredDim>>) -> serde_json::Value {
+    match dims {
+        None => serde_json::Value::Null,
+        Some(dims) => dims
+            .iter()
+            .map(|d| match d {
+                DeclaredDim::Fixed(v) => serde_json::json!(v),
+                DeclaredDim::Symbolic(s) => serde_json::json!(s),
+                DeclaredDim::Unknown => serde_json::Value::Null,
+            })
+            .collect(),
+    }
 }
 
 impl Inspect {
-    fn print_kernels(&self, model: &import::Model) -> anyhow::Result<()> {
-        let mut graph = model.graph.clone();
-        passes::run_passes(&mut graph, &passes::standard())?;
-        let (part, graph) = if self.no_fuse {
-            (fusion::partition(&model.graph, &HashMap::new(), Mode::OneKernelPerNode)?, model.graph.clone())
-        } else {
-            let fused = fusion::fuse(&graph, &FusionLimits::default())?;
-            let r = &fused.report;
+    fn print_kernels(plan: &Plan, report: Option<&FusionReport>, onnx_nodes: usize) {
+        if let Some(r) = report {
             println!(
                 "fusion      {} after {} iterations ({} e-nodes, {} classes): saturation {:.1} ms, extraction {:.1} ms",
                 r.stop_reason,
@@ -79,71 +112,158 @@ impl Inspect {
                 r.saturation_time.as_secs_f64() * 1e3,
                 r.extraction_time.as_secs_f64() * 1e3
             );
-            println!("fused ops   {}", histogram(&fused.histogram()));
-            (fusion::partition(&fused.graph, &fused.covers, Mode::Fused)?, fused.graph)
-        };
+            println!("fused ops   {}", histogram(&plan.graph.op_histogram()));
+        }
+        let gemms = plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count();
         println!(
-            "kernels     {} ({} cuBLAS GEMMs), {} graph breaks, for {} ONNX nodes",
-            part.launches(),
-            part.gemm_calls(),
-            part.graph_breaks,
-            model.onnx.node_count
+            "kernels     {} ({gemms} cuBLAS GEMMs), {} graph breaks, for {onnx_nodes} ONNX nodes; {} moved per run (estimated)",
+            plan.kernels.len(),
+            plan.graph_breaks,
+            human_bytes(plan.traffic_bytes())
         );
-        for (i, kernel) in part.kernels.iter().enumerate() {
-            let writes: Vec<String> = kernel.outputs.iter().map(|&o| graph.node(o).ty.to_string()).collect();
+        for (i, kernel) in plan.kernels.iter().enumerate() {
+            let writes: Vec<String> =
+                kernel.outputs.iter().map(|&o| plan.graph.node(o).ty.to_string()).collect();
             println!(
-                "  #{i:<3} {:<22} writes {:<28} covers {}: {}",
+                "  #{i:<3} {:<22} writes {:<28} {:>9}  covers {}: {}",
                 kernel.kind.name(),
                 writes.join(" "),
+                human_bytes(plan.kernel_traffic_bytes(kernel)),
                 kernel.covers.len(),
                 abbreviated(&kernel.covers, 4)
             );
         }
-        Ok(())
     }
 
     pub fn execute(self) -> anyhow::Result<ExitCode> {
+        let quiet = self.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
+        let say = |line: String| {
+            if !quiet {
+                println!("{line}");
+            }
+        };
         let onnx = import::summarize(&self.model)?;
-        println!("model       {}", onnx.path.display());
-        println!(
+        say(format!("model       {}", onnx.path.display()));
+        say(format!(
             "producer    {} (opset {})",
             if onnx.producer.is_empty() { "unknown" } else { &onnx.producer },
             onnx.opset
-        );
-        println!("parameters  {} ({} bytes)", onnx.parameters, onnx.parameter_bytes);
-        println!("ONNX nodes  {}: {}", onnx.node_count, histogram(&onnx.op_histogram));
+        ));
+        say(format!("parameters  {} ({} bytes)", onnx.parameters, onnx.parameter_bytes));
+        say(format!("ONNX nodes  {}: {}", onnx.node_count, histogram(&onnx.op_histogram)));
+        let mut doc = serde_json::json!({
+            "schema": "fusec-inspect",
+            "schema_version": JSON_SCHEMA_VERSION,
+            "model": self.model.display().to_string(),
+            "producer": onnx.producer,
+            "opset": onnx.opset,
+            "parameters": onnx.parameters,
+            "parameter_bytes": onnx.parameter_bytes,
+            "onnx_nodes": onnx.node_count,
+            "onnx_ops": onnx.op_histogram,
+            "unsupported": onnx.unsupported.iter().map(|op| serde_json::json!({
+                "node": op.node, "op_type": op.op_type, "domain": op.domain,
+            })).collect::<Vec<_>>(),
+        });
         if !onnx.unsupported.is_empty() {
-            println!("unsupported ops: {}", onnx.unsupported.len());
+            say(format!("unsupported ops: {}", onnx.unsupported.len()));
             for op in &onnx.unsupported {
                 let domain = if op.domain.is_empty() { String::new() } else { format!("{}::", op.domain) };
-                println!("  node '{}': {domain}{} (opset {})", op.node, op.op_type, onnx.opset);
+                say(format!("  node '{}': {domain}{} (opset {})", op.node, op.op_type, onnx.opset));
+            }
+            if let Some(path) = &self.json {
+                write_json(path, &doc)?;
             }
             return Ok(ExitCode::FAILURE);
         }
-        println!("unsupported ops: none");
-        let model = import::import(&self.model, &self.shapes.options())?;
+        say("unsupported ops: none".into());
+        let import_options = self.shapes.options();
+        let model = import::import(&self.model, &import_options)?;
         let graph = &model.graph;
+        let mut inputs = Vec::new();
         for (declared, &id) in onnx.inputs.iter().zip(graph.inputs()) {
             let node = graph.node(id);
-            println!("input       {} {} -> {}", node.name, declared_shape(&declared.dims), node.ty);
+            say(format!("input       {} {} -> {}", node.name, declared_shape(&declared.dims), node.ty));
+            inputs.push(serde_json::json!({
+                "name": node.name, "declared": dims_json(&declared.dims),
+                "shape": node.ty.shape, "dtype": node.ty.dtype.to_string(),
+            }));
         }
+        let mut outputs = Vec::new();
         for (name, id) in graph.outputs() {
-            println!("output      {name} {}", graph.node(*id).ty);
+            let ty = &graph.node(*id).ty;
+            say(format!("output      {name} {ty}"));
+            outputs.push(serde_json::json!({"name": name, "shape": ty.shape, "dtype": ty.dtype.to_string()}));
         }
         let shape_ops: usize = SHAPE_OPS.iter().filter_map(|op| onnx.op_histogram.get(*op)).sum();
         let ir_ops = graph.op_histogram();
-        println!(
+        say(format!(
             "IR nodes    {} after import ({} ONNX nodes folded into constants): {}",
             ir_ops.values().sum::<usize>(),
             model.folded_nodes,
             histogram(&ir_ops)
-        );
-        println!("shape ops   {shape_ops} in the file, {} left after folding", model.remaining_shape_ops());
-        if self.dump {
+        ));
+        say(format!(
+            "shape ops   {shape_ops} in the file, {} left after folding",
+            model.remaining_shape_ops()
+        ));
+        doc["inputs"] = inputs.into();
+        doc["outputs"] = outputs.into();
+        doc["ir_nodes"] = ir_ops.values().sum::<usize>().into();
+        doc["folded_nodes"] = model.folded_nodes.into();
+        if self.dump && !quiet {
             print!("{}", ir::dump(graph).context("dumping the IR")?);
         }
-        if self.fused {
-            self.print_kernels(&model)?;
+        if self.fused || self.dot.is_some() || self.svg.is_some() || self.json.is_some() {
+            let options = CompileOptions {
+                import: import_options,
+                no_fuse: self.no_fuse,
+                precision: precision(&self.precision),
+                ..Default::default()
+            };
+            let (plan, report) = fusec::pipeline::plan_reporting(&self.model, &options, &mut |_| {})?;
+            if self.fused && !quiet {
+                Self::print_kernels(&plan, report.as_ref(), onnx.node_count);
+            }
+            if self.dot.is_some() || self.svg.is_some() {
+                let title = format!(
+                    "{} ({}, {})",
+                    self.model.file_name().map_or_else(
+                        || self.model.display().to_string(),
+                        |n| n.to_string_lossy().into_owned()
+                    ),
+                    self.precision,
+                    if self.no_fuse { "unfused" } else { "fused" }
+                );
+                if let Some(range) = &self.launches {
+                    if *range.start() >= plan.kernels.len() {
+                        anyhow::bail!(
+                            "--launches {}..{}: the program has {} launches (0..{})",
+                            range.start(),
+                            range.end(),
+                            plan.kernels.len(),
+                            plan.kernels.len().saturating_sub(1)
+                        );
+                    }
+                }
+                let text = picture::dot(&plan, &title, self.launches.clone());
+                if let Some(path) = &self.dot {
+                    std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+                    say(format!("wrote {}", path.display()));
+                }
+                if let Some(path) = &self.svg {
+                    picture::render_svg(&text, path)?;
+                    say(format!("wrote {}", path.display()));
+                }
+            }
+            doc["precision"] = self.precision.clone().into();
+            doc["program"] = picture::program_json(&plan, !self.no_fuse);
+        }
+        if let Some(path) = &self.json {
+            write_json(path, &doc)?;
+            if !quiet {
+                println!("wrote {}", path.display());
+            }
         }
         Ok(ExitCode::SUCCESS)
     }

@@ -2,6 +2,27 @@
 
 use clap::Args;
 use fusec::import::{DimSpec, ImportOptions, InputSpec};
+use fusec::ir::DType;
+
+/// The element type a `--precision` value names (clap admits only these three).
+pub fn precision(name: &str) -> DType {
+    match name {
+        "fp16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
+/// Where `--json FILE` goes: `-` is standard output.
+pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    if path.as_os_str() == "-" {
+        print!("{text}");
+        return Ok(());
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct ShapeArgs {

@@ -49,6 +49,8 @@ pub struct Plan {
     pub weights: Vec<u8>,
     pub inputs: Vec<Binding>,
     pub outputs: Vec<Binding>,
+    /// Points where the GPU path stops ([`Partition::graph_breaks`]).
+    pub graph_breaks: usize,
 }
 
 fn aligned(bytes: usize) -> usize {
@@ -115,6 +117,7 @@ impl Arena {
 impl Plan {
     /// Lays out memory for running `partition` over `graph`.
     pub fn new(mut graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
+        let graph_breaks = partition.graph_breaks;
         let kernels = partition.kernels;
         let mut computed: HashMap<NodeId, usize> = HashMap::new();
         for (k, kernel) in kernels.iter().enumerate() {
@@ -214,7 +217,7 @@ impl Plan {
             .into_iter()
             .map(|(name, value, source)| Binding { name, value, location: locations[&source] })
             .collect();
-        Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs })
+        Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs, graph_breaks })
     }
 
     /// Bytes of device memory the activations need at their peak.
@@ -226,22 +229,24 @@ impl Plan {
     /// uses once and writes its outputs once (what the kernels would move if caches held
     /// nothing across launches and nothing inside a kernel were read twice).
     pub fn traffic_bytes(&self) -> u64 {
+        self.kernels.iter().map(|k| self.kernel_traffic_bytes(k)).sum()
+    }
+
+    /// [`Plan::traffic_bytes`] of one kernel: the stored values it reads once each, and its
+    /// outputs.
+    pub fn kernel_traffic_bytes(&self, kernel: &Kernel) -> u64 {
         let graph = &self.graph;
         let stored = |id: NodeId| self.locations.contains_key(&id);
-        let mut total = 0u64;
-        for kernel in &self.kernels {
-            let mut read = std::collections::HashSet::new();
-            for &node in &kernel.nodes {
-                for input in graph.inputs_of(node) {
-                    if !kernel.nodes.contains(&input) {
-                        read.extend(stored_value(graph, input, &stored));
-                    }
+        let mut read = std::collections::HashSet::new();
+        for &node in &kernel.nodes {
+            for input in graph.inputs_of(node) {
+                if !kernel.nodes.contains(&input) {
+                    read.extend(stored_value(graph, input, &stored));
                 }
             }
-            let written = kernel.outputs.iter();
-            total += read.iter().chain(written).map(|&id| graph.node(id).ty.size_bytes() as u64).sum::<u64>();
         }
-        total
+        let written = kernel.outputs.iter();
+        read.iter().chain(written).map(|&id| graph.node(id).ty.size_bytes() as u64).sum()
     }
 
     /// Floating-point operations of one run in its matrix products (GEMMs and attention),

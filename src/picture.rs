@@ -1,0 +1,276 @@
+//! The picture of a compiled program, and its description as JSON: what `fusec inspect --dot`,
+//! `--svg` and `--json` write.
+//!
+//! The picture is Graphviz DOT: each kernel launch a coloured cluster labelled with its launch
+//! number, its kind, the ONNX nodes it covers and the bytes it is estimated to move; inside it
+//! the IR nodes it computes. GEMMs (cuBLAS / cuBLASLt calls) have a bold border. Layout views
+//! that cost no launch are dashed ovals outside every cluster; weights are left out (their
+//! count is in each cluster's label). The graph's title gives the totals, graph breaks
+//! included.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::fusion::KernelKind;
+use crate::ir::{NodeId, Op};
+use crate::plan::Plan;
+
+/// Version of the JSON documents `inspect`, `compile` and `bench` write; raised whenever a
+/// field changes meaning or goes away (new fields do not raise it).
+pub const JSON_SCHEMA_VERSION: u32 = 1;
+
+/// Fill colour of a kernel kind's cluster.
+fn color(kind: &KernelKind) -> &'static str {
+    match kind {
+        KernelKind::Gemm { .. } => "#cfe2f3",
+        KernelKind::Attention => "#f4cccc",
+        KernelKind::RowReduction { .. } => "#d9ead3",
+        KernelKind::Pointwise => "#fff2cc",
+        KernelKind::Gather => "#ead1dc",
+        KernelKind::Conv => "#d0e0e3",
+        KernelKind::Copy => "#eeeeee",
+        KernelKind::Single { .. } => "#fce5cd",
+    }
+}
+
+/// `text` as a DOT string literal's contents.
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Bytes for people: `532 B`, `4.2 KB`, `3.1 MB`.
+pub fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b < 1000 => format!("{b} B"),
+        b if b < 1_000_000 => format!("{:.1} KB", b as f64 / 1e3),
+        b if b < 1_000_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b => format!("{:.2} GB", b as f64 / 1e9),
+    }
+}
+
+/// The first `shown` names, then how many more.
+pub fn abbreviated(names: &[String], shown: usize) -> String {
+    let mut text = names.iter().take(shown).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > shown {
+        let _ = write!(text, ", … ({} more)", names.len() - shown);
+    }
+    text
+}
+
+/// An ONNX node name short enough for a label: its last 40 characters.
+fn short_name(name: &str) -> String {
+    let chars: Vec<char> = name.chars().collect();
+    match chars.len() {
+        n if n <= 40 => name.to_string(),
+        n => format!("…{}", chars[n - 39..].iter().collect::<String>()),
+    }
+}
+
+/// The program of `plan` as Graphviz DOT, titled `title`; only the launches in `launches`
+/// (all of them when `None`), with the views and inputs they read.
+pub fn dot(plan: &Plan, title: &str, launches: Option<std::ops::RangeInclusive<usize>>) -> String {
+    let graph = &plan.graph;
+    let selected = |i: usize| launches.as_ref().is_none_or(|r| r.contains(&i));
+    let mut out = String::new();
+    let gemms = plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count();
+    let _ = writeln!(out, "digraph fusec {{");
+    let _ = writeln!(
+        out,
+        "  label=\"{}\\n{} launches ({} cuBLAS GEMMs), {} graph breaks, {} moved per run (estimated)\";",
+        escape(title),
+        plan.kernels.len(),
+        gemms,
+        plan.graph_breaks,
+        human_bytes(plan.traffic_bytes())
+    );
+    let _ = writeln!(out, "  labelloc=t; rankdir=TB; fontname=\"Helvetica\"; compound=true;");
+    let _ = writeln!(
+        out,
+        "  node [shape=box, style=\"rounded,filled\", fillcolor=white, fontname=\"Helvetica\", fontsize=10];"
+    );
+    let _ = writeln!(out, "  edge [color=\"#555555\"];");
+    let is_weight = |id: NodeId| matches!(graph.node(id).op, Op::Constant(_));
+    let mut drawn: HashSet<NodeId> = HashSet::new();
+    let mut kernel_of: HashMap<NodeId, usize> = HashMap::new();
+    for (i, kernel) in plan.kernels.iter().enumerate() {
+        if !selected(i) {
+            continue;
+        }
+        let weights: HashSet<NodeId> =
+            kernel.nodes.iter().flat_map(|&n| graph.inputs_of(n)).filter(|&input| is_weight(input)).collect();
+        let gemm = matches!(kernel.kind, KernelKind::Gemm { .. });
+        let _ = writeln!(out, "  subgraph cluster_{i} {{");
+        let _ = writeln!(
+            out,
+            "    label=\"#{i} {}{}\\n{} ONNX node{}: {}\\n{}{}\";",
+            escape(&kernel.kind.name()),
+            if gemm { " (cuBLAS)" } else { "" },
+            kernel.covers.len(),
+            if kernel.covers.len() == 1 { "" } else { "s" },
+            escape(&abbreviated(&kernel.covers.iter().map(|c| short_name(c)).collect::<Vec<_>>(), 2)),
+            human_bytes(plan.kernel_traffic_bytes(kernel)),
+            match weights.len() {
+                0 => String::new(),
+                n => format!(", {n} weight{}", if n == 1 { "" } else { "s" }),
+            }
+        );
+        let _ = writeln!(
+            out,
+            "    style=\"filled{}\"; fillcolor=\"{}\"; penwidth={}; fontsize=10;",
+            if gemm { ",bold" } else { ",rounded" },
+            color(&kernel.kind),
+            if gemm { 2.5 } else { 1.0 }
+        );
+        for &n in &kernel.nodes {
+            let node = graph.node(n);
+            let _ =
+                writeln!(out, "    n{} [label=\"{}\\n{}\"];", n.index(), escape(&node.op.kind()), node.ty);
+            drawn.insert(n);
+            kernel_of.insert(n, i);
+        }
+        let _ = writeln!(out, "  }}");
+    }
+    let program_inputs: HashSet<NodeId> = graph.inputs().iter().copied().collect();
+    let in_kernel: HashSet<NodeId> = plan.kernels.iter().flat_map(|k| k.nodes.iter().copied()).collect();
+    // A view or input is drawn when a drawn kernel reads it or it is a view of a drawn value.
+    let reads_of_drawn: HashSet<NodeId> = drawn.iter().flat_map(|&n| graph.inputs_of(n)).collect();
+    let wanted = |id: NodeId| {
+        if launches.is_none() || reads_of_drawn.contains(&id) {
+            return true;
+        }
+        let mut at = id;
+        while let Some(&source) = graph.inputs_of(at).first() {
+            if drawn.contains(&source) {
+                return true;
+            }
+            if in_kernel.contains(&source) || program_inputs.contains(&source) || is_weight(source) {
+                return false;
+            }
+            at = source;
+        }
+        false
+    };
+    let others: Vec<NodeId> =
+        graph.node_ids().filter(|&id| !drawn.contains(&id) && !is_weight(id) && wanted(id)).collect();
+    for id in others {
+        let node = graph.node(id);
+        let launch = plan.kernels.iter().position(|k| k.nodes.contains(&id));
+        let (shape, style) = match launch {
+            _ if program_inputs.contains(&id) => ("box", "filled"),
+            Some(_) => ("box", "dotted"),
+            None => ("ellipse", "dashed"),
+        };
+        let label = match launch {
+            _ if program_inputs.contains(&id) => format!("input {}\\n{}", escape(&node.name), node.ty),
+            Some(k) => format!("{} in #{k}\\n{}", escape(&node.op.kind()), node.ty),
+            None => format!("{} (view)\\n{}", escape(&node.op.kind()), node.ty),
+        };
+        let _ = writeln!(
+            out,
+            "  n{} [label=\"{label}\", shape={shape}, style=\"{style}\", fillcolor=\"#f3f3f3\"];",
+            id.index()
+        );
+        drawn.insert(id);
+    }
+    for id in graph.node_ids() {
+        if !drawn.contains(&id) {
+            continue;
+        }
+        for input in graph.inputs_of(id) {
+            if drawn.contains(&input) {
+                // Edges inside one kernel stay light: the values never leave it.
+                let inside = kernel_of.get(&input).is_some() && kernel_of.get(&input) == kernel_of.get(&id);
+                let attrs = if inside { " [color=\"#aaaaaa\"]" } else { "" };
+                let _ = writeln!(out, "  n{} -> n{}{attrs};", input.index(), id.index());
+            }
+        }
+    }
+    for (k, (name, id)) in graph.outputs().iter().enumerate() {
+        if !drawn.contains(id) {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  out{k} [label=\"output {}\\n{}\", shape=box, style=filled, fillcolor=\"#f3f3f3\"];",
+            escape(name),
+            graph.node(*id).ty
+        );
+        let _ = writeln!(out, "  n{} -> out{k};", id.index());
+    }
+    let _ = writeln!(out, "}}");
+    out
+}
+
+/// Why an SVG could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error(
+        "Graphviz's `dot` was not found on PATH, so {path} cannot be rendered: install Graphviz \
+         (Debian/Ubuntu: apt install graphviz; macOS: brew install graphviz), or write the DOT \
+         text with --dot FILE and render it elsewhere"
+    )]
+    NoDot { path: String },
+    #[error("Graphviz's `dot` failed to render {path}: {message}")]
+    Failed { path: String, message: String },
+}
+
+/// Renders `dot_text` to an SVG file at `path` with Graphviz's `dot`.
+pub fn render_svg(dot_text: &str, path: &Path) -> Result<(), RenderError> {
+    use std::io::Write as _;
+    let shown = path.display().to_string();
+    let mut child = match std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .arg("-o")
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(RenderError::NoDot { path: shown }),
+        Err(e) => return Err(RenderError::Failed { path: shown, message: e.to_string() }),
+    };
+    let failed = |message: String| RenderError::Failed { path: shown.clone(), message };
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(dot_text.as_bytes()).map_err(|e| failed(e.to_string()))?;
+    }
+    let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    if !output.status.success() {
+        return Err(failed(String::from_utf8_lossy(&output.stderr).trim().to_string()));
+    }
+    Ok(())
+}
+
+/// The program of `plan` as JSON (the `program` object of `fusec inspect --json`): totals and
+/// one entry per kernel launch.
+pub fn program_json(plan: &Plan, fused: bool) -> serde_json::Value {
+    let graph = &plan.graph;
+    let kernels: Vec<serde_json::Value> = plan
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            serde_json::json!({
+                "launch": i,
+                "kind": k.kind.name(),
+                "gemm": matches!(k.kind, KernelKind::Gemm { .. }),
+                "ir_nodes": k.nodes.iter().map(|&n| graph.node(n).op.kind()).collect::<Vec<_>>(),
+                "covers": k.covers,
+                "writes": k.outputs.iter().map(|&o| graph.node(o).ty.to_string()).collect::<Vec<_>>(),
+                "estimated_bytes": plan.kernel_traffic_bytes(k),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "fused": fused,
+        "launches": plan.kernels.len(),
+        "gemm_calls": plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count(),
+        "graph_breaks": plan.graph_breaks,
+        "estimated_bytes": plan.traffic_bytes(),
+        "flops": plan.flops(),
+        "activation_bytes": plan.arena_bytes,
+        "weight_bytes": plan.weights.len(),
+        "kernels": kernels,
+    })
+}
