@@ -180,7 +180,7 @@ pub fn dot(plan: &Plan, title: &str, launches: Option<std::ops::RangeInclusive<u
         for input in graph.inputs_of(id) {
             if drawn.contains(&input) {
                 // Edges inside one kernel stay light: the values never leave it.
-                let inside = kernel_of.get(&input).is_some() && kernel_of.get(&input) == kernel_of.get(&id);
+                let inside = kernel_of.contains_key(&input) && kernel_of.get(&input) == kernel_of.get(&id);
                 let attrs = if inside { " [color=\"#aaaaaa\"]" } else { "" };
                 let _ = writeln!(out, "  n{} -> n{}{attrs};", input.index(), id.index());
             }
