@@ -11,6 +11,7 @@ use fusec::ir::{random_tensor, rel_l2, DType, Tensor};
 use fusec::runtime::{Session, SessionOptions, StepProfile};
 use fusec::{Bundle, CompileOptions};
 
+use super::progress::Progress;
 use super::shapes::ShapeArgs;
 
 /// Compare fused and unfused latency on the GPU: compile the model twice (fused, with a CUDA
@@ -18,7 +19,7 @@ use super::shapes::ShapeArgs;
 /// both with CUDA events after a warm-up, rotating input sets.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64\n  fusec bench bert.bundle --iters 500 --json bert.json"
+    after_help = "Examples:\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --precision fp16 --profile\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --json - | jq .speedup\n  fusec bench bert.bundle --iters 500 --json bert.json"
 )]
 pub struct Bench {
     /// An ONNX model, or a bundle (its source model is compiled again unfused).
@@ -40,6 +41,9 @@ pub struct Bench {
     /// The GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// No progress line (there is none anyway when standard error is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
     /// Also time every step of the fused program on its own and list the top kernels.
     #[arg(long)]
     profile: bool,
@@ -156,10 +160,10 @@ impl Bench {
             bail!("fusec bench needs an NVIDIA GPU: no CUDA driver (libcuda.so) was found on this machine");
         }
         let precision = super::shapes::precision(&self.precision);
-        let clock = std::time::Instant::now();
+        let progress = Progress::new(self.quiet, "starting");
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
             let import = self.shapes.options();
-            eprintln!("[  0.0s] compiling {} (fused)…", self.model.display());
+            progress.set(format!("compiling {} (fused)", self.model.display()));
             let options = CompileOptions { import: import.clone(), precision, ..Default::default() };
             (fusec::compile(&self.model, &options)?, self.model.clone(), import)
         } else {
@@ -177,15 +181,12 @@ impl Bench {
             let onnx = PathBuf::from(&bundle.header.model);
             (bundle, onnx, fusec::import::ImportOptions::new(specs, vec![]))
         };
-        eprintln!("[{:>5.1}s] compiling {} (unfused)…", clock.elapsed().as_secs_f64(), onnx.display());
+        progress.set(format!("compiling {} (unfused)", onnx.display()));
         let options =
             CompileOptions { import, no_fuse: true, precision: fused.header.precision, ..Default::default() };
         let unfused = fusec::compile(&onnx, &options)?;
         let sets = input_sets(&fused.header.inputs)?;
-        eprintln!(
-            "[{:>5.1}s] loading both (NVRTC) and checking their outputs agree…",
-            clock.elapsed().as_secs_f64()
-        );
+        progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");
         let tune_gemms = !self.no_gemm_tuning;
         let mut fast =
             Session::with_options(&fused, self.device, SessionOptions { cuda_graph: true, tune_gemms })?;
@@ -199,9 +200,9 @@ impl Bench {
                 bail!("fused and unfused outputs differ on {name}: rel-L2 {err:e} (tolerance {tolerance:e})");
             }
         }
-        eprintln!("[{:>5.1}s] measuring copy bandwidth and GEMM rate…", clock.elapsed().as_secs_f64());
+        progress.set("measuring copy bandwidth and GEMM rate");
         let rates = fusec::runtime::measure_rates(self.device, fused.header.precision)?;
-        eprintln!("[{:>5.1}s] timing {} runs of each…", clock.elapsed().as_secs_f64(), self.iters);
+        progress.set(format!("timing {} runs of each", self.iters));
         let mut rows = Vec::new();
         for (label, bundle, session) in [("unfused", &unfused, &mut slow), ("fused", &fused, &mut fast)] {
             let mut times = session.time_runs(&sets, self.warmup, self.iters.max(1))?;
@@ -223,14 +224,12 @@ impl Bench {
             });
         }
         let profile = if self.profile {
-            eprintln!(
-                "[{:>5.1}s] profiling the fused program step by step, alone and repeated in a graph…",
-                clock.elapsed().as_secs_f64()
-            );
+            progress.set("profiling the fused program step by step, alone and repeated in a graph");
             Some(fast.profile(&sets[0], self.iters.clamp(1, 50))?)
         } else {
             None
         };
+        drop(progress);
         let speedup = rows[0].median / rows[1].median;
         // With `--json -` standard output carries only the JSON.
         if self.json.as_ref().is_none_or(|p| p.as_os_str() != "-") {

@@ -6,13 +6,14 @@ use std::process::ExitCode;
 use clap::Args;
 use fusec::CompileOptions;
 
+use super::progress::{next_stage, Progress};
 use super::shapes::ShapeArgs;
 
 /// Compile an ONNX model into a bundle: fused CUDA kernels (PTX when NVRTC is installed,
 /// sources otherwise) plus cuBLAS calls, with the weights.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=8 --dim seq=64\n  fusec compile models/mlp_block.onnx -o mlp.bundle --input x:4x7x40 --no-fuse --emit-cuda cuda/"
+    after_help = "Examples:\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=8 --dim seq=64\n  fusec compile models/bert_ts.onnx -o bert16.bundle --dim batch=8 --dim seq=64 --precision fp16 -v\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=8 --dim seq=64 --json - | jq .launches\n  fusec compile models/mlp_block.onnx -o mlp.bundle --input x:4x7x40 --no-fuse --emit-cuda cuda/"
 )]
 pub struct Compile {
     /// The ONNX model.
@@ -38,6 +39,9 @@ pub struct Compile {
     /// Print each stage's time and the process's peak memory so far (on stderr).
     #[arg(short, long)]
     verbose: bool,
+    /// No progress line (there is none anyway when standard error is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
     /// Also write what was compiled as JSON (schema in the README; `-` for standard output,
     /// which then carries only the JSON).
     #[arg(long, value_name = "FILE")]
@@ -66,18 +70,21 @@ impl Compile {
         let mut last = 0.0;
         let verbose = self.verbose;
         let mut stages = Vec::new();
+        let progress = Progress::new(self.quiet, &format!("importing {}", self.model.display()));
         let mut report = |stage: &str| {
             let now = clock.elapsed().as_secs_f64();
             stages.push(serde_json::json!({"stage": stage, "seconds": now - last}));
             if verbose {
                 let peak = peak_memory().map_or(String::new(), |b| format!(", peak memory {} MB", b >> 20));
-                eprintln!("{stage:>8}: {:6.3} s (at {now:.3} s{peak})", now - last);
+                progress.println(&format!("{stage:>8}: {:6.3} s (at {now:.3} s{peak})", now - last));
             }
+            progress.set(next_stage(stage));
             last = now;
         };
         let bundle = fusec::compile_reporting(&self.model, &options, &mut report)?;
         bundle.save(&self.output)?;
         report("save");
+        drop(progress);
         let h = &bundle.header;
         let ptx = match &h.arch {
             Some(arch) => format!("PTX for {arch}"),
