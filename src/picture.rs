@@ -274,3 +274,120 @@ pub fn program_json(plan: &Plan, fused: bool) -> serde_json::Value {
         "kernels": kernels,
     })
 }
+
+/// One bar of [`latency_svg`]: a label, the median and the p10–p90 whisker, in ms.
+pub struct Bar {
+    /// What the bar measures.
+    pub label: String,
+    /// Median, ms.
+    pub median_ms: f64,
+    /// 10th and 90th percentiles, ms (equal to the median where there are none).
+    pub p10_ms: f64,
+    /// See `p10_ms`.
+    pub p90_ms: f64,
+}
+
+/// The latency plot `fusec bench --svg` writes: one horizontal bar per variant (unfused,
+/// fused) with its p10–p90 whisker, then, when `steps` is not empty, one per profiled step of
+/// the fused program (its GPU time), longest first. Linear scales, one per panel.
+pub fn latency_svg(title: &str, variants: &[Bar], steps: &[Bar]) -> String {
+    // The labels sit left of the bars: room for the longest (about 6.2 px a character at 11 px).
+    let longest = variants.iter().chain(steps).map(|b| b.label.chars().count()).max().unwrap_or(0);
+    let left = (16.0 + 6.2 * longest as f64).max(120.0);
+    let (width, row, top) = (460.0, 18.0, 50.0);
+    let panel_height = |n: usize| n as f64 * row + 40.0;
+    let height = top
+        + panel_height(variants.len())
+        + if steps.is_empty() { 0.0 } else { panel_height(steps.len()) }
+        + 10.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">",
+        left + width + 90.0
+    );
+    let _ = writeln!(out, "<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>", xml(title));
+    let mut y = top;
+    let panel = |out: &mut String, heading: &str, bars: &[Bar], color: &str, y: &mut f64| {
+        let max = bars.iter().map(|b| b.p90_ms.max(b.median_ms)).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+        let _ = writeln!(out, "<text x=\"10\" y=\"{}\" font-weight=\"bold\">{}</text>", *y, xml(heading));
+        *y += 10.0;
+        for bar in bars {
+            let x = |ms: f64| left + width * ms / max;
+            let _ = writeln!(
+                out,
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                left - 6.0,
+                *y + 12.0,
+                xml(&bar.label)
+            );
+            let _ = writeln!(
+                out,
+                "<rect x=\"{left}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{}\" fill=\"{color}\"><title>{}: {:.4} ms</title></rect>",
+                *y + 2.0,
+                (x(bar.median_ms) - left).max(1.0),
+                row - 4.0,
+                xml(&bar.label),
+                bar.median_ms
+            );
+            if bar.p90_ms > bar.p10_ms {
+                let mid = *y + row / 2.0;
+                let _ = writeln!(
+                    out,
+                    "<line x1=\"{:.1}\" y1=\"{mid:.1}\" x2=\"{:.1}\" y2=\"{mid:.1}\" stroke=\"black\"/>",
+                    x(bar.p10_ms),
+                    x(bar.p90_ms)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\">{:.4} ms</text>",
+                x(bar.p90_ms.max(bar.median_ms)) + 4.0,
+                *y + 12.0,
+                bar.median_ms
+            );
+            *y += row;
+        }
+        *y += 30.0;
+    };
+    panel(&mut out, "median latency per run (whisker: p10–p90)", variants, "#1f77b4", &mut y);
+    if !steps.is_empty() {
+        panel(&mut out, "fused program, GPU time per step (top steps)", steps, "#ff7f0e", &mut y);
+    }
+    let _ = writeln!(out, "</svg>");
+    out
+}
+
+/// `text` escaped for XML.
+fn xml(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bar(label: &str, median_ms: f64, p10_ms: f64, p90_ms: f64) -> Bar {
+        Bar { label: label.into(), median_ms, p10_ms, p90_ms }
+    }
+
+    #[test]
+    fn latency_plot_scales_bars_to_their_medians() {
+        let svg = latency_svg(
+            "bert <test>",
+            &[bar("unfused", 2.0, 1.9, 2.2), bar("fused", 0.5, 0.49, 0.52)],
+            &[bar("attention", 0.1, 0.1, 0.1), bar("gemm+bias", 0.3, 0.3, 0.3)],
+        );
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("bert &lt;test&gt;"), "titles are escaped");
+        // Widths are proportional to the medians within a panel: the longest whisker spans the panel.
+        let width = |label: &str| -> f64 {
+            let line = svg.lines().find(|l| l.contains(&format!("<title>{label}:"))).unwrap();
+            let w = line.split("width=\"").nth(1).unwrap().split('"').next().unwrap();
+            w.parse().unwrap()
+        };
+        assert!((width("unfused") / width("fused") - 4.0).abs() < 0.01);
+        assert!((width("gemm+bias") / width("attention") - 3.0).abs() < 0.01);
+        assert_eq!(svg.matches("<line").count(), 2, "whiskers only where p10 < p90");
+    }
+}

@@ -19,7 +19,7 @@ use super::shapes::ShapeArgs;
 /// both with CUDA events after a warm-up, rotating input sets.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --precision fp16 --profile\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --json - | jq .speedup\n  fusec bench bert.bundle --iters 500 --json bert.json"
+    after_help = "Examples:\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --precision fp16 --profile --svg bert.svg\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64 --json - | jq .speedup\n  fusec bench bert.bundle --iters 500 --json bert.json"
 )]
 pub struct Bench {
     /// An ONNX model, or a bundle (its source model is compiled again unfused).
@@ -41,6 +41,9 @@ pub struct Bench {
     /// The GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Also draw the latencies (and, with --profile, the top steps) as an SVG plot.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// No progress line (there is none anyway when standard error is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -285,6 +288,31 @@ impl Bench {
             if let Some(steps) = &profile {
                 print_profile(steps);
             }
+        }
+        if let Some(path) = &self.svg {
+            use fusec::picture::{latency_svg, Bar};
+            let variants: Vec<Bar> = rows
+                .iter()
+                .map(|r| Bar {
+                    label: r.label.to_string(),
+                    median_ms: r.median,
+                    p10_ms: r.p10,
+                    p90_ms: r.p90,
+                })
+                .collect();
+            let mut steps: Vec<Bar> = profile
+                .iter()
+                .flatten()
+                .map(|s| {
+                    let ms = s.repeated_ms.unwrap_or(s.alone_ms);
+                    Bar { label: s.name.clone(), median_ms: ms, p10_ms: ms, p90_ms: ms }
+                })
+                .collect();
+            steps.sort_by(|a, b| b.median_ms.total_cmp(&a.median_ms));
+            steps.truncate(12);
+            let title = format!("{} on {}, {}", onnx.display(), fast.device_name, fused.header.precision);
+            std::fs::write(path, latency_svg(&title, &variants, &steps))
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         if let Some(path) = &self.json {
             let json = serde_json::json!({

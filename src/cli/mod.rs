@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
     version,
     about,
     propagate_version = true,
-    after_help = "Start here (models/ ships small exported models):\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=2 --dim seq=16\n  fusec run bert.bundle --input input=ids.npy --check\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=128\n\nEach subcommand's --help has more examples."
+    after_help = "Start here (models/ ships small exported models):\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=2 --dim seq=16\n  fusec run bert.bundle --input input=ids.npy --check\n  fusec bench models/bert_ts.onnx --dim batch=8 --dim seq=64\n\nEach subcommand's --help has more examples."
 )]
 pub struct Cli {
     #[command(subcommand)]
