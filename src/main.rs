@@ -18,8 +18,22 @@ fn long_version() -> String {
     )
 }
 
+/// Logs go to standard error through `tracing`: warnings by default, more with `RUST_LOG`
+/// (`RUST_LOG=fusec=info` for each stage, `debug` for every kernel compiled or found cached).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}
+
 fn main() -> ExitCode {
     use clap::{CommandFactory, FromArgMatches};
+    init_logs();
     // Computed once per process, so leaking it costs nothing.
     let version: &'static str = Box::leak(long_version().into_boxed_str());
     let matches = cli::Cli::command().long_version(version).get_matches();

@@ -134,6 +134,13 @@ pub fn plan_reporting(
     done: &mut dyn FnMut(&'static str),
 ) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
     let model = import::import(path, &options.import)?;
+    tracing::info!(
+        "imported {}: {} ONNX nodes, {} IR nodes ({} folded into constants)",
+        path.display(),
+        model.onnx.node_count,
+        model.graph.op_histogram().values().sum::<usize>(),
+        model.folded_nodes
+    );
     done("import");
     let (graph, covers, mode, report) = if options.no_fuse {
         (model.graph, Default::default(), Mode::OneKernelPerNode, None)
@@ -143,6 +150,16 @@ pub fn plan_reporting(
         done("passes");
         let limits = FusionLimits { precision: options.precision, ..Default::default() };
         let fused = fusion::fuse(&graph, &limits)?;
+        let r = &fused.report;
+        tracing::info!(
+            "fusion: {} after {} iterations, {} e-nodes in {} classes ({:.1} ms saturation, {:.1} ms extraction)",
+            r.stop_reason,
+            r.iterations,
+            r.egraph_nodes,
+            r.egraph_classes,
+            r.saturation_time.as_secs_f64() * 1e3,
+            r.extraction_time.as_secs_f64() * 1e3
+        );
         (fused.graph, fused.covers, Mode::Fused, Some(fused.report))
     };
     done("fuse");
@@ -160,6 +177,12 @@ pub fn plan_reporting(
     done("lower");
     let partition = fusion::partition(&graph, &covers, mode)?;
     let plan = Plan::new(graph, partition)?;
+    tracing::info!(
+        "plan: {} launches, {} activation bytes at peak, {} weight bytes",
+        plan.kernels.len(),
+        plan.arena_bytes,
+        plan.weights.len()
+    );
     done("plan");
     Ok((plan, report))
 }

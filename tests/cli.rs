@@ -465,3 +465,27 @@ fn inspect_launches_out_of_range_is_an_error() {
     let out = fusec_at_root(&["inspect", "models/mlp_block.onnx", "--launches", "4..2", "--dot", "x.dot"]);
     assert!(text(&out.stderr).contains("the first launch is after the last"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn rust_log_turns_on_the_stage_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("mlp.bundle");
+    let args = ["compile", "models/mlp_block.onnx", "--input", "x:4x7x40", "-o", bundle.to_str().unwrap()];
+    let quiet = Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(quiet.status.success(), "{}", text(&quiet.stderr));
+    assert!(!text(&quiet.stderr).contains("INFO"), "no logs by default: {}", text(&quiet.stderr));
+    let logged = Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUST_LOG", "fusec=info")
+        .output()
+        .unwrap();
+    let stderr = text(&logged.stderr);
+    assert!(stderr.contains("imported models/mlp_block.onnx: 12 ONNX nodes, 12 IR nodes"), "{stderr}");
+    assert!(stderr.contains("fusion: Saturated") && stderr.contains("plan: 3 launches"), "{stderr}");
+}

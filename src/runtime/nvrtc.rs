@@ -129,9 +129,12 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
     let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.function)));
     let cached = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
     if let Some(ptx) = cached.and_then(|text| cache_entry(text, &kernel.function)) {
+        tracing::debug!(function = %kernel.function, "NVRTC cache hit");
         return Ok(ptx);
     }
+    let clock = std::time::Instant::now();
     let ptx = compile(kernel, arch)?;
+    tracing::debug!(function = %kernel.function, ms = clock.elapsed().as_secs_f64() * 1e3, "compiled with NVRTC");
     if let Some(path) = path {
         let written = path.parent().map(std::fs::create_dir_all).transpose().ok().and_then(|_| {
             let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -151,6 +154,7 @@ pub fn compile_all_cached(
 ) -> Result<std::collections::HashMap<String, String>, RuntimeError> {
     let mut seen = std::collections::HashSet::new();
     let distinct: Vec<&KernelSource> = kernels.iter().copied().filter(|k| seen.insert(&k.function)).collect();
+    tracing::info!("NVRTC: {} kernels, {} distinct functions, for {arch}", kernels.len(), distinct.len());
     let results = crate::parallel::map(&distinct, |kernel| {
         compile_cached(kernel, arch).map(|ptx| (kernel.function.clone(), ptx))
     });

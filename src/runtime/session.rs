@@ -447,6 +447,9 @@ impl Session {
             if tries >= CAPTURE_TRIES {
                 return Err(failure);
             }
+            tracing::warn!(
+                "CUDA graph capture failed (try {tries} of {CAPTURE_TRIES}), trying again: {failure}"
+            );
             self.stream.synchronize().map_err(driver)?;
             std::thread::sleep(std::time::Duration::from_millis(tries as u64));
         }
