@@ -489,3 +489,35 @@ fn rust_log_turns_on_the_stage_logs() {
     assert!(stderr.contains("imported models/mlp_block.onnx: 12 ONNX nodes, 12 IR nodes"), "{stderr}");
     assert!(stderr.contains("fusion: Saturated") && stderr.contains("plan: 3 launches"), "{stderr}");
 }
+
+#[test]
+fn the_kernel_cache_lives_in_the_platform_cache_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(["cache", "info"])
+        .env_remove("FUSEC_CACHE_DIR")
+        .env("XDG_CACHE_HOME", dir.path())
+        .env("HOME", dir.path().join("home"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let expected = if cfg!(target_os = "linux") {
+        dir.path().join("fusec").join("nvrtc")
+    } else {
+        dirs::cache_dir().unwrap().join("fusec").join("nvrtc")
+    };
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with(&format!("cache       {}\n", expected.display())), "{stdout}");
+    // FUSEC_CACHE_DIR overrides it.
+    let own = dir.path().join("own");
+    let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(["cache", "info"])
+        .env("FUSEC_CACHE_DIR", &own)
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with(&format!("cache       {}\n", own.display())),
+        "{}",
+        text(&out.stdout)
+    );
+}

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 /// Show or clear the cache of compiled kernels (PTX) and GEMM algorithm choices.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "The cache is $FUSEC_CACHE_DIR, else $XDG_CACHE_HOME/fusec/nvrtc, else ~/.cache/fusec/nvrtc.\n\nExamples:\n  fusec cache info\n  FUSEC_CACHE_DIR=/tmp/k fusec cache clear"
+    after_help = "The cache is $FUSEC_CACHE_DIR, else fusec/nvrtc in the platform's cache directory (Linux: $XDG_CACHE_HOME, else ~/.cache; macOS: ~/Library/Caches; Windows: %LOCALAPPDATA%).\n\nExamples:\n  fusec cache info\n  FUSEC_CACHE_DIR=/tmp/k fusec cache clear"
 )]
 pub struct Cache {
     #[command(subcommand)]
@@ -58,8 +58,9 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<(&'static str, std::path::PathBuf, 
 
 impl Cache {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        let dir = fusec::runtime::nvrtc::cache_dir()
-            .context("no cache directory: set FUSEC_CACHE_DIR (neither XDG_CACHE_HOME nor HOME is set)")?;
+        let dir = fusec::runtime::nvrtc::cache_dir().context(
+            "no cache directory: set FUSEC_CACHE_DIR (this platform's cache directory was not found)",
+        )?;
         let found = entries(&dir)?;
         match self.action {
             Action::Info => {

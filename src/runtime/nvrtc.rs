@@ -92,16 +92,14 @@ fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
-/// Where compiled PTX is cached: `$FUSEC_CACHE_DIR`, else `$XDG_CACHE_HOME/fusec/nvrtc`,
-/// else `~/.cache/fusec/nvrtc`.
+/// Where compiled PTX is cached: `$FUSEC_CACHE_DIR`, else `fusec/nvrtc` in the platform's
+/// cache directory (Linux: `$XDG_CACHE_HOME`, else `~/.cache`; macOS: `~/Library/Caches`;
+/// Windows: `%LOCALAPPDATA%`).
 pub fn cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("FUSEC_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("fusec").join("nvrtc"))
+    Some(dirs::cache_dir()?.join("fusec").join("nvrtc"))
 }
 
 /// The line every cache entry ends with: an entry without it (cut short, or not written by
