@@ -150,16 +150,7 @@ pub fn plan_reporting(
         done("passes");
         let limits = FusionLimits { precision: options.precision, ..Default::default() };
         let fused = fusion::fuse(&graph, &limits)?;
-        let r = &fused.report;
-        tracing::info!(
-            "fusion: {} after {} iterations, {} e-nodes in {} classes ({:.1} ms saturation, {:.1} ms extraction)",
-            r.stop_reason,
-            r.iterations,
-            r.egraph_nodes,
-            r.egraph_classes,
-            r.saturation_time.as_secs_f64() * 1e3,
-            r.extraction_time.as_secs_f64() * 1e3
-        );
+        tracing::info!("fusion: {}", fused.report);
         (fused.graph, fused.covers, Mode::Fused, Some(fused.report))
     };
     done("fuse");

@@ -103,15 +103,7 @@ fn dims_json(dims: &Option<Vec<DeclaredDim>>) -> serde_json::Value {
 impl Inspect {
     fn print_kernels(plan: &Plan, report: Option<&FusionReport>, onnx_nodes: usize) {
         if let Some(r) = report {
-            println!(
-                "fusion      {} after {} iterations ({} e-nodes, {} classes): saturation {:.1} ms, extraction {:.1} ms",
-                r.stop_reason,
-                r.iterations,
-                r.egraph_nodes,
-                r.egraph_classes,
-                r.saturation_time.as_secs_f64() * 1e3,
-                r.extraction_time.as_secs_f64() * 1e3
-            );
+            println!("fusion      {r}");
             println!("fused ops   {}", histogram(&plan.graph.op_histogram()));
         }
         let gemms = plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count();
