@@ -73,7 +73,7 @@ pub fn dot(plan: &Plan, title: &str, launches: Option<std::ops::RangeInclusive<u
     let graph = &plan.graph;
     let selected = |i: usize| launches.as_ref().is_none_or(|r| r.contains(&i));
     let mut out = String::new();
-    let gemms = plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count();
+    let gemms = plan.gemm_calls();
     let _ = writeln!(out, "digraph fusec {{");
     let _ = writeln!(
         out,
@@ -265,7 +265,7 @@ pub fn program_json(plan: &Plan, fused: bool) -> serde_json::Value {
     serde_json::json!({
         "fused": fused,
         "launches": plan.kernels.len(),
-        "gemm_calls": plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count(),
+        "gemm_calls": plan.gemm_calls(),
         "graph_breaks": plan.graph_breaks,
         "estimated_bytes": plan.traffic_bytes(),
         "flops": plan.flops(),

@@ -76,8 +76,7 @@ pub fn compile_reporting(
 ) -> Result<Bundle, CompileError> {
     let (plan, _) = plan_reporting(path, options, done)?;
     let kernels = plan.kernels.len();
-    let gemm_calls =
-        plan.kernels.iter().filter(|k| matches!(k.kind, fusion::KernelKind::Gemm { .. })).count();
+    let gemm_calls = plan.gemm_calls();
     let graph_breaks = plan.graph_breaks;
     let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
@@ -134,6 +133,16 @@ pub fn plan_reporting(
     done: &mut dyn FnMut(&'static str),
 ) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
     let model = import::import(path, &options.import)?;
+    plan_model(model, path, options, done)
+}
+
+/// [`plan_reporting`] of a model already imported from `path` with `options.import`.
+pub fn plan_model(
+    model: import::Model,
+    path: &Path,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
     tracing::info!(
         "imported {}: {} ONNX nodes, {} IR nodes ({} folded into constants)",
         path.display(),

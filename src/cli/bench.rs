@@ -235,7 +235,7 @@ impl Bench {
         drop(progress);
         let speedup = rows[0].median / rows[1].median;
         // With `--json -` standard output carries only the JSON.
-        if self.json.as_ref().is_none_or(|p| p.as_os_str() != "-") {
+        if !super::shapes::json_to_stdout(self.json.as_deref()) {
             println!(
                 "{} on {} ({}), {}, {} runs after {} warm-up, CUDA events, {} input sets rotated",
                 onnx.display(),
@@ -322,7 +322,7 @@ impl Bench {
                 "device": fast.device_name,
                 "arch": fast.arch,
                 "precision": fused.header.precision,
-                "inputs": fused.header.inputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
+                "inputs": super::shapes::io_json(&fused.header.inputs),
                 "iterations": self.iters,
                 "warmup": self.warmup,
                 "input_sets": sets.len(),

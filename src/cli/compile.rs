@@ -92,7 +92,7 @@ impl Compile {
         };
         let functions: std::collections::BTreeSet<&str> =
             h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect();
-        let quiet = self.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
+        let quiet = super::shapes::json_to_stdout(self.json.as_deref());
         if !quiet {
             println!(
                 "{}: {} kernels ({} distinct functions), {} launches per run ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
@@ -125,8 +125,8 @@ impl Compile {
                 "activation_bytes": h.arena_bytes,
                 "estimated_bytes": h.traffic_bytes,
                 "flops": h.flops,
-                "inputs": h.inputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
-                "outputs": h.outputs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect::<Vec<_>>(),
+                "inputs": super::shapes::io_json(&h.inputs),
+                "outputs": super::shapes::io_json(&h.outputs),
                 "stages": stages,
                 "peak_memory_bytes": peak_memory(),
             });

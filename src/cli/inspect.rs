@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use fusec::fusion::{FusionReport, KernelKind};
+use fusec::fusion::FusionReport;
 use fusec::import::{self, DeclaredDim, SHAPE_OPS};
 use fusec::picture::{self, abbreviated, human_bytes, JSON_SCHEMA_VERSION};
 use fusec::plan::Plan;
 use fusec::{ir, CompileOptions};
 
-use super::shapes::{precision, write_json, ShapeArgs};
+use super::shapes::{json_to_stdout, precision, write_json, ShapeArgs};
 
 /// Show a model's inputs, outputs, weights and op histogram before and after import; with
 /// --fused, --dot, --svg or --json, also the program `fusec compile` would make of it.
@@ -106,7 +106,7 @@ impl Inspect {
             println!("fusion      {r}");
             println!("fused ops   {}", histogram(&plan.graph.op_histogram()));
         }
-        let gemms = plan.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count();
+        let gemms = plan.gemm_calls();
         println!(
             "kernels     {} ({gemms} cuBLAS GEMMs), {} graph breaks, for {onnx_nodes} ONNX nodes; {} moved per run (estimated)",
             plan.kernels.len(),
@@ -128,7 +128,7 @@ impl Inspect {
     }
 
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        let quiet = self.json.as_ref().is_some_and(|p| p.as_os_str() == "-");
+        let quiet = json_to_stdout(self.json.as_deref());
         let say = |line: String| {
             if !quiet {
                 println!("{line}");
@@ -213,7 +213,7 @@ impl Inspect {
                 precision: precision(&self.precision),
                 ..Default::default()
             };
-            let (plan, report) = fusec::pipeline::plan_reporting(&self.model, &options, &mut |_| {})?;
+            let (plan, report) = fusec::pipeline::plan_model(model, &self.model, &options, &mut |_| {})?;
             if self.fused && !quiet {
                 Self::print_kernels(&plan, report.as_ref(), onnx.node_count);
             }

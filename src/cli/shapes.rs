@@ -13,11 +13,21 @@ pub fn precision(name: &str) -> DType {
     }
 }
 
+/// Whether `--json` names standard output (`-`), which then carries only the JSON.
+pub fn json_to_stdout(json: Option<&std::path::Path>) -> bool {
+    json.is_some_and(|p| p.as_os_str() == "-")
+}
+
+/// A bundle's inputs or outputs as JSON: name, shape and element type of each.
+pub fn io_json(specs: &[fusec::bundle::IoSpec]) -> Vec<serde_json::Value> {
+    specs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect()
+}
+
 /// Where `--json FILE` goes: `-` is standard output.
 pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
     use anyhow::Context;
     let text = serde_json::to_string_pretty(value)? + "\n";
-    if path.as_os_str() == "-" {
+    if json_to_stdout(Some(path)) {
         print!("{text}");
         return Ok(());
     }

@@ -220,6 +220,11 @@ impl Plan {
         Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs, graph_breaks })
     }
 
+    /// Kernels that are cuBLAS(Lt) GEMMs.
+    pub fn gemm_calls(&self) -> usize {
+        self.kernels.iter().filter(|k| matches!(k.kind, crate::fusion::KernelKind::Gemm { .. })).count()
+    }
+
     /// Bytes of device memory the activations need at their peak.
     pub fn peak_activation_bytes(&self) -> usize {
         self.arena_bytes
