@@ -147,13 +147,17 @@ def profiles(extra):
                 cached = " (cached)" if g.get("cached") else f" (program {g['first_us'] / 1e3:.4f} → {g['chosen_us'] / 1e3:.4f} ms)"
                 cublas = g.get("reference") == "Cublas"
                 reference = "cuBLAS" if cublas else "cuBLASLt's first algorithm"
+                heuristic = g.get("heuristic", g["candidates"])
                 if g["chosen"] == 0:
                     what = f"{reference} kept"
+                elif g["chosen"] >= heuristic:
+                    what = f"cuBLASLt variant {g['chosen'] - heuristic + 1} of {g['candidates'] - heuristic}"
                 elif cublas:
-                    what = f"cuBLASLt algorithm {g['chosen']} of {g['candidates'] - 1} (over cuBLAS)"
+                    what = f"cuBLASLt algorithm {g['chosen']} of {heuristic - 1} (over cuBLAS)"
                 else:
-                    what = f"cuBLASLt algorithm {g['chosen'] + 1} of {g['candidates']}"
-                out.append(f"- `{g['gemm']}`: {what}{cached}")
+                    what = f"cuBLASLt algorithm {g['chosen'] + 1} of {heuristic}"
+                config = f": {g['config']}" if g.get("config") else ""
+                out.append(f"- `{g['gemm']}`: {what}{cached}{config}")
             out.append("")
     return "\n".join(out)
 

@@ -4,6 +4,18 @@
 
 namespace fusec {
 
+// Programmatic dependent launch (sm_90 and later). A kernel launched with programmatic stream
+// serialization may be scheduled while the kernel before it in the stream is finishing; every
+// generated kernel calls this first, before it reads or writes memory: it waits until that
+// kernel has completed and its writes are visible, then lets the next kernel be scheduled.
+// Launched without the attribute (or before sm_90), both instructions are no-ops.
+__device__ __forceinline__ void grid_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

@@ -12,6 +12,14 @@
 #   usability what the README shows a new user: --version, the API example (examples/api.rs,
 #             staged as .gpu/example-api), compile --json, bench --json -, run DIR on the ONNX
 #             node cases carried in .onnx-node-cases/
+#   gemms     8x128 and 1x128 fp16 of $FUSEC_MODELS with the GEMM variants off
+#             (FUSEC_GEMM_VARIANTS=0) and on, each from a cold algorithm cache; every candidate's
+#             program time logged (RUST_LOG=fusec=debug) into $OUT/res/gemms-*.log
+#   attn      8x128 and 32x128 fp16 profiles of $FUSEC_MODELS with FUSEC_ATTENTION_SPLITS=1, 2
+#             and 4, then the fixture test with 2 and 4
+#   pdl       1x128, 8x128 and 32x128 fp16 profiles of $FUSEC_MODELS with programmatic dependent
+#             launch off (FUSEC_PDL=0) and on, one GEMM cache shared; 1x128 with
+#             FUSEC_ATTENTION_SPLITS=2 and 4; then the GPU tests with it on
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -99,6 +107,58 @@ for part in "$@"; do
       .gpu/fusec compile models/bert_ts.onnx -o /tmp/bert.bundle --dim batch=2 --dim seq=16 --precision fp16 --json - | head -c 600; echo
       .gpu/fusec bench models/bert_ts.onnx --dim batch=2 --dim seq=16 --iters 50 --json - 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["schema"], d["schema_version"], [(v["variant"], round(v["median_ms"], 4)) for v in d["variants"]])'
       for case in .onnx-node-cases/*/; do echo "--- fusec run $case"; .gpu/fusec run "$case"; echo "exit $?"; done
+      ;;
+    gemms)
+      export_models $models
+      for shape in 8 1; do
+        for m in $models; do
+          for v in 0 ${VARIANTS:-24}; do
+            echo "--- $m ${shape}x128 fp16, FUSEC_GEMM_VARIANTS=$v"
+            rm -rf /tmp/gemm-cache
+            FUSEC_CACHE_DIR=/tmp/gemm-cache FUSEC_GEMM_VARIANTS=$v RUST_LOG=fusec=debug timeout 200 .gpu/fusec bench .bench-work/$m.onnx \
+              --dim batch=$shape --dim seq=128 --precision fp16 --iters 200 --profile --json "$OUT/res/gemms-$m-$shape-v$v.json" \
+              2>"$OUT/res/gemms-$m-$shape-v$v.log" | grep -E "^fused|^unfused|cuBLAS|speedup" | cut -c1-240
+            grep -c "GEMM candidate timed" "$OUT/res/gemms-$m-$shape-v$v.log"
+          done
+        done
+      done
+      ;;
+    attn)
+      export_models $models
+      for shape in 8 32; do
+        for m in $models; do
+          for n in 1 2 4; do
+            echo "--- $m ${shape}x128 fp16, FUSEC_ATTENTION_SPLITS=$n"
+            FUSEC_ATTENTION_SPLITS=$n FUSEC_GEMM_VARIANTS=0 timeout 200 .gpu/fusec bench .bench-work/$m.onnx --dim batch=$shape --dim seq=128 \
+              --precision fp16 --iters 200 --profile --json "$OUT/res/attn-$m-$shape-s$n.json" | grep -E "^fused|attention" | head -3
+          done
+        done
+      done
+      for n in 2 4; do
+        echo "--- fixtures, FUSEC_ATTENTION_SPLITS=$n"
+        FUSEC_ATTENTION_SPLITS=$n timeout 200 .gpu/test-gpu every_fixture --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|mismatch" | head -20
+      done
+      ;;
+    pdl)
+      export_models $models
+      for shape in 1 8 32; do
+        for m in $models; do
+          for p in 0 1 0 1; do
+            echo "--- $m ${shape}x128 fp16, FUSEC_PDL=$p"
+            FUSEC_PDL=$p timeout 200 .gpu/fusec bench .bench-work/$m.onnx --dim batch=$shape --dim seq=128 \
+              --precision fp16 --iters 200 --profile --json "$OUT/res/pdl-$m-$shape-p$p.json" | grep -E "^fused|^unfused" | head -3
+          done
+        done
+      done
+      for m in $models; do
+        for n in 2 4; do
+          echo "--- $m 1x128 fp16, FUSEC_ATTENTION_SPLITS=$n"
+          FUSEC_ATTENTION_SPLITS=$n timeout 200 .gpu/fusec bench .bench-work/$m.onnx --dim batch=1 --dim seq=128 \
+            --precision fp16 --iters 200 --profile --json "$OUT/res/split-$m-1-s$n.json" | grep -E "^fused" | head -3
+        done
+      done
+      echo "--- GPU tests with programmatic dependent launch"
+      timeout 300 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped"
       ;;
     all)
       deadline=$(( $(date +%s) + ${BUDGET:-570} ))

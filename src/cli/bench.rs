@@ -64,8 +64,9 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
         return;
     }
     println!(
-        "GEMM algorithms (the fused program timed as a CUDA graph with the reference and with each of the cuBLASLt heuristic's top {}):",
-        fusec::runtime::gemm_candidates()
+        "GEMM algorithms (the fused program timed as a CUDA graph with the reference, each of the cuBLASLt heuristic's top {} and up to {} variants of its first ones):",
+        fusec::runtime::gemm_candidates(),
+        fusec::runtime::gemm_variants()
     );
     for c in choices {
         let reference = match c.reference {
@@ -74,15 +75,18 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
         };
         let kept = match (c.chosen, c.reference) {
             (0, _) => format!("{reference} kept"),
-            (n, GemmReference::Cublas) => format!("cuBLASLt algorithm {n} of {}", c.candidates - 1),
-            (n, GemmReference::HeuristicFirst) => format!("cuBLASLt algorithm {} of {}", n + 1, c.candidates),
+            (n, _) if n >= c.heuristic => {
+                format!("cuBLASLt variant {} of {}", n - c.heuristic + 1, c.candidates - c.heuristic)
+            }
+            (n, GemmReference::Cublas) => format!("cuBLASLt algorithm {n} of {}", c.heuristic - 1),
+            (n, GemmReference::HeuristicFirst) => format!("cuBLASLt algorithm {} of {}", n + 1, c.heuristic),
         };
         let how = if c.cached {
             "cached".to_string()
         } else {
             format!("program {:.4} -> {:.4} ms", c.first_us / 1e3, c.chosen_us / 1e3)
         };
-        println!("  {:<36} {kept} ({how})", c.gemm);
+        println!("  {:<36} {kept} ({how}): {}", c.gemm, c.config);
     }
 }
 
@@ -336,7 +340,7 @@ impl Bench {
                 })).collect::<Vec<_>>(),
                 "gemm_choices": fast.gemm_choices.iter().map(|c| serde_json::json!({
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
-                    "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached,
+                    "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
                 })).collect::<Vec<_>>(),
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms})).collect::<Vec<_>>()),
             });

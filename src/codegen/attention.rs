@@ -257,6 +257,13 @@ fn tensor_core(
     } else {
         (keys.min(32), 2)
     };
+    // Warps sharing each query row group's key tiles: their merge goes through the key
+    // buffer, so it must fit there, and each share is a multiple of 16 keys (for P·V).
+    let merge_bytes = |splits: usize| (splits - 1) * warps * 32 * (dvp / 2 + 4) * 4;
+    let splits = key_splits(heads * qblocks * warps)
+        .into_iter()
+        .find(|&n| kt % (16 * n) == 0 && merge_bytes(n) <= buffers * kt * (dp + 8) * 2)
+        .unwrap_or(1);
     // 16-byte copies where 8 consecutive depth (K) or value (V) elements are contiguous.
     let k_address = match problem.depth % 8 {
         0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?,
@@ -283,7 +290,10 @@ fn tensor_core(
         "half": half,
         "to_half": to_half,
         "warps": warps,
-        "threads": 32 * warps,
+        "splits": splits,
+        "split": splits > 1,
+        "kw": kt / splits,
+        "threads": 32 * warps * splits,
         "qt": qt,
         "qblocks": qblocks,
         "kt": kt,
@@ -304,7 +314,24 @@ fn tensor_core(
         "out_address": out_address.unwrap_or_default()
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps)
+    common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps * splits)
+}
+
+/// How many warps may share each group of query rows' keys, most preferred first, for a
+/// launch of `warps` query warps in all: four where those are fewer than four per
+/// multiprocessor (a short batch: on the H100, 1×128 with 12 heads took 6.5 µs per layer
+/// unsplit and 4.6 µs split four ways), else none (8×128 and 32×128 measured the same either
+/// way). `FUSEC_ATTENTION_SPLITS` (1, 2 or 4) overrides the choice, for measuring it.
+fn key_splits(warps: usize) -> Vec<usize> {
+    let forced = std::env::var("FUSEC_ATTENTION_SPLITS").ok().and_then(|w| w.parse().ok());
+    if let Some(n @ (1 | 2 | 4)) = forced {
+        return vec![n, 1];
+    }
+    if warps < 4 * MULTIPROCESSORS {
+        vec![4, 2, 1]
+    } else {
+        vec![1]
+    }
 }
 
 /// f32 attention on CUDA cores: up to 8 threads per query row, K/V tiles in shared memory.

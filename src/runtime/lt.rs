@@ -45,9 +45,35 @@ pub(super) const TIMED_RUNS: usize = 15;
 /// A candidate replaces the current choice only when the program's median time drops
 /// below this fraction of the current one: within it, timing noise would decide.
 pub(super) const MARGIN: f64 = 0.995;
-/// Names the timing method in the cache file's name, so choices timed another way are not
-/// reused.
-const TIMING: &str = "program1";
+/// Names the timing method in the cache file's name, so choices timed another way (or among
+/// other candidates) are not reused.
+const TIMING: &str = "program2";
+
+/// Split-K counts tried beside each of the first [`VARIANT_BASES`] heuristic algorithms that
+/// run without one: an output of few tiles (1024×768 in 128×128 tiles is 48 of the H100's 132
+/// multiprocessors) leaves most of the GPU idle unless K is split.
+const SPLIT_K: [u32; 3] = [2, 3, 4];
+/// How many of the heuristic's algorithms get split-K and tile-shape variants.
+const VARIANT_BASES: usize = 2;
+/// At most this many variants are timed per GEMM, unless `FUSEC_GEMM_VARIANTS` (0 to
+/// [`MAX_VARIANTS`]) says otherwise: see [`variants_wanted`]. None by default: on the H100,
+/// across the suite's GEMMs at 1×128 and 8×128 fp16, no split-K or tile variant beat the
+/// heuristic's own eight by more than timing noise (split-K ones were 10–60 % slower), and
+/// timing them costs seconds at load (`benches/NOTES.md`).
+pub const VARIANTS: usize = 0;
+/// The most variants `FUSEC_GEMM_VARIANTS` may ask for.
+pub const MAX_VARIANTS: usize = 256;
+
+/// How many variants of the heuristic's algorithms (other split-K counts and tile shapes,
+/// each checked by cuBLASLt) are timed for each GEMM: `FUSEC_GEMM_VARIANTS` when it is a
+/// number from 0 to [`MAX_VARIANTS`], else [`VARIANTS`].
+pub fn variants_wanted() -> usize {
+    std::env::var("FUSEC_GEMM_VARIANTS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n <= MAX_VARIANTS)
+        .unwrap_or(VARIANTS)
+}
 
 fn lt_error(what: &str, e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("cuBLASLt {what}: {e:?}"))
@@ -65,8 +91,11 @@ pub(super) struct LtGemm {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     algo: sys::cublasLtMatmulAlgo_t,
-    /// The heuristic's algorithms, best-ranked first (`algo` is one of them once tuned).
+    /// The heuristic's algorithms, best-ranked first, then the variants of the first ones
+    /// (`algo` is one of them once tuned).
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// How many of `candidates` the heuristic offered (the rest are variants).
+    heuristic: usize,
 }
 
 /// What the timed candidates of a GEMM had to beat (candidate 0).
@@ -85,8 +114,12 @@ pub struct GemmChoice {
     /// `1024x3072x768 f16 N N +bias`: M×N×K, element type, operand layouts, epilogue.
     pub gemm: String,
     pub reference: Reference,
-    /// How many were timed: the reference, then the heuristic's other algorithms.
+    /// How many were timed: the reference, then the heuristic's other algorithms, then the
+    /// variants of its first ones (split-K counts, tile shapes).
     pub candidates: usize,
+    /// How many of `candidates` came from the heuristic (the reference included); those
+    /// after them are variants.
+    pub heuristic: usize,
     /// Which was kept (0: the reference; with the cuBLAS reference, `n` is the heuristic's
     /// `n`-th algorithm; else its `n + 1`-th).
     pub chosen: usize,
@@ -96,6 +129,9 @@ pub struct GemmChoice {
     pub chosen_us: f64,
     /// Taken from the cache file rather than timed in this session.
     pub cached: bool,
+    /// The kept algorithm's configuration as cuBLASLt reports it (`id 66 tile 20 stages 35
+    /// split-K 2 …`, cuBLASLt's enum values), or `cuBLAS`.
+    pub config: String,
 }
 
 impl GemmChoice {
@@ -166,6 +202,7 @@ impl Lt {
             layouts: [std::ptr::null_mut(); 3],
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
             candidates: Vec::new(),
+            heuristic: 0,
         };
         gemm.layouts = [layout(a)?, layout(b)?, layout((n, m, n))?];
         let code = match g.lt_epilogue.map(|e| e.activation) {
@@ -236,7 +273,61 @@ impl Lt {
             .map(|r| r.algo)
             .collect();
         gemm.algo = *gemm.candidates.first()?;
+        gemm.heuristic = gemm.candidates.len();
+        let variants = self.variants(&gemm, variants_wanted());
+        gemm.candidates.extend(variants);
         Some(gemm)
+    }
+
+    /// Up to `wanted` variants of the heuristic's first [`VARIANT_BASES`] algorithms that
+    /// cuBLASLt accepts for `gemm` and that are not already candidates: each with K split
+    /// [`SPLIT_K`] ways (where it runs unsplit and can split), then each with the other tile
+    /// shapes it supports.
+    fn variants(&self, gemm: &LtGemm, wanted: usize) -> Vec<sys::cublasLtMatmulAlgo_t> {
+        let mut found: Vec<sys::cublasLtMatmulAlgo_t> = Vec::new();
+        let bases: Vec<_> = gemm.candidates.iter().take(VARIANT_BASES).copied().collect();
+        let offer = |algo: sys::cublasLtMatmulAlgo_t, found: &mut Vec<sys::cublasLtMatmulAlgo_t>| {
+            let known = gemm.candidates.iter().chain(found.iter()).any(|c| c.data == algo.data);
+            if found.len() < wanted && !known && self.check(gemm, &algo) {
+                found.push(algo);
+            }
+        };
+        for base in &bases {
+            let unsplit = config::<u32>(base, Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM).unwrap_or(1) <= 1;
+            let splits = capability::<i32>(base, Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == Some(1);
+            let schemes = capability::<u32>(base, Cap::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK).unwrap_or(0);
+            // A reduction in f32 where the algorithm offers one, else in the output type, else in place.
+            let scheme = [
+                Reduction::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+                Reduction::CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
+                Reduction::CUBLASLT_REDUCTION_SCHEME_INPLACE,
+            ]
+            .into_iter()
+            .find(|s| schemes & (*s as u32) != 0);
+            if let (true, true, Some(scheme)) = (unsplit, splits, scheme) {
+                for k in SPLIT_K {
+                    let mut algo = *base;
+                    if set_config(&mut algo, Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k)
+                        && set_config(&mut algo, Config::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme as u32)
+                    {
+                        offer(algo, &mut found);
+                    }
+                }
+            }
+        }
+        for base in &bases {
+            let current = config::<u32>(base, Config::CUBLASLT_ALGO_CONFIG_TILE_ID);
+            for tile in capability_list(base, Cap::CUBLASLT_ALGO_CAP_TILE_IDS) {
+                if tile == 0 || Some(tile) == current {
+                    continue;
+                }
+                let mut algo = *base;
+                if set_config(&mut algo, Config::CUBLASLT_ALGO_CONFIG_TILE_ID, tile) {
+                    offer(algo, &mut found);
+                }
+            }
+        }
+        found
     }
 
     /// Whether `algo` runs `gemm` (a cached choice still fits this GEMM and library).
@@ -258,9 +349,19 @@ impl Lt {
         }
     }
 
-    /// How many algorithms the heuristic offered for `gemm`.
+    /// How many algorithms are candidates for `gemm`: the heuristic's, then the variants.
     pub(super) fn candidates(gemm: &LtGemm) -> usize {
         gemm.candidates.len()
+    }
+
+    /// How many of `gemm`'s candidates the heuristic offered.
+    pub(super) fn heuristic(gemm: &LtGemm) -> usize {
+        gemm.heuristic
+    }
+
+    /// The configuration `gemm` runs with now, for reports.
+    pub(super) fn config(gemm: &LtGemm) -> String {
+        describe(&gemm.algo)
     }
 
     /// Runs `gemm` with the heuristic's `rank`-th algorithm from now on.
@@ -318,6 +419,96 @@ impl Lt {
         }
         .map_err(|e| lt_error("matmul", e))
     }
+}
+
+use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
+use sys::cublasLtMatmulAlgoConfigAttributes_t as Config;
+use sys::cublasLtReductionScheme_t as Reduction;
+
+/// One configuration attribute of `algo` (`T` the attribute's C type).
+fn config<T: Copy + Default>(algo: &sys::cublasLtMatmulAlgo_t, attr: Config) -> Option<T> {
+    let mut value = T::default();
+    let mut written = 0usize;
+    // SAFETY: `value` has room for the `size_of::<T>()` bytes the call may write.
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            (&mut value as *mut T).cast(),
+            size_of::<T>(),
+            &mut written,
+        )
+    };
+    (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && written == size_of::<T>()).then_some(value)
+}
+
+/// Sets one configuration attribute of `algo`; false when cuBLASLt refuses it.
+fn set_config<T: Copy>(algo: &mut sys::cublasLtMatmulAlgo_t, attr: Config, value: T) -> bool {
+    // SAFETY: `value` is the attribute's C type, `size_of::<T>()` bytes.
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoConfigSetAttribute(algo, attr, (&value as *const T).cast(), size_of::<T>())
+    };
+    status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+}
+
+/// One scalar capability of `algo`.
+fn capability<T: Copy + Default>(algo: &sys::cublasLtMatmulAlgo_t, attr: Cap) -> Option<T> {
+    let mut value = T::default();
+    let mut written = 0usize;
+    // SAFETY: `value` has room for the `size_of::<T>()` bytes the call may write.
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            (&mut value as *mut T).cast(),
+            size_of::<T>(),
+            &mut written,
+        )
+    };
+    (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(value)
+}
+
+/// An array capability of `algo` (tile or stage ids): asked for its size, then read.
+fn capability_list(algo: &sys::cublasLtMatmulAlgo_t, attr: Cap) -> Vec<u32> {
+    let mut bytes = 0usize;
+    // SAFETY: a size query (no buffer), as cuBLASLt documents it.
+    let status =
+        unsafe { sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut bytes) };
+    if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || bytes == 0 || bytes > 4096 {
+        return Vec::new();
+    }
+    let mut ids = vec![0u32; bytes / size_of::<u32>()];
+    // SAFETY: `ids` holds the `bytes` the call said it writes (rounded down to whole ids).
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            ids.as_mut_ptr().cast(),
+            ids.len() * size_of::<u32>(),
+            &mut bytes,
+        )
+    };
+    if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Vec::new();
+    }
+    ids
+}
+
+/// `algo`'s configuration in cuBLASLt's own enum values: `id 66 tile 20 stages 35 split-K 2
+/// reduction 2 swizzle 0 cluster 2`.
+pub(super) fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    let u = |attr| config::<u32>(algo, attr).map_or("?".to_string(), |v| v.to_string());
+    let h = |attr| config::<u16>(algo, attr).map_or("?".to_string(), |v| v.to_string());
+    let id = config::<i32>(algo, Config::CUBLASLT_ALGO_CONFIG_ID).map_or("?".to_string(), |v| v.to_string());
+    format!(
+        "id {id} tile {} stages {} split-K {} reduction {} swizzle {} cluster {}",
+        u(Config::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        u(Config::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        u(Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        u(Config::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        u(Config::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+        h(Config::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+    )
 }
 
 /// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue.
@@ -379,7 +570,8 @@ impl AlgoCache {
         let device: String =
             device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         let path = dir.map(|d| {
-            d.join(format!("cublaslt-{}-{TIMING}-c{}-{device}.txt", Lt::version(), candidates_wanted()))
+            let (candidates, variants) = (candidates_wanted(), variants_wanted());
+            d.join(format!("cublaslt-{}-{TIMING}-c{candidates}-v{variants}-{device}.txt", Lt::version()))
         });
         let mut entries = read_entries(path.as_ref());
         let in_process = IN_PROCESS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -432,14 +624,14 @@ fn format_line(key: &str, entry: &CachedAlgo) -> String {
         Reference::HeuristicFirst => "first",
     };
     format!(
-        "{key}\t{reference}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
-        c.chosen, c.candidates, c.first_us, c.chosen_us
+        "{key}\t{reference}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
+        c.chosen, c.candidates, c.heuristic, c.first_us, c.chosen_us
     )
 }
 
 fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     let fields: Vec<&str> = line.split('\t').collect();
-    let [key, reference, chosen, candidates, first, kept, hex] = fields[..] else { return None };
+    let [key, reference, chosen, candidates, heuristic, first, kept, hex] = fields[..] else { return None };
     let reference = match reference {
         "cublas" => Reference::Cublas,
         "first" => Reference::HeuristicFirst,
@@ -452,16 +644,20 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     for (i, word) in data.iter_mut().enumerate() {
         *word = u64::from_str_radix(&hex[16 * i..16 * (i + 1)], 16).ok()?;
     }
+    let algo = sys::cublasLtMatmulAlgo_t { data };
     let choice = GemmChoice {
         gemm: key.to_string(),
         reference,
         candidates: candidates.parse().ok()?,
+        heuristic: heuristic.parse().ok()?,
         chosen: chosen.parse().ok()?,
         first_us: first.parse().ok()?,
         chosen_us: kept.parse().ok()?,
         cached: true,
+        config: String::new(),
     };
-    Some((key.to_string(), CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice }))
+    let config = if choice.cublas() { "cuBLAS".to_string() } else { describe(&algo) };
+    Some((key.to_string(), CachedAlgo { algo, choice: GemmChoice { config, ..choice } }))
 }
 
 #[cfg(test)]
@@ -473,11 +669,13 @@ mod tests {
         let choice = GemmChoice {
             gemm: "1024x3072x768 f16 N N +bias".into(),
             reference: Reference::Cublas,
-            candidates: 8,
+            candidates: 12,
+            heuristic: 9,
             chosen: 3,
             first_us: 16.25,
             chosen_us: 14.5,
             cached: false,
+            config: String::new(),
         };
         let data = [1, 2, 3, u64::MAX, 0, 0x0123_4567_89ab_cdef, 7, 8];
         let entry = CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice: choice.clone() };
@@ -485,7 +683,7 @@ mod tests {
         let (key, back) = parse_line(line.trim_end()).expect("a line it wrote");
         assert_eq!(key, choice.gemm);
         assert_eq!(back.algo.data, data);
-        assert_eq!(back.choice, GemmChoice { cached: true, ..choice });
+        assert_eq!(back.choice, GemmChoice { cached: true, config: describe(&entry.algo), ..choice });
         for bad in
             ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
         {

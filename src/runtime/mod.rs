@@ -9,8 +9,8 @@ mod rates;
 mod session;
 
 pub use lt::{
-    candidates_wanted as gemm_candidates, GemmChoice, Reference as GemmReference,
-    CANDIDATES as GEMM_CANDIDATES,
+    candidates_wanted as gemm_candidates, variants_wanted as gemm_variants, GemmChoice,
+    Reference as GemmReference, CANDIDATES as GEMM_CANDIDATES,
 };
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{

@@ -53,6 +53,21 @@ struct Launch {
     config: LaunchConfig,
     /// Device pointers, one per kernel parameter.
     args: Vec<u64>,
+    /// Launched with programmatic stream serialization: the kernel waits for the one before
+    /// it itself (`fusec::grid_begin`), so it may be scheduled while that one finishes.
+    programmatic: bool,
+}
+
+/// Whether kernels of `source` are launched with programmatic dependent launch on a GPU of
+/// compute capability `major`: only when `FUSEC_PDL=1` asks for it, on sm_90 and later, for a
+/// kernel that starts with the wait for its predecessor (bundles written before it was added
+/// do not). Off by default: on the H100 it made step-by-step runs (no CUDA graph) 10–25 %
+/// faster, but CUDA-graph replays — how sessions run by default — no faster, and the
+/// Llama-style decoder at 8×128 fp16 9 % slower (`benches/NOTES.md`).
+fn programmatic_launch(source: &KernelSource, major: i32) -> bool {
+    major >= 9
+        && source.source.contains("fusec::grid_begin();")
+        && std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "1")
 }
 
 enum Loaded {
@@ -243,7 +258,8 @@ impl Session {
                 block_dim: (source.block, 1, 1),
                 shared_mem_bytes: 0,
             };
-            Ok(Launch { name: source.name.clone(), function, config, args })
+            let programmatic = programmatic_launch(source, major);
+            Ok(Launch { name: source.name.clone(), function, config, args, programmatic })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
@@ -617,11 +633,13 @@ impl Session {
                 .into_iter()
                 .chain((0..lt::Lt::candidates(prepared)).map(Some))
                 .collect();
+            let heuristic = lt::Lt::heuristic(prepared);
             let reference_ms = best;
             let mut kept = 0;
             for (i, &option) in options.iter().enumerate().skip(1) {
                 self.apply(&members, option);
                 let ms = self.time_program()?;
+                tracing::debug!(gemm = %key, candidate = i, config = %self.gemm_config(members[0]), ms, "GEMM candidate timed");
                 if ms < lt::MARGIN * best {
                     best = ms;
                     kept = i;
@@ -632,10 +650,12 @@ impl Session {
                 gemm: key.clone(),
                 reference: if plain { lt::Reference::Cublas } else { lt::Reference::HeuristicFirst },
                 candidates: options.len(),
+                heuristic: usize::from(plain) + heuristic,
                 chosen: kept,
                 first_us: 1e3 * reference_ms,
                 chosen_us: 1e3 * best,
                 cached: false,
+                config: self.gemm_config(members[0]),
             };
             if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
                 cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
@@ -646,6 +666,15 @@ impl Session {
         self.graph = None;
         self.runs = 0;
         Ok(choices)
+    }
+
+    /// The configuration GEMM step `i` runs with: `cuBLAS`, or its cuBLASLt algorithm's.
+    fn gemm_config(&self, i: usize) -> String {
+        match self.steps.get(i) {
+            Some(Loaded::Gemm { on_cublas: true, .. }) => "cuBLAS".to_string(),
+            Some(Loaded::Gemm { lt: Some(prepared), .. }) => lt::Lt::config(prepared),
+            _ => String::new(),
+        }
     }
 
     /// Runs the GEMM steps `members` on cuBLAS (`None`) or on the cuBLASLt heuristic's
@@ -730,6 +759,9 @@ impl Session {
     }
 
     fn launch(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        if launch.programmatic {
+            return self.launch_programmatic(launch);
+        }
         let mut args = self.stream.launch_builder(&launch.function);
         for pointer in &launch.args {
             args.arg(pointer);
@@ -739,6 +771,45 @@ impl Session {
         // the bytes the plan gave that buffer.
         unsafe { args.launch(launch.config) }.map_err(driver)?;
         Ok(())
+    }
+
+    /// [`Session::launch`] through `cuLaunchKernelEx` with programmatic stream serialization
+    /// allowed (captured into the graph as a programmatic edge).
+    fn launch_programmatic(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        use cudarc::driver::sys;
+        // SAFETY: a plain C struct (an id and a union of plain values); zero is valid.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let (grid, block) = (launch.config.grid_dim, launch.config.block_dim);
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: launch.config.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let mut params: Vec<*mut std::ffi::c_void> =
+            launch.args.iter().map(|a| (a as *const u64).cast_mut().cast()).collect();
+        // SAFETY: as in `launch`: one device pointer per kernel parameter, each inside the
+        // session's memory; `params` points at them and outlives the call, which copies them.
+        // The kernel begins with `fusec::grid_begin`, so it touches no memory before the
+        // kernel before it has completed.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                launch.function.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(driver)
     }
 
     fn address(&self, location: Location) -> u64 {
