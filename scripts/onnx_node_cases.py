@@ -24,7 +24,8 @@ SUPPORTED = set("""
 Add Sub Mul Div Pow Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Gelu Neg Abs Sin Cos Clip Min
 Max Where Equal Less LessOrEqual Greater GreaterOrEqual Not And IsNaN Cast MatMul Gemm Conv
 Softmax LogSoftmax LayerNormalization ReduceMean ReduceSum ReduceMax Dropout Identity Constant
-Reshape Transpose Squeeze Unsqueeze Flatten Concat Split Slice Gather GatherElements Expand Tile
+Reshape Transpose Squeeze Unsqueeze Flatten Concat Split Slice Gather GatherElements GatherND Expand
+Tile
 Shape Size ConstantOfShape Range Trilu CumSum
 """.split())
 

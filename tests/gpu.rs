@@ -355,3 +355,55 @@ fn onnx_node_cases_on_the_gpu() {
     }
     assert!(failed.is_empty(), "{} node cases fail on the GPU:\n{}", failed.len(), failed.join("\n"));
 }
+
+/// Padding does not leak: in a right-padded batch, the positions a mask keeps give the same
+/// outputs as the sequence run alone, unpadded (fused, fp32, rel-L2 ≤ 1e-5), for the
+/// fixtures that take `attention_mask`, from both exporters.
+#[test]
+fn padded_positions_match_the_unpadded_sequence() {
+    if !gpu() {
+        return;
+    }
+    let (seq, kept) = (13usize, 8usize);
+    for file in ["bert_mask_ts.onnx", "bert_mask_dynamo.onnx", "gpt2_mask_ts.onnx", "gpt2_mask_dynamo.onnx"] {
+        let path = common::model_path(file);
+        let run = |batch: usize, seq: usize, feeds: &dyn Fn(&str) -> Tensor| -> Tensor {
+            let import = fusec::import::ImportOptions::default().dim("batch", batch).dim("seq", seq);
+            let options = CompileOptions { import: import.clone(), arch: Some("sm_90".into()), ..Default::default() };
+            let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let mut session = Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let inputs: Vec<(String, Tensor)> =
+                session.inputs().iter().map(|spec| (spec.name.clone(), feeds(&spec.name))).collect();
+            let mut outputs = session.run(&inputs).unwrap_or_else(|e| panic!("{file}: {e}"));
+            outputs.remove(0).1
+        };
+        let ids: Vec<i64> = (0..2 * seq as i64).map(|i| 1 + (i * 37 + 11) % 500).collect();
+        let types = |t: usize| i64::from(t >= 5);
+        let table = |batch: usize, seq: usize, value: &dyn Fn(usize, usize) -> i64| {
+            let values: Vec<i64> = (0..batch * seq).map(|i| value(i / seq, i % seq)).collect();
+            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[batch, seq]), values).unwrap();
+            Tensor::from_i64(array, DType::I64)
+        };
+        // Row 0 whole, row 1 kept for its first `kept` tokens, then padding (id 0).
+        let padded = run(2, seq, &|name| match name {
+            "attention_mask" => table(2, seq, &|r, t| i64::from(r == 0 || t < kept)),
+            "token_type_ids" => table(2, seq, &|_, t| types(t)),
+            _ => table(2, seq, &|r, t| if r == 1 && t >= kept { 0 } else { ids[r * seq + t] }),
+        });
+        let alone = run(1, kept, &|name| match name {
+            "attention_mask" => table(1, kept, &|_, _| 1),
+            "token_type_ids" => table(1, kept, &|_, t| types(t)),
+            _ => table(1, kept, &|_, t| ids[seq + t]),
+        });
+        let hidden = padded.shape()[2];
+        let rows = padded.to_f64_vec();
+        let kept_rows: Vec<f64> = rows[(seq * hidden)..(seq * hidden + kept * hidden)].to_vec();
+        let a = Tensor::from_f64(
+            ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, kept, hidden]), kept_rows).unwrap(),
+            DType::F32,
+        );
+        let err = rel_l2(&a, &alone);
+        println!("{file}: padded row's kept positions against the sequence alone: rel-L2 {err:.2e}");
+        assert!(err <= FP32_TOLERANCE, "{file}: padding changed the kept positions' outputs (rel-L2 {err:e})");
+    }
+}

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fusec::bundle::IoSpec;
 use fusec::import::InputSpec;
-use fusec::ir::{random_tensor, rel_l2, DType, Tensor};
+use fusec::ir::{random_input, rel_l2, DType, Tensor};
 use fusec::runtime::{Session, SessionOptions, StepProfile};
 use fusec::{Bundle, CompileOptions};
 
@@ -139,7 +139,8 @@ fn percentiles(times: &mut [f64]) -> (f64, f64, f64) {
     (at(0.5), at(0.1), at(0.9))
 }
 
-/// Four random, non-zero input sets (token ids below 16, floats in [-1, 1)); one when the
+/// Four random, non-zero input sets (token ids below 16, floats in [-1, 1), padding masks and
+/// token types as a tokenizer gives them: see `random_input`); one when the
 /// inputs are larger than the GPU's L2 cache anyway (rotating them then only costs uploads).
 fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
     let bytes: usize = inputs.iter().filter_map(|i| i.tensor_type()).map(|t| t.size_bytes()).sum();
@@ -154,7 +155,7 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
                         .tensor_type()
                         .with_context(|| format!("input {} has type {}", spec.name, spec.dtype))?;
                     let (low, high) = if ty.dtype.is_float() { (-1.0, 1.0) } else { (1.0, 16.0) };
-                    Ok((spec.name.clone(), random_tensor(&ty, 1000 * set + k as u64, low, high)))
+                    Ok((spec.name.clone(), random_input(&spec.name, &ty, 1000 * set + k as u64, low, high)))
                 })
                 .collect()
         })

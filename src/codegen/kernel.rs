@@ -326,6 +326,25 @@ impl<'a> Body<'a> {
                 data.extend(coords[*axis + indices.len()..].iter().cloned());
                 self.read(inputs[0], data)?
             }
+            Op::GatherNd { batch_dims } => {
+                let b = *batch_dims;
+                let index_shape = &graph.node(inputs[1]).ty.shape;
+                let (rows, depth) = (index_shape.len() - 1, index_shape[index_shape.len() - 1]);
+                let dims = &graph.node(inputs[0]).ty.shape;
+                let mut data: Coords = coords[..b].to_vec();
+                for t in 0..depth {
+                    let mut at: Coords = coords[..rows].to_vec();
+                    at.push(format!("{t}LL"));
+                    let index = self.read(inputs[1], at)?;
+                    let k = self.fresh("idx");
+                    let dim = dims[b + t];
+                    self.statements
+                        .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                    data.push(k);
+                }
+                data.extend(coords[rows..].iter().cloned());
+                self.read(inputs[0], data)?
+            }
             Op::GatherElements { axis } => {
                 let dim = graph.node(inputs[0]).ty.shape[*axis];
                 let index = self.read(inputs[1], coords.clone())?;

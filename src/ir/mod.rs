@@ -18,6 +18,6 @@ pub use error::IrError;
 pub use eval::evaluate;
 pub use graph::{Graph, Node, NodeId, Origin};
 pub use op::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
-pub use random::random_tensor;
+pub use random::{random_input, random_tensor};
 pub use tensor::{max_abs_diff, rel_l2, Element, Tensor};
 pub use verify::verify;

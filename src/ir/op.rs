@@ -173,6 +173,12 @@ pub enum Op {
     GatherElements {
         axis: usize,
     },
+    /// Inputs data, indices: each row of the indices' last axis (`k` values, negative counting
+    /// from the end) addresses data's axes `batch_dims..batch_dims + k`; the first
+    /// `batch_dims` axes of both are shared.
+    GatherNd {
+        batch_dims: usize,
+    },
     /// Bidirectional broadcast to `shape`.
     Expand {
         shape: Vec<usize>,
@@ -219,6 +225,7 @@ impl Op {
             Op::Slice { .. } => "Slice".into(),
             Op::Gather { .. } => "Gather".into(),
             Op::GatherElements { .. } => "GatherElements".into(),
+            Op::GatherNd { .. } => "GatherND".into(),
             Op::Expand { .. } => "Expand".into(),
             Op::Tile { .. } => "Tile".into(),
             Op::Trilu { .. } => "Trilu".into(),
@@ -230,7 +237,9 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input { .. } | Op::Constant(_) => (0, 0),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } => (2, 2),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => {
+                (2, 2)
+            }
             Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv { .. } => (2, 3),
             Op::LayerNorm { .. } => (1, 3),
@@ -261,6 +270,7 @@ impl fmt::Display for Op {
                 write!(f, "{kind}<axis={axis}>")
             }
             Op::Gather { axis } | Op::GatherElements { axis } => write!(f, "{kind}<axis={axis}>"),
+            Op::GatherNd { batch_dims } => write!(f, "{kind}<batch_dims={batch_dims}>"),
             Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } => {
                 write!(f, "{kind}<axis={axis}, eps={epsilon:e}>")
             }

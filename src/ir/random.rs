@@ -41,3 +41,28 @@ pub fn random_tensor(ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor 
         .unwrap_or_else(|_| unreachable!("the value count is the shape's element count"));
     Tensor::from_f64(array, ty.dtype)
 }
+
+/// A random value for a model input named `name`, as a tokenizer's batch would give it:
+/// `attention_mask` (or any rank-2 input whose name ends in `mask`) right-padded — the first
+/// row whole, each other row a random length of at least one token; `token_type_ids` 0 for
+/// the first half of each row and 1 after; any other input [`random_tensor`] in `[low, high)`.
+pub fn random_input(name: &str, ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor {
+    let lower = name.to_ascii_lowercase();
+    let [rows, columns] = ty.shape[..] else { return random_tensor(ty, seed, low, high) };
+    let values: Vec<f64> = if lower.ends_with("mask") {
+        let mut rng = SplitMix64(seed);
+        (0..rows)
+            .flat_map(|r| {
+                let length = if r == 0 { columns } else { 1 + (rng.unit() * columns as f64) as usize };
+                (0..columns).map(move |c| f64::from(u8::from(c < length)))
+            })
+            .collect()
+    } else if lower.contains("token_type") {
+        (0..rows).flat_map(|_| (0..columns).map(|c| f64::from(u8::from(2 * c >= columns)))).collect()
+    } else {
+        return random_tensor(ty, seed, low, high);
+    };
+    let array = ArrayD::from_shape_vec(IxDyn(&ty.shape), values)
+        .unwrap_or_else(|_| unreachable!("the value count is the shape's element count"));
+    Tensor::from_f64(array, ty.dtype)
+}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::path::Path;
 
 use fusec::import::{import, summarize, ImportError, ImportOptions, Model};
-use fusec::ir::{random_tensor, DType, Tensor};
+use fusec::ir::{random_input, DType, Tensor};
 
 /// A fixture in models/ (or in `$FUSEC_MODELS_DIR`, for test binaries run elsewhere).
 pub fn model_path(file: &str) -> PathBuf {
@@ -44,7 +44,8 @@ pub fn all_fixtures() -> Vec<String> {
 }
 
 /// Random, non-zero inputs for every input of `model`: token ids below the fixtures'
-/// vocabulary of 512, floats in [-2, 2).
+/// vocabulary of 512, floats in [-2, 2), padding masks right-padded and token types 0 then 1
+/// (`random_input`).
 pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
     model
         .graph
@@ -58,7 +59,7 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
             } else {
                 (-2.0, 2.0)
             };
-            (node.name.clone(), random_tensor(&node.ty, seed + i as u64, low, high))
+            (node.name.clone(), random_input(&node.name, &node.ty, seed + i as u64, low, high))
         })
         .collect()
 }

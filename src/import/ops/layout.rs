@@ -18,6 +18,7 @@ pub(super) fn register(reg: &mut Registry) {
     reg.insert("Slice", slice);
     reg.insert("Gather", gather);
     reg.insert("GatherElements", gather_elements);
+    reg.insert("GatherND", gather_nd);
     reg.insert("Expand", expand);
     reg.insert("Tile", tile);
     reg.insert("Trilu", trilu);
@@ -212,6 +213,14 @@ fn gather(ctx: &mut NodeCtx) -> Translated {
     let axis = ctx.axis(ctx.attr_int("axis")?.unwrap_or(0), ctx.rank(0)?)?;
     let (data, indices) = (ctx.input(0)?, ctx.input(1)?);
     Ok(vec![ctx.add(Op::Gather { axis }, &[data, indices])?])
+}
+
+fn gather_nd(ctx: &mut NodeCtx) -> Translated {
+    let batch_dims = ctx.attr_int("batch_dims")?.unwrap_or(0);
+    let batch_dims =
+        usize::try_from(batch_dims).map_err(|_| ctx.error(format!("batch_dims {batch_dims} is negative")))?;
+    let (data, indices) = (ctx.input(0)?, ctx.input(1)?);
+    Ok(vec![ctx.add(Op::GatherNd { batch_dims }, &[data, indices])?])
 }
 
 fn gather_elements(ctx: &mut NodeCtx) -> Translated {

@@ -161,6 +161,64 @@ pub fn eval_gather_elements(data: &Tensor, indices: &Tensor, axis: usize) -> OpR
     }))
 }
 
+/// How many data axes each index row addresses (the indices' last dim), checked against
+/// data's rank, the batch axes and the indices' type.
+fn gather_nd_depth(data: &TensorType, indices: &TensorType, batch_dims: usize) -> OpResult<usize> {
+    if !indices.dtype.is_int() {
+        return Err(format!("GatherND indices must be integers, got {}", indices.dtype));
+    }
+    let depth = *indices.shape.last().ok_or("GatherND indices must have rank 1 or more")?;
+    if batch_dims >= indices.rank() || batch_dims + depth > data.rank() {
+        return Err(format!(
+            "GatherND with batch_dims {batch_dims}: index rows of {depth} do not fit data {data} / indices {indices}"
+        ));
+    }
+    if data.shape[..batch_dims] != indices.shape[..batch_dims] {
+        return Err(format!("GatherND batch axes differ: data {data}, indices {indices}"));
+    }
+    Ok(depth)
+}
+
+pub fn infer_gather_nd(data: &TensorType, indices: &TensorType, batch_dims: usize) -> OpResult<TensorType> {
+    let depth = gather_nd_depth(data, indices, batch_dims)?;
+    let shape = [&indices.shape[..indices.rank() - 1], &data.shape[batch_dims + depth..]].concat();
+    Ok(TensorType::new(data.dtype, shape))
+}
+
+pub fn eval_gather_nd(data: &Tensor, indices: &Tensor, batch_dims: usize) -> OpResult<Tensor> {
+    let out = infer_gather_nd(&data.tensor_type(), &indices.tensor_type(), batch_dims)?;
+    let depth = gather_nd_depth(&data.tensor_type(), &indices.tensor_type(), batch_dims)?;
+    let idx = indices.to_i64();
+    let rows: Vec<usize> = idx.shape()[..idx.ndim() - 1].to_vec();
+    let flat_idx: Vec<i64> = idx.iter().copied().collect();
+    Ok(map_array!(data, a => {
+        let dims = a.shape().to_vec();
+        let inner: usize = dims[batch_dims + depth..].iter().product();
+        let flat: Vec<_> = a.iter().cloned().collect();
+        let strides: Vec<usize> = (0..dims.len()).map(|i| dims[i + 1..].iter().product()).collect();
+        let mut values = Vec::with_capacity(out.len());
+        for r in 0..rows.iter().product::<usize>() {
+            // The row's position in the indices' leading axes, for its batch coordinates.
+            let mut rest = r;
+            let mut position = vec![0usize; rows.len()];
+            for (p, &d) in position.iter_mut().zip(&rows).rev() {
+                *p = rest % d;
+                rest /= d;
+            }
+            let mut base = 0usize;
+            for b in 0..batch_dims {
+                base += position[b] * strides[b];
+            }
+            for t in 0..depth {
+                let axis = batch_dims + t;
+                base += resolve_index(flat_idx[r * depth + t], dims[axis])? * strides[axis];
+            }
+            values.extend_from_slice(&flat[base..base + inner]);
+        }
+        from_vec(&out.shape, values)?
+    }))
+}
+
 pub fn infer_expand(x: &TensorType, shape: &[usize]) -> OpResult<TensorType> {
     Ok(TensorType::new(x.dtype, broadcast_shapes(&x.shape, shape)?))
 }
