@@ -369,7 +369,8 @@ fn padded_positions_match_the_unpadded_sequence() {
         let path = common::model_path(file);
         let run = |batch: usize, seq: usize, feeds: &dyn Fn(&str) -> Tensor| -> Tensor {
             let import = fusec::import::ImportOptions::default().dim("batch", batch).dim("seq", seq);
-            let options = CompileOptions { import: import.clone(), arch: Some("sm_90".into()), ..Default::default() };
+            let options =
+                CompileOptions { import: import.clone(), arch: Some("sm_90".into()), ..Default::default() };
             let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
             let mut session = Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{file}: {e}"));
             let inputs: Vec<(String, Tensor)> =
@@ -404,6 +405,9 @@ fn padded_positions_match_the_unpadded_sequence() {
         );
         let err = rel_l2(&a, &alone);
         println!("{file}: padded row's kept positions against the sequence alone: rel-L2 {err:.2e}");
-        assert!(err <= FP32_TOLERANCE, "{file}: padding changed the kept positions' outputs (rel-L2 {err:e})");
+        assert!(
+            err <= FP32_TOLERANCE,
+            "{file}: padding changed the kept positions' outputs (rel-L2 {err:e})"
+        );
     }
 }

@@ -237,9 +237,11 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Input { .. } | Op::Constant(_) => (0, 0),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => {
-                (2, 2)
-            }
+            Op::Binary(_)
+            | Op::MatMul
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. } => (2, 2),
             Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv { .. } => (2, 3),
             Op::LayerNorm { .. } => (1, 3),

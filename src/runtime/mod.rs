@@ -18,7 +18,31 @@ pub use session::{
     PROFILE_REPEAT,
 };
 
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::CudaContext;
 use thiserror::Error;
+
+/// The context of GPU `device`, one for the whole process, shared by every session and
+/// measurement on it (with cudarc's per-buffer events off: each user works in stream order
+/// on its own stream). Holding it for the process keeps the device's primary context — and
+/// cuBLAS's and the driver's state attached to it — alive between sessions, rather than
+/// torn down and made again whenever the last session of the moment is dropped: with
+/// sessions made and dropped on several threads at once, that churn crashed the process.
+pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>, RuntimeError> {
+    static CONTEXTS: Mutex<Vec<(usize, Arc<CudaContext>)>> = Mutex::new(Vec::new());
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, ctx)) = contexts.iter().find(|(d, _)| *d == device) {
+        return Ok(ctx.clone());
+    }
+    let ctx = CudaContext::new(device).map_err(|e| RuntimeError::NoDevice(format!("GPU {device}: {e:?}")))?;
+    // SAFETY: every user of the context (a session, the rate measurement) uses one stream
+    // of its own and writes and reads every buffer in stream order, so cudarc's per-buffer
+    // events are not needed (they would also get in the way of CUDA-graph capture).
+    unsafe { ctx.disable_event_tracking() };
+    contexts.push((device, ctx.clone()));
+    Ok(ctx)
+}
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {

@@ -4,7 +4,7 @@
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
+use cudarc::driver::{CudaStream, DevicePtr};
 
 use super::{blas, session::driver_available, RuntimeError};
 use crate::codegen::{GemmOperand, GemmSpec};
@@ -55,9 +55,7 @@ pub fn measure(device: usize, dtype: DType) -> Result<DeviceRates, RuntimeError>
     if !driver_available() {
         return Err(RuntimeError::NoDriver);
     }
-    let ctx = CudaContext::new(device).map_err(|e| RuntimeError::NoDevice(format!("GPU {device}: {e:?}")))?;
-    // SAFETY: one stream, used in order; see `Session::with_options`.
-    unsafe { ctx.disable_event_tracking() };
+    let ctx = super::context(device)?;
     let stream = ctx.new_stream().map_err(driver)?;
 
     let bytes = 512usize << 20;

@@ -13,8 +13,7 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
@@ -189,12 +188,7 @@ impl Session {
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(RuntimeError::NoCublas);
         }
-        let ctx =
-            CudaContext::new(device).map_err(|e| RuntimeError::NoDevice(format!("GPU {device}: {e:?}")))?;
-        // SAFETY: the session uses one stream, and every buffer is written and read in
-        // stream order, so cudarc's per-buffer events are not needed (they would also get in
-        // the way of CUDA-graph capture).
-        unsafe { ctx.disable_event_tracking() };
+        let ctx = super::context(device)?;
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let arch = format!("sm_{major}{minor}");
         let device_name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
