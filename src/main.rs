@@ -20,9 +20,16 @@ fn long_version() -> String {
 
 /// Logs go to standard error through `tracing`: warnings by default, more with `RUST_LOG`
 /// (`RUST_LOG=fusec=info` for each stage, `debug` for every kernel compiled or found cached).
-fn init_logs() {
+/// Logs on standard error: `RUST_LOG` when set, else warnings, fusec's stages with `-v`, and
+/// every kernel compiled or cached with `-vv`.
+fn init_logs(verbose: u8) {
+    let fallback = match verbose {
+        0 => "warn",
+        1 => "warn,fusec=info",
+        _ => "warn,fusec=debug",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(fallback));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -33,7 +40,6 @@ fn init_logs() {
 
 fn main() -> ExitCode {
     use clap::{CommandFactory, FromArgMatches};
-    init_logs();
     // Computed once per process, so leaking it costs nothing.
     let version: &'static str = Box::leak(long_version().into_boxed_str());
     let matches = cli::Cli::command().long_version(version).get_matches();
@@ -41,6 +47,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    init_logs(cli.verbose());
     match cli.execute() {
         Ok(code) => code,
         Err(e) => {

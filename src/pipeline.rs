@@ -81,6 +81,9 @@ pub fn compile_reporting(
     let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
     let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum();
+    for source in steps.iter().flat_map(codegen::Step::sources) {
+        tracing::debug!(kernel = %source.name, function = %source.function, grid = source.grid, block = source.block, "generated");
+    }
     done("codegen");
     if let Some(dir) = &options.emit_cuda {
         let fail = |source| CompileError::Emit { path: dir.clone(), source };

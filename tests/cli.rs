@@ -488,6 +488,21 @@ fn rust_log_turns_on_the_stage_logs() {
     let stderr = text(&logged.stderr);
     assert!(stderr.contains("imported models/mlp_block.onnx: 12 ONNX nodes, 12 IR nodes"), "{stderr}");
     assert!(stderr.contains("fusion: Saturated") && stderr.contains("plan: 3 launches"), "{stderr}");
+    // -v does the same without RUST_LOG (and compile prints its stage times); -vv adds debug.
+    for (flag, wanted, unwanted) in [("-v", "INFO", "DEBUG"), ("-vv", "DEBUG", "")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
+            .arg(flag)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{flag}: {stderr}");
+        assert!(stderr.contains(wanted) && stderr.contains("plan: 3 launches"), "{flag}: {stderr}");
+        assert!(unwanted.is_empty() || !stderr.contains(unwanted), "{flag}: {stderr}");
+        assert!(stderr.contains("peak memory") || !cfg!(target_os = "linux"), "{flag}: {stderr}");
+    }
 }
 
 #[test]

@@ -36,9 +36,6 @@ pub struct Compile {
     /// GPU architecture to compile PTX for.
     #[arg(long, default_value = "sm_90")]
     arch: String,
-    /// Print each stage's time and the process's peak memory so far (on stderr).
-    #[arg(short, long)]
-    verbose: bool,
     /// No progress line (there is none anyway when standard error is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -68,7 +65,7 @@ impl Compile {
         };
         let clock = std::time::Instant::now();
         let mut last = 0.0;
-        let verbose = self.verbose;
+        let verbose = super::verbosity() > 0;
         let mut stages = Vec::new();
         let progress = Progress::new(self.quiet, &format!("importing {}", self.model.display()));
         let mut report = |stage: &str| {

@@ -25,6 +25,19 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More on standard error: -v logs each stage (and `compile` prints its stage times and
+    /// peak memory), -vv every kernel compiled or found cached. `RUST_LOG` overrides the log
+    /// filter.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+}
+
+/// How many `-v` were given (see [`Cli`]).
+static VERBOSITY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// How many `-v` the command line gave.
+pub fn verbosity() -> u8 {
+    VERBOSITY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[derive(Debug, Subcommand)]
@@ -38,7 +51,13 @@ enum Command {
 }
 
 impl Cli {
+    /// How many `-v` were given.
+    pub fn verbose(&self) -> u8 {
+        self.verbose
+    }
+
     pub fn execute(self) -> anyhow::Result<ExitCode> {
+        VERBOSITY.store(self.verbose, std::sync::atomic::Ordering::Relaxed);
         match self.command {
             Command::Compile(cmd) => cmd.execute(),
             Command::Bench(cmd) => cmd.execute(),

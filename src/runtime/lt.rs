@@ -497,6 +497,10 @@ fn capability_list(algo: &sys::cublasLtMatmulAlgo_t, attr: Cap) -> Vec<u32> {
 /// `algo`'s configuration in cuBLASLt's own enum values: `id 66 tile 20 stages 35 split-K 2
 /// reduction 2 swizzle 0 cluster 2`.
 pub(super) fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    // SAFETY: only tries to dlopen libcublasLt.
+    if !unsafe { sys::is_culib_present() } {
+        return "cuBLASLt not loaded".to_string();
+    }
     let u = |attr| config::<u32>(algo, attr).map_or("?".to_string(), |v| v.to_string());
     let h = |attr| config::<u16>(algo, attr).map_or("?".to_string(), |v| v.to_string());
     let id = config::<i32>(algo, Config::CUBLASLT_ALGO_CONFIG_ID).map_or("?".to_string(), |v| v.to_string());
@@ -645,6 +649,7 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
         *word = u64::from_str_radix(&hex[16 * i..16 * (i + 1)], 16).ok()?;
     }
     let algo = sys::cublasLtMatmulAlgo_t { data };
+    // The configuration is described once the algorithm is restored (cuBLASLt loaded).
     let choice = GemmChoice {
         gemm: key.to_string(),
         reference,
@@ -656,8 +661,7 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
         cached: true,
         config: String::new(),
     };
-    let config = if choice.cublas() { "cuBLAS".to_string() } else { describe(&algo) };
-    Some((key.to_string(), CachedAlgo { algo, choice: GemmChoice { config, ..choice } }))
+    Some((key.to_string(), CachedAlgo { algo, choice }))
 }
 
 #[cfg(test)]
@@ -683,7 +687,7 @@ mod tests {
         let (key, back) = parse_line(line.trim_end()).expect("a line it wrote");
         assert_eq!(key, choice.gemm);
         assert_eq!(back.algo.data, data);
-        assert_eq!(back.choice, GemmChoice { cached: true, config: describe(&entry.algo), ..choice });
+        assert_eq!(back.choice, GemmChoice { cached: true, ..choice });
         for bad in
             ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
         {

@@ -607,7 +607,11 @@ impl Session {
         for (key, members) in groups {
             match cache.get(&key).cloned() {
                 Some(cached) if self.restore(&members, &cached) => {
-                    choices.push(GemmChoice { cached: true, ..cached.choice });
+                    choices.push(GemmChoice {
+                        cached: true,
+                        config: self.gemm_config(members[0]),
+                        ..cached.choice
+                    });
                 }
                 _ => untimed.push((key, members)),
             }
