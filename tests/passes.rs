@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fusec::import::import;
 use fusec::ir::{self, rel_l2, BinaryOp, DType, Graph, Op, Origin, Tensor, TensorType, UnaryOp};
-use fusec::passes::{run_passes, standard, ConstFold, Cse, Dce, Pass, RemoveNoops};
+use fusec::passes::{run_passes, standard, ConstFold, Cse, Dce, GatherNdViews, Pass, RemoveNoops};
 
 #[test]
 fn standard_passes_keep_every_fixture_meaning() {
@@ -101,6 +101,51 @@ fn half_precision_keeps_every_fixture_close() {
                 let bound = 1e-2;
                 assert!(err <= bound, "{file} {precision} {name}: rel-L2 {err:e}");
             }
+        }
+    }
+}
+
+/// GatherND indices that only re-address the data (the dynamo exporter's padding mask:
+/// `mask[arange(b)[:, None, None, None], arange(k)]`, here also broadcast over 3 queries)
+/// become a Reshape and an Expand that compute the same; indices that reorder do not.
+#[test]
+fn gathernd_of_a_coordinate_grid_becomes_a_view() {
+    let (b, q, k) = (2usize, 3usize, 5usize);
+    let grid = |reverse: bool| {
+        let mut values = Vec::new();
+        for i in 0..b {
+            for _ in 0..q {
+                for t in 0..k {
+                    values.extend([i as i64, if reverse { (k - 1 - t) as i64 } else { t as i64 }]);
+                }
+            }
+        }
+        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[b, 1, q, k, 2]), values).unwrap();
+        Arc::new(Tensor::from_i64(array, DType::I64))
+    };
+    for reverse in [false, true] {
+        let mut g = Graph::new();
+        let x = g.add_input("mask", TensorType::new(DType::F32, vec![b, k]));
+        let idx = g.add_constant("idx", grid(reverse), origin("idx"));
+        let y = g.add_op(Op::GatherNd { batch_dims: 0 }, &[x, idx], "y", origin("gathernd")).unwrap();
+        g.set_outputs(vec![("y".into(), y)]);
+        let feeds: HashMap<_, _> =
+            [("mask".to_string(), ir::random_tensor(&TensorType::new(DType::F32, vec![b, k]), 3, -1.0, 1.0))]
+                .into();
+        let before = ir::evaluate(&g, &feeds).unwrap();
+        let changed = GatherNdViews.run(&mut g).unwrap();
+        ir::verify(&g).unwrap();
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.to_f64_vec(), before[0].1.to_f64_vec(), "reverse {reverse}");
+        let ops = g.op_histogram();
+        if reverse {
+            assert_eq!((changed, ops.get("GatherND")), (0, Some(&1)), "{ops:?}");
+        } else {
+            assert_eq!(changed, 1);
+            assert_eq!(
+                (ops.get("Reshape"), ops.get("Expand"), ops.get("GatherND")),
+                (Some(&1), Some(&1), None)
+            );
         }
     }
 }

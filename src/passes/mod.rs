@@ -4,6 +4,7 @@
 mod const_fold;
 mod cse;
 mod dce;
+mod gather_views;
 mod merge_matmuls;
 mod noop;
 mod precision;
@@ -11,6 +12,7 @@ mod precision;
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use gather_views::GatherNdViews;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 pub use precision::lower_precision;
@@ -37,6 +39,7 @@ pub struct PassError {
 pub fn standard() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(ConstFold),
+        Box::new(GatherNdViews),
         Box::new(RemoveNoops),
         Box::new(Cse),
         Box::new(MergeSiblingMatMuls),

@@ -1,0 +1,82 @@
+//! Replaces a `GatherND` whose constant indices only re-address its data — each index
+//! component equal to one output coordinate, in order — by the view it is: a `Reshape` that
+//! inserts the output's other axes with size 1, then an `Expand` where they are wider. The
+//! dynamo exporter builds padding masks this way (`mask[arange(b)[:, None, None, None],
+//! arange(k)]`); as views they fuse with the mask arithmetic around them.
+
+use super::Pass;
+use crate::ir::{Graph, IrError, NodeId, Op, Tensor};
+
+pub struct GatherNdViews;
+
+/// Index tensors larger than this are not inspected (real masks are far smaller).
+const MOST_INDICES: usize = 1 << 22;
+
+/// The output axis each index component copies, in increasing order, when component `t` at
+/// every position equals the position's coordinate on one output axis of the data's size.
+fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
+    let shape = indices.shape();
+    let (&depth, rows) = shape.split_last()?;
+    if indices.len() > MOST_INDICES || depth > data_shape.len() {
+        return None;
+    }
+    let values = indices.to_i64_vec();
+    let count: usize = rows.iter().product();
+    // Each position's coordinates on the index rows' axes, row-major.
+    let coordinates = |p: usize| -> Vec<usize> {
+        let mut rest = p;
+        let mut c = vec![0; rows.len()];
+        for (slot, &d) in c.iter_mut().zip(rows).rev() {
+            *slot = rest % d.max(1);
+            rest /= d.max(1);
+        }
+        c
+    };
+    let mut axes: Vec<usize> = Vec::with_capacity(depth);
+    for (t, &size) in data_shape.iter().enumerate().take(depth) {
+        let start = axes.last().map_or(0, |a| a + 1);
+        let axis = (start..rows.len()).find(|&a| {
+            rows[a] == size
+                && (0..count).all(|p| {
+                    let v = values[p * depth + t];
+                    let v = if v < 0 { v + size as i64 } else { v };
+                    v == coordinates(p)[a] as i64
+                })
+        })?;
+        axes.push(axis);
+    }
+    Some(axes)
+}
+
+impl Pass for GatherNdViews {
+    fn name(&self) -> &'static str {
+        "gathernd-views"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
+        let mut changed = 0;
+        for id in graph.topo_order()? {
+            let Op::GatherNd { batch_dims: 0 } = graph.node(id).op else { continue };
+            let inputs: Vec<NodeId> = graph.inputs_of(id);
+            let [data, indices] = inputs[..] else { continue };
+            let Some(index_values) = graph.constant(indices).cloned() else { continue };
+            let data_shape = graph.node(data).ty.shape.clone();
+            let Some(axes) = copied_axes(&index_values, &data_shape) else { continue };
+            let node = graph.node(id);
+            let (out_shape, name, origin) = (node.ty.shape.clone(), node.name.clone(), node.origin.clone());
+            let rows = index_values.shape().len() - 1;
+            let mut reshaped: Vec<usize> =
+                (0..rows).map(|r| axes.iter().position(|&a| a == r).map_or(1, |t| data_shape[t])).collect();
+            reshaped.extend_from_slice(&data_shape[axes.len()..]);
+            let mut view =
+                graph.add_op(Op::Reshape { shape: reshaped.clone() }, &[data], &name, origin.clone())?;
+            if reshaped != out_shape {
+                view = graph.add_op(Op::Expand { shape: out_shape }, &[view], &name, origin)?;
+            }
+            graph.replace_uses(id, view);
+            graph.remove_node(id);
+            changed += 1;
+        }
+        Ok(changed)
+    }
+}
