@@ -181,3 +181,41 @@ fn training_mode_dropout_is_refused() {
     let (_, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
     assert!(text.contains("dropout") && text.contains("training_mode"), "{text}");
 }
+
+/// A graph 10,000 nodes deep (a chain of unary ops on one input) compiles — import, passes,
+/// fusion, plan and code generation — without overflowing the stack of a test thread.
+#[test]
+fn a_chain_ten_thousand_nodes_deep_compiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proto = fixture_proto("gelu_tanh.onnx");
+    let graph = proto.graph.as_mut().unwrap();
+    let template = graph.node[0].clone();
+    let input = graph.input[0].name.clone();
+    let output = graph.output[0].name.clone();
+    graph.initializer.clear();
+    graph.node.clear();
+    const DEPTH: usize = 10_000;
+    for i in 0..DEPTH {
+        let mut node = template.clone();
+        node.op_type = ["Tanh", "Neg", "Abs", "Sigmoid"][i % 4].into();
+        node.name = format!("n{i}");
+        node.input = vec![if i == 0 { input.clone() } else { format!("t{}", i - 1) }];
+        node.output = vec![if i + 1 == DEPTH { output.clone() } else { format!("t{i}") }];
+        node.attribute.clear();
+        graph.node.push(node);
+    }
+    let path = write(&dir, "deep.onnx", &proto.encode_to_vec());
+    let options = fusec::CompileOptions {
+        import: ImportOptions::default().dim("batch", 2),
+        arch: None,
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bundle.header.kernels >= 1, "{:?}", bundle.header.kernels);
+    println!(
+        "10,000-deep chain: {} kernels in {:.1} s",
+        bundle.header.kernels,
+        started.elapsed().as_secs_f64()
+    );
+}

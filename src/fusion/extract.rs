@@ -39,31 +39,51 @@ impl Builder<'_> {
         }
     }
 
+    /// The IR node of `class`, built after those of its inputs. Iterative (an explicit stack,
+    /// not recursion), so that graphs thousands of nodes deep do not overflow the stack.
     fn build(&mut self, class: Id) -> Result<NodeId, FusionError> {
-        let class = self.egraph.find(class);
-        if let Some(&id) = self.built.get(&class) {
-            return Ok(id);
+        let mut stack = vec![self.egraph.find(class)];
+        while let Some(&class) = stack.last() {
+            if self.built.contains_key(&class) {
+                stack.pop();
+                continue;
+            }
+            let node = self.extractor.find_best_node(class).clone();
+            let inputs = match &node {
+                FusionLang::Const(_) => Vec::new(),
+                _ => {
+                    let (_, inputs) = ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data)
+                        .ok_or_else(|| {
+                            FusionError::Extraction(format!(
+                                "class {class} extracted as {node}, which has no IR op"
+                            ))
+                        })?;
+                    inputs.iter().map(|&i| self.egraph.find(i)).collect()
+                }
+            };
+            let missing: Vec<Id> = inputs.iter().copied().filter(|i| !self.built.contains_key(i)).collect();
+            if !missing.is_empty() {
+                // The first input on top: built in the order the recursion would.
+                stack.extend(missing.into_iter().rev());
+                continue;
+            }
+            stack.pop();
+            let (name, origin) = self.name_and_origin(class);
+            let id = match &node {
+                FusionLang::Const(c) => {
+                    let value = Arc::clone(self.egraph.analysis.constant(*c));
+                    self.graph.add_constant(&name, value, origin)
+                }
+                _ => {
+                    let (op, _) = ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data)
+                        .ok_or_else(|| FusionError::Extraction(format!("class {class} has no IR op")))?;
+                    let inputs: Vec<NodeId> = inputs.iter().map(|i| self.built[i]).collect();
+                    self.graph.add_op(op, &inputs, &name, origin)?
+                }
+            };
+            self.built.insert(class, id);
         }
-        let node = self.extractor.find_best_node(class).clone();
-        let (name, origin) = self.name_and_origin(class);
-        let id = match &node {
-            FusionLang::Const(c) => {
-                let value = Arc::clone(self.egraph.analysis.constant(*c));
-                self.graph.add_constant(&name, value, origin)
-            }
-            _ => {
-                let (op, inputs) =
-                    ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data).ok_or_else(|| {
-                        FusionError::Extraction(format!(
-                            "class {class} extracted as {node}, which has no IR op"
-                        ))
-                    })?;
-                let inputs = inputs.iter().map(|&i| self.build(i)).collect::<Result<Vec<_>, _>>()?;
-                self.graph.add_op(op, &inputs, &name, origin)?
-            }
-        };
-        self.built.insert(class, id);
-        Ok(id)
+        Ok(self.built[&self.egraph.find(class)])
     }
 }
 
