@@ -219,3 +219,54 @@ fn a_chain_ten_thousand_nodes_deep_compiles() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// External data is read only from inside the model's directory: a location with `..`, an
+/// absolute one, or a symbolic link that points out is refused with the file, the initializer
+/// and the location named; the same bytes in a file beside the model load.
+#[test]
+fn external_data_must_stay_in_the_models_directory() {
+    use tract_onnx::pb::StringStringEntryProto;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    let mut proto = fixture_proto("mlp_block.onnx");
+    let graph = proto.graph.as_mut().unwrap();
+    let w1 = graph.initializer.iter_mut().find(|t| t.name == "w1").unwrap();
+    let bytes = std::mem::take(&mut w1.raw_data);
+    w1.data_location = Some(1);
+    std::fs::write(dir.join("w1.bin"), &bytes).unwrap();
+    std::fs::write(root.path().join("outside.bin"), &bytes).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(root.path().join("outside.bin"), dir.join("link.bin")).unwrap();
+    let options = ImportOptions::default().dim("batch", 2);
+    let with_location = |location: &str| {
+        let mut proto = proto.clone();
+        let w1 = proto.graph.as_mut().unwrap().initializer.iter_mut().find(|t| t.name == "w1").unwrap();
+        w1.external_data = vec![StringStringEntryProto { key: "location".into(), value: location.into() }];
+        let path = dir.join("m.onnx");
+        std::fs::write(&path, proto.encode_to_vec()).unwrap();
+        path
+    };
+    let outside = root.path().join("outside.bin");
+    let mut refused =
+        vec!["../outside.bin".to_string(), outside.display().to_string(), "a/../../outside.bin".into()];
+    if cfg!(unix) {
+        refused.push("link.bin".into());
+    }
+    for location in &refused {
+        let (err, text) = import_err(&with_location(location), &options);
+        assert!(matches!(err, ImportError::Initializer { .. }), "{location}: {text}");
+        let why =
+            text.contains("outside the model's directory") || text.contains("leaves the model's directory");
+        assert!(text.contains("m.onnx") && text.contains("'w1'") && why, "{location}: {text}");
+        println!("{location}: {text}");
+    }
+    let model = import(&with_location("w1.bin"), &options).unwrap_or_else(|e| panic!("{e}"));
+    let inside = model.graph.node_ids().find(|&id| model.graph.node(id).name == "w1").unwrap();
+    let reference = import(&common::model_path("mlp_block.onnx"), &options).unwrap();
+    let original = reference.graph.node_ids().find(|&id| reference.graph.node(id).name == "w1").unwrap();
+    assert_eq!(
+        model.graph.constant(inside).unwrap().to_f64_vec(),
+        reference.graph.constant(original).unwrap().to_f64_vec()
+    );
+}

@@ -173,8 +173,47 @@ pub(crate) fn node_name(proto: &NodeProto) -> String {
     proto.output.first().cloned().unwrap_or_else(|| format!("<unnamed {}>", proto.op_type))
 }
 
-/// Loads a `TensorProto` (embedded or external data) as an IR tensor.
+/// Where an external-data tensor's bytes are, checked to lie inside the model's directory:
+/// a relative path without `..`, which after resolving symbolic links is still under that
+/// directory. `None` for a tensor stored in the file itself.
+fn external_location(proto: &TensorProto, path: &Path) -> Result<Option<std::path::PathBuf>, String> {
+    // TensorProto.DataLocation.EXTERNAL
+    if proto.data_location != Some(1) {
+        return Ok(None);
+    }
+    let location = proto
+        .external_data
+        .iter()
+        .find(|e| e.key == "location")
+        .map(|e| e.value.as_str())
+        .ok_or("external data without a 'location'")?;
+    let relative = Path::new(location);
+    let leaves = relative
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+    if location.is_empty() || leaves {
+        return Err(format!(
+            "external data location '{location}' leaves the model's directory (only relative paths without '..' are read)"
+        ));
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let file = dir.join(relative);
+    let (real_dir, real_file) = (dir.canonicalize(), file.canonicalize());
+    match (real_dir, real_file) {
+        (Ok(d), Ok(f)) if f.starts_with(&d) => Ok(Some(file)),
+        (Ok(_), Ok(f)) => Err(format!(
+            "external data location '{location}' resolves to {}, outside the model's directory",
+            f.display()
+        )),
+        (_, Err(e)) => Err(format!("external data '{}': {e}", file.display())),
+        (Err(e), _) => Err(format!("model directory '{}': {e}", dir.display())),
+    }
+}
+
+/// Loads a `TensorProto` (embedded or external data) as an IR tensor. External data must lie
+/// inside the model's directory ([`external_location`]).
 pub(crate) fn tensor_from_proto(proto: &TensorProto, path: &Path) -> Result<Tensor, String> {
+    external_location(proto, path)?;
     let dir = path.parent().and_then(|d| d.to_str());
     let resolver = tract_onnx::data_resolver::MmapDataResolver;
     let t = tract_onnx::tensor::load_tensor(&resolver, proto, dir).map_err(|e| format!("{e:#}"))?;
