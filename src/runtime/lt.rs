@@ -34,11 +34,16 @@ pub const MAX_CANDIDATES: usize = 64;
 /// How many of the heuristic's algorithms are asked for and timed for each GEMM:
 /// `FUSEC_GEMM_CANDIDATES` when it is a number from 1 to [`MAX_CANDIDATES`], else [`CANDIDATES`].
 pub fn candidates_wanted() -> usize {
-    std::env::var("FUSEC_GEMM_CANDIDATES")
+    count_from_env("FUSEC_GEMM_CANDIDATES", 1..=MAX_CANDIDATES, CANDIDATES)
+}
+
+/// The number in environment variable `name` when it is one within `range`, else `default`.
+fn count_from_env(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|n| (1..=MAX_CANDIDATES).contains(n))
-        .unwrap_or(CANDIDATES)
+        .filter(|n| range.contains(n))
+        .unwrap_or(default)
 }
 /// Whole-program runs timed for each candidate (median), after a capture and warm-up.
 pub(super) const TIMED_RUNS: usize = 15;
@@ -68,11 +73,7 @@ pub const MAX_VARIANTS: usize = 256;
 /// each checked by cuBLASLt) are timed for each GEMM: `FUSEC_GEMM_VARIANTS` when it is a
 /// number from 0 to [`MAX_VARIANTS`], else [`VARIANTS`].
 pub fn variants_wanted() -> usize {
-    std::env::var("FUSEC_GEMM_VARIANTS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|n| *n <= MAX_VARIANTS)
-        .unwrap_or(VARIANTS)
+    count_from_env("FUSEC_GEMM_VARIANTS", 0..=MAX_VARIANTS, VARIANTS)
 }
 
 fn lt_error(what: &str, e: impl std::fmt::Debug) -> RuntimeError {
