@@ -270,3 +270,35 @@ fn external_data_must_stay_in_the_models_directory() {
         reference.graph.constant(original).unwrap().to_f64_vec()
     );
 }
+
+/// What a file or a command line can make the import allocate is capped: a ConstantOfShape
+/// asking for 2^60 elements and an input dim of 2^62 are clear errors naming the node or the
+/// input, not an allocation failure or an overflowed size.
+#[test]
+fn huge_declared_sizes_are_errors_not_allocations() {
+    use tract_onnx::pb::{NodeProto, TensorProto};
+    let dir = tempfile::tempdir().unwrap();
+    let mut proto = fixture_proto("mlp_block.onnx");
+    let graph = proto.graph.as_mut().unwrap();
+    let dims: Vec<u8> = [1i64 << 30, 1i64 << 30].iter().flat_map(|d| d.to_le_bytes()).collect();
+    graph.initializer.push(TensorProto {
+        name: "huge_shape".into(),
+        dims: vec![2],
+        data_type: 7, // INT64
+        raw_data: dims,
+        ..Default::default()
+    });
+    graph.node.push(NodeProto {
+        name: "make_huge".into(),
+        op_type: "ConstantOfShape".into(),
+        input: vec!["huge_shape".into()],
+        output: vec!["huge".into()],
+        ..Default::default()
+    });
+    let path = write(&dir, "huge.onnx", &proto.encode_to_vec());
+    let (_, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
+    assert!(text.contains("huge.onnx") && text.contains("make_huge") && text.contains("elements"), "{text}");
+    let (_, text) =
+        import_err(&common::model_path("mlp_block.onnx"), &ImportOptions::default().dim("batch", 1 << 62));
+    assert!(text.contains("input 'x'") && text.contains("elements an input may have"), "{text}");
+}

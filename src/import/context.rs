@@ -143,6 +143,8 @@ impl NodeCtx<'_> {
     pub fn add_named(&mut self, op: Op, inputs: &[NodeId], name: &str) -> Result<NodeId, ImportError> {
         let constants: Option<Vec<&Arc<Tensor>>> = inputs.iter().map(|&i| self.graph.constant(i)).collect();
         if let (Some(values), false) = (constants, inputs.is_empty()) {
+            let ty = self.graph.infer(&op, inputs).map_err(|m| self.error(m))?;
+            self.check_constant_size(&ty.shape)?;
             let args: Vec<&Tensor> = values.iter().map(|t| t.as_ref()).collect();
             let value = ir::ops::evaluate(&op, &args).map_err(|m| self.error(m))?;
             return Ok(self.constant_named(value, name));
@@ -152,6 +154,18 @@ impl NodeCtx<'_> {
             ir::IrError::Op { message, .. } => self.error(message),
             other => self.error(other.to_string()),
         })
+    }
+
+    /// An error unless a constant of `shape` stays within [`MAX_CONSTANT_ELEMENTS`]: what a
+    /// file can make the import allocate by folding is capped, whatever sizes it declares.
+    pub fn check_constant_size(&self, shape: &[usize]) -> Result<(), ImportError> {
+        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        match elements {
+            Some(n) if n <= MAX_CONSTANT_ELEMENTS => Ok(()),
+            _ => Err(self.error(format!(
+                "this would make a constant of shape {shape:?}, more than the {MAX_CONSTANT_ELEMENTS} elements the import materialises"
+            ))),
+        }
     }
 
     /// Adds a constant as the value of output 0.
@@ -165,6 +179,10 @@ impl NodeCtx<'_> {
         self.graph.add_constant(name, Arc::new(value), origin)
     }
 }
+
+/// The most elements of a constant the import makes itself (folding shape arithmetic,
+/// `ConstantOfShape`, `Range`): 2^28, 1 GiB of f32.
+pub const MAX_CONSTANT_ELEMENTS: usize = 1 << 28;
 
 pub(crate) fn node_name(proto: &NodeProto) -> String {
     if !proto.name.is_empty() {

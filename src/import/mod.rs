@@ -239,6 +239,10 @@ fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, Impor
 }
 
 /// The concrete type of every input, from the model, `--input` and `--dim`.
+/// The most elements one input may have (2^36: 256 GiB of f32, beyond any one GPU), so that
+/// sizes computed from input shapes cannot overflow.
+pub const MAX_INPUT_ELEMENTS: usize = 1 << 36;
+
 fn resolve_inputs(
     summary: &OnnxSummary,
     options: &ImportOptions,
@@ -353,6 +357,12 @@ fn resolve_inputs(
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elements.is_none_or(|n| n > MAX_INPUT_ELEMENTS) {
+            return Err(fail(format!(
+                "shape {shape:?} has more than the {MAX_INPUT_ELEMENTS} elements an input may have"
+            )));
+        }
         resolved.push((input.name.clone(), TensorType::new(dtype, shape)));
     }
     Ok(resolved)

@@ -42,6 +42,7 @@ fn constant_of_shape(ctx: &mut NodeCtx) -> Translated {
         return Err(ctx.error("value must hold one element"));
     }
     let fill = value.to_f64_vec()[0];
+    ctx.check_constant_size(&shape)?;
     Ok(vec![ctx.constant(Tensor::full(&TensorType::new(value.dtype(), shape), fill))])
 }
 
@@ -54,7 +55,10 @@ fn range(ctx: &mut NodeCtx) -> Translated {
         ([s], [l], [d]) if *d != 0.0 => (*s, *l, *d),
         _ => return Err(ctx.error("start, limit and delta must be scalars with delta ≠ 0")),
     };
-    let count = ((limit - start) / delta).ceil().max(0.0) as usize;
+    let steps = ((limit - start) / delta).ceil().max(0.0);
+    // Compared as a float first: a huge or infinite count saturates the conversion.
+    let count = if steps.is_finite() { steps as usize } else { usize::MAX };
+    ctx.check_constant_size(&[count])?;
     let values = Array1::from_iter((0..count).map(|i| start + i as f64 * delta)).into_dyn();
     let value = if dtype.is_int() {
         Tensor::from_i64(values.mapv(|v| v.round() as i64), dtype)
