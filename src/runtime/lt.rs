@@ -426,21 +426,23 @@ use sys::cublasLtMatmulAlgoCapAttributes_t as Cap;
 use sys::cublasLtMatmulAlgoConfigAttributes_t as Config;
 use sys::cublasLtReductionScheme_t as Reduction;
 
-/// One configuration attribute of `algo` (`T` the attribute's C type).
-fn config<T: Copy + Default>(algo: &sys::cublasLtMatmulAlgo_t, attr: Config) -> Option<T> {
+/// A scalar of C type `T` that `get` (a cuBLASLt attribute getter, given the buffer, its size
+/// and where to write the size written) fills in: `None` unless it succeeds and writes all of it.
+fn scalar<T: Copy + Default>(
+    get: impl FnOnce(*mut c_void, usize, &mut usize) -> sys::cublasStatus_t,
+) -> Option<T> {
     let mut value = T::default();
     let mut written = 0usize;
-    // SAFETY: `value` has room for the `size_of::<T>()` bytes the call may write.
-    let status = unsafe {
-        sys::cublasLtMatmulAlgoConfigGetAttribute(
-            algo,
-            attr,
-            (&mut value as *mut T).cast(),
-            size_of::<T>(),
-            &mut written,
-        )
-    };
+    let status = get((&mut value as *mut T).cast(), size_of::<T>(), &mut written);
     (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && written == size_of::<T>()).then_some(value)
+}
+
+/// One configuration attribute of `algo` (`T` the attribute's C type).
+fn config<T: Copy + Default>(algo: &sys::cublasLtMatmulAlgo_t, attr: Config) -> Option<T> {
+    // SAFETY: the buffer `scalar` passes has room for the size it passes.
+    scalar(|buf, size, written| unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, buf, size, written)
+    })
 }
 
 /// Sets one configuration attribute of `algo`; false when cuBLASLt refuses it.
@@ -454,19 +456,10 @@ fn set_config<T: Copy>(algo: &mut sys::cublasLtMatmulAlgo_t, attr: Config, value
 
 /// One scalar capability of `algo`.
 fn capability<T: Copy + Default>(algo: &sys::cublasLtMatmulAlgo_t, attr: Cap) -> Option<T> {
-    let mut value = T::default();
-    let mut written = 0usize;
-    // SAFETY: `value` has room for the `size_of::<T>()` bytes the call may write.
-    let status = unsafe {
-        sys::cublasLtMatmulAlgoCapGetAttribute(
-            algo,
-            attr,
-            (&mut value as *mut T).cast(),
-            size_of::<T>(),
-            &mut written,
-        )
-    };
-    (status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(value)
+    // SAFETY: the buffer `scalar` passes has room for the size it passes.
+    scalar(|buf, size, written| unsafe {
+        sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, buf, size, written)
+    })
 }
 
 /// An array capability of `algo` (tile or stage ids): asked for its size, then read.
