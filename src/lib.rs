@@ -4,6 +4,9 @@
 //! [`import`] → [`ir`] → [`passes`] → [`fusion`] → [`plan`] → [`codegen`] → [`bundle`], with
 //! [`runtime`] the only module that talks to the GPU.
 
+// Input- and device-dependent paths return errors: no unwrap or expect outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod bundle;
 pub mod codegen;
 pub mod fusion;

@@ -1,5 +1,8 @@
 //! The `fusec` command line: thin wrappers over the library, one file per subcommand.
 
+// Input- and device-dependent paths return errors: no unwrap or expect outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod cli;
 
 use std::process::ExitCode;
