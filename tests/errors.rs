@@ -302,3 +302,44 @@ fn huge_declared_sizes_are_errors_not_allocations() {
         import_err(&common::model_path("mlp_block.onnx"), &ImportOptions::default().dim("batch", 1 << 62));
     assert!(text.contains("input 'x'") && text.contains("elements an input may have"), "{text}");
 }
+
+/// Seeded byte mutations of a fixture (not coverage-guided fuzzing): each damaged file gives a
+/// result or an error, never a panic.
+#[test]
+fn mutated_model_files_never_panic() {
+    let original = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut panics = Vec::new();
+    for case in 0..400 {
+        let mut bytes = original.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % bytes.len();
+            bytes[at] = next() as u8;
+        }
+        if case % 7 == 0 {
+            bytes.truncate((next() as usize) % bytes.len());
+        }
+        let path = write(&dir, &format!("m{case}.onnx"), &bytes);
+        let outcome = std::panic::catch_unwind(|| {
+            let _ = fusec::compile(
+                &path,
+                &fusec::CompileOptions {
+                    import: ImportOptions::default().dim("batch", 2),
+                    arch: None,
+                    ..Default::default()
+                },
+            );
+        });
+        if outcome.is_err() {
+            panics.push(case);
+        }
+    }
+    assert!(panics.is_empty(), "cases that panicked: {panics:?}");
+}
