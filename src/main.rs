@@ -21,8 +21,6 @@ fn long_version() -> String {
     )
 }
 
-/// Logs go to standard error through `tracing`: warnings by default, more with `RUST_LOG`
-/// (`RUST_LOG=fusec=info` for each stage, `debug` for every kernel compiled or found cached).
 /// Logs on standard error: `RUST_LOG` when set, else warnings, fusec's stages with `-v`, and
 /// every kernel compiled or cached with `-vv`.
 fn init_logs(verbose: u8) {

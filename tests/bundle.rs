@@ -136,25 +136,12 @@ fn readme_api_shape() {
 #[test]
 fn mutated_bundles_never_panic() {
     let bytes = bundle().to_bytes().unwrap();
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = common::xorshift(0x2545_F491_4F6C_DD1D);
     let mut panics = Vec::new();
     for case in 0..2000 {
-        let mut damaged = bytes.clone();
         // The header's first bytes (magic, version, lengths) get most of the damage.
-        let span = if case % 2 == 0 { 64.min(damaged.len()) } else { damaged.len() };
-        for _ in 0..1 + next() % 3 {
-            let at = (next() as usize) % span;
-            damaged[at] = next() as u8;
-        }
-        if case % 5 == 0 {
-            damaged.truncate((next() as usize) % damaged.len());
-        }
+        let span = if case % 2 == 0 { 64.min(bytes.len()) } else { bytes.len() };
+        let damaged = common::mutated(&bytes, &mut next, 3, span, case % 5 == 0);
         if std::panic::catch_unwind(|| Bundle::from_bytes(&damaged, "m.bundle").map(|_| ())).is_err() {
             panics.push(case);
         }

@@ -471,32 +471,26 @@ fn rust_log_turns_on_the_stage_logs() {
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("mlp.bundle");
     let args = ["compile", "models/mlp_block.onnx", "--input", "x:4x7x40", "-o", bundle.to_str().unwrap()];
-    let quiet = Command::new(env!("CARGO_BIN_EXE_fusec"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
+    // fusec at the repository root with `flags` before `args`, RUST_LOG set to `log` or unset.
+    let run = |flags: &[&str], log: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fusec"));
+        command.args(flags).args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+        match log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
+        command.output().unwrap()
+    };
+    let quiet = run(&[], None);
     assert!(quiet.status.success(), "{}", text(&quiet.stderr));
     assert!(!text(&quiet.stderr).contains("INFO"), "no logs by default: {}", text(&quiet.stderr));
-    let logged = Command::new(env!("CARGO_BIN_EXE_fusec"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("RUST_LOG", "fusec=info")
-        .output()
-        .unwrap();
+    let logged = run(&[], Some("fusec=info"));
     let stderr = text(&logged.stderr);
     assert!(stderr.contains("imported models/mlp_block.onnx: 12 ONNX nodes, 12 IR nodes"), "{stderr}");
     assert!(stderr.contains("fusion: Saturated") && stderr.contains("plan: 3 launches"), "{stderr}");
     // -v does the same without RUST_LOG (and compile prints its stage times); -vv adds debug.
     for (flag, wanted, unwanted) in [("-v", "INFO", "DEBUG"), ("-vv", "DEBUG", "")] {
-        let out = Command::new(env!("CARGO_BIN_EXE_fusec"))
-            .arg(flag)
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env_remove("RUST_LOG")
-            .output()
-            .unwrap();
+        let out = run(&[flag], None);
         let stderr = text(&out.stderr);
         assert!(out.status.success(), "{flag}: {stderr}");
         assert!(stderr.contains(wanted) && stderr.contains("plan: 3 launches"), "{flag}: {stderr}");

@@ -309,23 +309,10 @@ fn huge_declared_sizes_are_errors_not_allocations() {
 fn mutated_model_files_never_panic() {
     let original = std::fs::read(common::model_path("mlp_block.onnx")).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = common::xorshift(0x9E37_79B9_7F4A_7C15);
     let mut panics = Vec::new();
     for case in 0..400 {
-        let mut bytes = original.clone();
-        for _ in 0..1 + next() % 4 {
-            let at = (next() as usize) % bytes.len();
-            bytes[at] = next() as u8;
-        }
-        if case % 7 == 0 {
-            bytes.truncate((next() as usize) % bytes.len());
-        }
+        let bytes = common::mutated(&original, &mut next, 4, original.len(), case % 7 == 0);
         let path = write(&dir, &format!("m{case}.onnx"), &bytes);
         let outcome = std::panic::catch_unwind(|| {
             let _ = fusec::compile(

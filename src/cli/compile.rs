@@ -54,7 +54,8 @@ fn peak_memory() -> Option<u64> {
 }
 
 impl Compile {
-    pub fn execute(self) -> anyhow::Result<ExitCode> {
+    /// `verbose`: print each stage's time and the peak memory so far (`-v`).
+    pub fn execute(self, verbose: bool) -> anyhow::Result<ExitCode> {
         let precision = super::shapes::precision(&self.precision);
         let options = CompileOptions {
             import: self.shapes.options(),
@@ -65,7 +66,6 @@ impl Compile {
         };
         let clock = std::time::Instant::now();
         let mut last = 0.0;
-        let verbose = super::verbosity() > 0;
         let mut stages = Vec::new();
         let progress = Progress::new(self.quiet, &format!("importing {}", self.model.display()));
         let mut report = |stage: &str| {

@@ -32,14 +32,6 @@ pub struct Cli {
     verbose: u8,
 }
 
-/// How many `-v` were given (see [`Cli`]).
-static VERBOSITY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// How many `-v` the command line gave.
-pub fn verbosity() -> u8 {
-    VERBOSITY.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
     Compile(compile::Compile),
@@ -57,9 +49,8 @@ impl Cli {
     }
 
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        VERBOSITY.store(self.verbose, std::sync::atomic::Ordering::Relaxed);
         match self.command {
-            Command::Compile(cmd) => cmd.execute(),
+            Command::Compile(cmd) => cmd.execute(self.verbose > 0),
             Command::Bench(cmd) => cmd.execute(),
             Command::Run(cmd) => cmd.execute(),
             Command::Inspect(cmd) => cmd.execute(),

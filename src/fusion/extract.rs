@@ -40,46 +40,48 @@ impl Builder<'_> {
     }
 
     /// The IR node of `class`, built after those of its inputs. Iterative (an explicit stack,
-    /// not recursion), so that graphs thousands of nodes deep do not overflow the stack.
+    /// not recursion), so that graphs thousands of nodes deep do not overflow the stack: a
+    /// class is pushed with its op and inputs once they are known, above those inputs (first
+    /// input on top, the order a recursion would build them in), and built when it is back on
+    /// top.
     fn build(&mut self, class: Id) -> Result<NodeId, FusionError> {
-        let mut stack = vec![self.egraph.find(class)];
-        while let Some(&class) = stack.last() {
+        type Ready = Option<(FusionLang, Option<Op>, Vec<Id>)>;
+        let mut stack: Vec<(Id, Ready)> = vec![(self.egraph.find(class), None)];
+        while let Some((class, ready)) = stack.pop() {
             if self.built.contains_key(&class) {
-                stack.pop();
                 continue;
             }
-            let node = self.extractor.find_best_node(class).clone();
-            let inputs = match &node {
-                FusionLang::Const(_) => Vec::new(),
-                _ => {
-                    let (_, inputs) = ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data)
-                        .ok_or_else(|| {
-                            FusionError::Extraction(format!(
-                                "class {class} extracted as {node}, which has no IR op"
-                            ))
-                        })?;
-                    inputs.iter().map(|&i| self.egraph.find(i)).collect()
-                }
+            let Some((node, op, inputs)) = ready else {
+                let node = self.extractor.find_best_node(class).clone();
+                let (op, inputs) = match &node {
+                    FusionLang::Const(_) => (None, Vec::new()),
+                    _ => {
+                        let (op, inputs) = ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data)
+                            .ok_or_else(|| {
+                                FusionError::Extraction(format!(
+                                    "class {class} extracted as {node}, which has no IR op"
+                                ))
+                            })?;
+                        (Some(op), inputs.iter().map(|&i| self.egraph.find(i)).collect())
+                    }
+                };
+                let missing: Vec<Id> =
+                    inputs.iter().copied().filter(|i| !self.built.contains_key(i)).collect();
+                stack.push((class, Some((node, op, inputs))));
+                stack.extend(missing.into_iter().rev().map(|i| (i, None)));
+                continue;
             };
-            let missing: Vec<Id> = inputs.iter().copied().filter(|i| !self.built.contains_key(i)).collect();
-            if !missing.is_empty() {
-                // The first input on top: built in the order the recursion would.
-                stack.extend(missing.into_iter().rev());
-                continue;
-            }
-            stack.pop();
             let (name, origin) = self.name_and_origin(class);
-            let id = match &node {
-                FusionLang::Const(c) => {
+            let id = match (&node, op) {
+                (FusionLang::Const(c), _) => {
                     let value = Arc::clone(self.egraph.analysis.constant(*c));
                     self.graph.add_constant(&name, value, origin)
                 }
-                _ => {
-                    let (op, _) = ir_op(&node, &self.egraph.analysis, |i| &self.egraph[i].data)
-                        .ok_or_else(|| FusionError::Extraction(format!("class {class} has no IR op")))?;
+                (_, Some(op)) => {
                     let inputs: Vec<NodeId> = inputs.iter().map(|i| self.built[i]).collect();
                     self.graph.add_op(op, &inputs, &name, origin)?
                 }
+                (_, None) => return Err(FusionError::Extraction(format!("class {class} has no IR op"))),
             };
             self.built.insert(class, id);
         }

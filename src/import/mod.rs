@@ -238,11 +238,11 @@ fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, Impor
     })
 }
 
-/// The concrete type of every input, from the model, `--input` and `--dim`.
 /// The most elements one input may have (2^36: 256 GiB of f32, beyond any one GPU), so that
 /// sizes computed from input shapes cannot overflow.
 pub const MAX_INPUT_ELEMENTS: usize = 1 << 36;
 
+/// The concrete type of every input, from the model, `--input` and `--dim`.
 fn resolve_inputs(
     summary: &OnnxSummary,
     options: &ImportOptions,

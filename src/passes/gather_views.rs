@@ -22,16 +22,9 @@ fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
     }
     let values = indices.to_i64_vec();
     let count: usize = rows.iter().product();
-    // Each position's coordinates on the index rows' axes, row-major.
-    let coordinates = |p: usize| -> Vec<usize> {
-        let mut rest = p;
-        let mut c = vec![0; rows.len()];
-        for (slot, &d) in c.iter_mut().zip(rows).rev() {
-            *slot = rest % d.max(1);
-            rest /= d.max(1);
-        }
-        c
-    };
+    // Row-major strides of the index rows' axes: position `p` is at `p / stride[a] % rows[a]`
+    // on axis `a`.
+    let stride: Vec<usize> = (0..rows.len()).map(|a| rows[a + 1..].iter().product()).collect();
     let mut axes: Vec<usize> = Vec::with_capacity(depth);
     for (t, &size) in data_shape.iter().enumerate().take(depth) {
         let start = axes.last().map_or(0, |a| a + 1);
@@ -40,7 +33,7 @@ fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
                 && (0..count).all(|p| {
                     let v = values[p * depth + t];
                     let v = if v < 0 { v + size as i64 } else { v };
-                    v == coordinates(p)[a] as i64
+                    v == (p / stride[a] % size) as i64
                 })
         })?;
         axes.push(axis);

@@ -57,16 +57,20 @@ struct Launch {
     programmatic: bool,
 }
 
-/// Whether kernels of `source` are launched with programmatic dependent launch on a GPU of
-/// compute capability `major`: only when `FUSEC_PDL=1` asks for it, on sm_90 and later, for a
-/// kernel that starts with the wait for its predecessor (bundles written before it was added
-/// do not). Off by default: on the H100 it made step-by-step runs (no CUDA graph) 10–25 %
-/// faster, but CUDA-graph replays — how sessions run by default — no faster, and the
-/// Llama-style decoder at 8×128 fp16 9 % slower (`benches/NOTES.md`).
-fn programmatic_launch(source: &KernelSource, major: i32) -> bool {
-    major >= 9
-        && source.source.contains("fusec::grid_begin();")
-        && std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "1")
+/// Whether a session's kernels may be launched with programmatic dependent launch on a GPU of
+/// compute capability `major`: only when `FUSEC_PDL=1` asks for it, on sm_90 and later (each
+/// kernel also has to start with the wait for its predecessor: [`waits_for_predecessor`]).
+/// Off by default: on the H100 it made step-by-step runs (no CUDA graph) 10–25 % faster, but
+/// CUDA-graph replays — how sessions run by default — no faster, and the Llama-style decoder
+/// at 8×128 fp16 9 % slower (`benches/NOTES.md`).
+fn programmatic_launch_wanted(major: i32) -> bool {
+    major >= 9 && std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Whether kernel `source` begins with the wait for its predecessor (bundles written before
+/// the wait was added do not).
+fn waits_for_predecessor(source: &KernelSource) -> bool {
+    source.source.contains("fusec::grid_begin();")
 }
 
 enum Loaded {
@@ -218,6 +222,7 @@ impl Session {
         let weights_ptr = weights.device_ptr(&stream).0;
         // One module per function, however many steps run it.
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
+        let pdl = programmatic_launch_wanted(major);
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let function = match functions.get(&source.function) {
                 Some(f) => f.clone(),
@@ -252,7 +257,7 @@ impl Session {
                 block_dim: (source.block, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let programmatic = programmatic_launch(source, major);
+            let programmatic = pdl && waits_for_predecessor(source);
             Ok(Launch { name: source.name.clone(), function, config, args, programmatic })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for

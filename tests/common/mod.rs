@@ -127,3 +127,34 @@ pub fn cases_dir() -> Option<PathBuf> {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".onnx-node-cases"));
     dir.is_dir().then_some(dir)
 }
+
+/// A seeded xorshift64 generator (`seed` not 0), for reproducible damage to files.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
+/// `bytes` with 1 to `most` bytes overwritten by `next`'s values at positions below `span`,
+/// then cut at a random length when `truncate`.
+pub fn mutated(
+    bytes: &[u8],
+    next: &mut impl FnMut() -> u64,
+    most: u64,
+    span: usize,
+    truncate: bool,
+) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    for _ in 0..1 + next() % most {
+        let at = (next() as usize) % span;
+        out[at] = next() as u8;
+    }
+    if truncate {
+        out.truncate((next() as usize) % out.len());
+    }
+    out
+}
