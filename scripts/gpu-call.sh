@@ -20,6 +20,13 @@
 #   pdl       1x128, 8x128 and 32x128 fp16 profiles of $FUSEC_MODELS with programmatic dependent
 #             launch off (FUSEC_PDL=0) and on, one GEMM cache shared; 1x128 with
 #             FUSEC_ATTENTION_SPLITS=2 and 4; then the GPU tests with it on
+#   threads   side-by-side GPU test runs (the node cases beside the other tests) cut off after
+#             $SECS seconds (default 12), $TRIES times (default 16): exit codes, crash reports
+#             (tests/crash) into $OUT/res/crash-N.log; then examples/soak.rs on the tiny BERT
+#             fixture: 8 threads x 1,000 runs, 100,000 runs of one session, two sessions of one
+#             bundle, 8 threads making and dropping 50 sessions each, out of memory
+#   sanitizer compute-sanitizer memcheck, racecheck, initcheck and synccheck over soak's two
+#             sessions (2 runs each) and the GPU test of graph replay, where it can be found
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -159,6 +166,40 @@ for part in "$@"; do
       done
       echo "--- GPU tests with programmatic dependent launch"
       timeout 300 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped"
+      ;;
+    threads)
+      cat /proc/sys/kernel/core_pattern
+      crashes=0
+      for i in $(seq 1 "${TRIES:-16}"); do
+        FUSEC_ONNX_NODE_CASES=$PWD/.onnx-node-cases timeout "${SECS:-12}" .gpu/test-gpu onnx_node_cases sessions_on_several_threads cuda_graph_replay bundle_round_trip bad_inputs \
+          > "$OUT/res/threads-$i.log" 2>&1
+        rc=$?
+        echo "run $i: exit $rc ($(grep -c '^test .* ok$' "$OUT/res/threads-$i.log") tests finished)"
+        if grep -q "FUSEC CRASH REPORT" "$OUT/res/threads-$i.log"; then
+          crashes=$((crashes + 1)); cp "$OUT/res/threads-$i.log" "$OUT/res/crash-$i.log"
+        fi
+        [ $rc = 124 ] || [ $rc = 0 ] || grep -E "panicked|FAILED|error" "$OUT/res/threads-$i.log" | head -5
+      done
+      echo "crash reports: $crashes"
+      chmod +x .gpu/soak
+      timeout 120 .gpu/soak threads models/bert_ts.onnx 8 1000
+      timeout 150 .gpu/soak long models/bert_ts.onnx 100000
+      timeout 60 .gpu/soak two models/bert_ts.onnx 1000
+      timeout 120 .gpu/soak churn models/bert_ts.onnx 8 50
+      timeout 60 .gpu/soak oom models/bert_ts.onnx
+      ;;
+    sanitizer)
+      chmod +x .gpu/soak
+      cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+      if [ -z "$cs" ]; then echo "compute-sanitizer: not found"; pip download nvidia-cuda-sanitizer-api 2>&1 | tail -1; else
+        "$cs" --version | tail -1
+        for tool in memcheck racecheck initcheck synccheck; do
+          echo "--- $tool: soak two"
+          timeout 150 "$cs" --tool $tool --error-exitcode 9 .gpu/soak two models/bert_ts.onnx 2 2>&1 | tail -4; echo "exit ${PIPESTATUS[0]}"
+        done
+        echo "--- memcheck: GPU test cuda_graph_replay_matches_step_by_step"
+        timeout 200 "$cs" --tool memcheck --error-exitcode 9 .gpu/test-gpu cuda_graph_replay 2>&1 | tail -4; echo "exit ${PIPESTATUS[0]}"
+      fi
       ;;
     all)
       deadline=$(( $(date +%s) + ${BUDGET:-570} ))

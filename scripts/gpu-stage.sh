@@ -13,6 +13,7 @@ for line in sys.stdin:
 rm -rf .gpu && mkdir -p .gpu
 cp target/release/fusec .gpu/
 cp target/release/examples/api .gpu/example-api
+cp target/release/examples/soak .gpu/soak
 while read -r name path; do
     case "$name" in gpu) cp "$path" ".gpu/test-$name" ;; esac
 done < /tmp/fusec-test-binaries

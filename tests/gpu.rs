@@ -3,6 +3,7 @@
 //! CUDA driver. Set FUSEC_GPU_RESULTS=FILE to get the per-run table.
 
 mod common;
+mod crash;
 
 use std::fmt::Write;
 
@@ -16,6 +17,7 @@ const FP32_TOLERANCE: f64 = 1e-5;
 const HALF_TOLERANCE: f64 = 1e-2;
 
 fn gpu() -> bool {
+    crash::install();
     if !fusec::runtime::driver_available() {
         println!("skipped: no CUDA driver on this machine");
         return false;
@@ -177,6 +179,40 @@ fn bad_inputs_are_errors() {
     let wrong_type = vec![(good[0].0.clone(), good[0].1.cast(fusec::ir::DType::I64))];
     check(session.run(&wrong_type), "is i64");
     assert!(session.run(&good).is_ok());
+}
+
+/// A launch the driver refuses (a block of 4,096 threads, over the limit of 1,024) is an error
+/// naming the kernel; the session and the process go on, and a good bundle still runs.
+#[test]
+fn a_refused_launch_names_its_kernel() {
+    if !gpu() {
+        return;
+    }
+    let file = "mlp_block.onnx";
+    let import = common::shape_variants(file).remove(0);
+    let good = fusec::compile(
+        &common::model_path(file),
+        &CompileOptions { import: import.clone(), ..Default::default() },
+    )
+    .unwrap();
+    let mut bad = good.clone();
+    let name = bad
+        .header
+        .steps
+        .iter_mut()
+        .find_map(|step| match step {
+            fusec::codegen::Step::Launch(source) => {
+                source.block = 4096;
+                Some(source.name.clone())
+            }
+            _ => None,
+        })
+        .expect("the model has a kernel");
+    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let inputs = common::random_inputs(&model, 3);
+    let err = Session::new(&bad, 0).unwrap().run(&inputs).expect_err("a block of 4096 threads").to_string();
+    assert!(err.contains(&format!("launching kernel {name}")) && err.contains("block 4096"), "{err}");
+    assert!(Session::new(&good, 0).unwrap().run(&inputs).is_ok());
 }
 
 /// After the first run the plan replays as one CUDA graph, with the same results as running

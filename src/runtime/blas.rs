@@ -1,12 +1,69 @@
 //! cuBLAS GEMMs on raw device addresses (the session's steps and the start-up GEMM-rate
 //! measurement of `fusec bench` both go through here).
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream};
 
 use super::RuntimeError;
 use crate::codegen::GemmSpec;
 use crate::ir::DType;
+
+/// A cuBLAS handle lent to one user (a session, the rate measurement) on its stream, and given
+/// back to a pool of the process when dropped: handles are made once per device and user at
+/// a time, and never destroyed. `cublasDestroy` and `cublasLtDestroy` crashed inside the
+/// driver (SIGSEGV on a null pointer) when sessions were dropped on several threads at once:
+/// 6 of 6 runs of `examples/soak.rs churn` on the H100 (`tests/RELIABILITY.md`). Destroying
+/// a handle also synchronizes the whole device, every other session's work included.
+pub(super) struct Blas {
+    blas: Option<CudaBlas>,
+    device: usize,
+    ctx: Arc<CudaContext>,
+}
+
+static BLAS_HANDLES: Mutex<Vec<(usize, CudaBlas)>> = Mutex::new(Vec::new());
+
+impl Blas {
+    pub(super) fn new(device: usize, stream: &Arc<CudaStream>) -> Result<Blas, RuntimeError> {
+        let pooled = {
+            let mut pool = BLAS_HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
+            pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1)
+        };
+        let blas = match pooled {
+            Some(mut blas) => {
+                // SAFETY: the handle is this user's alone until it is given back.
+                unsafe { blas.set_stream(stream.clone()) }
+                    .map_err(|e| RuntimeError::Driver(format!("cuBLAS stream: {e:?}")))?;
+                blas
+            }
+            None => {
+                CudaBlas::new(stream.clone()).map_err(|e| RuntimeError::Driver(format!("cuBLAS: {e:?}")))?
+            }
+        };
+        Ok(Blas { blas: Some(blas), device, ctx: stream.context().clone() })
+    }
+
+    pub(super) fn handle(&self) -> Result<&CudaBlas, RuntimeError> {
+        self.blas.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLAS handle".into()))
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        let Some(mut blas) = self.blas.take() else { return };
+        // Off the user's stream, which may go away, onto the context's default stream.
+        let default = self.ctx.default_stream();
+        // SAFETY: the user's work on the handle is done (its stream was synchronized).
+        if unsafe { blas.set_stream(default) }.is_ok() {
+            BLAS_HANDLES.lock().unwrap_or_else(PoisonError::into_inner).push((self.device, blas));
+        } else {
+            // Kept from `cublasDestroy` all the same (see above).
+            std::mem::forget(blas);
+        }
+    }
+}
 
 /// Row-major `C = A·B` through column-major cuBLAS: `Cᵀ = Bᵀ·Aᵀ`, so B goes first and the
 /// roles of M and N swap. A row-major matrix read untransposed is column-major with its

@@ -12,7 +12,7 @@
 
 use std::ffi::c_void;
 use std::mem::size_of;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
@@ -80,9 +80,11 @@ fn lt_error(what: &str, e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("cuBLASLt {what}: {e:?}"))
 }
 
-/// A cuBLASLt handle and its workspace, owned by one session.
+/// A cuBLASLt handle, lent from the process's pool (see `blas::Blas` for why handles are
+/// never destroyed), and the session's own workspace.
 pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
+    device: usize,
     workspace: CudaSlice<u8>,
     workspace_ptr: u64,
 }
@@ -154,24 +156,39 @@ impl Drop for LtGemm {
     }
 }
 
+/// A cuBLASLt handle waiting in the pool.
+struct PooledHandle(sys::cublasLtHandle_t);
+// SAFETY: a cuBLASLt handle may be used from any thread; the pool hands each to one user.
+unsafe impl Send for PooledHandle {}
+
+static LT_HANDLES: Mutex<Vec<(usize, PooledHandle)>> = Mutex::new(Vec::new());
+
 impl Drop for Lt {
     fn drop(&mut self) {
-        // SAFETY: the handle was created by `Lt::new` and is destroyed once.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
+        LT_HANDLES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((self.device, PooledHandle(self.handle)));
     }
 }
 
 impl Lt {
     /// A handle, or `None` when libcublasLt cannot be loaded.
-    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Option<Lt>, RuntimeError> {
-        // SAFETY: only tries to dlopen libcublasLt.
-        if !unsafe { sys::is_culib_present() } {
+    pub(super) fn new(device: usize, stream: &Arc<CudaStream>) -> Result<Option<Lt>, RuntimeError> {
+        if !super::library_present(super::Library::CublasLt, sys::is_culib_present) {
             return Ok(None);
         }
-        let handle = lt::create_handle().map_err(|e| lt_error("handle", e))?;
         let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES).map_err(|e| lt_error("workspace", e))?;
         let workspace_ptr = workspace.device_ptr(stream).0;
-        Ok(Some(Lt { handle, workspace, workspace_ptr }))
+        let pooled = {
+            let mut pool = LT_HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
+            pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1 .0)
+        };
+        let handle = match pooled {
+            Some(handle) => handle,
+            None => lt::create_handle().map_err(|e| lt_error("handle", e))?,
+        };
+        Ok(Some(Lt { handle, device, workspace, workspace_ptr }))
     }
 
     /// Descriptors and the heuristic's candidate algorithms for `g` (one matrix product, no
@@ -491,8 +508,7 @@ fn capability_list(algo: &sys::cublasLtMatmulAlgo_t, attr: Cap) -> Vec<u32> {
 /// `algo`'s configuration in cuBLASLt's own enum values: `id 66 tile 20 stages 35 split-K 2
 /// reduction 2 swizzle 0 cluster 2`.
 pub(super) fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
-    // SAFETY: only tries to dlopen libcublasLt.
-    if !unsafe { sys::is_culib_present() } {
+    if !super::library_present(super::Library::CublasLt, sys::is_culib_present) {
         return "cuBLASLt not loaded".to_string();
     }
     let u = |attr| config::<u32>(algo, attr).map_or("?".to_string(), |v| v.to_string());

@@ -45,6 +45,39 @@ pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>, RuntimeError> {
     Ok(ctx)
 }
 
+/// Whether the library `check` looks for can be loaded, asked once per process and `key`:
+/// cudarc's check opens and closes the library each time, and a library opened and closed on
+/// one thread while another starts using it is churn the loader need not see on every
+/// session.
+pub(crate) fn library_present(key: Library, check: unsafe fn() -> bool) -> bool {
+    static FOUND: Mutex<Vec<(Library, bool)>> = Mutex::new(Vec::new());
+    let mut found = FOUND.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, present)) = found.iter().find(|(k, _)| *k == key) {
+        return *present;
+    }
+    // SAFETY: cudarc's presence checks only try to dlopen the library; no call is made.
+    let present = unsafe { check() };
+    found.push((key, present));
+    present
+}
+
+/// The libraries the runtime loads at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Library {
+    Driver,
+    Nvrtc,
+    Cublas,
+    CublasLt,
+}
+
+/// Free and total bytes of GPU `device`'s memory, as the driver reports them.
+pub fn device_memory(device: usize) -> Result<(usize, usize), RuntimeError> {
+    if !session::driver_available() {
+        return Err(RuntimeError::NoDriver);
+    }
+    context(device)?.mem_get_info().map_err(|e| RuntimeError::Driver(format!("{e:?}")))
+}
+
 #[derive(Debug, Error)]
 pub enum RuntimeError {
     #[error("NVRTC is not available: libnvrtc.so.13 was not found (install CUDA 13 or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH)")]
@@ -59,6 +92,8 @@ pub enum RuntimeError {
     Driver(String),
     #[error("{0}")]
     Input(String),
+    #[error("out of GPU memory on {device}: {what} needs {needed} bytes and {free} of {total} are free (drop other sessions, or compile for a smaller shape)")]
+    OutOfMemory { device: String, what: String, needed: usize, free: usize, total: usize },
     #[error("kernel {kernel} includes {header}, but no CUDA include directory has it: set FUSEC_CUDA_INCLUDE to one (e.g. /usr/local/cuda/include, or the include/ of the nvidia-cuda-runtime wheel), or CUDA_HOME")]
     NoCudaHeaders { kernel: String, header: String },
     #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]

@@ -9,8 +9,7 @@ use crate::codegen::{KernelSource, DEVICE_HEADER};
 
 /// Whether libnvrtc can be loaded (cudarc would panic on first use otherwise).
 pub fn available() -> bool {
-    // SAFETY: only tries to dlopen the library; no NVRTC call is made.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    super::library_present(super::Library::Nvrtc, cudarc::nvrtc::sys::is_culib_present)
 }
 
 /// The kernel's source as NVRTC compiles it: the shared header inlined (NVRTC has no file

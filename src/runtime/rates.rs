@@ -2,7 +2,6 @@
 //! in a given element type. `fusec bench` divides a model's bytes and FLOPs by them to get
 //! the floor a run cannot beat.
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr};
 
@@ -87,7 +86,7 @@ pub fn measure(device: usize, dtype: DType) -> Result<DeviceRates, RuntimeError>
     host.truncate(size);
     let a = stream.clone_htod(&host).map_err(driver)?;
     let c = stream.alloc_zeros::<u8>(host.len()).map_err(driver)?;
-    let cublas = CudaBlas::new(stream.clone()).map_err(driver)?;
+    let cublas = blas::Blas::new(device, &stream)?;
     let operand =
         |offset| GemmOperand { location: Location::Arena(offset), transposed: false, batch_stride: 0 };
     let spec = GemmSpec {
@@ -103,7 +102,7 @@ pub fn measure(device: usize, dtype: DType) -> Result<DeviceRates, RuntimeError>
         lt_epilogue: None,
     };
     let addresses = (a.device_ptr(&stream).0, a.device_ptr(&stream).0, c.device_ptr(&stream).0);
-    let gemm_ms = time(&stream, 10, || blas::gemm(&cublas, &spec, addresses))?;
+    let gemm_ms = time(&stream, 10, || blas::gemm(cublas.handle()?, &spec, addresses))?;
     Ok(DeviceRates {
         copy_bytes_per_s: 2.0 * bytes as f64 / (copy_ms * 1e-3),
         gemm_flops_per_s: 2.0 * (n * n * n) as f64 / (gemm_ms * 1e-3),

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
@@ -42,8 +41,7 @@ pub fn driver_version() -> Option<(i32, i32)> {
 
 /// Whether a CUDA driver can be loaded, without panicking when there is none.
 pub fn driver_available() -> bool {
-    // SAFETY: only tries to dlopen libcuda; no driver call is made.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    super::library_present(super::Library::Driver, cudarc::driver::sys::is_culib_present)
 }
 
 struct Launch {
@@ -110,7 +108,7 @@ impl Loaded {
 
 pub struct Session {
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    blas: blas::Blas,
     /// Declared after `steps` would be dropped before them: steps hold cuBLASLt descriptors.
     steps: Vec<Loaded>,
     lt: Option<lt::Lt>,
@@ -173,6 +171,15 @@ impl Default for SessionOptions {
     }
 }
 
+impl Drop for Session {
+    /// The CUDA graph goes first, once the stream is idle: it refers to the kernels of the
+    /// session's modules and to its memory, which the fields dropped after it unload and free.
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        self.graph = None;
+    }
+}
+
 impl Session {
     /// Loads `bundle` on GPU `device`: compiles its kernels if the bundle has no PTX for this
     /// GPU, uploads the weights, allocates the arena.
@@ -188,8 +195,7 @@ impl Session {
         if !driver_available() {
             return Err(RuntimeError::NoDriver);
         }
-        // SAFETY: only tries to dlopen libcublas.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        if !super::library_present(super::Library::Cublas, cudarc::cublas::sys::is_culib_present) {
             return Err(RuntimeError::NoCublas);
         }
         let ctx = super::context(device)?;
@@ -212,11 +218,18 @@ impl Session {
         if ptx_fits {
             ptx_of.extend(header.ptx.iter().map(|(name, ptx)| (name.clone(), ptx.clone())));
         }
-        let arena = stream.alloc_zeros::<u8>(header.arena_bytes.max(1)).map_err(driver)?;
+        let memory = |what: &str, needed: usize, e: cudarc::driver::DriverError| {
+            out_of_memory(&ctx, &device_name, what, needed, e)
+        };
+        let arena_bytes = header.arena_bytes.max(1);
+        let arena = stream
+            .alloc_zeros::<u8>(arena_bytes)
+            .map_err(|e| memory("the activation arena", arena_bytes, e))?;
         let weights = if bundle.weights.is_empty() {
             stream.alloc_zeros::<u8>(1).map_err(driver)?
         } else {
-            stream.clone_htod(&bundle.weights).map_err(driver)?
+            let needed = bundle.weights.len();
+            stream.clone_htod(&bundle.weights).map_err(|e| memory("the weights", needed, e))?
         };
         let arena_ptr = arena.device_ptr(&stream).0;
         let weights_ptr = weights.device_ptr(&stream).0;
@@ -266,8 +279,8 @@ impl Session {
             matches!(s, Step::Gemm { gemm, .. }
                 if gemm.lt_epilogue.is_some() || (options.tune_gemms && gemm.batch == 1))
         });
-        let lt = if wants_lt { lt::Lt::new(&stream)? } else { None };
-        let blas = CudaBlas::new(stream.clone()).map_err(driver)?;
+        let lt = if wants_lt { lt::Lt::new(device, &stream)? } else { None };
+        let blas = blas::Blas::new(device, &stream)?;
         // Algorithms are chosen by timing the program as a CUDA graph. Without graphs (the
         // unfused baseline) nothing is timed: choices already cached apply, and every other
         // GEMM keeps its reference (cuBLAS, or cuBLASLt's first algorithm where cuBLASLt runs
@@ -772,7 +785,7 @@ impl Session {
         // SAFETY: every generated kernel takes one device pointer per buffer it touches,
         // each checked at load to start inside the arena or the weights, and touches only
         // the bytes the plan gave that buffer.
-        unsafe { args.launch(launch.config) }.map_err(driver)?;
+        unsafe { args.launch(launch.config) }.map_err(|e| launch_failed(launch, e))?;
         Ok(())
     }
 
@@ -812,7 +825,7 @@ impl Session {
             )
         }
         .result()
-        .map_err(driver)
+        .map_err(|e| launch_failed(launch, e))
     }
 
     fn address(&self, location: Location) -> u64 {
@@ -821,7 +834,7 @@ impl Session {
 
     fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {
         let addresses = (self.address(g.a.location), self.address(g.b.location), self.address(g.c));
-        blas::gemm(&self.blas, g, addresses)
+        blas::gemm(self.blas.handle()?, g, addresses)
     }
 
     fn read_output(&self, spec: &IoSpec) -> Result<Tensor, RuntimeError> {
@@ -837,6 +850,28 @@ impl Session {
         };
         tensor_from_bytes(&host, &ty.shape, ty.dtype)
     }
+}
+
+/// A launch the driver refused, named by its kernel.
+fn launch_failed(launch: &Launch, e: cudarc::driver::DriverError) -> RuntimeError {
+    let ((grid, ..), (block, ..)) = (launch.config.grid_dim, launch.config.block_dim);
+    RuntimeError::Driver(format!("launching kernel {} (grid {grid}, block {block}): {e:?}", launch.name))
+}
+
+/// An allocation's failure: out of memory with the bytes needed and free, else the driver's
+/// error as it is.
+fn out_of_memory(
+    ctx: &cudarc::driver::CudaContext,
+    device: &str,
+    what: &str,
+    needed: usize,
+    e: cudarc::driver::DriverError,
+) -> RuntimeError {
+    if e.0 != cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        return RuntimeError::Driver(format!("allocating {what} ({needed} bytes): {e:?}"));
+    }
+    let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
+    RuntimeError::OutOfMemory { device: device.to_string(), what: what.to_string(), needed, free, total }
 }
 
 /// The device address of `location` given where the arena and the weights start.
