@@ -142,6 +142,16 @@ fn long(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()>
             percentile(&tail, 0.5)
         },
     );
+    // The same runs timed on the GPU (CUDA events around each graph replay, inputs already
+    // uploaded): what the GPU does, without the host's part.
+    let mut gpu = session.time_runs(&[inputs.to_vec()], 100, runs)?;
+    gpu.sort_by(f64::total_cmp);
+    let (gpu_median, gpu_p99) = (percentile(&gpu, 0.5), percentile(&gpu, 0.99));
+    println!(
+        "long: {runs} runs timed with CUDA events: median {gpu_median:.4} ms, p99 {gpu_p99:.4} ms ({:.2}x); device memory used after them {:.1} MB",
+        gpu_p99 / gpu_median,
+        mb(used_device_bytes()?)
+    );
     ensure!(differing == 0, "{differing} compared runs differ");
     ensure!(device1 <= device0 + (1 << 20), "device memory grew by {} bytes", device1 - device0);
     ensure!(host1 <= host0 + (16 << 20), "host memory grew by {} bytes", host1 - host0);

@@ -7,6 +7,7 @@
 // Input- and device-dependent paths return errors: no unwrap or expect outside tests.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+#[warn(missing_docs)]
 pub mod bundle;
 pub mod codegen;
 pub mod fusion;
@@ -15,10 +16,13 @@ pub mod ir;
 mod parallel;
 pub mod passes;
 pub mod picture;
+#[warn(missing_docs)]
 pub mod pipeline;
 pub mod plan;
+#[warn(missing_docs)]
 pub mod runtime;
 pub mod suggest;
+#[warn(missing_docs)]
 pub mod tensor_io;
 
 pub use bundle::Bundle;

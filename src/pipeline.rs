@@ -13,30 +13,47 @@ use crate::passes::{self, PassError};
 use crate::plan::{Plan, PlanError};
 use crate::runtime::{nvrtc, RuntimeError};
 
+/// Why a compile stopped, by the stage that stopped it.
 #[derive(Debug, Error)]
 pub enum CompileError {
+    /// Reading or translating the ONNX file (names the node, its op and the opset).
     #[error(transparent)]
     Import(#[from] ImportError),
+    /// A graph pass.
     #[error(transparent)]
     Pass(#[from] PassError),
+    /// Forming kernels from the fused graph.
     #[error("partition: {0}")]
     Partition(#[from] crate::ir::IrError),
+    /// The e-graph fusion.
     #[error(transparent)]
     Fusion(#[from] FusionError),
+    /// Memory planning.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// CUDA code generation.
     #[error(transparent)]
     Codegen(#[from] CodegenError),
+    /// NVRTC compiling the generated kernels.
     #[error(transparent)]
     Nvrtc(#[from] RuntimeError),
+    /// A storage precision other than f32, f16 and bf16.
     #[error("precision {0} is not supported: use f32, f16 or bf16")]
     Precision(DType),
+    /// The CUDA sources could not be written where `--emit` asked.
     #[error("{path}: cannot write CUDA sources: {source}")]
-    Emit { path: PathBuf, source: std::io::Error },
+    Emit {
+        /// The directory or file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 }
 
+/// What to compile and how.
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
+    /// Input shapes (`--dim`, `--input`) and what the import keeps.
     pub import: ImportOptions,
     /// One kernel per node, no fusion: the unfused baseline.
     pub no_fuse: bool,

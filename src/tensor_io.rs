@@ -9,10 +9,13 @@ use thiserror::Error;
 use crate::ir::{DType, Tensor};
 use crate::plan::tensor_bytes;
 
+/// A tensor file that cannot be read or written.
 #[derive(Debug, Error)]
 #[error("{path}: {message}")]
 pub struct TensorFileError {
+    /// The file.
     pub path: String,
+    /// What is wrong.
     pub message: String,
 }
 

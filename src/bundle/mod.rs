@@ -19,37 +19,83 @@ use crate::codegen::Step;
 use crate::ir::{DType, TensorType};
 use crate::plan::Location;
 
+/// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
+/// The format version this fusec writes and reads (no other is read).
 pub const FORMAT_VERSION: u32 = 4;
 
+/// A bundle that cannot be written or read; each names the file (`path`).
 #[derive(Debug, Error)]
 pub enum BundleError {
+    /// The file could not be read.
     #[error("{path}: cannot read the bundle: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        /// The bundle's path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file could not be written.
     #[error("{path}: cannot write the bundle: {source}")]
-    Write { path: String, source: std::io::Error },
+    Write {
+        /// The bundle's path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file does not start with [`MAGIC`].
     #[error("{path}: not a fusec bundle (bad magic)")]
-    Magic { path: String },
+    Magic {
+        /// The bundle's path.
+        path: String,
+    },
+    /// Another format version than [`FORMAT_VERSION`], older or newer.
     #[error("{path}: bundle format version {found}, this fusec reads version {FORMAT_VERSION}; recompile the model")]
-    Version { path: String, found: u32 },
+    Version {
+        /// The bundle's path.
+        path: String,
+        /// The version the file declares.
+        found: u32,
+    },
+    /// The file ends before what its lengths declare.
     #[error("{path}: the bundle is truncated ({0})", .detail)]
-    Truncated { path: String, detail: String },
+    Truncated {
+        /// The bundle's path.
+        path: String,
+        /// Which part is cut short.
+        detail: String,
+    },
+    /// The bytes do not match the checksum at the end.
     #[error("{path}: checksum mismatch: the bundle is corrupted")]
-    Checksum { path: String },
+    Checksum {
+        /// The bundle's path.
+        path: String,
+    },
+    /// The header is not valid JSON of the expected shape, or is inconsistent.
     #[error("{path}: bad header: {message}")]
-    Header { path: String, message: String },
+    Header {
+        /// The bundle's path.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 /// A graph input or output: name, type, and where it lives.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct IoSpec {
+    /// The ONNX graph's name for it.
     pub name: String,
+    /// Its element type's name (`f32`, `i64`; [`DType::from_name`]).
     pub dtype: String,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Where it lives in the session's memory.
     pub location: Location,
 }
 
 impl IoSpec {
+    /// The spec of `name`, of type `ty`, at `location`.
     pub fn new(name: &str, ty: &TensorType, location: Location) -> Self {
         IoSpec {
             name: name.to_string(),
@@ -59,32 +105,43 @@ impl IoSpec {
         }
     }
 
+    /// Its element type and shape (`None` for an element type this fusec does not know).
     pub fn tensor_type(&self) -> Option<TensorType> {
         Some(TensorType::new(DType::from_name(&self.dtype)?, self.shape.clone()))
     }
 }
 
+/// Everything in a bundle but the weights: the program and what it takes and gives.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Header {
+    /// [`FORMAT_VERSION`] when written.
     pub format_version: u32,
     /// The ONNX file it was compiled from.
     pub model: String,
+    /// Compiled with fusion (false: one kernel per ONNX node, `--no-fuse`).
     pub fused: bool,
     /// Storage type of weights and activations (inputs and outputs are f32 regardless).
     pub precision: DType,
+    /// The program: kernel launches and GEMM calls, in order.
     pub steps: Vec<Step>,
     /// PTX by function (one for all the steps that run it), for `arch`.
     pub ptx: BTreeMap<String, String>,
+    /// The GPU architecture the PTX is for (`sm_90`), if any was compiled.
     pub arch: Option<String>,
+    /// The model's inputs, in order.
     pub inputs: Vec<IoSpec>,
+    /// The model's outputs, in order.
     pub outputs: Vec<IoSpec>,
+    /// Bytes of device memory for activations (inputs and outputs included).
     pub arena_bytes: usize,
     /// Kernels of the partition (a GEMM with its fused epilogue is one).
     pub kernels: usize,
     /// Launches one run issues: generated kernels plus cuBLAS calls (a GEMM whose epilogue
     /// cuBLASLt cannot run is two: the cuBLAS call and the epilogue kernel).
     pub launches: usize,
+    /// cuBLAS / cuBLASLt calls one run makes.
     pub gemm_calls: usize,
+    /// Points where the GPU program stops (none on every supported model).
     pub graph_breaks: usize,
     /// Estimated device-memory bytes one run moves ([`crate::plan::Plan::traffic_bytes`]).
     #[serde(default)]
@@ -94,9 +151,12 @@ pub struct Header {
     pub flops: u64,
 }
 
+/// A compiled model: what `fusec compile` writes and a [`crate::Session`] runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bundle {
+    /// The program and its inputs and outputs.
     pub header: Header,
+    /// The weights, laid out as the program reads them.
     pub weights: Vec<u8>,
 }
 
@@ -146,6 +206,7 @@ impl Bundle {
         Ok(out)
     }
 
+    /// The bundle's file contents.
     pub fn to_bytes(&self) -> Result<Vec<u8>, BundleError> {
         let mut out = self.prefix()?;
         let sum = bundle_checksum(&out, &self.weights);
@@ -201,6 +262,7 @@ impl Bundle {
         file.flush().map_err(fail)
     }
 
+    /// Reads and checks the bundle at `path` (magic, version, lengths, checksum, header).
     pub fn load(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
         let path = path.as_ref();
         let name = path.display().to_string();

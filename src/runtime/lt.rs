@@ -116,6 +116,7 @@ pub enum Reference {
 pub struct GemmChoice {
     /// `1024x3072x768 f16 N N +bias`: M×N×K, element type, operand layouts, epilogue.
     pub gemm: String,
+    /// What the candidates had to beat.
     pub reference: Reference,
     /// How many were timed: the reference, then the heuristic's other algorithms, then the
     /// variants of its first ones (split-K counts, tile shapes).
@@ -129,6 +130,7 @@ pub struct GemmChoice {
     /// Median time of the whole program, µs, with the reference and with the kept one (the
     /// other GEMMs as chosen before this one).
     pub first_us: f64,
+    /// See `first_us`.
     pub chosen_us: f64,
     /// Taken from the cache file rather than timed in this session.
     pub cached: bool,

@@ -27,9 +27,9 @@ use thiserror::Error;
 /// measurement on it (with cudarc's per-buffer events off: each user works in stream order
 /// on its own stream). Holding it for the process keeps the device's primary context — and
 /// the driver's state attached to it — alive between sessions, rather than torn down and
-/// made again whenever the last session of the moment is dropped. With sessions made and
-/// dropped on several threads at once the process crashed (SIGSEGV) in 2 of 3 GPU test runs
-/// before this, 2 of 15 after: rarer, not gone (`tests/RELIABILITY.md`).
+/// made again whenever the last session of the moment is dropped. (cuBLAS and cuBLASLt
+/// handles are kept for the process the same way, in `blas` and `lt`: destroying them while
+/// other threads worked crashed the process, `tests/RELIABILITY.md`.)
 pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>, RuntimeError> {
     static CONTEXTS: Mutex<Vec<(usize, Arc<CudaContext>)>> = Mutex::new(Vec::new());
     let mut contexts = CONTEXTS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -78,24 +78,58 @@ pub fn device_memory(device: usize) -> Result<(usize, usize), RuntimeError> {
     context(device)?.mem_get_info().map_err(|e| RuntimeError::Driver(format!("{e:?}")))
 }
 
+/// What can go wrong loading or running a bundle on a GPU. Each message names what it is
+/// about (the kernel, the input, the library) and, where there is one, what to do.
 #[derive(Debug, Error)]
 pub enum RuntimeError {
+    /// libnvrtc could not be loaded (a bundle without PTX for this GPU needs it).
     #[error("NVRTC is not available: libnvrtc.so.13 was not found (install CUDA 13 or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH)")]
     NoNvrtc,
+    /// libcuda could not be loaded: no NVIDIA driver on this machine.
     #[error("no CUDA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU and driver?)")]
     NoDriver,
+    /// libcublas could not be loaded.
     #[error("cuBLAS is not available: libcublas.so.13 was not found")]
     NoCublas,
+    /// The driver is there but the GPU could not be opened (the driver's error).
     #[error("cannot open the GPU: {0}")]
     NoDevice(String),
+    /// A CUDA, cuBLAS or cuBLASLt call failed (what was being done, and the error).
     #[error("CUDA: {0}")]
     Driver(String),
+    /// The inputs given do not fit the bundle (names the input and what it expected).
     #[error("{0}")]
     Input(String),
+    /// An allocation found the GPU's memory full.
     #[error("out of GPU memory on {device}: {what} needs {needed} bytes and {free} of {total} are free (drop other sessions, or compile for a smaller shape)")]
-    OutOfMemory { device: String, what: String, needed: usize, free: usize, total: usize },
+    OutOfMemory {
+        /// The GPU's name.
+        device: String,
+        /// What was being allocated (the activation arena, the weights).
+        what: String,
+        /// Bytes asked for.
+        needed: usize,
+        /// Bytes the driver reported free then.
+        free: usize,
+        /// The GPU's memory in bytes.
+        total: usize,
+    },
+    /// A kernel's source includes a CUDA header that no include directory has.
     #[error("kernel {kernel} includes {header}, but no CUDA include directory has it: set FUSEC_CUDA_INCLUDE to one (e.g. /usr/local/cuda/include, or the include/ of the nvidia-cuda-runtime wheel), or CUDA_HOME")]
-    NoCudaHeaders { kernel: String, header: String },
+    NoCudaHeaders {
+        /// The kernel's name.
+        kernel: String,
+        /// The header it includes (`cuda_fp16.h`).
+        header: String,
+    },
+    /// NVRTC rejected a kernel.
     #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]
-    Compile { kernel: String, source_path: String, log: String },
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// Where its source was written, to read beside the log.
+        source_path: String,
+        /// NVRTC's log.
+        log: String,
+    },
 }

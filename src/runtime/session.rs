@@ -106,6 +106,8 @@ impl Loaded {
     }
 }
 
+/// A bundle loaded on one GPU: its kernels, weights, activation memory and stream, ready to
+/// run. `run` takes `&mut self`; make one session per thread to run on several at once.
 pub struct Session {
     stream: Arc<CudaStream>,
     blas: blas::Blas,
@@ -187,6 +189,7 @@ impl Session {
         Session::with_options(bundle, device, SessionOptions::default())
     }
 
+    /// [`Session::new`] with the CUDA graph and GEMM timing choices of `options`.
     pub fn with_options(
         bundle: &Bundle,
         device: usize,
@@ -335,10 +338,12 @@ impl Session {
         Ok(session)
     }
 
+    /// The bundle's inputs: names, element types and shapes, in order.
     pub fn inputs(&self) -> &[IoSpec] {
         &self.inputs
     }
 
+    /// The bundle's outputs, in the order `run` returns them.
     pub fn outputs(&self) -> &[IoSpec] {
         &self.outputs
     }
