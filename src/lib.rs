@@ -11,6 +11,7 @@
 pub mod bundle;
 pub mod codegen;
 pub mod fusion;
+#[warn(missing_docs)]
 pub mod import;
 pub mod ir;
 mod parallel;

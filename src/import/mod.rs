@@ -30,15 +30,20 @@ use context::{node_name, tensor_from_proto, NodeCtx};
 /// One dimension of an input as the model declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeclaredDim {
+    /// A number.
     Fixed(usize),
+    /// A name (`batch`, `sequence_length`), given a size with `--dim`.
     Symbolic(String),
+    /// Neither: the model leaves it open.
     Unknown,
 }
 
 /// A graph input as the ONNX file declares it.
 #[derive(Clone, Debug)]
 pub struct DeclaredInput {
+    /// Its name.
     pub name: String,
+    /// Its element type (`None` for one fusec does not take).
     pub dtype: Option<DType>,
     /// `None` where the model gives no shape at all.
     pub dims: Option<Vec<DeclaredDim>>,
@@ -47,32 +52,45 @@ pub struct DeclaredInput {
 /// An op the importer cannot translate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnsupportedOp {
+    /// The node's name.
     pub node: String,
+    /// Its op_type.
     pub op_type: String,
+    /// Its domain (empty for the default ONNX domain).
     pub domain: String,
 }
 
 /// What the ONNX file holds, before any shape is made concrete.
 #[derive(Clone, Debug)]
 pub struct OnnxSummary {
+    /// The file.
     pub path: PathBuf,
+    /// The opset of the default domain.
     pub opset: i64,
+    /// The exporter that wrote it, with its version.
     pub producer: String,
+    /// The graph's inputs (initializers listed as inputs excluded).
     pub inputs: Vec<DeclaredInput>,
+    /// The graph's output names.
     pub outputs: Vec<String>,
+    /// Nodes in the graph.
     pub node_count: usize,
     /// Node count per `op_type`.
     pub op_histogram: BTreeMap<String, usize>,
     /// Elements and bytes of the floating-point initializers (the weights).
     pub parameters: usize,
+    /// See `parameters`.
     pub parameter_bytes: usize,
+    /// Nodes of ops the importer cannot translate.
     pub unsupported: Vec<UnsupportedOp>,
 }
 
 /// An imported model: the IR graph with concrete shapes, and what the file held.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// The IR graph.
     pub graph: Graph,
+    /// What the file held.
     pub onnx: OnnxSummary,
     /// ONNX nodes whose every output folded into a constant at import.
     pub folded_nodes: usize,

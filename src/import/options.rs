@@ -8,8 +8,11 @@ use crate::ir::DType;
 /// A concrete shape (and optionally the element type) for one named input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputSpec {
+    /// The input's name.
     pub name: String,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its element type, where given (`input_ids:8x128:i64`).
     pub dtype: Option<DType>,
 }
 
@@ -49,7 +52,9 @@ impl FromStr for InputSpec {
 /// A value for a symbolic dimension: `batch=8`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DimSpec {
+    /// The symbolic dimension's name.
     pub symbol: String,
+    /// Its size.
     pub value: usize,
 }
 
@@ -72,7 +77,9 @@ impl FromStr for DimSpec {
 /// Concrete shapes for the model's inputs.
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
+    /// Whole shapes by input (`--input`).
     pub inputs: Vec<InputSpec>,
+    /// Sizes by symbolic dimension (`--dim`).
     pub dims: BTreeMap<String, usize>,
     /// Graph inputs frozen to these values: they become constants (and can then be shapes,
     /// axes or repeats), no longer inputs.
@@ -80,6 +87,7 @@ pub struct ImportOptions {
 }
 
 impl ImportOptions {
+    /// Options from `--input` and `--dim` specs.
     pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
         ImportOptions {
             inputs,
