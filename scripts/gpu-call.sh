@@ -26,7 +26,8 @@
 #             fixture: 8 threads x 1,000 runs, 100,000 runs of one session, two sessions of one
 #             bundle, 8 threads making and dropping 50 sessions each, out of memory
 #   sanitizer compute-sanitizer memcheck, racecheck, initcheck and synccheck over soak's two
-#             sessions (2 runs each) and the GPU test of graph replay, where it can be found
+#             sessions (2 runs each; memcheck, racecheck, initcheck in fp16 as well), then
+#             memcheck over the GPU test suite (cut off after $SANITIZE_SECS, default 300)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -197,8 +198,13 @@ for part in "$@"; do
           echo "--- $tool: soak two"
           timeout 150 "$cs" --tool $tool --error-exitcode 9 .gpu/soak two models/bert_ts.onnx 2 2>&1 | tail -4; echo "exit ${PIPESTATUS[0]}"
         done
-        echo "--- memcheck: GPU test cuda_graph_replay_matches_step_by_step"
-        timeout 200 "$cs" --tool memcheck --error-exitcode 9 .gpu/test-gpu cuda_graph_replay 2>&1 | tail -4; echo "exit ${PIPESTATUS[0]}"
+        for tool in memcheck racecheck initcheck; do
+          echo "--- $tool: soak two, fp16 (tensor-core attention)"
+          FUSEC_SOAK_FP16=1 timeout 150 "$cs" --tool $tool --error-exitcode 9 .gpu/soak two models/bert_ts.onnx 2 2>&1 | tail -3; echo "exit ${PIPESTATUS[0]}"
+        done
+        echo "--- memcheck: the GPU test suite, $SANITIZE_SECS s at most"
+        timeout "${SANITIZE_SECS:-300}" "$cs" --tool memcheck --error-exitcode 9 .gpu/test-gpu --test-threads=4 2>&1 \
+          | grep -E "^test |test result|ERROR SUMMARY|Invalid|panicked" | head -20; echo "exit ${PIPESTATUS[0]}"
       fi
       ;;
     all)

@@ -15,13 +15,17 @@ pub mod fusion;
 pub mod import;
 pub mod ir;
 mod parallel;
+#[warn(missing_docs)]
 pub mod passes;
+#[warn(missing_docs)]
 pub mod picture;
 #[warn(missing_docs)]
 pub mod pipeline;
+#[warn(missing_docs)]
 pub mod plan;
 #[warn(missing_docs)]
 pub mod runtime;
+#[warn(missing_docs)]
 pub mod suggest;
 #[warn(missing_docs)]
 pub mod tensor_io;

@@ -205,14 +205,24 @@ pub fn dot(plan: &Plan, title: &str, launches: Option<std::ops::RangeInclusive<u
 /// Why an SVG could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
+    /// No `dot` on PATH.
     #[error(
         "Graphviz's `dot` was not found on PATH, so {path} cannot be rendered: install Graphviz \
          (Debian/Ubuntu: apt install graphviz; macOS: brew install graphviz), or write the DOT \
          text with --dot FILE and render it elsewhere"
     )]
-    NoDot { path: String },
+    NoDot {
+        /// The SVG asked for.
+        path: String,
+    },
+    /// `dot` ran and failed.
     #[error("Graphviz's `dot` failed to render {path}: {message}")]
-    Failed { path: String, message: String },
+    Failed {
+        /// The SVG asked for.
+        path: String,
+        /// What `dot` said.
+        message: String,
+    },
 }
 
 /// Renders `dot_text` to an SVG file at `path` with Graphviz's `dot`.

@@ -19,6 +19,7 @@ use crate::plan::{Location, Plan};
 /// One operand: a row-major matrix (or batch of them) in memory.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct GemmOperand {
+    /// Where the matrix (the first of the batch) starts.
     pub location: Location,
     /// The stored matrix is the transpose of the logical operand.
     pub transposed: bool,
@@ -29,13 +30,21 @@ pub struct GemmOperand {
 /// `C[b] = alpha · A[b] · B[b]` for `batch` row-major `[M, K] · [K, N]` products.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GemmSpec {
+    /// The left operand, `[M, K]`.
     pub a: GemmOperand,
+    /// The right operand, `[K, N]`.
     pub b: GemmOperand,
+    /// Where `C`, `[M, N]` per batch and contiguous, is written.
     pub c: Location,
+    /// Rows of `A` and `C`.
     pub m: usize,
+    /// Columns of `B` and `C`.
     pub n: usize,
+    /// The shared dimension.
     pub k: usize,
+    /// Products in the batch.
     pub batch: usize,
+    /// The scale of the product.
     pub alpha: f32,
     /// Element type of A, B and C; accumulation is f32.
     pub dtype: crate::ir::DType,
@@ -51,12 +60,16 @@ pub struct GemmSpec {
 pub struct LtEpilogue {
     /// A vector of N elements (the GEMM's element type), added to every row.
     pub bias: Location,
+    /// Applied after the bias.
     pub activation: LtActivation,
 }
 
+/// An activation cuBLASLt can apply in its epilogue.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum LtActivation {
+    /// The bias only.
     None,
+    /// max(x, 0).
     Relu,
     /// cuBLASLt's GELU is the tanh approximation: only `GeluTanh` maps to it, never erf-GELU.
     GeluTanh,
@@ -143,6 +156,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype, lt_epilogue: None })
 }
 
+/// The step of a GEMM kernel of the plan: the call, and its epilogue kernel if it has one.
 pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {
     let graph = &plan.graph;
     let gemm = kernel.nodes[0];

@@ -32,10 +32,20 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
 ];
 
+/// A kernel that could not be generated.
 #[derive(Debug, Error)]
 pub enum CodegenError {
+    /// One kernel of the plan.
     #[error("codegen: kernel {kernel} ({kind}): {message}")]
-    Kernel { kernel: usize, kind: String, message: String },
+    Kernel {
+        /// Its position in the plan.
+        kernel: usize,
+        /// Its kind (`pointwise`, `row`, `attention`, …).
+        kind: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A template failed to parse or render.
     #[error("codegen: template {0}")]
     Template(String),
 }
@@ -48,11 +58,15 @@ pub enum CodegenError {
 /// and stored once.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KernelSource {
+    /// The step's name (`fusec_k<step>_<kind>`).
     pub name: String,
     /// The entry point in `source`, and the key of its PTX in a bundle and the NVRTC cache.
     pub function: String,
+    /// The CUDA C source.
     pub source: String,
+    /// Blocks per launch.
     pub grid: u32,
+    /// Threads per block.
     pub block: u32,
     /// The kernel's arguments, one device pointer each, in parameter order.
     pub args: Vec<Location>,
@@ -67,8 +81,15 @@ impl KernelSource {
 /// One step of the program: a kernel launch, or a cuBLAS GEMM with an optional epilogue.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub enum Step {
+    /// A generated kernel.
     Launch(KernelSource),
-    Gemm { gemm: GemmSpec, epilogue: Option<KernelSource> },
+    /// A cuBLAS or cuBLASLt GEMM.
+    Gemm {
+        /// The product.
+        gemm: GemmSpec,
+        /// The kernel that runs after it on its output, unless cuBLASLt runs the epilogue.
+        epilogue: Option<KernelSource>,
+    },
 }
 
 impl Step {

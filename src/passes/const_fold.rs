@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::Pass;
 use crate::ir::{ops, Graph, IrError, Op, Tensor};
 
+/// Evaluates every op whose inputs are all constants and puts the result in its place.
 pub struct ConstFold;
 
 impl Pass for ConstFold {

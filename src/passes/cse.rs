@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::Pass;
 use crate::ir::{Graph, IrError, NodeId, Op};
 
+/// Common-subexpression elimination: of nodes with the same op and inputs, one is kept.
 pub struct Cse;
 
 /// Constants with more elements than this are not compared (weights are rarely duplicated,

@@ -3,6 +3,7 @@
 use super::Pass;
 use crate::ir::{Graph, IrError};
 
+/// Removes nodes that no graph output depends on.
 pub struct Dce;
 
 impl Pass for Dce {

@@ -7,6 +7,7 @@
 use super::Pass;
 use crate::ir::{Graph, IrError, NodeId, Op, Tensor};
 
+/// Turns a GatherND whose constant indices only re-address its data into Reshape/Expand views.
 pub struct GatherNdViews;
 
 /// Index tensors larger than this are not inspected (real masks are far smaller).

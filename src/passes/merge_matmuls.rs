@@ -9,6 +9,8 @@ use super::Pass;
 use crate::ir::ops::layout;
 use crate::ir::{BinaryOp, Graph, IrError, NodeId, Op, Origin, SliceAxis, Tensor};
 
+/// Merges MatMuls that share their left operand into one over concatenated weights (Q, K and V
+/// projections become one GEMM), sliced after.
 pub struct MergeSiblingMatMuls;
 
 /// One MatMul to merge: the node, its constant weight `[K, N]`, and its bias add if any.

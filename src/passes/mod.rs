@@ -23,15 +23,19 @@ use crate::ir::{self, Graph, IrError};
 
 /// A transformation that keeps the graph's meaning (the reference evaluator's outputs).
 pub trait Pass {
+    /// The pass's name in reports and errors.
     fn name(&self) -> &'static str;
     /// Rewrites `graph` in place; returns how many nodes it changed or removed.
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError>;
 }
 
+/// A pass that failed, or left a graph the verifier rejects.
 #[derive(Debug, Error)]
 #[error("pass {pass}: {source}")]
 pub struct PassError {
+    /// The pass's name.
     pub pass: &'static str,
+    /// What went wrong.
     pub source: IrError,
 }
 

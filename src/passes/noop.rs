@@ -6,6 +6,7 @@
 use super::Pass;
 use crate::ir::{Graph, IrError, Node, Op};
 
+/// Removes ops that return their input unchanged (the module's list).
 pub struct RemoveNoops;
 
 fn is_noop(op: &Op, input: &Node) -> bool {

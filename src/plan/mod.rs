@@ -14,10 +14,13 @@ use crate::ir::{Graph, IrError, NodeId, Op};
 /// Every buffer starts on this boundary (bytes), so vector loads are aligned.
 pub const ALIGN: usize = 256;
 
+/// Why memory could not be planned.
 #[derive(Debug, Error)]
 pub enum PlanError {
+    /// The graph is not valid (a cycle, a dangling edge).
     #[error("plan: {0}")]
     Ir(#[from] IrError),
+    /// A kernel reads a value that no kernel writes and no constant or input holds.
     #[error("plan: value '{0}' is read but nothing computes or stores it")]
     Unmaterialised(String),
 }
@@ -25,29 +28,41 @@ pub enum PlanError {
 /// Where a value lives in device memory (byte offsets).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Location {
+    /// In the activation arena, at this offset.
     Arena(usize),
+    /// In the weights, at this offset.
     Weights(usize),
 }
 
 /// A graph input or output: its name, value, and where it lives.
 #[derive(Clone, Debug)]
 pub struct Binding {
+    /// The ONNX name.
     pub name: String,
+    /// The graph's node for it.
     pub value: NodeId,
+    /// Where it lives.
     pub location: Location,
 }
 
+/// The partition's kernels in order, with every value given a place in device memory: one
+/// arena for activations (buffers reused once dead) and the weights blob.
 pub struct Plan {
     /// The program's graph. Constants placed in `weights` keep their node and type but no
     /// longer their value (an empty tensor stands in): their bytes are in `weights`, and a
     /// model's weights are not held twice.
     pub graph: Graph,
+    /// The kernels, in launch order.
     pub kernels: Vec<Kernel>,
+    /// Where each stored value lives.
     pub locations: HashMap<NodeId, Location>,
+    /// The arena's size in bytes.
     pub arena_bytes: usize,
     /// The constants kernels read, each at its offset.
     pub weights: Vec<u8>,
+    /// The model's inputs, in order.
     pub inputs: Vec<Binding>,
+    /// The model's outputs, in order.
     pub outputs: Vec<Binding>,
     /// Points where the GPU path stops ([`Partition::graph_breaks`]).
     pub graph_breaks: usize,
