@@ -9,6 +9,7 @@
 
 #[warn(missing_docs)]
 pub mod bundle;
+#[warn(missing_docs)]
 pub mod codegen;
 pub mod fusion;
 #[warn(missing_docs)]
