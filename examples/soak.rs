@@ -10,7 +10,8 @@
 //!     soak oom MODEL                    # GPU memory filled: session creation fails with the
 //!                                       #   bytes, then succeeds once the memory is given back
 //!
-//! MODEL is compiled with batch=2 seq=16 (and fp16 where FUSEC_SOAK_FP16=1).
+//! MODEL is compiled with batch=2 seq=16, or the dims in FUSEC_SOAK_DIMS (`batch=8,seq=128`), and
+//! in fp16 where FUSEC_SOAK_FP16=1.
 
 // The crash report of the GPU tests: where a crash happened, on a machine without a debugger.
 #[path = "../tests/crash/mod.rs"]
@@ -28,8 +29,9 @@ use fusec::{Bundle, CompileOptions, Session};
 type Outputs = Vec<(String, Tensor)>;
 
 fn compile(model: &str) -> Result<(Bundle, Vec<(String, Tensor)>)> {
+    let dims_text = std::env::var("FUSEC_SOAK_DIMS").unwrap_or_else(|_| "batch=2,seq=16".into());
     let dims: Vec<DimSpec> =
-        ["batch=2", "seq=16"].iter().map(|d| d.parse().map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
+        dims_text.split(',').map(|d| d.parse().map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
     let import = ImportOptions::new(vec![], dims);
     let precision =
         if std::env::var("FUSEC_SOAK_FP16").as_deref() == Ok("1") { DType::F16 } else { DType::F32 };

@@ -28,7 +28,7 @@ if [ -z "$(ls -A "$corpus/onnx_import")" ]; then
     done
     cargo build --release --bin fusec
     for m in mlp_block gelu_op layernorm_div attention_gqa_d80; do
-        target/release/fusec compile "models/$m.onnx" -o "$corpus/bundle_load/$m.bundle" --dim batch=2 --dim seq=3 || true
+        target/release/fusec compile "models/$m.onnx" -o "$corpus/bundle_load/$m.bundle" --dim batch=2 || true
     done
     python3 - "$corpus/tensor_file" <<'PY'
 import sys, numpy as np

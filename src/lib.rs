@@ -6,29 +6,21 @@
 
 // Input- and device-dependent paths return errors: no unwrap or expect outside tests.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// Every public item is documented (`cargo doc` has nothing to warn about).
+#![warn(missing_docs)]
 
-#[warn(missing_docs)]
 pub mod bundle;
-#[warn(missing_docs)]
 pub mod codegen;
 pub mod fusion;
-#[warn(missing_docs)]
 pub mod import;
 pub mod ir;
 mod parallel;
-#[warn(missing_docs)]
 pub mod passes;
-#[warn(missing_docs)]
 pub mod picture;
-#[warn(missing_docs)]
 pub mod pipeline;
-#[warn(missing_docs)]
 pub mod plan;
-#[warn(missing_docs)]
 pub mod runtime;
-#[warn(missing_docs)]
 pub mod suggest;
-#[warn(missing_docs)]
 pub mod tensor_io;
 
 pub use bundle::Bundle;

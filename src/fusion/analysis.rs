@@ -10,6 +10,7 @@ use egg::{Analysis, DidMerge, EGraph, Id};
 use super::lang::{ConstId, FusionLang, InputId, OpId};
 use crate::ir::{ops, BinaryOp, Op, ReduceOp, Tensor, TensorType, UnaryOp};
 
+/// The e-graph fusion saturates.
 pub type FusionGraph = EGraph<FusionLang, FusionAnalysis>;
 
 /// Constants computed inside the e-graph are kept only up to this many elements.
@@ -17,6 +18,8 @@ const FOLD_LIMIT: usize = 1 << 16;
 /// Constants up to this many elements are shared by value (every 0.5 is one class).
 const SHARE_BY_VALUE: usize = 16;
 
+/// The e-class analysis: each class's type and constant value, and the tables the language's
+/// leaves index (constants, ops, inputs).
 #[derive(Debug, Default)]
 pub struct FusionAnalysis {
     constants: Vec<Arc<Tensor>>,
@@ -26,15 +29,19 @@ pub struct FusionAnalysis {
     inputs: Vec<(String, TensorType)>,
 }
 
+/// What the analysis knows of one e-class.
 #[derive(Clone, Debug, Default)]
 pub struct Data {
     /// `None` for leaves that are not tensors (`none`, permutations).
     pub ty: Option<TensorType>,
+    /// Its value, where it is a constant (up to a size).
     pub constant: Option<Arc<Tensor>>,
+    /// The axes, where the class is a permutation leaf.
     pub perm: Option<Vec<usize>>,
 }
 
 impl FusionAnalysis {
+    /// The id of `value` (one per value for small constants, one per tensor otherwise).
     pub fn intern_constant(&mut self, value: Arc<Tensor>) -> ConstId {
         let key = if value.len() <= SHARE_BY_VALUE {
             let bits: Vec<u64> = value.to_f64_vec().iter().map(|v| v.to_bits()).collect();
@@ -51,6 +58,7 @@ impl FusionAnalysis {
         id
     }
 
+    /// The id of `op` (one per distinct op and attributes).
     pub fn intern_op(&mut self, op: Op) -> OpId {
         let key = op.to_string();
         if let Some(&id) = self.op_keys.get(&key) {
@@ -62,19 +70,23 @@ impl FusionAnalysis {
         id
     }
 
+    /// A new graph input's id.
     pub fn add_input(&mut self, name: &str, ty: TensorType) -> InputId {
         self.inputs.push((name.to_string(), ty));
         InputId(self.inputs.len() as u32 - 1)
     }
 
+    /// The constant of `id`.
     pub fn constant(&self, id: ConstId) -> &Arc<Tensor> {
         &self.constants[id.0 as usize]
     }
 
+    /// The op of `id`.
     pub fn op(&self, id: OpId) -> &Op {
         &self.ops[id.0 as usize]
     }
 
+    /// The input (name, type) of `id`.
     pub fn input(&self, id: InputId) -> &(String, TensorType) {
         &self.inputs[id.0 as usize]
     }

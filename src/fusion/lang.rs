@@ -63,8 +63,13 @@ impl FromStr for Perm {
 }
 
 define_language! {
+    /// The e-graph's language: the IR's ops over tensors, plus the fused ops rules make.
+    ///
     /// Reductions (`mean`, `sum`, `max`) and `softmax` run over the last axis and keep it.
     /// `variance` and `softmax_nan0` exist only inside patterns: extraction never picks them.
+    /// Each variant is named by its operator in the list below (egg's macro takes no
+    /// attributes on variants, so they carry no doc comments of their own).
+    #[allow(missing_docs)]
     pub enum FusionLang {
         "+" = Add([Id; 2]),
         "-" = Sub([Id; 2]),

@@ -25,10 +25,13 @@ pub use partition::{partition, Kernel, KernelKind, Mode, Partition};
 
 use crate::ir::{Graph, IrError, NodeId};
 
+/// Why fusion failed.
 #[derive(Debug, Error)]
 pub enum FusionError {
+    /// The graph is not valid, before or after.
     #[error("fusion: {0}")]
     Ir(#[from] IrError),
+    /// The fused graph could not be rebuilt from the e-graph.
     #[error("fusion: extraction: {0}")]
     Extraction(String),
 }
@@ -37,8 +40,11 @@ pub enum FusionError {
 /// graph will run in, which the cost model prices matrix products at.
 #[derive(Clone, Debug)]
 pub struct FusionLimits {
+    /// Rule applications over the whole e-graph, at most.
     pub iterations: usize,
+    /// E-nodes, at most.
     pub nodes: usize,
+    /// Time, at most.
     pub time: Duration,
     /// The storage precision the fused graph is lowered to (f32, f16 or bf16).
     pub precision: crate::ir::DType,
@@ -58,11 +64,17 @@ impl Default for FusionLimits {
 /// What saturation did.
 #[derive(Clone, Debug)]
 pub struct FusionReport {
+    /// Why it stopped (`Saturated`: no rule had anything left to add).
     pub stop_reason: String,
+    /// Iterations run.
     pub iterations: usize,
+    /// E-nodes at the end.
     pub egraph_nodes: usize,
+    /// E-classes at the end.
     pub egraph_classes: usize,
+    /// Time saturating.
     pub saturation_time: Duration,
+    /// Time extracting the cheapest graph.
     pub extraction_time: Duration,
 }
 
@@ -84,8 +96,11 @@ impl std::fmt::Display for FusionReport {
 
 /// A fused graph: IR with fused ops, and the ONNX nodes each of its nodes covers.
 pub struct Fused {
+    /// The fused graph.
     pub graph: Graph,
+    /// ONNX node names by fused node.
     pub covers: HashMap<NodeId, Vec<String>>,
+    /// What saturation did.
     pub report: FusionReport,
 }
 

@@ -12,32 +12,38 @@ use std::collections::{HashMap, HashSet};
 
 use crate::ir::{Graph, NodeId, Op, UnaryOp};
 
+/// What a kernel is, which decides how it is generated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelKind {
     /// A cuBLAS(Lt) GEMM, with the ops of its epilogue (bias, activation).
     Gemm {
+        /// The epilogue's ops, in order (`bias`, `gelu`).
         epilogue: Vec<String>,
     },
     /// Fused attention: the scores never leave the kernel.
     Attention,
     /// A row reduction (LayerNorm, RMSNorm, softmax, …) with pointwise prologue/epilogue.
     RowReduction {
+        /// The reduction (`LayerNorm`, `Softmax`, …).
         op: String,
     },
     /// A group of pointwise ops over one iteration space.
     Pointwise,
     /// Embedding lookup.
     Gather,
+    /// A convolution.
     Conv,
     /// A layout change no neighbour can absorb, written out.
     Copy,
     /// Any other op, one kernel of its own.
     Single {
+        /// The op's name.
         op: String,
     },
 }
 
 impl KernelKind {
+    /// The kind's name in kernel names and reports (`gemm+bias+gelu`, `row:LayerNorm`).
     pub fn name(&self) -> String {
         match self {
             KernelKind::Gemm { epilogue } if epilogue.is_empty() => "gemm".into(),
@@ -53,8 +59,10 @@ impl KernelKind {
     }
 }
 
+/// One kernel of the partition: a launch (or GEMM call) computing some of the graph's nodes.
 #[derive(Clone, Debug)]
 pub struct Kernel {
+    /// What it is.
     pub kind: KernelKind,
     /// The nodes it computes, in topological order.
     pub nodes: Vec<NodeId>,
@@ -67,6 +75,7 @@ pub struct Kernel {
     pub store_views: Vec<(NodeId, NodeId)>,
 }
 
+/// The fused graph cut into kernels.
 #[derive(Clone, Debug)]
 pub struct Partition {
     /// In an order that respects data dependencies.
@@ -79,14 +88,17 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// Kernels (a GEMM with its epilogue counts once).
     pub fn launches(&self) -> usize {
         self.kernels.len()
     }
 
+    /// Kernels that are GEMMs.
     pub fn gemm_calls(&self) -> usize {
         self.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Gemm { .. })).count()
     }
 
+    /// Kernels whose kind `pred` accepts.
     pub fn count(&self, pred: impl Fn(&KernelKind) -> bool) -> usize {
         self.kernels.iter().filter(|k| pred(&k.kind)).count()
     }

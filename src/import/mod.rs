@@ -287,7 +287,13 @@ fn resolve_inputs(
             DeclaredDim::Symbolic(s) => Some(s.as_str()),
             _ => None,
         })
-        .collect();
+        .fold(Vec::new(), |mut seen, s| {
+            // Each name once, in the order the inputs declare them.
+            if !seen.contains(&s) {
+                seen.push(s);
+            }
+            seen
+        });
     for symbol in options.dims.keys() {
         if !symbols.contains(&symbol.as_str()) {
             let available = if symbols.is_empty() { "none".to_string() } else { symbols.join(", ") };

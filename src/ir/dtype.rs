@@ -6,12 +6,19 @@ use std::fmt;
 /// and rounds to the node's type after every op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 16-bit float (IEEE half).
     F16,
+    /// bfloat16.
     BF16,
+    /// 64-bit float.
     F64,
+    /// 64-bit integer.
     I64,
+    /// 32-bit integer.
     I32,
+    /// Boolean (one byte).
     Bool,
 }
 
@@ -36,14 +43,17 @@ impl DType {
             .find(|d| i64::from(d.onnx_code()) == code)
     }
 
+    /// Whether it is a floating-point type.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 
+    /// Whether it is an integer type.
     pub fn is_int(self) -> bool {
         matches!(self, DType::I64 | DType::I32)
     }
 
+    /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F64 | DType::I64 => 8,
@@ -53,6 +63,7 @@ impl DType {
         }
     }
 
+    /// Its short name (`f32`, `bf16`, `i64`, `bool`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -82,27 +93,34 @@ impl fmt::Display for DType {
 /// The static type of a value: element type and concrete shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
+    /// The element type.
     pub dtype: DType,
+    /// The shape.
     pub shape: Vec<usize>,
 }
 
 impl TensorType {
+    /// A type of `dtype` elements in `shape`.
     pub fn new(dtype: DType, shape: Vec<usize>) -> Self {
         TensorType { dtype, shape }
     }
 
+    /// Number of axes.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
 
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Bytes of its elements.
     pub fn size_bytes(&self) -> usize {
         self.len() * self.dtype.size_bytes()
     }

@@ -12,6 +12,7 @@ use super::op::Op;
 /// Constants with at most this many elements print their values.
 const INLINE_CONSTANT_ELEMENTS: usize = 8;
 
+/// The graph as deterministic text: one line per node in topological order.
 pub fn dump(graph: &Graph) -> Result<String, IrError> {
     let order = graph.topo_order()?;
     let numbers: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();

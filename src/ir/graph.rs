@@ -14,18 +14,23 @@ use super::op::Op;
 use super::ops;
 use super::tensor::Tensor;
 
+/// A node of a [`Graph`] (stable while other nodes are removed).
 pub type NodeId = NodeIndex;
 
 /// Where a node came from: the ONNX node (name and `op_type`) it was translated from, and
 /// the names of further ONNX nodes a pass merged into it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
+    /// The ONNX node's name.
     pub node: String,
+    /// Its op_type.
     pub op_type: String,
+    /// ONNX nodes merged into this one.
     pub merged: Vec<String>,
 }
 
 impl Origin {
+    /// From ONNX node `node` of `op_type`.
     pub fn new(node: impl Into<String>, op_type: impl Into<String>) -> Self {
         Origin { node: node.into(), op_type: op_type.into(), merged: Vec::new() }
     }
@@ -36,16 +41,21 @@ impl Origin {
     }
 }
 
+/// One node: an op and the type of its output.
 #[derive(Clone, Debug)]
 pub struct Node {
+    /// What it computes.
     pub op: Op,
     /// The static type of the node's one output.
     pub ty: TensorType,
     /// The value's name (the ONNX tensor name it stands for).
     pub name: String,
+    /// The ONNX node(s) it stands for.
     pub origin: Origin,
 }
 
+/// The IR graph: nodes over petgraph, edges in input order, with the graph's inputs and
+/// named outputs.
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
     g: StableDiGraph<Node, usize>,
@@ -54,10 +64,12 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A new graph input.
     pub fn add_input(&mut self, name: &str, ty: TensorType) -> NodeId {
         let op = Op::Input { name: name.to_string() };
         let origin = Origin::new(name, "Input");
@@ -66,6 +78,7 @@ impl Graph {
         id
     }
 
+    /// A new constant.
     pub fn add_constant(&mut self, name: &str, value: Arc<Tensor>, origin: Origin) -> NodeId {
         let ty = value.tensor_type();
         self.g.add_node(Node { op: Op::Constant(value), ty, name: name.to_string(), origin })
@@ -97,34 +110,42 @@ impl Graph {
         ops::infer(op, &types)
     }
 
+    /// Sets the graph's outputs, by name.
     pub fn set_outputs(&mut self, outputs: Vec<(String, NodeId)>) {
         self.outputs = outputs;
     }
 
+    /// The graph's inputs, in order.
     pub fn inputs(&self) -> &[NodeId] {
         &self.inputs
     }
 
+    /// The graph's outputs and their names, in order.
     pub fn outputs(&self) -> &[(String, NodeId)] {
         &self.outputs
     }
 
+    /// The node `id` (which must be in the graph).
     pub fn node(&self, id: NodeId) -> &Node {
         &self.g[id]
     }
 
+    /// The node `id`, to change (it must be in the graph).
     pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
         &mut self.g[id]
     }
 
+    /// Whether `id` is in the graph.
     pub fn contains(&self, id: NodeId) -> bool {
         self.g.contains_node(id)
     }
 
+    /// How many nodes there are.
     pub fn node_count(&self) -> usize {
         self.g.node_count()
     }
 
+    /// Every node's id.
     pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.g.node_indices()
     }

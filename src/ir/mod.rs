@@ -7,7 +7,7 @@ mod error;
 mod eval;
 mod graph;
 mod op;
-pub mod ops;
+pub(crate) mod ops;
 mod random;
 mod tensor;
 mod verify;

@@ -8,21 +8,36 @@ use std::sync::Arc;
 use super::dtype::DType;
 use super::tensor::Tensor;
 
+/// An elementwise op of one input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// `√x`.
     Sqrt,
+    /// `1 / x`.
     Reciprocal,
+    /// `eˣ`.
     Exp,
+    /// Natural logarithm.
     Log,
+    /// The error function.
     Erf,
+    /// Hyperbolic tangent.
     Tanh,
+    /// `1 / (1 + e⁻ˣ)`.
     Sigmoid,
+    /// `max(x, 0)`.
     Relu,
+    /// Sine.
     Sin,
+    /// Cosine.
     Cos,
+    /// Logical not (bool).
     Not,
+    /// Whether `x` is NaN (bool).
     IsNaN,
     /// `x`, or 0 where `x` is NaN: the exporters' `Where(IsNaN(s), 0, s)` guard after a
     /// softmax, as one op (no ONNX op of its own).
@@ -33,24 +48,39 @@ pub enum UnaryOp {
     GeluTanh,
 }
 
+/// An elementwise op of two inputs (ONNX's multidirectional broadcasting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a · b`.
     Mul,
+    /// `a / b` (integer division truncates).
     Div,
+    /// `aᵇ`.
     Pow,
+    /// The smaller.
     Min,
+    /// The larger.
     Max,
+    /// `a == b` (bool).
     Equal,
+    /// `a < b` (bool).
     Less,
+    /// `a <= b` (bool).
     LessOrEqual,
+    /// `a > b` (bool).
     Greater,
+    /// `a >= b` (bool).
     GreaterOrEqual,
+    /// Logical and (bool).
     And,
 }
 
 impl BinaryOp {
+    /// Whether it compares (its output is bool).
     pub fn is_comparison(self) -> bool {
         matches!(
             self,
@@ -63,76 +93,107 @@ impl BinaryOp {
     }
 }
 
+/// How a `Reduce` combines the elements of its axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
+    /// The mean.
     Mean,
+    /// The sum.
     Sum,
+    /// The largest.
     Max,
 }
 
 /// One axis of a `Slice`: the output takes `len` elements, `start`, `start + step`, ….
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SliceAxis {
+    /// The first element taken.
     pub start: usize,
+    /// The distance between elements taken (negative: backwards).
     pub step: i64,
+    /// How many are taken.
     pub len: usize,
 }
 
+/// One IR operation (one output).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A graph input, fed at run time.
     Input {
+        /// The ONNX input's name.
         name: String,
     },
     /// A constant (weights, folded shape arithmetic).
     Constant(Arc<Tensor>),
+    /// One input, elementwise.
     Unary(UnaryOp),
     /// Two inputs, multidirectional broadcasting.
     Binary(BinaryOp),
     /// `Where(cond, x, y)`, broadcasting.
     Where,
+    /// Element type conversion.
     Cast {
+        /// The type converted to.
         to: DType,
     },
     /// `min`/`max` are infinite where ONNX leaves them out.
     Clip {
+        /// The lower bound.
         min: f64,
+        /// The upper bound.
         max: f64,
     },
     /// Inference dropout: the identity, kept so that fusion can account for it.
     Dropout,
+    /// The identity.
     Identity,
     /// numpy `matmul` semantics (batch broadcasting, 1-D promotion).
     MatMul,
     /// `alpha · op(A) · op(B) + beta · C`; C is an optional third input.
     Gemm {
+        /// Scale of the product.
         alpha: f32,
+        /// Scale of C.
         beta: f32,
+        /// A is read transposed.
         trans_a: bool,
+        /// B is read transposed.
         trans_b: bool,
     },
     /// 2-D convolution, NCHW; bias is an optional third input.
     Conv {
+        /// Strides along height and width.
         strides: [usize; 2],
+        /// Padding: top, left, bottom, right.
         pads: [usize; 4],
+        /// Dilations along height and width.
         dilations: [usize; 2],
+        /// Groups the channels are split into.
         group: usize,
     },
+    /// Softmax along `axis`.
     Softmax {
+        /// The axis.
         axis: usize,
     },
+    /// Log-softmax along `axis`.
     LogSoftmax {
+        /// The axis.
         axis: usize,
     },
     /// Normalises over `axis..rank`; inputs x, optional scale, optional bias (bias only after
     /// a scale).
     LayerNorm {
+        /// The first axis normalised over.
         axis: usize,
+        /// Added to the variance.
         epsilon: f32,
     },
     /// `x / sqrt(mean(x², axis..rank) + eps) · scale`; inputs x, optional scale.
     RmsNorm {
+        /// The first axis normalised over.
         axis: usize,
+        /// Added to the mean square.
         epsilon: f32,
     },
     /// `softmax(scale · q·kt + mask) · v` over the last axis; inputs q `[.., S, D]`,
@@ -140,54 +201,82 @@ pub enum Op {
     /// broadcasting to `[.., S, T]`. With `nan_to_zero`, rows that come out NaN (every score
     /// masked to -inf) are zero, as the IsNaN/Where guard of some exporters makes them.
     Attention {
+        /// Multiplies the scores.
         scale: f32,
+        /// Rows that come out NaN are zero.
         nan_to_zero: bool,
     },
+    /// A reduction over `axes`.
     Reduce {
+        /// How the elements combine.
         op: ReduceOp,
+        /// The axes reduced.
         axes: Vec<usize>,
+        /// Reduced axes stay, of size 1.
         keep_dims: bool,
     },
+    /// Running sum along `axis`.
     CumSum {
+        /// The axis.
         axis: usize,
+        /// Each element leaves itself out of its sum.
         exclusive: bool,
+        /// Summed from the end.
         reverse: bool,
     },
+    /// The same elements in another shape.
     Reshape {
+        /// The new shape.
         shape: Vec<usize>,
     },
+    /// Axes permuted.
     Transpose {
+        /// Output axis `i` is input axis `perm[i]`.
         perm: Vec<usize>,
     },
+    /// Inputs joined along `axis`.
     Concat {
+        /// The axis.
         axis: usize,
     },
     /// One entry per input axis.
     Slice {
+        /// What each axis keeps.
         axes: Vec<SliceAxis>,
     },
     /// Inputs data, indices (i64/i32, negative counts from the end).
     Gather {
+        /// The axis indexed.
         axis: usize,
     },
+    /// Inputs data, indices of the data's rank: each output element is data at the
+    /// indices' coordinates with `axis` replaced by the index.
     GatherElements {
+        /// The axis indexed.
         axis: usize,
     },
     /// Inputs data, indices: each row of the indices' last axis (`k` values, negative counting
     /// from the end) addresses data's axes `batch_dims..batch_dims + k`; the first
     /// `batch_dims` axes of both are shared.
     GatherNd {
+        /// Leading axes shared by data and indices.
         batch_dims: usize,
     },
     /// Bidirectional broadcast to `shape`.
     Expand {
+        /// The shape broadcast to.
         shape: Vec<usize>,
     },
+    /// The input repeated along each axis.
     Tile {
+        /// Copies along each axis.
         repeats: Vec<usize>,
     },
+    /// The upper or lower triangle of the last two axes, the rest zero.
     Trilu {
+        /// The upper triangle (else the lower).
         upper: bool,
+        /// The diagonal's offset.
         k: i64,
     },
     /// The rotate-half of rotary position embeddings over the last axis (of even size 2h):

@@ -8,12 +8,19 @@ use super::dtype::{DType, TensorType};
 /// A dense, host-side tensor of one of the IR's element types.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tensor {
+    /// 32-bit floats.
     F32(ArrayD<f32>),
+    /// IEEE halves.
     F16(ArrayD<f16>),
+    /// bfloat16s.
     BF16(ArrayD<bf16>),
+    /// 64-bit floats.
     F64(ArrayD<f64>),
+    /// 64-bit integers.
     I64(ArrayD<i64>),
+    /// 32-bit integers.
     I32(ArrayD<i32>),
+    /// Booleans.
     Bool(ArrayD<bool>),
 }
 
@@ -52,6 +59,7 @@ pub(crate) use map_array;
 
 /// An element type of [`Tensor`]: generic code gets at the typed array through it.
 pub trait Element: Clone + Default + 'static {
+    /// The tensor's array, if its elements are of this type.
     fn array(tensor: &Tensor) -> Option<&ArrayD<Self>>;
 }
 
@@ -71,6 +79,7 @@ macro_rules! element {
 element!(f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i64 => I64, i32 => I32, bool => Bool);
 
 impl Tensor {
+    /// The element type.
     pub fn dtype(&self) -> DType {
         match self {
             Tensor::F32(_) => DType::F32,
@@ -83,22 +92,27 @@ impl Tensor {
         }
     }
 
+    /// The shape.
     pub fn shape(&self) -> &[usize] {
         with_array!(self, a => a.shape())
     }
 
+    /// Number of elements.
     pub fn len(&self) -> usize {
         with_array!(self, a => a.len())
     }
 
+    /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Element type and shape.
     pub fn tensor_type(&self) -> TensorType {
         TensorType::new(self.dtype(), self.shape().to_vec())
     }
 
+    /// Bytes of its elements.
     pub fn size_bytes(&self) -> usize {
         self.len() * self.dtype().size_bytes()
     }
@@ -203,10 +217,12 @@ impl Tensor {
         self.to_f64().iter().copied().collect()
     }
 
+    /// A rank-0 f32 tensor.
     pub fn scalar_f32(value: f32) -> Tensor {
         Tensor::F32(ArrayD::from_elem(IxDyn(&[]), value))
     }
 
+    /// A 1-D i64 tensor of `values`.
     pub fn from_i64_slice(values: &[i64]) -> Tensor {
         Tensor::I64(ndarray::Array1::from(values.to_vec()).into_dyn())
     }

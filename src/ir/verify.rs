@@ -6,6 +6,7 @@ use super::error::IrError;
 use super::graph::Graph;
 use super::op::Op;
 
+/// Checks the graph as the module says; the error names the first node that fails.
 pub fn verify(graph: &Graph) -> Result<(), IrError> {
     graph.topo_order()?;
     let fail = |node: &str, message: String| IrError::Verify { node: node.to_string(), message };

@@ -26,13 +26,13 @@ use crate::ir::DType;
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// How many of the heuristic's algorithms are timed for each GEMM, unless
-/// `FUSEC_GEMM_CANDIDATES` (1 to [`MAX_CANDIDATES`]) says otherwise: see [`candidates_wanted`].
+/// `FUSEC_GEMM_CANDIDATES` (1 to `MAX_CANDIDATES` (64)) says otherwise: see [`candidates_wanted`].
 pub const CANDIDATES: usize = 8;
 /// The most candidates `FUSEC_GEMM_CANDIDATES` may ask for.
 pub const MAX_CANDIDATES: usize = 64;
 
 /// How many of the heuristic's algorithms are asked for and timed for each GEMM:
-/// `FUSEC_GEMM_CANDIDATES` when it is a number from 1 to [`MAX_CANDIDATES`], else [`CANDIDATES`].
+/// `FUSEC_GEMM_CANDIDATES` when it is a number from 1 to `MAX_CANDIDATES` (64), else [`CANDIDATES`].
 pub fn candidates_wanted() -> usize {
     count_from_env("FUSEC_GEMM_CANDIDATES", 1..=MAX_CANDIDATES, CANDIDATES)
 }
@@ -61,7 +61,7 @@ const SPLIT_K: [u32; 3] = [2, 3, 4];
 /// How many of the heuristic's algorithms get split-K and tile-shape variants.
 const VARIANT_BASES: usize = 2;
 /// At most this many variants are timed per GEMM, unless `FUSEC_GEMM_VARIANTS` (0 to
-/// [`MAX_VARIANTS`]) says otherwise: see [`variants_wanted`]. None by default: on the H100,
+/// `MAX_VARIANTS`) says otherwise: see [`variants_wanted`]. None by default: on the H100,
 /// across the suite's GEMMs at 1×128 and 8×128 fp16, no split-K or tile variant beat the
 /// heuristic's own eight by more than timing noise (split-K ones were 10–60 % slower), and
 /// timing them costs seconds at load (`benches/NOTES.md`).
@@ -71,7 +71,7 @@ pub const MAX_VARIANTS: usize = 256;
 
 /// How many variants of the heuristic's algorithms (other split-K counts and tile shapes,
 /// each checked by cuBLASLt) are timed for each GEMM: `FUSEC_GEMM_VARIANTS` when it is a
-/// number from 0 to [`MAX_VARIANTS`], else [`VARIANTS`].
+/// number from 0 to `MAX_VARIANTS`, else `VARIANTS`.
 pub fn variants_wanted() -> usize {
     count_from_env("FUSEC_GEMM_VARIANTS", 0..=MAX_VARIANTS, VARIANTS)
 }

@@ -10,9 +10,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
@@ -22,7 +23,7 @@ use super::{blas, lt, nvrtc, RuntimeError};
 use crate::bundle::{Bundle, IoSpec};
 use crate::codegen::{GemmSpec, KernelSource, Step};
 use crate::ir::{DType, Tensor};
-use crate::plan::{tensor_bytes, Location};
+use crate::plan::Location;
 
 fn driver(e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("{e:?}"))
@@ -129,6 +130,11 @@ pub struct Session {
     pub device_name: String,
     /// How each distinct cuBLASLt GEMM's algorithm was chosen.
     pub gemm_choices: Vec<GemmChoice>,
+    /// Page-locked host buffers, one per input and one per output, that `run` copies
+    /// through: copies from and to them are asynchronous, so a run waits for the GPU once for
+    /// all its outputs, rather than once per copy as copies of pageable memory do.
+    staging_in: Vec<PinnedHostSlice<u8>>,
+    staging_out: Vec<PinnedHostSlice<u8>>,
 }
 
 /// The middle value of `times` (0 when empty).
@@ -328,6 +334,8 @@ impl Session {
             arch,
             device_name,
             gemm_choices: Vec::new(),
+            staging_in: staging(&ctx, &header.inputs, sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
+            staging_out: staging(&ctx, &header.outputs, 0)?,
         };
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -392,23 +400,64 @@ impl Session {
     pub fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>, RuntimeError> {
         self.upload(inputs)?;
         self.execute_all()?;
-        self.outputs.clone().iter().map(|spec| Ok((spec.name.clone(), self.read_output(spec)?))).collect()
+        self.download()
     }
 
-    /// Copies host inputs to where the plan reads them (in stream order).
+    /// Copies host inputs to where the plan reads them (in stream order), through the
+    /// session's page-locked buffers.
     pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
         self.check_inputs(inputs)?;
-        for spec in self.inputs.clone() {
+        for (spec, staging) in self.inputs.iter().zip(self.staging_in.iter_mut()) {
             let (_, tensor) = inputs
                 .iter()
                 .find(|(n, _)| *n == spec.name)
                 .ok_or_else(|| RuntimeError::Input(spec.name.clone()))?;
             let Location::Arena(offset) = spec.location else { continue };
-            let bytes = tensor_bytes(tensor);
-            let mut view = self.arena.slice_mut(offset..offset + bytes.len());
-            self.stream.memcpy_htod(&bytes, &mut view).map_err(driver)?;
+            let bytes = tensor.size_bytes();
+            if bytes == 0 {
+                continue;
+            }
+            // Waits for the buffer's last copy (the previous run's) before writing it.
+            let host = staging.as_mut_slice().map_err(driver)?;
+            let host = host.get_mut(..bytes).ok_or_else(|| {
+                RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", spec.name))
+            })?;
+            crate::plan::write_tensor_bytes(host, tensor);
+            let mut view = self.arena.slice_mut(offset..offset + bytes);
+            self.stream.memcpy_htod(staging, &mut view).map_err(driver)?;
         }
         Ok(())
+    }
+
+    /// The outputs, copied to the host through the session's page-locked buffers: every copy
+    /// issued, then one wait.
+    fn download(&mut self) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+        let mut types = Vec::with_capacity(self.outputs.len());
+        for (spec, staging) in self.outputs.iter().zip(self.staging_out.iter_mut()) {
+            let ty = spec.tensor_type().ok_or_else(|| {
+                RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype))
+            })?;
+            let bytes = ty.size_bytes();
+            if bytes > 0 {
+                let source = match spec.location {
+                    Location::Arena(o) => self.arena.slice(o..o + bytes),
+                    Location::Weights(o) => self._weights.slice(o..o + bytes),
+                };
+                self.stream.memcpy_dtoh(&source, staging).map_err(driver)?;
+            }
+            types.push(ty);
+        }
+        self.stream.synchronize().map_err(driver)?;
+        self.outputs
+            .iter()
+            .zip(&self.staging_out)
+            .zip(types)
+            .map(|((spec, staging), ty)| {
+                let host = staging.as_slice().map_err(driver)?;
+                let host = host.get(..ty.size_bytes()).unwrap_or_default();
+                Ok((spec.name.clone(), tensor_from_bytes(host, &ty.shape, ty.dtype)?))
+            })
+            .collect()
     }
 
     /// GPU time of `iterations` runs in milliseconds, measured with CUDA events around each
@@ -841,20 +890,26 @@ impl Session {
         let addresses = (self.address(g.a.location), self.address(g.b.location), self.address(g.c));
         blas::gemm(self.blas.handle()?, g, addresses)
     }
+}
 
-    fn read_output(&self, spec: &IoSpec) -> Result<Tensor, RuntimeError> {
-        let ty = spec
-            .tensor_type()
-            .ok_or_else(|| RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype)))?;
-        let bytes = ty.size_bytes();
-        let host = match spec.location {
-            Location::Arena(o) => self.stream.clone_dtoh(&self.arena.slice(o..o + bytes)).map_err(driver)?,
-            Location::Weights(o) => {
-                self.stream.clone_dtoh(&self._weights.slice(o..o + bytes)).map_err(driver)?
-            }
-        };
-        tensor_from_bytes(&host, &ty.shape, ty.dtype)
-    }
+/// One page-locked host buffer per input or output in `specs`, of its size (at least one byte),
+/// allocated with cuMemHostAlloc `flags` (write-combined for what the host only writes).
+fn staging(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    specs: &[IoSpec],
+    flags: u32,
+) -> Result<Vec<PinnedHostSlice<u8>>, RuntimeError> {
+    specs
+        .iter()
+        .map(|spec| {
+            let bytes = spec.tensor_type().map_or(0, |t| t.size_bytes()).max(1);
+            // SAFETY: page-locked host memory of `bytes` bytes; every byte a run reads from it
+            // was written before (by the host, or by a copy from the device it waited for).
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }.map_err(|e| {
+                RuntimeError::Driver(format!("page-locked buffer for '{}' ({bytes} bytes): {e:?}", spec.name))
+            })
+        })
+        .collect()
 }
 
 /// A launch the driver refused, named by its kernel.

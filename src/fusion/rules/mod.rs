@@ -17,6 +17,7 @@ use egg::{Id, Rewrite, Var};
 use super::analysis::{FusionAnalysis, FusionGraph};
 use super::lang::FusionLang;
 
+/// One rewrite rule of the fusion's rule sets.
 pub type Rule = Rewrite<FusionLang, FusionAnalysis>;
 
 /// A pattern variable of a custom applier (`"?x"`).
