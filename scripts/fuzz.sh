@@ -40,5 +40,5 @@ fi
 for t in "${targets[@]}"; do
     echo "=== $t: $seconds s"
     cargo +nightly fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 -max_len=1048576 2>&1 \
-        | grep -E "^#[0-9]+ +(DONE|INITED)|ERROR|SUMMARY|Test unit written|crash-|timeout-|oom-|stat::" || true
+        | grep -E "^#[0-9]+\s+(DONE|INITED)|^Done |ERROR|SUMMARY|Test unit written|crash-|timeout-|oom-|stat::" || true
 done

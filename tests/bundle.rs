@@ -71,6 +71,29 @@ fn no_driver_is_an_error() {
     assert!(err.to_string().contains("no CUDA driver"));
 }
 
+/// A header whose inputs or outputs lie outside the bundle's memory, or whose sizes overflow,
+/// is an error naming the tensor before anything touches a GPU (with or without a driver).
+#[test]
+fn inputs_and_outputs_outside_the_bundles_memory_are_errors() {
+    use fusec::plan::Location;
+    let good = bundle();
+    let arena = good.header.arena_bytes;
+    type Damage = Box<dyn Fn(&mut Bundle)>;
+    let cases: Vec<(Damage, &str)> = vec![
+        (Box::new(move |b| b.header.inputs[0].location = Location::Arena(arena)), "lies outside"),
+        (Box::new(|b| b.header.outputs[0].location = Location::Weights(usize::MAX - 4)), "lies outside"),
+        (Box::new(|b| b.header.inputs[0].shape = vec![1 << 40, 1 << 40]), "overflows"),
+        (Box::new(|b| b.header.outputs[0].dtype = "f33".into()), "unknown type f33"),
+        (Box::new(|b| b.header.inputs[0].location = Location::Weights(0)), "placed in the weights"),
+    ];
+    for (damage, needle) in cases {
+        let mut b = good.clone();
+        damage(&mut b);
+        let err = Session::new(&b, 0).err().expect("a damaged header").to_string();
+        assert!(err.contains(needle) && err.contains("the bundle's"), "'{needle}' not in: {err}");
+    }
+}
+
 /// Every bundle output has the model's output type, also where the output is a reshape of a
 /// value that lives elsewhere (it then shares that value's memory).
 #[test]

@@ -201,6 +201,8 @@ impl Session {
         device: usize,
         options: SessionOptions,
     ) -> Result<Session, RuntimeError> {
+        // The bundle first: a damaged one is the same error with or without a GPU.
+        check_io(&bundle.header, bundle.weights.len())?;
         if !driver_available() {
             return Err(RuntimeError::NoDriver);
         }
@@ -890,6 +892,34 @@ impl Session {
         let addresses = (self.address(g.a.location), self.address(g.b.location), self.address(g.c));
         blas::gemm(self.blas.handle()?, g, addresses)
     }
+}
+
+/// Every input and output of the bundle lies inside its memory (the arena, or for an output
+/// the weights), with a size that fits in memory: a damaged or hostile header is an error
+/// here, not a copy out of bounds later.
+fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), RuntimeError> {
+    for (spec, kind) in
+        header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
+    {
+        let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
+        let ty = spec.tensor_type().ok_or_else(|| bad(&format!("has unknown type {}", spec.dtype)))?;
+        let bytes = ty
+            .shape
+            .iter()
+            .try_fold(ty.dtype.size_bytes(), |n, &d| n.checked_mul(d))
+            .ok_or_else(|| bad(&format!("has a size that overflows ({:?})", ty.shape)))?;
+        let (offset, limit) = match spec.location {
+            Location::Arena(o) => (o, header.arena_bytes),
+            Location::Weights(o) if kind == "output" => (o, weights_bytes),
+            Location::Weights(_) => return Err(bad("is placed in the weights")),
+        };
+        if offset.checked_add(bytes).is_none_or(|end| end > limit) {
+            return Err(bad(&format!(
+                "({bytes} bytes at {offset}) lies outside the bundle's memory ({limit} bytes)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One page-locked host buffer per input or output in `specs`, of its size (at least one byte),
