@@ -149,11 +149,17 @@ fn nvrtc_cache_is_reused() {
     let other_arch = fusec::runtime::nvrtc::compile_cached(&source, "sm_80").unwrap();
     assert_ne!(other_arch, first);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
-    // An entry cut short, or another kernel's PTX under this key, is compiled again and
-    // replaced, never loaded.
+    // An entry cut short, another kernel's PTX under this key, or one changed byte of the PTX
+    // (a constant of an instruction) is compiled again and replaced, never loaded.
     let entry = files[0].as_ref().unwrap().path();
     let whole = std::fs::read_to_string(&entry).unwrap();
-    for bad in [whole[..whole.len() / 2].to_string(), whole.replace(&source.function, "fusec_other")] {
+    let ptx_end = whole.rfind("// fusec nvrtc cache entry").unwrap();
+    let mut flipped = whole.clone().into_bytes();
+    let digit = flipped[..ptx_end].iter().rposition(|b| (b'0'..=b'8').contains(b)).unwrap();
+    flipped[digit] += 1;
+    let flipped = String::from_utf8(flipped).unwrap();
+    for bad in [whole[..whole.len() / 2].to_string(), whole.replace(&source.function, "fusec_other"), flipped]
+    {
         std::fs::write(&entry, bad).unwrap();
         assert_eq!(fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap(), first);
         assert_eq!(std::fs::read_to_string(&entry).unwrap(), whole);

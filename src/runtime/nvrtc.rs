@@ -101,14 +101,21 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(dirs::cache_dir()?.join("fusec").join("nvrtc"))
 }
 
-/// The line every cache entry ends with: an entry without it (cut short, or not written by
-/// fusec) is compiled again, never loaded.
-const CACHE_END: &str = "// fusec nvrtc cache entry end\n";
+/// Every cache entry ends with this line and the FNV-1a checksum of the PTX before it
+/// ([`crate::bundle::checksum`], 16 hex digits): an entry cut short, changed in any byte, or not
+/// written by fusec is compiled again, never loaded.
+const CACHE_END: &str = "// fusec nvrtc cache entry, checksum ";
 
-/// The PTX of a cache entry, if it is whole and defines `function`.
+/// A cache entry's text: the PTX and its end line.
+fn cache_text(ptx: &str) -> String {
+    format!("{ptx}{CACHE_END}{:016x}\n", crate::bundle::checksum(ptx.as_bytes()))
+}
+
+/// The PTX of a cache entry, if it is whole, unchanged and defines `function`.
 fn cache_entry(text: String, function: &str) -> Option<String> {
-    let ptx = text.strip_suffix(CACHE_END)?;
-    ptx.contains(&format!(".entry {function}(")).then(|| ptx.to_string())
+    let (ptx, sum) = text.strip_suffix('\n')?.rsplit_once(CACHE_END)?;
+    let whole = u64::from_str_radix(sum, 16).ok() == Some(crate::bundle::checksum(ptx.as_bytes()));
+    (whole && ptx.contains(&format!(".entry {function}("))).then(|| ptx.to_string())
 }
 
 /// [`compile`] with a cache on disk keyed by the source's hash, the arch and NVRTC's
@@ -136,7 +143,7 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
         let written = path.parent().map(std::fs::create_dir_all).transpose().ok().and_then(|_| {
             let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-            std::fs::write(&tmp, format!("{ptx}{CACHE_END}")).and_then(|_| std::fs::rename(&tmp, &path)).ok()
+            std::fs::write(&tmp, cache_text(&ptx)).and_then(|_| std::fs::rename(&tmp, &path)).ok()
         });
         let _ = written;
     }
