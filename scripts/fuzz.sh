@@ -2,7 +2,8 @@
 # Coverage-guided fuzzing of what fusec reads from files (needs the nightly toolchain and
 # cargo-fuzz: `rustup toolchain install nightly && cargo install cargo-fuzz`):
 #   onnx_import   ONNX model bytes → import, then the whole compile of what imports
-#   bundle_load   bundle bytes → Bundle::from_bytes
+#   bundle_load   bundle bytes → Bundle::from_bytes; the bytes as a header with right lengths
+#                 and checksum → load, the session's checks, save
 #   tensor_file   bytes as .npy and as an ONNX TensorProto → tensor_io::read_tensor
 # Seeds: the fixtures in models/, the ONNX node cases (scripts/onnx_node_cases.py, in
 # .onnx-node-cases/) and bundles compiled from small fixtures.
@@ -30,6 +31,14 @@ if [ -z "$(ls -A "$corpus/onnx_import")" ]; then
     for m in mlp_block gelu_op layernorm_div attention_gqa_d80; do
         target/release/fusec compile "models/$m.onnx" -o "$corpus/bundle_load/$m.bundle" --dim batch=2 || true
     done
+    # The headers alone too: bundle_load also reads its input as a header (see the target).
+    python3 - "$corpus/bundle_load" <<'PY'
+import glob, struct, sys
+for f in glob.glob(sys.argv[1] + "/*.bundle"):
+    b = open(f, "rb").read()
+    n = struct.unpack("<Q", b[12:20])[0]
+    open(f + ".json", "wb").write(b[20:20 + n])
+PY
     python3 - "$corpus/tensor_file" <<'PY'
 import sys, numpy as np
 d = sys.argv[1]
