@@ -43,11 +43,9 @@ pub fn read_tensor(path: &Path) -> Result<Tensor, TensorFileError> {
         Some("pb") => {
             let proto = tract_onnx::pb::TensorProto::decode(bytes.as_slice())
                 .map_err(|e| fail(path, format!("not an ONNX TensorProto: {e}")))?;
-            let dir = path.parent().and_then(|d| d.to_str());
-            let t =
-                tract_onnx::tensor::load_tensor(&tract_onnx::data_resolver::MmapDataResolver, &proto, dir)
-                    .map_err(|e| fail(path, format!("{e:#}")))?;
-            crate::import::tensor_from_tract(&t).map_err(|m| fail(path, m))
+            // As the import reads initializers: external data only beside the file, only
+            // element types whose bytes can be read.
+            crate::import::tensor_from_proto(&proto, path).map_err(|m| fail(path, m))
         }
         _ => Err(fail(path, "unknown tensor file type: expected .npy or .pb")),
     }

@@ -303,6 +303,34 @@ fn huge_declared_sizes_are_errors_not_allocations() {
     assert!(text.contains("input 'x'") && text.contains("elements an input may have"), "{text}");
 }
 
+/// Raw bytes of an element type the loader cannot read (string, complex, bfloat16, …), in a
+/// `.pb` input file or as a model's initializer: an error naming the file, not a process
+/// stopped inside tract. The `.pb` case is what the `tensor_file` fuzz target found
+/// (`tests/fuzz_regressions/`).
+#[test]
+fn raw_data_of_an_unreadable_element_type_is_an_error() {
+    use tract_onnx::pb::TensorProto;
+    let found = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz_regressions/tensor_file-raw-of-unreadable-type.pb");
+    let err = fusec::tensor_io::read_tensor(&found).unwrap_err().to_string();
+    assert!(err.contains("tensor_file-raw-of-unreadable-type.pb"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    for data_type in [8, 14, 15, 16, 17, 21] {
+        let proto = TensorProto { dims: vec![2], data_type, raw_data: vec![1; 16], ..Default::default() };
+        let file = write(&dir, &format!("t{data_type}.pb"), &proto.encode_to_vec());
+        let err = fusec::tensor_io::read_tensor(&file).unwrap_err().to_string();
+        assert!(err.contains(&format!("t{data_type}.pb")), "{err}");
+        let mut model = fixture_proto("mlp_block.onnx");
+        let graph = model.graph.as_mut().unwrap();
+        let weight = graph.initializer.iter_mut().max_by_key(|t| t.raw_data.len()).unwrap();
+        weight.data_type = data_type;
+        let name = weight.name.clone();
+        let path = write(&dir, &format!("m{data_type}.onnx"), &model.encode_to_vec());
+        let (_, text) = import_err(&path, &ImportOptions::default().dim("batch", 2));
+        assert!(text.contains(&format!("m{data_type}.onnx")) && text.contains(&name), "{text}");
+    }
+}
+
 /// Seeded byte mutations of a fixture (not coverage-guided fuzzing): each damaged file gives a
 /// result or an error, never a panic.
 #[test]

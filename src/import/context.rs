@@ -231,7 +231,13 @@ fn external_location(proto: &TensorProto, path: &Path) -> Result<Option<std::pat
 /// Loads a `TensorProto` (embedded or external data) as an IR tensor. External data must lie
 /// inside the model's directory ([`external_location`]).
 pub(crate) fn tensor_from_proto(proto: &TensorProto, path: &Path) -> Result<Tensor, String> {
-    external_location(proto, path)?;
+    let external = external_location(proto, path)?;
+    // tract reads raw bytes (inline or external) of these element types only, and stops the
+    // process (`unimplemented!`) on any other: string, complex, bfloat16, float8, 4-bit.
+    const RAW_TYPES: [i32; 12] = [1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13];
+    if (!proto.raw_data.is_empty() || external.is_some()) && !RAW_TYPES.contains(&proto.data_type) {
+        return Err(format!("raw data of ONNX element type {} is not supported", proto.data_type));
+    }
     let dir = path.parent().and_then(|d| d.to_str());
     let resolver = tract_onnx::data_resolver::MmapDataResolver;
     let t = tract_onnx::tensor::load_tensor(&resolver, proto, dir).map_err(|e| format!("{e:#}"))?;

@@ -25,7 +25,8 @@ pub use reference::run_tract;
 pub use tensor::from_tract as tensor_from_tract;
 
 use crate::ir::{self, DType, Graph, NodeId, Origin, TensorType};
-use context::{node_name, tensor_from_proto, NodeCtx};
+pub(crate) use context::tensor_from_proto;
+use context::{node_name, NodeCtx};
 
 /// One dimension of an input as the model declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
