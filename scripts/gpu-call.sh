@@ -20,6 +20,9 @@
 #   pdl       1x128, 8x128 and 32x128 fp16 profiles of $FUSEC_MODELS with programmatic dependent
 #             launch off (FUSEC_PDL=0) and on, one GEMM cache shared; 1x128 with
 #             FUSEC_ATTENTION_SPLITS=2 and 4; then the GPU tests with it on
+#   readme    the README's commands as a new user types them, `fusec` being .gpu/fusec on PATH
+#             (compile of the set-up, the token ids, run --check, inspect --fused and --svg,
+#             bench, --version, cache info, the API example)
 #   threads   side-by-side GPU test runs (the node cases beside the other tests) cut off after
 #             $SECS seconds (default 12), $TRIES times (default 16): exit codes, crash reports
 #             (tests/crash) into $OUT/res/crash-N.log; then examples/soak.rs on the tiny BERT
@@ -167,6 +170,23 @@ for part in "$@"; do
       done
       echo "--- GPU tests with programmatic dependent launch"
       timeout 300 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped"
+      ;;
+    readme)
+      mkdir -p /tmp/readme && cp -r models /tmp/readme/ && chmod +x .gpu/* && (
+        export PATH="$PWD/.gpu:$PATH"; cd /tmp/readme
+        set -x
+        fusec compile models/bert_ts.onnx -o bert.bundle --dim batch=2 --dim seq=16
+        python3 -c "import numpy as np; np.save('ids.npy', np.random.randint(1, 512, (2, 16)))"
+        fusec run bert.bundle --input input=ids.npy --check
+        fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused | head -12
+        fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --precision fp16 --launches 2..8 --svg layer.svg
+        ls -l layer.svg
+        fusec bench models/bert_ts.onnx --dim batch=2 --dim seq=16
+        fusec --version
+        fusec cache info
+        example-api
+        set +x
+      ) 2>&1
       ;;
     threads)
       cat /proc/sys/kernel/core_pattern
