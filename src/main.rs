@@ -41,6 +41,14 @@ fn init_logs(verbose: u8) {
 
 fn main() -> ExitCode {
     use clap::{CommandFactory, FromArgMatches};
+    // Rust ignores SIGPIPE, so writing to a closed pipe (`fusec inspect … | head`) is an error
+    // that `println!` turns into a panic. A command-line tool should end quietly instead, as
+    // the signal's default action does.
+    #[cfg(unix)]
+    // SAFETY: sets a signal's disposition to its default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Computed once per process, so leaking it costs nothing.
     let version: &'static str = Box::leak(long_version().into_boxed_str());
     let matches = cli::Cli::command().long_version(version).get_matches();

@@ -40,6 +40,40 @@ fn inspect_every_fixture() {
     }
 }
 
+/// `fusec inspect … | head`: the reader goes away before the output is written; fusec ends
+/// quietly (SIGPIPE, as Unix tools do), not with a panic about a broken pipe.
+#[cfg(unix)]
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(["inspect", "models/bert12_ts.onnx", "--dim", "batch=2", "--dim", "seq=16", "--dump"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // A pipe of one page (Linux; elsewhere the default), so that the ~36 KB dump cannot all
+    // fit before the reader goes: the import takes far longer than this call.
+    #[cfg(target_os = "linux")]
+    // SAFETY: fcntl on a pipe descriptor this process owns.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        libc::fcntl(stdout.as_raw_fd(), libc::F_SETPIPE_SZ, 4096);
+    }
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    // The read end is closed here, with most of the dump still to come.
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(status.success() || status.signal() == Some(libc::SIGPIPE), "{status:?}: {stderr}");
+}
+
 #[test]
 fn inspect_reports_what_folding_did() {
     let path = common::model_path("bert_ts.onnx");
