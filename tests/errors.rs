@@ -303,17 +303,20 @@ fn huge_declared_sizes_are_errors_not_allocations() {
     assert!(text.contains("input 'x'") && text.contains("elements an input may have"), "{text}");
 }
 
-/// Raw bytes of an element type the loader cannot read (string, complex, bfloat16, …), in a
-/// `.pb` input file or as a model's initializer: an error naming the file, not a process
-/// stopped inside tract. The `.pb` case is what the `tensor_file` fuzz target found
-/// (`tests/fuzz_regressions/`).
+/// Raw bytes of an element type the loader cannot read (string, complex, bfloat16, …), or dims
+/// whose byte count overflows, in a `.pb` input file or as a model's initializer: an error
+/// naming the file, not a process stopped inside tract. The `.pb` cases are what the
+/// `tensor_file` fuzz target found (`tests/fuzz_regressions/`).
 #[test]
 fn raw_data_of_an_unreadable_element_type_is_an_error() {
     use tract_onnx::pb::TensorProto;
-    let found = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fuzz_regressions/tensor_file-raw-of-unreadable-type.pb");
-    let err = fusec::tensor_io::read_tensor(&found).unwrap_err().to_string();
-    assert!(err.contains("tensor_file-raw-of-unreadable-type.pb"), "{err}");
+    // What the fuzz target found: raw bytes of an unreadable type, and dims whose product
+    // overflows before a 0 among them makes it 0.
+    for found in ["tensor_file-raw-of-unreadable-type.pb", "tensor_file-dims-overflow-before-zero.pb"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions").join(found);
+        let err = fusec::tensor_io::read_tensor(&path).unwrap_err().to_string();
+        assert!(err.contains(found), "{err}");
+    }
     let dir = tempfile::tempdir().unwrap();
     for data_type in [8, 14, 15, 16, 17, 21] {
         let proto = TensorProto { dims: vec![2], data_type, raw_data: vec![1; 16], ..Default::default() };

@@ -231,12 +231,22 @@ fn external_location(proto: &TensorProto, path: &Path) -> Result<Option<std::pat
 /// Loads a `TensorProto` (embedded or external data) as an IR tensor. External data must lie
 /// inside the model's directory ([`external_location`]).
 pub(crate) fn tensor_from_proto(proto: &TensorProto, path: &Path) -> Result<Tensor, String> {
-    let external = external_location(proto, path)?;
-    // tract reads raw bytes (inline or external) of these element types only, and stops the
-    // process (`unimplemented!`) on any other: string, complex, bfloat16, float8, 4-bit.
-    const RAW_TYPES: [i32; 12] = [1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13];
-    if (!proto.raw_data.is_empty() || external.is_some()) && !RAW_TYPES.contains(&proto.data_type) {
-        return Err(format!("raw data of ONNX element type {} is not supported", proto.data_type));
+    external_location(proto, path)?;
+    // tract reads these element types (raw bytes, inline or external, or typed fields) and
+    // stops the process (`unimplemented!`) on others: string, complex, bfloat16, float8, 4-bit.
+    // Their sizes in bytes, by ONNX code: FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64,
+    // BOOL, FLOAT16, DOUBLE, UINT32, UINT64.
+    const READABLE: [(i32, usize); 12] =
+        [(1, 4), (2, 1), (3, 1), (4, 2), (5, 2), (6, 4), (7, 8), (9, 1), (10, 2), (11, 8), (12, 4), (13, 8)];
+    let Some(&(_, size)) = READABLE.iter().find(|(code, _)| *code == proto.data_type) else {
+        return Err(format!("ONNX element type {} is not supported here", proto.data_type));
+    };
+    // tract sizes the tensor as the element size times each dim in turn and panics where that
+    // overflows (even with a 0 among the dims): an error here instead.
+    let bytes =
+        proto.dims.iter().try_fold(size, |n, &d| usize::try_from(d).ok().and_then(|d| n.checked_mul(d)));
+    if bytes.is_none_or(|b| b > isize::MAX as usize) {
+        return Err(format!("dims {:?} are negative or too large", proto.dims));
     }
     let dir = path.parent().and_then(|d| d.to_str());
     let resolver = tract_onnx::data_resolver::MmapDataResolver;
