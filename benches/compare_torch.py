@@ -143,8 +143,10 @@ def main():
         for name in args.models.split(","):
             module = suite.build(name).to(dev)
             for batch, seq in shapes:
-                def make_inputs(seed, batch=batch, seq=seq):
+                def make_inputs(seed, batch=batch, seq=seq, name=name):
                     g = torch.Generator().manual_seed(1000 + seed)
+                    if name in suite.MASKED:
+                        return [t.to(dev) for t in suite.masked_inputs(name, batch, seq, g)]
                     return [torch.randint(1, suite.VOCAB_IDS, (batch, seq), generator=g).to(dev)]
                 for dtype in args.dtypes.split(","):
                     run_case(records, name, module, make_inputs, dtype, args,

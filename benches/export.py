@@ -26,12 +26,16 @@ import suite  # noqa: E402
 def export_model(name, out_dir):
     path = os.path.join(out_dir, f"{name}.onnx")
     module = suite.build(name)
-    x = torch.randint(1, suite.VOCAB_IDS, (2, 16), dtype=torch.int64)
+    if name in suite.MASKED:
+        names = suite.MASKED[name]
+        args = tuple(suite.masked_inputs(name, 2, 16, torch.Generator().manual_seed(0)))
+    else:
+        names = ["input"]
+        args = (torch.randint(1, suite.VOCAB_IDS, (2, 16), dtype=torch.int64),)
+    axes = {n: {0: "batch", 1: "seq"} for n in names + ["last_hidden_state"]}
     with torch.no_grad():
-        torch.onnx.export(module, (x,), path, dynamo=False, opset_version=17,
-                          input_names=["input"], output_names=["last_hidden_state"],
-                          dynamic_axes={"input": {0: "batch", 1: "seq"},
-                                        "last_hidden_state": {0: "batch", 1: "seq"}})
+        torch.onnx.export(module, args, path, dynamo=False, opset_version=17,
+                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes)
     model = onnx.load(path, load_external_data=True)
     onnx.save(model, path, save_as_external_data=False)
     if os.path.exists(path + ".data"):

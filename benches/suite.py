@@ -28,8 +28,43 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=x).last_hidden_state
 
 
+class Masked(torch.nn.Module):
+    """Token ids and the padding mask (and BERT's token type ids), as a tokenizer's padded batch
+    feeds a served model."""
+
+    def __init__(self, model, keywords):
+        super().__init__()
+        self.model = model
+        self.keywords = keywords
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.keywords, inputs))).last_hidden_state
+
+
+# The masked variants: the same models taking these inputs, in this order.
+MASKED = {"bert_base_mask": ["input_ids", "attention_mask", "token_type_ids"],
+          "gpt2_small_mask": ["input_ids", "attention_mask"]}
+
+
+def masked_inputs(name, batch, seq, generator):
+    """Inputs of a masked variant as fusec's `random_input` makes them: ids in [1, VOCAB_IDS),
+    each row's mask right-padded to a length in [1, seq] (the first row full), token types
+    0 then 1."""
+    ids = torch.randint(1, VOCAB_IDS, (batch, seq), generator=generator)
+    lengths = torch.randint(1, seq + 1, (batch,), generator=generator)
+    lengths[0] = seq
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64)
+    inputs = [ids, mask]
+    if len(MASKED[name]) == 3:
+        inputs.append((torch.arange(seq)[None, :] >= seq // 2).to(torch.int64).expand(batch, seq).contiguous())
+    return inputs
+
+
 def build(name, seed=0):
-    """The model `name` in eval mode (f32, on the CPU), wrapped as forward(ids) -> hidden."""
+    """The model `name` in eval mode (f32, on the CPU), wrapped as forward(ids) -> hidden, or,
+    for a masked variant (`MASKED`), forward(ids, mask[, token types]) -> hidden."""
+    if name in MASKED:
+        return Masked(build(name.removesuffix("_mask"), seed).model, MASKED[name]).eval()
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
     torch.manual_seed(seed)
     if name == "bert_base":
