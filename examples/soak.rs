@@ -67,22 +67,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn threads(bundle: &Bundle, inputs: &[(String, Tensor)], threads: usize, runs: usize) -> Result<()> {
-    let reference = Session::new(bundle, 0)?.run(inputs)?;
-    let start = Instant::now();
+/// `work` on `threads` threads at once; the total of what they return (runs whose outputs
+/// differ), or the first error.
+fn on_threads(threads: usize, work: impl Fn() -> Result<usize, RuntimeError> + Sync) -> Result<usize> {
     let results: Vec<Result<usize, RuntimeError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| -> Result<usize, RuntimeError> {
-                    let mut session = Session::new(bundle, 0)?;
-                    let mut differing = 0;
-                    for _ in 0..runs {
-                        differing += usize::from(session.run(inputs)? != reference);
-                    }
-                    Ok(differing)
-                })
-            })
-            .collect();
+        let handles: Vec<_> = (0..threads).map(|_| scope.spawn(&work)).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(RuntimeError::Input("thread panicked".into()))))
@@ -92,6 +81,20 @@ fn threads(bundle: &Bundle, inputs: &[(String, Tensor)], threads: usize, runs: u
     for r in results {
         differing += r?;
     }
+    Ok(differing)
+}
+
+fn threads(bundle: &Bundle, inputs: &[(String, Tensor)], threads: usize, runs: usize) -> Result<()> {
+    let reference = Session::new(bundle, 0)?.run(inputs)?;
+    let start = Instant::now();
+    let differing = on_threads(threads, || {
+        let mut session = Session::new(bundle, 0)?;
+        let mut differing = 0;
+        for _ in 0..runs {
+            differing += usize::from(session.run(inputs)? != reference);
+        }
+        Ok(differing)
+    })?;
     println!(
         "threads: {threads} threads x {runs} runs in {:.1} s; runs whose outputs differ bitwise from the single-threaded run: {differing}",
         start.elapsed().as_secs_f64()
@@ -178,31 +181,17 @@ fn two(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()> 
 fn churn(bundle: &Bundle, inputs: &[(String, Tensor)], threads: usize, sessions: usize) -> Result<()> {
     let reference = Session::new(bundle, 0)?.run(inputs)?;
     let start = Instant::now();
-    let results: Vec<Result<usize, RuntimeError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| -> Result<usize, RuntimeError> {
-                    let mut differing = 0;
-                    for k in 0..sessions {
-                        let mut session = Session::new(bundle, 0)?;
-                        // Some sessions capture a graph (a second run), some do not.
-                        for _ in 0..1 + k % 3 {
-                            differing += usize::from(session.run(inputs)? != reference);
-                        }
-                    }
-                    Ok(differing)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(RuntimeError::Input("thread panicked".into()))))
-            .collect()
-    });
-    let mut differing = 0;
-    for r in results {
-        differing += r?;
-    }
+    let differing = on_threads(threads, || {
+        let mut differing = 0;
+        for k in 0..sessions {
+            let mut session = Session::new(bundle, 0)?;
+            // Some sessions capture a graph (a second run), some do not.
+            for _ in 0..1 + k % 3 {
+                differing += usize::from(session.run(inputs)? != reference);
+            }
+        }
+        Ok(differing)
+    })?;
     println!(
         "churn: {threads} threads x {sessions} sessions made, run 1-3 times and dropped, in {:.1} s; runs differing: {differing}",
         start.elapsed().as_secs_f64()
