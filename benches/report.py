@@ -201,11 +201,18 @@ def main():
     rows, extra, meta = load(results)
     plot(rows, svg)
     rates = meta.get("rates", {})
+    # The commit the fusec binary was built from, as scripts/gpu-stage.sh recorded it and
+    # run.sh copied it beside the results (the GPU machine has no git); else this checkout's,
+    # marked as such.
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rev = "unknown"
+        with open(os.path.join(results, "fusec-commit.txt")) as f:
+            rev = f.read().strip()
+    except OSError:
+        try:
+            rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 check=True).stdout.strip() + " (the checkout the report ran in)"
+        except (OSError, subprocess.CalledProcessError):
+            rev = "unknown"
     t = meta.get("torch", {})
     text = f"""# Benchmark results
 

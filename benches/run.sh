@@ -32,6 +32,9 @@ for part in "${parts[@]}"; do
     fusec)
       nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$RESULTS/gpu.txt"
       "$FUSEC" --version > "$RESULTS/fusec-version.txt" 2>&1 || true
+      # The commit the binary was built from (scripts/gpu-stage.sh records it), for the report.
+      commit="$(dirname "$FUSEC")/commit.txt"
+      if [ -f "$commit" ]; then cp "$commit" "$RESULTS/fusec-commit.txt"; else rm -f "$RESULTS/fusec-commit.txt"; fi
       for model in ${FUSEC_MODELS:-bert_base gpt2_small llama_style}; do
         for shape in ${SHAPES:-1x128 8x128 32x128}; do
           for precision in ${PRECISIONS:-fp32 fp16}; do

@@ -19,4 +19,6 @@ while read -r name path; do
 done < /tmp/fusec-test-binaries
 strip .gpu/* 2>/dev/null || true
 gzip -9 .gpu/*   # what travels is capped at 64 MiB
+# The commit the binaries come from (with -dirty for uncommitted changes), for benches/report.py.
+git describe --always --dirty --abbrev=7 > .gpu/commit.txt
 du -sh .gpu
