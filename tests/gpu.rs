@@ -151,11 +151,8 @@ fn bundle_round_trip_runs_the_same() {
     );
 }
 
-#[test]
-fn bad_inputs_are_errors() {
-    if !gpu() {
-        return;
-    }
+/// `mlp_block.onnx` compiled (f32) at its first test shape, and random inputs for it.
+fn mlp_block() -> (Bundle, Vec<(String, Tensor)>) {
     let file = "mlp_block.onnx";
     let import = common::shape_variants(file).remove(0);
     let bundle = fusec::compile(
@@ -163,9 +160,17 @@ fn bad_inputs_are_errors() {
         &CompileOptions { import: import.clone(), ..Default::default() },
     )
     .unwrap();
-    let mut session = Session::new(&bundle, 0).unwrap();
     let model = fusec::import::import(&common::model_path(file), &import).unwrap();
-    let good = common::random_inputs(&model, 3);
+    (bundle, common::random_inputs(&model, 3))
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    if !gpu() {
+        return;
+    }
+    let (bundle, good) = mlp_block();
+    let mut session = Session::new(&bundle, 0).unwrap();
     let check = |result: Result<Vec<(String, Tensor)>, RuntimeError>, needle: &str| {
         let err = result.expect_err("must fail").to_string();
         assert!(err.contains(needle), "'{needle}' not in: {err}");
@@ -188,13 +193,7 @@ fn a_refused_launch_names_its_kernel() {
     if !gpu() {
         return;
     }
-    let file = "mlp_block.onnx";
-    let import = common::shape_variants(file).remove(0);
-    let good = fusec::compile(
-        &common::model_path(file),
-        &CompileOptions { import: import.clone(), ..Default::default() },
-    )
-    .unwrap();
+    let (good, inputs) = mlp_block();
     let mut bad = good.clone();
     let name = bad
         .header
@@ -208,8 +207,6 @@ fn a_refused_launch_names_its_kernel() {
             _ => None,
         })
         .expect("the model has a kernel");
-    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
-    let inputs = common::random_inputs(&model, 3);
     // A session that times its GEMMs runs the program while it is made (unless the choices
     // are cached): the launch fails there or in the run.
     let err = Session::new(&bad, 0)

@@ -159,8 +159,7 @@ impl NodeCtx<'_> {
     /// An error unless a constant of `shape` stays within [`MAX_CONSTANT_ELEMENTS`]: what a
     /// file can make the import allocate by folding is capped, whatever sizes it declares.
     pub fn check_constant_size(&self, shape: &[usize]) -> Result<(), ImportError> {
-        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        match elements {
+        match ir::element_count(shape) {
             Some(n) if n <= MAX_CONSTANT_ELEMENTS => Ok(()),
             _ => Err(self.error(format!(
                 "this would make a constant of shape {shape:?}, more than the {MAX_CONSTANT_ELEMENTS} elements the import materialises"

@@ -382,8 +382,7 @@ fn resolve_inputs(
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if elements.is_none_or(|n| n > MAX_INPUT_ELEMENTS) {
+        if ir::element_count(&shape).is_none_or(|n| n > MAX_INPUT_ELEMENTS) {
             return Err(fail(format!(
                 "shape {shape:?} has more than the {MAX_INPUT_ELEMENTS} elements an input may have"
             )));

@@ -90,6 +90,11 @@ impl fmt::Display for DType {
     }
 }
 
+/// The number of elements of `shape`, `None` where it overflows (shapes a file declares).
+pub fn element_count(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// The static type of a value: element type and concrete shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
@@ -123,6 +128,11 @@ impl TensorType {
     /// Bytes of its elements.
     pub fn size_bytes(&self) -> usize {
         self.len() * self.dtype.size_bytes()
+    }
+
+    /// [`TensorType::size_bytes`], `None` where it overflows.
+    pub fn checked_size_bytes(&self) -> Option<usize> {
+        element_count(&self.shape)?.checked_mul(self.dtype.size_bytes())
     }
 }
 

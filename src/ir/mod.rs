@@ -12,7 +12,7 @@ mod random;
 mod tensor;
 mod verify;
 
-pub use dtype::{DType, TensorType};
+pub use dtype::{element_count, DType, TensorType};
 pub use dump::dump;
 pub use error::IrError;
 pub use eval::evaluate;

@@ -1,7 +1,7 @@
 //! cuBLAS GEMMs on raw device addresses (the session's steps and the start-up GEMM-rate
 //! measurement of `fusec bench` both go through here).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasOperation_t, cublasStatus_t};
 use cudarc::cublas::CudaBlas;
@@ -23,15 +23,11 @@ pub(super) struct Blas {
     ctx: Arc<CudaContext>,
 }
 
-static BLAS_HANDLES: Mutex<Vec<(usize, CudaBlas)>> = Mutex::new(Vec::new());
+static BLAS_HANDLES: super::DevicePool<CudaBlas> = super::DevicePool::new();
 
 impl Blas {
     pub(super) fn new(device: usize, stream: &Arc<CudaStream>) -> Result<Blas, RuntimeError> {
-        let pooled = {
-            let mut pool = BLAS_HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
-            pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1)
-        };
-        let blas = match pooled {
+        let blas = match BLAS_HANDLES.take(device) {
             Some(mut blas) => {
                 // SAFETY: the handle is this user's alone until it is given back.
                 unsafe { blas.set_stream(stream.clone()) }
@@ -57,7 +53,7 @@ impl Drop for Blas {
         let default = self.ctx.default_stream();
         // SAFETY: the user's work on the handle is done (its stream was synchronized).
         if unsafe { blas.set_stream(default) }.is_ok() {
-            BLAS_HANDLES.lock().unwrap_or_else(PoisonError::into_inner).push((self.device, blas));
+            BLAS_HANDLES.give(self.device, blas);
         } else {
             // Kept from `cublasDestroy` all the same (see above).
             std::mem::forget(blas);

@@ -12,7 +12,7 @@
 
 use std::ffi::c_void;
 use std::mem::size_of;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
@@ -163,14 +163,11 @@ struct PooledHandle(sys::cublasLtHandle_t);
 // SAFETY: a cuBLASLt handle may be used from any thread; the pool hands each to one user.
 unsafe impl Send for PooledHandle {}
 
-static LT_HANDLES: Mutex<Vec<(usize, PooledHandle)>> = Mutex::new(Vec::new());
+static LT_HANDLES: super::DevicePool<PooledHandle> = super::DevicePool::new();
 
 impl Drop for Lt {
     fn drop(&mut self) {
-        LT_HANDLES
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((self.device, PooledHandle(self.handle)));
+        LT_HANDLES.give(self.device, PooledHandle(self.handle));
     }
 }
 
@@ -182,12 +179,8 @@ impl Lt {
         }
         let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES).map_err(|e| lt_error("workspace", e))?;
         let workspace_ptr = workspace.device_ptr(stream).0;
-        let pooled = {
-            let mut pool = LT_HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
-            pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1 .0)
-        };
-        let handle = match pooled {
-            Some(handle) => handle,
+        let handle = match LT_HANDLES.take(device) {
+            Some(PooledHandle(handle)) => handle,
             None => lt::create_handle().map_err(|e| lt_error("handle", e))?,
         };
         Ok(Some(Lt { handle, device, workspace, workspace_ptr }))

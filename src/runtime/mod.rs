@@ -45,6 +45,27 @@ pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>, RuntimeError> {
     Ok(ctx)
 }
 
+/// Things kept for the life of the process, per device, and lent to one user at a time
+/// (cuBLAS and cuBLASLt handles: see `blas::Blas`).
+pub(crate) struct DevicePool<T>(Mutex<Vec<(usize, T)>>);
+
+impl<T> DevicePool<T> {
+    pub(crate) const fn new() -> Self {
+        DevicePool(Mutex::new(Vec::new()))
+    }
+
+    /// One of `device`'s, if the pool holds one.
+    pub(crate) fn take(&self, device: usize) -> Option<T> {
+        let mut pool = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.iter().position(|(d, _)| *d == device).map(|i| pool.swap_remove(i).1)
+    }
+
+    /// Gives `item` of `device` back.
+    pub(crate) fn give(&self, device: usize, item: T) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push((device, item));
+    }
+}
+
 /// Whether the library `check` looks for can be loaded, asked once per process and `key`:
 /// cudarc's check opens and closes the library each time, and a library opened and closed on
 /// one thread while another starts using it is churn the loader need not see on every

@@ -904,9 +904,7 @@ fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), 
         let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
         let ty = spec.tensor_type().ok_or_else(|| bad(&format!("has unknown type {}", spec.dtype)))?;
         let bytes = ty
-            .shape
-            .iter()
-            .try_fold(ty.dtype.size_bytes(), |n, &d| n.checked_mul(d))
+            .checked_size_bytes()
             .ok_or_else(|| bad(&format!("has a size that overflows ({:?})", ty.shape)))?;
         let (offset, limit) = match spec.location {
             Location::Arena(o) => (o, header.arena_bytes),
