@@ -4,7 +4,8 @@
 //!     soak threads MODEL THREADS RUNS   # each thread its own session, RUNS runs: bitwise equal
 //!                                       #   to one single-threaded run
 //!     soak long MODEL RUNS              # one session: device and host memory at start and end,
-//!                                       #   run latency median and p99
+//!                                       #   run_into latency median and p99 (beside run's,
+//!                                       #   and the host's own noise)
 //!     soak two MODEL RUNS               # two sessions from one bundle, runs interleaved
 //!     soak churn MODEL THREADS SESSIONS # threads making, running once and dropping sessions
 //!     soak oom MODEL                    # GPU memory filled: session creation fails with the
@@ -106,8 +107,9 @@ fn threads(bundle: &Bundle, inputs: &[(String, Tensor)], threads: usize, runs: u
 fn long(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()> {
     let mut session = Session::new(bundle, 0)?;
     let reference: Outputs = session.run(inputs)?;
+    let mut outputs: Vec<Tensor> = reference.iter().map(|(_, t)| t.clone()).collect();
     for _ in 0..100 {
-        session.run(inputs)?;
+        session.run_into(inputs, &mut outputs)?;
     }
     let (device0, host0) = (used_device_bytes()?, host_rss());
     let mut times = Vec::with_capacity(runs);
@@ -115,43 +117,62 @@ fn long(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()>
     let start = Instant::now();
     for i in 0..runs {
         let t = Instant::now();
-        let outputs = session.run(inputs)?;
+        session.run_into(inputs, &mut outputs)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         // Comparing every run costs as much as a run on the host: every 100th.
         if i % 100 == 0 {
-            differing += usize::from(outputs != reference);
+            differing += usize::from(outputs.iter().zip(&reference).any(|(a, (_, b))| a != b));
         }
     }
     let (device1, host1) = (used_device_bytes()?, host_rss());
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let (median, p99) = (percentile(&sorted, 0.5), percentile(&sorted, 0.99));
+    let elapsed = start.elapsed().as_secs_f64();
+    let (median, p99, max) = spread(&times);
     let mb = |b: usize| b as f64 / 1e6;
+    let median_of = |part: &[f64]| spread(part).0;
     println!(
-        "long: {runs} runs in {:.1} s; device memory used {:.1} MB -> {:.1} MB; host RSS {:.1} MB -> {:.1} MB; run() latency median {median:.4} ms, p99 {p99:.4} ms ({:.2}x), max {:.4} ms; first/last 1,000 runs' median {:.4} / {:.4} ms; compared outputs differing: {differing}",
-        start.elapsed().as_secs_f64(),
+        "long: {runs} runs of run_into in {elapsed:.1} s; device memory used {:.1} MB -> {:.1} MB; host RSS {:.1} MB -> {:.1} MB; latency median {median:.4} ms, p99 {p99:.4} ms ({:.2}x), max {max:.4} ms; first/last 1,000 runs' median {:.4} / {:.4} ms; compared outputs differing: {differing}",
         mb(device0),
         mb(device1),
         mb(host0),
         mb(host1),
         p99 / median,
-        sorted[sorted.len() - 1],
-        {
-            let mut head = times[..times.len().min(1000)].to_vec();
-            head.sort_by(f64::total_cmp);
-            percentile(&head, 0.5)
-        },
-        {
-            let mut tail = times[times.len().saturating_sub(1000)..].to_vec();
-            tail.sort_by(f64::total_cmp);
-            percentile(&tail, 0.5)
-        },
+        median_of(&times[..times.len().min(1000)]),
+        median_of(&times[times.len().saturating_sub(1000)..]),
+    );
+    // The same with run(), which allocates its outputs: a fifth as many runs.
+    let mut allocating = Vec::with_capacity(runs / 5);
+    for _ in 0..runs / 5 {
+        let t = Instant::now();
+        session.run(inputs)?;
+        allocating.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (run_median, run_p99, _) = spread(&allocating);
+    println!(
+        "long: {} runs of run(): median {run_median:.4} ms, p99 {run_p99:.4} ms ({:.2}x)",
+        runs / 5,
+        run_p99 / run_median
+    );
+    // The host's own noise: a busy wait of the median's length timed the same way, as many
+    // times. What it shows in its tail is the machine, not fusec.
+    let wait = std::time::Duration::from_secs_f64(median / 1e3);
+    let mut idle = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        while t.elapsed() < wait {
+            std::hint::spin_loop();
+        }
+        idle.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (idle_median, idle_p99, idle_max) = spread(&idle);
+    println!(
+        "long: host noise, a {:.4} ms busy wait timed {runs} times: median {idle_median:.4} ms, p99 {idle_p99:.4} ms ({:.2}x), max {idle_max:.4} ms",
+        median,
+        idle_p99 / idle_median
     );
     // The same runs timed on the GPU (CUDA events around each graph replay, inputs already
     // uploaded): what the GPU does, without the host's part.
-    let mut gpu = session.time_runs(&[inputs.to_vec()], 100, runs)?;
-    gpu.sort_by(f64::total_cmp);
-    let (gpu_median, gpu_p99) = (percentile(&gpu, 0.5), percentile(&gpu, 0.99));
+    let gpu = session.time_runs(&[inputs.to_vec()], 100, runs)?;
+    let (gpu_median, gpu_p99, _) = spread(&gpu);
     println!(
         "long: {runs} runs timed with CUDA events: median {gpu_median:.4} ms, p99 {gpu_p99:.4} ms ({:.2}x); device memory used after them {:.1} MB",
         gpu_p99 / gpu_median,
@@ -162,6 +183,13 @@ fn long(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()>
     ensure!(host1 <= host0 + (16 << 20), "host memory grew by {} bytes", host1 - host0);
     ensure!(p99 <= 1.5 * median, "p99 {p99:.4} ms is over 1.5x the median {median:.4} ms");
     Ok(())
+}
+
+/// Median, p99 and maximum of `times`.
+fn spread(times: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (percentile(&sorted, 0.5), percentile(&sorted, 0.99), sorted.last().copied().unwrap_or(0.0))
 }
 
 fn two(bundle: &Bundle, inputs: &[(String, Tensor)], runs: usize) -> Result<()> {

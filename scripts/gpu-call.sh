@@ -31,6 +31,8 @@
 #   sanitizer compute-sanitizer memcheck, racecheck, initcheck and synccheck over soak's two
 #             sessions (2 runs each; memcheck, racecheck, initcheck in fp16 as well), then
 #             memcheck over the GPU test suite (cut off after $SANITIZE_SECS, default 300)
+#   racecheck compute-sanitizer racecheck over the GPU tests: every fixture on its own, then
+#             each other test ($RACE_SECS each, default 90)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -226,6 +228,23 @@ for part in "$@"; do
         timeout "${SANITIZE_SECS:-300}" "$cs" --tool memcheck --error-exitcode 9 .gpu/test-gpu --test-threads=4 2>&1 \
           | grep -E "^test |test result|ERROR SUMMARY|Invalid|panicked" | head -20; echo "exit ${PIPESTATUS[0]}"
       fi
+      ;;
+    racecheck)
+      # One fixture at a time (the whole suite under racecheck runs past a call), then the
+      # other GPU tests one by one; each cut off after $RACE_SECS (default 90).
+      cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+      for f in models/*.onnx; do
+        f=$(basename "$f")
+        printf -- "--- racecheck %s: " "$f"
+        FUSEC_GPU_FIXTURES=$f timeout "${RACE_SECS:-90}" "$cs" --tool racecheck --error-exitcode 9 \
+          .gpu/test-gpu every_fixture_matches_tract_on_the_gpu --exact 2>&1 \
+          | grep -E "ERROR SUMMARY|test result|Race|panicked" | tr '\n' ' '; echo "exit ${PIPESTATUS[0]}"
+      done
+      for t in $(.gpu/test-gpu --list 2>/dev/null | sed -n 's/: test$//p' | grep -v -e every_fixture -e onnx_node); do
+        printf -- "--- racecheck %s: " "$t"
+        timeout "${RACE_SECS:-90}" "$cs" --tool racecheck --error-exitcode 9 .gpu/test-gpu "$t" --exact 2>&1 \
+          | grep -E "ERROR SUMMARY|test result|Race|panicked" | tr '\n' ' '; echo "exit ${PIPESTATUS[0]}"
+      done
       ;;
     all)
       deadline=$(( $(date +%s) + ${BUDGET:-570} ))

@@ -186,6 +186,43 @@ fn bad_inputs_are_errors() {
     assert!(session.run(&good).is_ok());
 }
 
+/// `run_into` fills the tensors it is given with what `run` returns, run after run, and names
+/// the output whose tensor does not fit.
+#[test]
+fn run_into_reuses_its_outputs() {
+    if !gpu() {
+        return;
+    }
+    let (bundle, inputs) = mlp_block();
+    let mut session = Session::new(&bundle, 0).unwrap();
+    let expected = values(&session.run(&inputs).unwrap());
+    // Other values to start with, so that a run that wrote nothing would show.
+    let mut outputs: Vec<Tensor> = expected
+        .iter()
+        .map(|t| {
+            fusec::ir::random_input(
+                "o",
+                &fusec::ir::TensorType::new(t.dtype(), t.shape().to_vec()),
+                5,
+                -1.0,
+                1.0,
+            )
+        })
+        .collect();
+    assert_ne!(outputs, expected);
+    for _ in 0..3 {
+        session.run_into(&inputs, &mut outputs).unwrap();
+        assert_eq!(outputs, expected);
+    }
+    let name = session.outputs()[0].name.clone();
+    let mut wrong = vec![outputs[0].reshaped(&[outputs[0].len()]).unwrap()];
+    wrong.extend(outputs[1..].iter().cloned());
+    let err = session.run_into(&inputs, &mut wrong).unwrap_err().to_string();
+    assert!(err.contains(&format!("output '{name}'")), "{err}");
+    let err = session.run_into(&inputs, &mut []).unwrap_err().to_string();
+    assert!(err.contains("0 output tensors given"), "{err}");
+}
+
 /// A launch the driver refuses (a block of 4,096 threads, over the limit of 1,024) is an error
 /// naming the kernel; the process goes on, and a good bundle still runs.
 #[test]

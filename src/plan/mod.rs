@@ -338,3 +338,25 @@ pub fn write_tensor_bytes(out: &mut [u8], t: &crate::ir::Tensor) {
         Tensor::Bool(a) => put(out, a, |v| [u8::from(v)]),
     }
 }
+
+/// Fills `t` (its shape and type unchanged) from little-endian element bytes, the layout
+/// [`write_tensor_bytes`] writes; elements past the end of `bytes` are left as they were.
+pub fn read_tensor_bytes(bytes: &[u8], t: &mut crate::ir::Tensor) {
+    use crate::ir::Tensor;
+    fn get<T, const N: usize>(bytes: &[u8], a: &mut ndarray::ArrayD<T>, from: impl Fn([u8; N]) -> T) {
+        for (to, b) in a.iter_mut().zip(bytes.chunks_exact(N)) {
+            if let Ok(b) = b.try_into() {
+                *to = from(b);
+            }
+        }
+    }
+    match t {
+        Tensor::F32(a) => get(bytes, a, f32::from_le_bytes),
+        Tensor::F16(a) => get(bytes, a, half::f16::from_le_bytes),
+        Tensor::BF16(a) => get(bytes, a, half::bf16::from_le_bytes),
+        Tensor::F64(a) => get(bytes, a, f64::from_le_bytes),
+        Tensor::I64(a) => get(bytes, a, i64::from_le_bytes),
+        Tensor::I32(a) => get(bytes, a, i32::from_le_bytes),
+        Tensor::Bool(a) => get(bytes, a, |b: [u8; 1]| b[0] != 0),
+    }
+}

@@ -22,7 +22,7 @@ use super::lt::GemmChoice;
 use super::{blas, lt, nvrtc, RuntimeError};
 use crate::bundle::{Bundle, IoSpec};
 use crate::codegen::{GemmSpec, KernelSource, Step};
-use crate::ir::{DType, Tensor};
+use crate::ir::{DType, Tensor, TensorType};
 use crate::plan::Location;
 
 fn driver(e: impl std::fmt::Debug) -> RuntimeError {
@@ -405,6 +405,52 @@ impl Session {
         self.download()
     }
 
+    /// Runs the model and writes its outputs into `outputs` (in the order of
+    /// [`Session::outputs`], each of that output's type and shape), allocating nothing: a
+    /// serving loop keeps one set of output tensors and reuses it. `outputs` from an earlier
+    /// [`Session::run`] fit.
+    pub fn run_into(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        outputs: &mut [Tensor],
+    ) -> Result<(), RuntimeError> {
+        self.check_outputs(outputs)?;
+        self.upload(inputs)?;
+        self.execute_all()?;
+        self.copy_out()?;
+        for (staging, tensor) in self.staging_out.iter().zip(outputs.iter_mut()) {
+            let bytes = tensor.size_bytes();
+            let host = staging.as_slice().map_err(driver)?;
+            crate::plan::read_tensor_bytes(host.get(..bytes).unwrap_or_default(), tensor);
+        }
+        Ok(())
+    }
+
+    /// An error naming the first of `outputs` that is not the type and shape of its output.
+    fn check_outputs(&self, outputs: &[Tensor]) -> Result<(), RuntimeError> {
+        if outputs.len() != self.outputs.len() {
+            return Err(RuntimeError::Input(format!(
+                "{} output tensors given, the model has {} ({})",
+                outputs.len(),
+                self.outputs.len(),
+                self.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        for (spec, given) in self.outputs.iter().zip(outputs) {
+            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                return Err(RuntimeError::Input(format!(
+                    "the tensor given for output '{}' is {}{:?}, the output is {}{:?}",
+                    spec.name,
+                    given.dtype(),
+                    given.shape(),
+                    spec.dtype,
+                    spec.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Copies host inputs to where the plan reads them (in stream order), through the
     /// session's page-locked buffers.
     pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
@@ -431,9 +477,9 @@ impl Session {
         Ok(())
     }
 
-    /// The outputs, copied to the host through the session's page-locked buffers: every copy
-    /// issued, then one wait.
-    fn download(&mut self) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+    /// Copies every output into its page-locked buffer, then waits once; returns the
+    /// outputs' types.
+    fn copy_out(&mut self) -> Result<Vec<TensorType>, RuntimeError> {
         let mut types = Vec::with_capacity(self.outputs.len());
         for (spec, staging) in self.outputs.iter().zip(self.staging_out.iter_mut()) {
             let ty = spec.tensor_type().ok_or_else(|| {
@@ -450,6 +496,13 @@ impl Session {
             types.push(ty);
         }
         self.stream.synchronize().map_err(driver)?;
+        Ok(types)
+    }
+
+    /// The outputs, copied to the host through the session's page-locked buffers: every copy
+    /// issued, then one wait.
+    fn download(&mut self) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+        let types = self.copy_out()?;
         self.outputs
             .iter()
             .zip(&self.staging_out)
