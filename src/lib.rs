@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod runtime;
 pub mod suggest;
+pub mod symbolic;
 pub mod tensor_io;
 
 pub use bundle::Bundle;

@@ -37,6 +37,17 @@ pub enum CompileError {
     /// NVRTC compiling the generated kernels.
     #[error(transparent)]
     Nvrtc(#[from] RuntimeError),
+    /// A bundle asked for a range of sizes: not built yet.
+    #[error("--dim {ranges}: a bundle that runs a range of sizes is not built yet (its sizes can be checked with `fusec inspect MODEL --dim {ranges}`); compile for one size, e.g. --dim {top}")]
+    Ranges {
+        /// The ranges asked for, `seq=1..512`.
+        ranges: String,
+        /// Each at the top of its range, `seq=512`.
+        top: String,
+    },
+    /// Sizes that do not follow the dims given ranges.
+    #[error(transparent)]
+    Symbolic(#[from] crate::symbolic::SymbolicError),
     /// A storage precision other than f32, f16 and bf16.
     #[error("precision {0} is not supported: use f32, f16 or bf16")]
     Precision(DType),
@@ -65,6 +76,9 @@ pub struct CompileOptions {
     /// Storage type of weights and activations: f32, f16 or bf16 (inputs and outputs stay
     /// f32; reductions accumulate in f32).
     pub precision: DType,
+    /// Decisions of the cost model fixed from another compile (see
+    /// [`crate::fusion::FusionLimits::attention`]); `None`: decided for this compile's sizes.
+    pub attention: Option<Vec<bool>>,
 }
 
 impl Default for CompileOptions {
@@ -75,6 +89,7 @@ impl Default for CompileOptions {
             arch: None,
             emit_cuda: None,
             precision: DType::F32,
+            attention: None,
         }
     }
 }
@@ -91,6 +106,16 @@ pub fn compile_reporting(
     options: &CompileOptions,
     done: &mut dyn FnMut(&'static str),
 ) -> Result<Bundle, CompileError> {
+    let ranges = options.import.ranges();
+    if !ranges.is_empty() {
+        let text = |f: &dyn Fn(&(String, usize, usize)) -> String| {
+            ranges.iter().map(f).collect::<Vec<_>>().join(" --dim ")
+        };
+        return Err(CompileError::Ranges {
+            ranges: text(&|(s, lo, hi)| format!("{s}={lo}..{hi}")),
+            top: text(&|(s, _, hi)| format!("{s}={hi}")),
+        });
+    }
     let (plan, _) = plan_reporting(path, options, done)?;
     let kernels = plan.kernels.len();
     let gemm_calls = plan.gemm_calls();
@@ -177,7 +202,11 @@ pub fn plan_model(
         let mut graph = model.graph;
         passes::run_passes(&mut graph, &passes::standard())?;
         done("passes");
-        let limits = FusionLimits { precision: options.precision, ..Default::default() };
+        let limits = FusionLimits {
+            precision: options.precision,
+            attention: options.attention.clone(),
+            ..Default::default()
+        };
         let fused = fusion::fuse(&graph, &limits)?;
         tracing::info!("fusion: {}", fused.report);
         (fused.graph, fused.covers, Mode::Fused, Some(fused.report))

@@ -171,6 +171,7 @@ impl Inspect {
         say("unsupported ops: none".into());
         let import_options = self.shapes.options();
         let model = import::import(&self.model, &import_options)?;
+        // With ranges, the rest shows the program at the top of each range.
         let graph = &model.graph;
         let mut inputs = Vec::new();
         for (declared, &id) in onnx.inputs.iter().zip(graph.inputs()) {
@@ -205,6 +206,35 @@ impl Inspect {
         doc["folded_nodes"] = model.folded_nodes.into();
         if self.dump && !quiet {
             print!("{}", ir::dump(graph).context("dumping the IR")?);
+        }
+        if !import_options.ranges().is_empty() {
+            let options = CompileOptions {
+                import: import_options.clone(),
+                precision: precision(&self.precision),
+                ..Default::default()
+            };
+            let (plan, symbolic) = fusec::symbolic::plan_symbolic(&self.model, &options)?;
+            say(format!(
+                "ranges      {}: one program for every size; {} of {} values have sizes that follow them",
+                symbolic.ranges(),
+                symbolic.symbolic_nodes(),
+                plan.graph.node_count()
+            ));
+            let mut values = Vec::new();
+            for (kind, bindings) in [("input", &plan.inputs), ("output", &plan.outputs)] {
+                for b in bindings {
+                    say(format!("  {kind:<9} {} {}", b.name, symbolic.display(b.value)));
+                    values.push(
+                        serde_json::json!({"kind": kind, "name": b.name, "shape": symbolic.display(b.value)}),
+                    );
+                }
+            }
+            doc["ranges"] = serde_json::json!({
+                "dims": symbolic.symbols.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
+                "symbolic_values": symbolic.symbolic_nodes(),
+                "values": plan.graph.node_count(),
+                "io": values,
+            });
         }
         if self.fused || self.dot.is_some() || self.svg.is_some() || self.json.is_some() {
             let options = CompileOptions {

@@ -40,8 +40,9 @@ pub struct ShapeArgs {
     /// input_ids:8x128:i64. Repeat for several inputs.
     #[arg(long = "input", value_name = "NAME:SHAPE[:TYPE]")]
     pub inputs: Vec<InputSpec>,
-    /// Value of a symbolic dimension of the model's inputs, e.g. --dim batch=8 --dim seq=128.
-    #[arg(long = "dim", value_name = "NAME=N")]
+    /// Value of a symbolic dimension of the model's inputs, e.g. --dim batch=8 --dim seq=128;
+    /// NAME=LO..HI gives a range (`inspect` checks that one program serves it).
+    #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
     pub dims: Vec<DimSpec>,
 }
 

@@ -15,8 +15,6 @@ pub type FusionGraph = EGraph<FusionLang, FusionAnalysis>;
 
 /// Constants computed inside the e-graph are kept only up to this many elements.
 const FOLD_LIMIT: usize = 1 << 16;
-/// Constants up to this many elements are shared by value (every 0.5 is one class).
-const SHARE_BY_VALUE: usize = 16;
 
 /// The e-class analysis: each class's type and constant value, and the tables the language's
 /// leaves index (constants, ops, inputs).
@@ -41,16 +39,20 @@ pub struct Data {
 }
 
 impl FusionAnalysis {
-    /// The id of `value` (one per value for small constants, one per tensor otherwise).
+    /// The id of `value`: one per distinct value (its type and elements, bit for bit), so
+    /// that equal constants are one class whatever their size — which constants are shared
+    /// must not depend on the sizes a program is planned for.
     pub fn intern_constant(&mut self, value: Arc<Tensor>) -> ConstId {
-        let key = if value.len() <= SHARE_BY_VALUE {
-            let bits: Vec<u64> = value.to_f64_vec().iter().map(|v| v.to_bits()).collect();
-            format!("{} {bits:?}", value.tensor_type())
-        } else {
-            format!("ptr {:p}", Arc::as_ptr(&value))
-        };
-        if let Some(&id) = self.constant_keys.get(&key) {
-            return id;
+        let key = format!("{} {:016x}", value.tensor_type(), value.content_hash());
+        match self.constant_keys.get(&key) {
+            Some(&id) if self.constants[id.0 as usize] == value => return id,
+            // Equal hashes, other values (or NaNs, which equal nothing): one of its own.
+            Some(_) => {
+                let id = ConstId(self.constants.len() as u32);
+                self.constants.push(value);
+                return id;
+            }
+            None => {}
         }
         let id = ConstId(self.constants.len() as u32);
         self.constants.push(value);

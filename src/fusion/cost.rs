@@ -52,13 +52,23 @@ fn is_attention(node: &FusionLang) -> bool {
 /// - GEMMs: their arithmetic at the batched-GEMM rate, two launches; the score matrix written
 ///   three times (the product, scale and mask, softmax) with two launches; q, k, v and the
 ///   output copied into the layouts cuBLAS takes, four launches.
-pub fn attention_choices(egraph: &FusionGraph, precision: DType) -> HashMap<Id, bool> {
+///
+/// `forced`, where given, decides instead, in the order of the classes' ids (the choices
+/// another compile of the same graph at other sizes made: a program for a range of sizes
+/// decides as at the top of the range).
+pub fn attention_choices(
+    egraph: &FusionGraph,
+    precision: DType,
+    forced: Option<&[bool]>,
+) -> HashMap<Id, bool> {
     let (gemm_rate, attention_rate, element) = match precision {
         DType::F32 => (GEMM_RATE.0, ATTENTION_RATE.0, 4.0),
         _ => (GEMM_RATE.1, ATTENTION_RATE.1, 2.0),
     };
     let mut choices = HashMap::new();
-    for class in egraph.classes() {
+    let mut classes: Vec<_> = egraph.classes().collect();
+    classes.sort_by_key(|c| c.id);
+    for class in classes {
         let Some(out) = class.data.ty.as_ref() else { continue };
         for node in class.iter().filter(|n| is_attention(n)) {
             let ty = |i: usize| egraph[node.children()[i]].data.ty.as_ref();
@@ -72,7 +82,8 @@ pub fn attention_choices(egraph: &FusionGraph, precision: DType) -> HashMap<Id, 
                 + 3.0 * scores
                 + 2.0 * (q_len + out_len) * element
                 + 8.0 * LAUNCH_BYTES;
-            choices.insert(class.id, kernel <= gemms);
+            let forced = forced.and_then(|f| f.get(choices.len()).copied());
+            choices.insert(class.id, forced.unwrap_or(kernel <= gemms));
             break;
         }
     }
@@ -80,8 +91,15 @@ pub fn attention_choices(egraph: &FusionGraph, precision: DType) -> HashMap<Id, 
 }
 
 impl<'a> HbmCost<'a> {
-    pub fn new(egraph: &'a FusionGraph, precision: DType) -> Self {
-        HbmCost { egraph, attention: attention_choices(egraph, precision) }
+    pub fn new(egraph: &'a FusionGraph, precision: DType, forced: Option<&[bool]>) -> Self {
+        HbmCost { egraph, attention: attention_choices(egraph, precision, forced) }
+    }
+
+    /// The attention choices, in the order of their classes' ids.
+    pub fn attention_in_order(&self) -> Vec<bool> {
+        let mut choices: Vec<(Id, bool)> = self.attention.iter().map(|(&id, &k)| (id, k)).collect();
+        choices.sort_by_key(|&(id, _)| id);
+        choices.into_iter().map(|(_, k)| k).collect()
     }
 
     fn own_cost(&self, node: &FusionLang) -> f64 {

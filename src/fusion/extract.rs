@@ -17,6 +17,8 @@ use crate::ir::{Graph, NodeId, Op, Origin};
 pub struct Extracted {
     pub graph: Graph,
     pub covers: HashMap<NodeId, Vec<String>>,
+    /// Whether each attention class took the kernel, in the order of the classes' ids.
+    pub attention: Vec<bool>,
 }
 
 struct Builder<'a> {
@@ -94,13 +96,16 @@ pub fn extract(
     class_of: &HashMap<NodeId, Id>,
     egraph: &FusionGraph,
     precision: crate::ir::DType,
+    forced_attention: Option<&[bool]>,
 ) -> Result<Extracted, FusionError> {
     let order = source.topo_order()?;
     let mut original_of = HashMap::new();
     for &id in &order {
         original_of.entry(egraph.find(class_of[&id])).or_insert(id);
     }
-    let extractor = Extractor::new(egraph, HbmCost::new(egraph, precision));
+    let cost = HbmCost::new(egraph, precision, forced_attention);
+    let attention = cost.attention_in_order();
+    let extractor = Extractor::new(egraph, cost);
     let mut builder =
         Builder { egraph, extractor, original_of, source, graph: Graph::new(), built: HashMap::new() };
     // Inputs first, in their original order.
@@ -119,7 +124,7 @@ pub fn extract(
     let covers = coverage(source, &order, class_of, egraph, &built);
     crate::ir::verify(&graph)?;
     graph.remove_unused();
-    Ok(Extracted { graph, covers })
+    Ok(Extracted { graph, covers, attention })
 }
 
 /// Which ONNX nodes each extracted node computes: an original node whose class was extracted

@@ -48,6 +48,10 @@ pub struct FusionLimits {
     pub time: Duration,
     /// The storage precision the fused graph is lowered to (f32, f16 or bf16).
     pub precision: crate::ir::DType,
+    /// Whether each attention takes the attention kernel, decided elsewhere (in the order of
+    /// [`FusionReport::attention`]) instead of by the cost model: a program for a range of
+    /// sizes decides as at the top of the range.
+    pub attention: Option<Vec<bool>>,
 }
 
 impl Default for FusionLimits {
@@ -57,6 +61,7 @@ impl Default for FusionLimits {
             nodes: 200_000,
             time: Duration::from_secs(10),
             precision: crate::ir::DType::F32,
+            attention: None,
         }
     }
 }
@@ -76,6 +81,9 @@ pub struct FusionReport {
     pub saturation_time: Duration,
     /// Time extracting the cheapest graph.
     pub extraction_time: Duration,
+    /// Whether each attention took the attention kernel (rather than GEMMs and a softmax), in
+    /// the order of their e-classes' ids.
+    pub attention: Vec<bool>,
 }
 
 impl std::fmt::Display for FusionReport {
@@ -126,7 +134,8 @@ pub fn fuse(graph: &Graph, limits: &FusionLimits) -> Result<Fused, FusionError> 
     let stop_reason = runner.stop_reason.as_ref().map_or_else(|| "not run".to_string(), |r| format!("{r:?}"));
     let egraph = runner.egraph;
     let started = Instant::now();
-    let extracted = extract::extract(graph, &class_of, &egraph, limits.precision)?;
+    let extracted =
+        extract::extract(graph, &class_of, &egraph, limits.precision, limits.attention.as_deref())?;
     let report = FusionReport {
         stop_reason,
         iterations: runner.iterations.len(),
@@ -134,6 +143,7 @@ pub fn fuse(graph: &Graph, limits: &FusionLimits) -> Result<Fused, FusionError> 
         egraph_classes: egraph.number_of_classes(),
         saturation_time,
         extraction_time: started.elapsed(),
+        attention: extracted.attention,
     };
     Ok(Fused { graph: extracted.graph, covers: extracted.covers, report })
 }

@@ -49,28 +49,48 @@ impl FromStr for InputSpec {
     }
 }
 
-/// A value for a symbolic dimension: `batch=8`.
+/// A value for a symbolic dimension, `batch=8`, or a range of values, `seq=1..512`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DimSpec {
     /// The symbolic dimension's name.
     pub symbol: String,
-    /// Its size.
+    /// Its size: the largest of the range for a range.
     pub value: usize,
+    /// The smallest size of a range (`value` for one size).
+    pub low: usize,
+}
+
+impl DimSpec {
+    /// Whether it names a range of sizes rather than one.
+    pub fn is_range(&self) -> bool {
+        self.low != self.value
+    }
 }
 
 impl FromStr for DimSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (symbol, value) = s.split_once('=').ok_or_else(|| format!("'{s}' is not NAME=N"))?;
-        let value = value.parse().map_err(|_| format!("'{value}' in '{s}' is not a size"))?;
+        let (symbol, value) =
+            s.split_once('=').ok_or_else(|| format!("'{s}' is not NAME=N or NAME=LO..HI"))?;
         if symbol.is_empty() {
             return Err(format!("'{s}' has no dimension name"));
         }
-        if value == 0 {
-            return Err(format!("'{s}': a dimension must be at least 1"));
+        let size = |v: &str| -> Result<usize, String> {
+            let n: usize = v.trim().parse().map_err(|_| format!("'{v}' in '{s}' is not a size"))?;
+            if n == 0 {
+                return Err(format!("'{s}': a dimension must be at least 1"));
+            }
+            Ok(n)
+        };
+        let (low, value) = match value.split_once("..") {
+            Some((lo, hi)) => (size(lo)?, size(hi)?),
+            None => (size(value)?, size(value)?),
+        };
+        if low > value {
+            return Err(format!("'{s}': the range's low end {low} is over its high end {value}"));
         }
-        Ok(DimSpec { symbol: symbol.to_string(), value })
+        Ok(DimSpec { symbol: symbol.to_string(), value, low })
     }
 }
 
@@ -79,8 +99,10 @@ impl FromStr for DimSpec {
 pub struct ImportOptions {
     /// Whole shapes by input (`--input`).
     pub inputs: Vec<InputSpec>,
-    /// Sizes by symbolic dimension (`--dim`).
+    /// Sizes by symbolic dimension (`--dim`); the largest size for a range.
     pub dims: BTreeMap<String, usize>,
+    /// The smallest size of each symbolic dimension given a range (`--dim seq=1..512`).
+    pub low: BTreeMap<String, usize>,
     /// Graph inputs frozen to these values: they become constants (and can then be shapes,
     /// axes or repeats), no longer inputs.
     pub constants: Vec<(String, crate::ir::Tensor)>,
@@ -91,9 +113,15 @@ impl ImportOptions {
     pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
         ImportOptions {
             inputs,
+            low: dims.iter().filter(|d| d.is_range()).map(|d| (d.symbol.clone(), d.low)).collect(),
             dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect(),
             constants: Vec::new(),
         }
+    }
+
+    /// The dimensions given a range, `(symbol, low, high)`, in name order.
+    pub fn ranges(&self) -> Vec<(String, usize, usize)> {
+        self.low.iter().filter_map(|(s, &lo)| Some((s.clone(), lo, *self.dims.get(s)?))).collect()
     }
 
     /// Sets symbolic dimension `symbol` to `value`.
@@ -119,7 +147,15 @@ mod tests {
         assert!("x".parse::<InputSpec>().is_err());
         assert!("x:8xq".parse::<InputSpec>().is_err());
         assert!("x:8:f8".parse::<InputSpec>().unwrap_err().contains("unknown element type"));
-        assert_eq!("seq=7".parse::<DimSpec>().unwrap(), DimSpec { symbol: "seq".into(), value: 7 });
+        assert_eq!("seq=7".parse::<DimSpec>().unwrap(), DimSpec { symbol: "seq".into(), value: 7, low: 7 });
+        let range = "seq=1..512".parse::<DimSpec>().unwrap();
+        assert_eq!((range.low, range.value, range.is_range()), (1, 512, true));
+        assert!("seq=9..3".parse::<DimSpec>().unwrap_err().contains("over its high end"));
+        assert!("seq=0..3".parse::<DimSpec>().unwrap_err().contains("at least 1"));
+        assert!("seq=1..x".parse::<DimSpec>().unwrap_err().contains("not a size"));
+        let options = ImportOptions::new(vec![], vec![range, "batch=4".parse().unwrap()]);
+        assert_eq!(options.ranges(), vec![("seq".to_string(), 1, 512)]);
+        assert_eq!(options.dims["seq"], 512);
         assert!("seq".parse::<DimSpec>().is_err());
         assert!("seq=0".parse::<DimSpec>().unwrap_err().contains("at least 1"));
         assert!("x:2x0".parse::<InputSpec>().unwrap_err().contains("zero dimension"));

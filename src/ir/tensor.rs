@@ -240,6 +240,39 @@ impl Tensor {
         }
         Some(map_array!(self, a => reshape(a, shape)?))
     }
+
+    /// A hash of the element type, shape and elements (bit for bit): equal tensors hash
+    /// equal.
+    pub fn content_hash(&self) -> u64 {
+        fn mix<T>(a: &ArrayD<T>, bits: impl Fn(&T) -> u64) -> u64 {
+            let start = a
+                .shape()
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, &d| (h ^ d as u64).wrapping_mul(0x0000_0100_0000_01b3));
+            a.iter().fold(start, |h, v| (h ^ bits(v)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(7))
+        }
+        let h = match self {
+            Tensor::F32(a) => mix(a, |v| u64::from(v.to_bits())),
+            Tensor::F16(a) => mix(a, |v| u64::from(v.to_bits())),
+            Tensor::BF16(a) => mix(a, |v| u64::from(v.to_bits())),
+            Tensor::F64(a) => mix(a, |v| v.to_bits()),
+            Tensor::I64(a) => mix(a, |&v| v as u64),
+            Tensor::I32(a) => mix(a, |&v| v as u32 as u64),
+            Tensor::Bool(a) => mix(a, |&v| u64::from(v)),
+        };
+        h ^ self.dtype().onnx_code() as u64
+    }
+
+    /// The leading block of `shape` (each axis cut to its first `shape[i]` entries); `None`
+    /// where `shape` has another rank or is larger along an axis.
+    pub fn leading_part(&self, shape: &[usize]) -> Option<Tensor> {
+        if self.shape().len() != shape.len() || self.shape().iter().zip(shape).any(|(a, b)| b > a) {
+            return None;
+        }
+        Some(
+            map_array!(self, a => a.slice_each_axis(|ax| ndarray::Slice::from(0..shape[ax.axis.index()])).to_owned()),
+        )
+    }
 }
 
 /// Relative L2 error `‖a − b‖ / ‖b‖` (with `b` the reference). NaN anywhere gives NaN, so a

@@ -1,0 +1,414 @@
+//! Symbolic sizes: how the sizes of a program depend on the dims given a range
+//! (`--dim batch=1..32 --dim seq=1..512`).
+//!
+//! The program is planned at the top of every range, then again with one dim at a time moved
+//! down its range, and once with every dim in the middle of its range. The
+//! plans must be the same program — the same nodes, ops, edges and kernels — and every size
+//! of every value must be a whole number times a product of powers of the dims
+//! (`batch*seq*768`, `seq*seq*12`): [`SymDim`]. What is not, is an error that names the node,
+//! its axis and the sizes seen. Constants the import folded from the input shapes (position
+//! ids, causal masks) must hold at a smaller size the leading part of what they hold at the
+//! top size — so that one stored at the top size serves every size — and a constant whose
+//! shape does not change must not change at all.
+//!
+//! Fitting sizes from planned instances, rather than carrying expressions through import and
+//! every pass, keeps the passes and the e-graph on concrete shapes: whatever a pass does, the
+//! fit sees what the program it made does with sizes, and checks it at sizes it did not fit.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use thiserror::Error;
+
+use crate::ir::{NodeId, Tensor};
+use crate::pipeline::{plan_model, CompileError, CompileOptions};
+use crate::plan::{Location, Plan};
+
+/// A dimension given a range of sizes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimRange {
+    /// Its name (`seq`).
+    pub symbol: String,
+    /// The smallest size.
+    pub low: usize,
+    /// The largest size: what the program is planned (and memory sized) for.
+    pub high: usize,
+}
+
+/// A size as `factor × Π symbolᵢ^powers[i]` (powers by position in
+/// [`SymbolicShapes::symbols`]); a static size has every power 0.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SymDim {
+    /// The whole-number factor.
+    pub factor: usize,
+    /// The power of each symbol.
+    pub powers: Vec<u32>,
+}
+
+impl SymDim {
+    /// Whether it is one size whatever the symbols are.
+    pub fn is_static(&self) -> bool {
+        self.powers.iter().all(|&p| p == 0)
+    }
+
+    /// Its value with the symbols at `values` (by position); `None` on overflow.
+    pub fn eval(&self, values: &[usize]) -> Option<usize> {
+        self.powers
+            .iter()
+            .zip(values)
+            .try_fold(self.factor, |acc, (&p, &v)| acc.checked_mul(v.checked_pow(p)?))
+    }
+
+    /// `batch*seq*768`, `seq`, `64` with the symbols' names.
+    pub fn display(&self, symbols: &[DimRange]) -> String {
+        let mut terms: Vec<String> = Vec::new();
+        for (p, range) in self.powers.iter().zip(symbols) {
+            for _ in 0..*p {
+                terms.push(range.symbol.clone());
+            }
+        }
+        if self.factor != 1 || terms.is_empty() {
+            terms.push(self.factor.to_string());
+        }
+        terms.join("*")
+    }
+}
+
+/// Why a program cannot serve a range of sizes.
+#[derive(Debug, Error)]
+pub enum SymbolicError {
+    /// The plans at two sizes are not the same program.
+    #[error("the program for {at} differs from the one for {top}: {what}; a range needs one program for every size (compile for one size with --dim NAME=N)")]
+    Differs {
+        /// The dims' values of the other plan (`batch=32,seq=1`).
+        at: String,
+        /// The top of every range (`batch=32,seq=512`).
+        top: String,
+        /// What differs.
+        what: String,
+    },
+    /// A size that is not a whole number times a product of powers of the dims.
+    #[error("axis {axis} of '{node}' is {seen}: not a whole number times powers of the dims given ranges ({ranges}), which a range of sizes needs (compile for one size with --dim NAME=N)")]
+    NotAProduct {
+        /// The value's name.
+        node: String,
+        /// Its axis.
+        axis: usize,
+        /// The sizes seen, with the dims' values (`512 at seq=512, 2 at seq=1`).
+        seen: String,
+        /// The ranges, `batch=1..32, seq=1..512`.
+        ranges: String,
+    },
+    /// A folded constant whose values depend on a dim in a way one stored copy cannot serve.
+    #[error("constant '{node}' is folded from the input shapes and its values at {symbol}={value} are not {at_high}: one stored constant cannot serve the range (compile for one size with --dim {symbol}=N)")]
+    Constant {
+        /// The constant's name.
+        node: String,
+        /// The dim moved.
+        symbol: String,
+        /// The size it was moved to.
+        value: usize,
+        /// What the values at the top size would have to give.
+        at_high: &'static str,
+    },
+}
+
+/// The symbolic shape of every value of a program planned at the top of its ranges.
+#[derive(Clone, Debug)]
+pub struct SymbolicShapes {
+    /// The dims given ranges, in name order.
+    pub symbols: Vec<DimRange>,
+    /// The cost model's choices at the top of the ranges, which the program keeps at every
+    /// size ([`CompileOptions::attention`]).
+    pub attention: Option<Vec<bool>>,
+    shapes: HashMap<NodeId, Vec<SymDim>>,
+}
+
+impl SymbolicShapes {
+    /// The symbolic shape of `id` (empty for a node the plan does not have).
+    pub fn shape(&self, id: NodeId) -> &[SymDim] {
+        self.shapes.get(&id).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// `[batch, seq, 768]`.
+    pub fn display(&self, id: NodeId) -> String {
+        let dims: Vec<String> = self.shape(id).iter().map(|d| d.display(&self.symbols)).collect();
+        format!("[{}]", dims.join(", "))
+    }
+
+    /// The concrete shape of `id` with the symbols at `values` (by position).
+    pub fn eval(&self, id: NodeId, values: &[usize]) -> Option<Vec<usize>> {
+        self.shape(id).iter().map(|d| d.eval(values)).collect()
+    }
+
+    /// Nodes with at least one size that depends on a symbol.
+    pub fn symbolic_nodes(&self) -> usize {
+        self.shapes.values().filter(|s| s.iter().any(|d| !d.is_static())).count()
+    }
+
+    /// `batch=1..32, seq=1..512`.
+    pub fn ranges(&self) -> String {
+        ranges_text(&self.symbols)
+    }
+}
+
+fn ranges_text(symbols: &[DimRange]) -> String {
+    symbols.iter().map(|r| format!("{}={}..{}", r.symbol, r.low, r.high)).collect::<Vec<_>>().join(", ")
+}
+
+/// The program of [`crate::pipeline::plan_reporting`] for the top of every range in
+/// `options.import`, and the symbolic shape of each of its values. With no ranges, every
+/// shape is static.
+pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, SymbolicShapes), CompileError> {
+    let symbols: Vec<DimRange> = options
+        .import
+        .ranges()
+        .into_iter()
+        .map(|(symbol, low, high)| DimRange { symbol, low, high })
+        .collect();
+    let plan_at = |values: &[usize], attention: Option<Vec<bool>>| {
+        let mut options = options.clone();
+        for (range, &v) in symbols.iter().zip(values) {
+            options.import.dims.insert(range.symbol.clone(), v);
+        }
+        options.attention = attention.or(options.attention);
+        let model = crate::import::import(path, &options.import)?;
+        plan_model(model, path, &options, &mut |_| {})
+    };
+    let high: Vec<usize> = symbols.iter().map(|r| r.high).collect();
+    let (base, report) = plan_at(&high, None)?;
+    // The cost model's choices at the top size hold at every size: one program.
+    let decided = report.map(|r| r.attention);
+    let plan_at =
+        |values: &[usize]| -> Result<Plan, CompileError> { Ok(plan_at(values, decided.clone())?.0) };
+    let same = |values: &[usize], plan: &Plan| {
+        same_program(&base, plan).map_err(|what| SymbolicError::Differs {
+            at: assignment(&symbols, values),
+            top: assignment(&symbols, &high),
+            what,
+        })
+    };
+    // One dim moved down its range at a time: fits each dim's power. Not to 1 where the range
+    // has room: at size 1 the passes take shortcuts (a broadcast or a reshape of a size-1 axis
+    // is dropped) that make another program, which the fit could not compare.
+    let mut checks = Vec::new();
+    for (i, range) in symbols.iter().enumerate() {
+        let mut values = high.clone();
+        values[i] = probe(range);
+        let plan = plan_at(&values)?;
+        same(&values, &plan)?;
+        checks.push((values, plan));
+    }
+    let shapes = fit(&base, &symbols, &checks)?;
+    let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };
+    // Checked where nothing was fitted: every dim in the middle of its range.
+    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 2).collect();
+    if !symbols.is_empty() && middle != high && checks.iter().all(|(values, _)| *values != middle) {
+        let plan = plan_at(&middle)?;
+        same(&middle, &plan)?;
+        checks.push((middle, plan));
+    }
+    for (values, plan) in &checks {
+        check_shapes(&base, &symbolic, values, plan)?;
+        check_constants(&base, &symbolic, values, plan)?;
+    }
+    Ok((base, symbolic))
+}
+
+/// The size a dim is moved to for its fit: the bottom of its range, or 2 where that is 1 and
+/// the range goes past 2.
+fn probe(range: &DimRange) -> usize {
+    if range.low == 1 && range.high > 2 {
+        2
+    } else {
+        range.low
+    }
+}
+
+/// `batch=32,seq=1`.
+fn assignment(symbols: &[DimRange], values: &[usize]) -> String {
+    symbols.iter().zip(values).map(|(r, v)| format!("{}={v}", r.symbol)).collect::<Vec<_>>().join(",")
+}
+
+/// Why `b` is not the same program as `a`, if it is not.
+fn same_program(a: &Plan, b: &Plan) -> Result<(), String> {
+    let (ga, gb) = (&a.graph, &b.graph);
+    if ga.node_count() != gb.node_count() {
+        return Err(format!("{} nodes against {}", gb.node_count(), ga.node_count()));
+    }
+    for id in ga.node_ids() {
+        if !gb.contains(id) {
+            return Err(format!("'{}' is missing", ga.node(id).name));
+        }
+        let (na, nb) = (ga.node(id), gb.node(id));
+        if na.name != nb.name || na.op.kind() != nb.op.kind() || ga.inputs_of(id) != gb.inputs_of(id) {
+            return Err(format!(
+                "'{}' ({}) is '{}' ({}) there",
+                na.name,
+                na.op.kind(),
+                nb.name,
+                nb.op.kind()
+            ));
+        }
+        if na.ty.dtype != nb.ty.dtype || na.ty.rank() != nb.ty.rank() {
+            return Err(format!("'{}' is {} there, {} here", na.name, nb.ty, na.ty));
+        }
+    }
+    if a.kernels.len() != b.kernels.len() {
+        return Err(format!("{} kernels against {}", b.kernels.len(), a.kernels.len()));
+    }
+    for (k, (ka, kb)) in a.kernels.iter().zip(&b.kernels).enumerate() {
+        if ka.kind.name() != kb.kind.name() || ka.nodes != kb.nodes || ka.outputs != kb.outputs {
+            return Err(format!("kernel {k} is {} there, {} here", kb.kind.name(), ka.kind.name()));
+        }
+    }
+    Ok(())
+}
+
+/// Each size of `base` (every symbol at the top of its range) as a [`SymDim`], its powers
+/// from `moved` (one symbol moved to its [`probe`] each).
+fn fit(
+    base: &Plan,
+    symbols: &[DimRange],
+    moved: &[(Vec<usize>, Plan)],
+) -> Result<HashMap<NodeId, Vec<SymDim>>, SymbolicError> {
+    let mut shapes = HashMap::new();
+    for id in base.graph.node_ids() {
+        let node = base.graph.node(id);
+        let mut dims = Vec::with_capacity(node.ty.rank());
+        for (axis, &top) in node.ty.shape.iter().enumerate() {
+            let mut powers = vec![0u32; symbols.len()];
+            let mut divisor: u128 = 1;
+            for (i, (range, (_, plan))) in symbols.iter().zip(moved).enumerate() {
+                let seen = plan.graph.node(id).ty.shape[axis];
+                let (hi, lo) = (range.high as u128, probe(range) as u128);
+                // seen / top = (low / high)^p, for the one whole p that fits.
+                let power = (0..=4u32).find(|&p| (seen as u128) * hi.pow(p) == (top as u128) * lo.pow(p));
+                let Some(power) = power else {
+                    return Err(not_a_product(
+                        node.name.clone(),
+                        axis,
+                        symbols,
+                        &[(top, &[]), (seen, &[(i, probe(range))])],
+                    ));
+                };
+                powers[i] = power;
+                divisor *= hi.pow(power);
+            }
+            if (top as u128) % divisor != 0 {
+                return Err(not_a_product(node.name.clone(), axis, symbols, &[(top, &[])]));
+            }
+            dims.push(SymDim { factor: (top as u128 / divisor) as usize, powers });
+        }
+        shapes.insert(id, dims);
+    }
+    Ok(shapes)
+}
+
+fn not_a_product(
+    node: String,
+    axis: usize,
+    symbols: &[DimRange],
+    seen: &[(usize, &[(usize, usize)])],
+) -> SymbolicError {
+    let at = |changes: &[(usize, usize)]| -> String {
+        symbols
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let v = changes.iter().find(|(j, _)| *j == i).map_or(r.high, |&(_, v)| v);
+                format!("{}={v}", r.symbol)
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let seen =
+        seen.iter().map(|(v, changes)| format!("{v} at {}", at(changes))).collect::<Vec<_>>().join(", ");
+    SymbolicError::NotAProduct { node, axis, seen, ranges: ranges_text(symbols) }
+}
+
+/// Every shape of `plan` (planned with the symbols at `values`) is what `symbolic` gives.
+fn check_shapes(
+    base: &Plan,
+    symbolic: &SymbolicShapes,
+    values: &[usize],
+    plan: &Plan,
+) -> Result<(), SymbolicError> {
+    for id in base.graph.node_ids() {
+        let node = plan.graph.node(id);
+        for (axis, dim) in symbolic.shape(id).iter().enumerate() {
+            let seen = node.ty.shape[axis];
+            if dim.eval(values) != Some(seen) {
+                let fitted = dim.display(&symbolic.symbols);
+                return Err(SymbolicError::NotAProduct {
+                    node: node.name.clone(),
+                    axis,
+                    seen: format!(
+                        "{seen} at {}, where {fitted} fitted the other sizes",
+                        assignment(&symbolic.symbols, values)
+                    ),
+                    ranges: symbolic.ranges(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A constant's values as stored in `plan` (in the weights, or still in the graph).
+fn constant_value(plan: &Plan, id: NodeId) -> Option<Tensor> {
+    if let Some(value) =
+        plan.graph.constant(id).filter(|t| !t.is_empty() || plan.graph.node(id).ty.is_empty())
+    {
+        return Some((**value).clone());
+    }
+    let ty = &plan.graph.node(id).ty;
+    let Location::Weights(offset) = *plan.locations.get(&id)? else { return None };
+    let bytes = plan.weights.get(offset..offset + ty.size_bytes())?;
+    crate::runtime::tensor_from_bytes(bytes, &ty.shape, ty.dtype).ok()
+}
+
+/// Constants of `plan` (the symbols at `values`) are the leading part of `base`'s: the same
+/// where the shape is static.
+fn check_constants(
+    base: &Plan,
+    symbolic: &SymbolicShapes,
+    values: &[usize],
+    plan: &Plan,
+) -> Result<(), SymbolicError> {
+    for id in base.graph.node_ids() {
+        if !matches!(base.graph.node(id).op, crate::ir::Op::Constant(_)) {
+            continue;
+        }
+        let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, id)) else { continue };
+        let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());
+        let leading = top.leading_part(here.shape());
+        if leading.as_ref() != Some(&here) {
+            let (symbol, value) = symbolic
+                .symbols
+                .iter()
+                .zip(values)
+                .find(|(r, v)| r.high != **v)
+                .map(|(r, v)| (r.symbol.clone(), *v))
+                .unwrap_or_default();
+            return Err(SymbolicError::Constant {
+                node: base.graph.node(id).name.clone(),
+                symbol,
+                value,
+                at_high: if symbolic_shape {
+                    "the leading part of its values at the top size"
+                } else {
+                    "its values at the top size"
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for DimRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}..{}", self.symbol, self.low, self.high)
+    }
+}

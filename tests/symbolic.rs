@@ -1,0 +1,101 @@
+//! Symbolic sizes (`--dim NAME=LO..HI`): every fixture planned for ranges of its dims, its
+//! sizes fitted as products of the dims, checked against programs planned for one size each.
+
+mod common;
+
+use std::collections::HashMap;
+
+use fusec::import::{DimSpec, ImportOptions};
+use fusec::symbolic::plan_symbolic;
+use fusec::CompileOptions;
+
+/// The ranges each fixture is planned for: batch and, for the text models, seq (the tiny
+/// BERTs hold 64 positions).
+fn ranges(file: &str) -> Vec<DimSpec> {
+    let text = ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p));
+    let mut specs = vec!["batch=1..8".parse().unwrap()];
+    if text {
+        specs.push("seq=1..64".parse().unwrap());
+    }
+    specs
+}
+
+fn options(file: &str, dims: Vec<DimSpec>) -> CompileOptions {
+    let _ = file;
+    CompileOptions { import: ImportOptions::new(vec![], dims), ..Default::default() }
+}
+
+#[test]
+fn every_fixture_has_symbolic_sizes_that_match_static_plans() {
+    let mut report = String::new();
+    for file in common::all_fixtures() {
+        if file == "op_coverage.onnx" {
+            continue; // no symbolic dims
+        }
+        let path = common::model_path(&file);
+        let dims = ranges(&file);
+        let (plan, symbolic) = match plan_symbolic(&path, &options(&file, dims.clone())) {
+            Ok(x) => x,
+            Err(e) => {
+                report += &format!("{file}: ERROR {e}\n");
+                continue;
+            }
+        };
+        // The inputs carry the dims they declare.
+        for binding in &plan.inputs {
+            let shape = symbolic.display(binding.value);
+            assert!(shape.contains("batch"), "{file}: input {} is {shape}", binding.name);
+        }
+        // Evaluated at sizes it was not fitted at, every shape is that of the program planned
+        // for those sizes alone (with the same choices). At size 1 the passes drop size-1
+        // reshapes and broadcasts, so that program has fewer nodes: those it has are compared.
+        let points: &[&[usize]] =
+            if dims.len() == 2 { &[&[3, 7], &[5, 13], &[1, 1]] } else { &[&[3], &[5], &[1]] };
+        for values in points {
+            let fixed: Vec<DimSpec> = dims
+                .iter()
+                .zip(values.iter())
+                .map(|(d, v)| format!("{}={v}", d.symbol).parse().unwrap())
+                .collect();
+            let import = ImportOptions::new(vec![], fixed);
+            let model = fusec::import::import(&path, &import).unwrap();
+            let options =
+                CompileOptions { import, attention: symbolic.attention.clone(), ..Default::default() };
+            let (single, _) = fusec::pipeline::plan_model(model, &path, &options, &mut |_| {}).unwrap();
+            let ones = values.contains(&1);
+            if !ones {
+                assert_eq!(single.graph.node_count(), plan.graph.node_count(), "{file} at {values:?}");
+            }
+            let by_name: HashMap<&str, &[usize]> = single
+                .graph
+                .node_ids()
+                .map(|id| (single.graph.node(id).name.as_str(), single.graph.node(id).ty.shape.as_slice()))
+                .collect();
+            let mut compared = 0;
+            for id in plan.graph.node_ids() {
+                let node = plan.graph.node(id);
+                let expected = if ones {
+                    by_name.get(node.name.as_str()).copied()
+                } else {
+                    Some(single.graph.node(id).ty.shape.as_slice())
+                };
+                let Some(expected) = expected else { continue };
+                assert_eq!(
+                    symbolic.eval(id, values).as_deref(),
+                    Some(expected),
+                    "{file}: '{}' is {} at {values:?}",
+                    node.name,
+                    symbolic.display(id)
+                );
+                compared += 1;
+            }
+            assert!(compared * 2 > plan.graph.node_count(), "{file} at {values:?}: {compared} compared");
+        }
+        report += &format!(
+            "{file}: {} of {} values symbolic\n",
+            symbolic.symbolic_nodes(),
+            plan.graph.node_count()
+        );
+    }
+    println!("{report}");
+}
