@@ -37,14 +37,6 @@ pub enum CompileError {
     /// NVRTC compiling the generated kernels.
     #[error(transparent)]
     Nvrtc(#[from] RuntimeError),
-    /// A bundle asked for a range of sizes: not built yet.
-    #[error("--dim {ranges}: a bundle that runs a range of sizes is not built yet (its sizes can be checked with `fusec inspect MODEL --dim {ranges}`); compile for one size, e.g. --dim {top}")]
-    Ranges {
-        /// The ranges asked for, `seq=1..512`.
-        ranges: String,
-        /// Each at the top of its range, `seq=512`.
-        top: String,
-    },
     /// Sizes that do not follow the dims given ranges.
     #[error(transparent)]
     Symbolic(#[from] crate::symbolic::SymbolicError),
@@ -106,17 +98,13 @@ pub fn compile_reporting(
     options: &CompileOptions,
     done: &mut dyn FnMut(&'static str),
 ) -> Result<Bundle, CompileError> {
-    let ranges = options.import.ranges();
-    if !ranges.is_empty() {
-        let text = |f: &dyn Fn(&(String, usize, usize)) -> String| {
-            ranges.iter().map(f).collect::<Vec<_>>().join(" --dim ")
-        };
-        return Err(CompileError::Ranges {
-            ranges: text(&|(s, lo, hi)| format!("{s}={lo}..{hi}")),
-            top: text(&|(s, _, hi)| format!("{s}={hi}")),
-        });
-    }
-    let (plan, _) = plan_reporting(path, options, done)?;
+    let plan = if options.import.ranges().is_empty() {
+        plan_reporting(path, options, done)?.0
+    } else {
+        let plan = plan_range(path, options)?;
+        done("plan");
+        plan
+    };
     let kernels = plan.kernels.len();
     let gemm_calls = plan.gemm_calls();
     let graph_breaks = plan.graph_breaks;
@@ -146,7 +134,13 @@ pub fn compile_reporting(
     }
     let graph = &plan.graph;
     let io = |bindings: &[crate::plan::Binding]| -> Vec<IoSpec> {
-        bindings.iter().map(|b| IoSpec::new(&b.name, &graph.node(b.value).ty, b.location)).collect()
+        bindings
+            .iter()
+            .map(|b| IoSpec {
+                range_axis: plan.range.as_ref().and_then(|r| r.axes.get(&b.value).copied()),
+                ..IoSpec::new(&b.name, &graph.node(b.value).ty, b.location)
+            })
+            .collect()
     };
     let header = Header {
         format_version: FORMAT_VERSION,
@@ -165,8 +159,25 @@ pub fn compile_reporting(
         graph_breaks,
         traffic_bytes,
         flops,
+        range: plan.range.as_ref().map(|r| crate::bundle::BundleRange {
+            symbol: r.symbol.clone(),
+            low: r.low,
+            high: r.high,
+        }),
     };
     Ok(Bundle { header, weights: plan.weights })
+}
+
+/// The program for the ranges of `options.import` ([`crate::symbolic::plan_symbolic`]), planned
+/// at their top, with the axis of each value that follows the range.
+pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, CompileError> {
+    let (mut plan, symbolic) = crate::symbolic::plan_symbolic(path, options)?;
+    let axes = symbolic.leading_axes(&plan)?;
+    if let [range] = symbolic.symbols.as_slice() {
+        plan.range =
+            Some(crate::plan::PlanRange { symbol: range.symbol.clone(), low: range.low, high: range.high, axes });
+    }
+    Ok(plan)
 }
 
 /// The stages of [`compile`] up to the plan (import → passes → fusion → lower → partition →

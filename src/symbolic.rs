@@ -100,6 +100,19 @@ pub enum SymbolicError {
         /// The ranges, `batch=1..32, seq=1..512`.
         ranges: String,
     },
+    /// A range the kernels cannot follow yet: they take run-time sizes only along the
+    /// leading axis of every value (a batch).
+    #[error("'{node}' ({op}) is {shape}: {why}. Bundles follow a range only along the leading axis of every value (a batch: --dim batch=1..32); other ranges need run-time strides, not built yet (compile for one size with --dim NAME=N)")]
+    NotLeading {
+        /// The value's name.
+        node: String,
+        /// Its op.
+        op: String,
+        /// Its symbolic shape.
+        shape: String,
+        /// What breaks the rule.
+        why: String,
+    },
     /// A folded constant whose values depend on a dim in a way one stored copy cannot serve.
     #[error("constant '{node}' is folded from the input shapes and its values at {symbol}={value} are not {at_high}: one stored constant cannot serve the range (compile for one size with --dim {symbol}=N)")]
     Constant {
@@ -411,4 +424,106 @@ impl fmt::Display for DimRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}..{}", self.symbol, self.low, self.high)
     }
+}
+
+impl SymbolicShapes {
+    /// For a program with one range: the axis of each value that follows it, which must be
+    /// the value's first axis larger than 1, the size there a whole multiple of the dim, and
+    /// every other size static; ops must not reduce, slice, concatenate or contract along it.
+    /// Then every kernel generated for the top of the range runs at any smaller size with
+    /// only its launch and its bound scaled: index arithmetic never divides by that axis's
+    /// size (nothing precedes it). `Err` names the first value that breaks the rule.
+    ///
+    /// One exception: a gather along that axis whose indices are a constant that, at each
+    /// position along it, reads no later position (the exporters' index grids: row `b` of a
+    /// batch gathers from row `b`) reads only rows that exist at any size.
+    pub fn leading_axes(&self, plan: &Plan) -> Result<HashMap<NodeId, usize>, SymbolicError> {
+        use crate::ir::Op;
+        let graph = &plan.graph;
+        let mut axes = HashMap::new();
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let fail = |why: String| SymbolicError::NotLeading {
+                node: node.name.clone(),
+                op: node.op.kind(),
+                shape: self.display(id),
+                why,
+            };
+            let symbolic: Vec<usize> =
+                self.shape(id).iter().enumerate().filter(|(_, d)| !d.is_static()).map(|(a, _)| a).collect();
+            let Some(&axis) = symbolic.first() else { continue };
+            if self.symbols.len() != 1 {
+                return Err(fail(format!("its sizes follow {} ranges", self.symbols.len())));
+            }
+            if symbolic.len() > 1 {
+                return Err(fail("more than one axis follows the range".into()));
+            }
+            if self.shape(id)[axis].powers != [1] {
+                return Err(fail(format!("axis {axis} follows a power of the range")));
+            }
+            if node.ty.shape[..axis].iter().any(|&d| d != 1) {
+                return Err(fail(format!("axis {axis} follows the range but is not the leading axis")));
+            }
+            axes.insert(id, axis);
+        }
+        // Ops along an axis: not along the one that follows the range.
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let inputs = graph.inputs_of(id);
+            let axis_of = |i: usize| inputs.get(i).and_then(|x| axes.get(x)).copied();
+            let fail = |why: &str| SymbolicError::NotLeading {
+                node: node.name.clone(),
+                op: node.op.kind(),
+                shape: self.display(id),
+                why: why.to_string(),
+            };
+            let rank = |i: usize| inputs.get(i).map_or(0, |&x| graph.node(x).ty.rank());
+            let a = axis_of(0);
+            let high = self.symbols.first().map_or(1, |r| r.high);
+            let bad = match &node.op {
+                Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::CumSum { axis, .. } => a == Some(*axis),
+                Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => a.is_some_and(|a| a >= *axis),
+                Op::Reduce { axes: reduced, .. } => a.is_some_and(|a| reduced.contains(&a)),
+                Op::Concat { axis } => (0..inputs.len()).any(|i| axis_of(i) == Some(*axis)),
+                Op::Slice { axes: cut } => a.is_some_and(|a| {
+                    cut.get(a).is_some_and(|c| c.start != 0 || c.step != 1 || c.len != node.ty.shape[a])
+                }),
+                Op::Gather { axis } => {
+                    a == Some(*axis) && !gathers_no_later_row(plan, inputs.first().copied(), inputs.get(1).copied(), &axes, high)
+                }
+                Op::GatherElements { axis } => a == Some(*axis),
+                Op::GatherNd { .. } => a.is_some(),
+                Op::Trilu { .. } => a.is_some_and(|a| a + 2 >= rank(0)),
+                Op::RotateHalf => a.is_some_and(|a| a + 1 == rank(0)),
+                Op::Conv { .. } => a.is_some_and(|a| a != 0) || axis_of(1).is_some(),
+                // The contraction and B's rows and columns stay static; A's last axis is K.
+                Op::MatMul | Op::Gemm { .. } => {
+                    a.is_some_and(|a| a + 1 >= rank(0)) || axis_of(1).is_some_and(|b| b + 2 >= rank(1))
+                }
+                Op::Attention { .. } => (0..inputs.len()).any(|i| axis_of(i).is_some_and(|x| x + 2 >= rank(i))),
+                _ => false,
+            };
+            if bad {
+                return Err(fail("it works along the axis that follows the range"));
+            }
+        }
+        Ok(axes)
+    }
+}
+
+/// Whether `indices` is a constant that, gathering along the axis of `data` that follows the
+/// range, reads for each size `b` of the range (its positions `b·per`…) only rows that exist
+/// at that size (below `(b+1)·rows`, `rows` the data's rows per unit of the range).
+fn gathers_no_later_row(plan: &Plan, data: Option<NodeId>, indices: Option<NodeId>, axes: &HashMap<NodeId, usize>, high: usize) -> bool {
+    let (Some(data), Some(indices)) = (data, indices) else { return false };
+    let (Some(&axis), Some(&data_axis), Some(value)) = (axes.get(&indices), axes.get(&data), constant_value(plan, indices)) else {
+        return false;
+    };
+    let per = plan.graph.node(indices).ty.shape[axis] / high.max(1);
+    let rows = plan.graph.node(data).ty.shape[data_axis] / high.max(1);
+    let values = value.to_i64();
+    values.axis_iter(ndarray::Axis(axis)).enumerate().all(|(p, slice)| {
+        let limit = (p / per.max(1) + 1) * rows;
+        slice.iter().all(|&v| v >= 0 && (v as usize) < limit)
+    })
 }

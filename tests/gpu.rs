@@ -151,6 +151,81 @@ fn bundle_round_trip_runs_the_same() {
     );
 }
 
+/// One bundle per fixture for batch sizes 1..4 runs at every size (in and out of order, sizes
+/// run again after others) and matches tract at each; a size outside the range is an error.
+/// Set FUSEC_GPU_RANGE_RESULTS=FILE to get the table.
+#[test]
+fn one_bundle_runs_every_batch_size_of_its_range() {
+    if !gpu() {
+        return;
+    }
+    let mut table = String::from("| model | precision | batch sizes run | max rel-L2 | result |\n|---|---|---|---|---|\n");
+    let mut failed = Vec::new();
+    let attention = ["attention_d64.onnx", "bert_ts.onnx", "gpt2_ts.onnx", "llama_ts.onnx", "vit_ts.onnx", "bert_mask_ts.onnx"];
+    for file in common::all_fixtures().into_iter().filter(|f| f != "op_coverage.onnx") {
+        let path = common::model_path(&file);
+        let precisions: &[DType] = if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
+        for &precision in precisions {
+            let tolerance = if precision == DType::F32 { FP32_TOLERANCE } else { HALF_TOLERANCE };
+            let options = CompileOptions {
+                import: common::batch_dims(&file, "1..4"),
+                arch: Some("sm_90".into()),
+                precision,
+                ..Default::default()
+            };
+            let sizes = [3usize, 1, 4, 2, 3, 1];
+            let outcome = (|| -> Result<f64, String> {
+                let bundle = fusec::compile(&path, &options).map_err(|e| e.to_string())?;
+                let mut session = Session::new(&bundle, 0).map_err(|e| e.to_string())?;
+                let mut worst = 0.0f64;
+                for (k, &n) in sizes.iter().enumerate() {
+                    let model = fusec::import::import(&path, &common::batch_dims(&file, &n.to_string()))
+                        .map_err(|e| e.to_string())?;
+                    let inputs = common::random_inputs(&model, 40 + k as u64);
+                    let ours = session.run(&inputs).map_err(|e| format!("batch {n}: {e}"))?;
+                    if session.size() != n {
+                        return Err(format!("batch {n}: the session runs at {}", session.size()));
+                    }
+                    let theirs = run_tract(&path, &values(&inputs))?;
+                    for ((_, a), b) in ours.iter().zip(&theirs) {
+                        if a.shape() != b.shape() {
+                            return Err(format!("batch {n}: output {:?}, tract's {:?}", a.shape(), b.shape()));
+                        }
+                        let e = rel_l2(a, b);
+                        worst = if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) };
+                    }
+                }
+                // Outside the range: an error naming the input and the range.
+                let model = fusec::import::import(&path, &common::batch_dims(&file, "5")).map_err(|e| e.to_string())?;
+                let err = session.run(&common::random_inputs(&model, 9)).err().ok_or("batch 5 ran")?.to_string();
+                if !err.contains("must be in 1..4") || !err.contains(&format!("'{}'", model.graph.node(model.graph.inputs()[0]).name)) {
+                    return Err(format!("batch 5: {err}"));
+                }
+                Ok(worst)
+            })();
+            let sizes_text = sizes.map(|n| n.to_string()).join(", ");
+            match outcome {
+                Ok(worst) if worst <= tolerance => {
+                    let _ = writeln!(table, "| {file} | {precision} | {sizes_text} | {worst:.2e} | pass |");
+                }
+                Ok(worst) => {
+                    let _ = writeln!(table, "| {file} | {precision} | {sizes_text} | {worst:.2e} | FAIL |");
+                    failed.push(format!("{file} {precision}: rel-L2 {worst:e}"));
+                }
+                Err(e) => {
+                    let _ = writeln!(table, "| {file} | {precision} | - | - | ERROR |");
+                    failed.push(format!("{file} {precision}: {e}"));
+                }
+            }
+        }
+    }
+    println!("{table}");
+    if let Ok(path) = std::env::var("FUSEC_GPU_RANGE_RESULTS") {
+        std::fs::write(path, &table).unwrap();
+    }
+    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+}
+
 /// `mlp_block.onnx` compiled (f32) at its first test shape, and random inputs for it.
 fn mlp_block() -> (Bundle, Vec<(String, Tensor)>) {
     let file = "mlp_block.onnx";

@@ -99,3 +99,29 @@ fn every_fixture_has_symbolic_sizes_that_match_static_plans() {
     }
     println!("{report}");
 }
+
+/// A fixture compiled for batch sizes 1..4 (seq 7 where the model has one).
+fn batch_range(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
+    let options = CompileOptions { import: common::batch_dims(file, "1..4"), precision, ..Default::default() };
+    fusec::compile(&common::model_path(file), &options)
+}
+
+#[test]
+fn every_fixture_compiles_for_a_range_of_batch_sizes() {
+    let mut failed = Vec::new();
+    for file in common::all_fixtures() {
+        if file == "op_coverage.onnx" {
+            continue;
+        }
+        match batch_range(&file, fusec::ir::DType::F32) {
+            Ok(bundle) => {
+                let range = bundle.header.range.as_ref().expect("a range");
+                assert_eq!((range.symbol.as_str(), range.low, range.high), ("batch", 1, 4), "{file}");
+                assert!(bundle.header.inputs.iter().any(|i| i.range_axis == Some(0)), "{file}");
+                println!("{file}: {} launches", bundle.header.launches);
+            }
+            Err(e) => failed.push(format!("{file}: {e}")),
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

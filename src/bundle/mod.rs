@@ -22,7 +22,7 @@ use crate::plan::Location;
 /// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
 /// The format version this fusec writes and reads (no other is read).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// A bundle that cannot be written or read; each names the file (`path`).
 #[derive(Debug, Error)]
@@ -88,10 +88,14 @@ pub struct IoSpec {
     pub name: String,
     /// Its element type's name (`f32`, `i64`; [`DType::from_name`]).
     pub dtype: String,
-    /// Its shape.
+    /// Its shape (at the top of the bundle's range, for one that has a range).
     pub shape: Vec<usize>,
     /// Where it lives in the session's memory.
     pub location: Location,
+    /// In a bundle for a range of sizes, the axis whose size follows the range: at size `n`
+    /// of the range it is `shape[axis] · n / high` (`None`: the shape is fixed).
+    #[serde(default)]
+    pub range_axis: Option<usize>,
 }
 
 impl IoSpec {
@@ -102,13 +106,34 @@ impl IoSpec {
             dtype: ty.dtype.name().to_string(),
             shape: ty.shape.clone(),
             location,
+            range_axis: None,
         }
+    }
+
+    /// Its shape at size `n` of a range whose top is `high`.
+    pub fn shape_at(&self, n: usize, high: usize) -> Vec<usize> {
+        let mut shape = self.shape.clone();
+        if let Some(d) = self.range_axis.and_then(|a| shape.get_mut(a)) {
+            *d = *d / high.max(1) * n;
+        }
+        shape
     }
 
     /// Its element type and shape (`None` for an element type this fusec does not know).
     pub fn tensor_type(&self) -> Option<TensorType> {
         Some(TensorType::new(DType::from_name(&self.dtype)?, self.shape.clone()))
     }
+}
+
+/// The range of sizes of one dim a bundle runs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BundleRange {
+    /// The dim's name (`batch`).
+    pub symbol: String,
+    /// The smallest size.
+    pub low: usize,
+    /// The largest size, which the bundle's shapes and memory are for.
+    pub high: usize,
 }
 
 /// Everything in a bundle but the weights: the program and what it takes and gives.
@@ -149,6 +174,10 @@ pub struct Header {
     /// Floating-point operations of one run's matrix products.
     #[serde(default)]
     pub flops: u64,
+    /// The range of sizes the bundle runs (`--dim batch=1..32`), along the leading axis of
+    /// the inputs and outputs that follow it (`IoSpec::range_axis`); `None`: one size.
+    #[serde(default)]
+    pub range: Option<BundleRange>,
 }
 
 /// A compiled model: what `fusec compile` writes and a [`crate::Session`] runs.

@@ -55,6 +55,11 @@ pub struct Bench {
     /// timed before are cached beside the NVRTC cache).
     #[arg(long)]
     no_gemm_tuning: bool,
+    /// For a bundle with a range of sizes (`--dim batch=1..32`): time it at each of these
+    /// sizes beside a bundle compiled for that size alone, and the first run of each size
+    /// (its set-up and CUDA graph capture), instead of fused against unfused.
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    sizes: Vec<usize>,
 }
 
 /// How each distinct GEMM's algorithm was chosen, and what that did to the whole program.
@@ -162,7 +167,104 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
         .collect()
 }
 
+/// Input sets at size `n` of a range whose top is `high` (`input_sets` of the shapes there).
+fn input_sets_at(inputs: &[IoSpec], n: usize, high: usize) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
+    let specs: Vec<IoSpec> = inputs.iter().map(|i| IoSpec { shape: i.shape_at(n, high), ..i.clone() }).collect();
+    input_sets(&specs)
+}
+
 impl Bench {
+    /// `--sizes`: the bundle for a range against one bundle per size, side by side.
+    fn bench_sizes(
+        &self,
+        ranged: &Bundle,
+        onnx: &std::path::Path,
+        import: &fusec::import::ImportOptions,
+    ) -> anyhow::Result<ExitCode> {
+        let Some(range) = ranged.header.range.clone() else {
+            bail!("--sizes needs a bundle for a range of sizes: compile with --dim NAME=LO..HI");
+        };
+        if let Some(&n) = self.sizes.iter().find(|&&n| n < range.low || n > range.high) {
+            bail!("--sizes {n}: outside the bundle's range {}={}..{}", range.symbol, range.low, range.high);
+        }
+        let progress = Progress::new(self.quiet, "loading the bundle for the range");
+        let options = SessionOptions { tune_gemms: !self.no_gemm_tuning, ..Default::default() };
+        let mut session = Session::with_options(ranged, self.device, options)?;
+        let mut rows = Vec::new();
+        for &n in &self.sizes {
+            let mut fixed = import.clone();
+            fixed.dims.insert(range.symbol.clone(), n);
+            fixed.low.remove(&range.symbol);
+            // Whole input shapes (a bundle's, when a bundle was given) at this size.
+            for spec in &mut fixed.inputs {
+                if let Some(io) = ranged.header.inputs.iter().find(|i| i.name == spec.name) {
+                    spec.shape = io.shape_at(n, range.high);
+                }
+            }
+            progress.set(format!("compiling {onnx:?} for {}={n} alone", range.symbol));
+            let compile_options =
+                CompileOptions { import: fixed, precision: ranged.header.precision, ..Default::default() };
+            let single = fusec::compile(onnx, &compile_options)?;
+            let mut alone = Session::with_options(&single, self.device, options)?;
+            let sets = input_sets_at(&ranged.header.inputs, n, range.high)?;
+            progress.set(format!("{}={n}: first run, then {} timed runs of each", range.symbol, self.iters));
+            // The first run at this size: its steps set up, run one by one, then captured.
+            let started = std::time::Instant::now();
+            let ours = session.run(&sets[0])?;
+            let first_ms = started.elapsed().as_secs_f64() * 1e3;
+            let theirs = alone.run(&sets[0])?;
+            let tolerance = if ranged.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
+            for ((name, x), (_, y)) in ours.iter().zip(&theirs) {
+                let err = rel_l2(x, y);
+                if err.is_nan() || err > tolerance {
+                    bail!("{}={n}: the range bundle and the one for {n} alone differ on {name}: rel-L2 {err:e}", range.symbol);
+                }
+            }
+            let (single_ms, _, _) = percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
+            let (range_ms, p10, p90) = percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
+            rows.push((n, range_ms, p10, p90, single_ms, first_ms));
+        }
+        drop(progress);
+        if !super::shapes::json_to_stdout(self.json.as_deref()) {
+            println!(
+                "{} on {}, {}, {}={}..{}: one bundle for the range against one compiled for each size alone, {} runs after {} warm-up, CUDA events",
+                onnx.display(),
+                session.device_name,
+                ranged.header.precision,
+                range.symbol,
+                range.low,
+                range.high,
+                self.iters,
+                self.warmup
+            );
+            println!("{:>8} {:>12} {:>10} {:>10} {:>12} {:>8} {:>15}", range.symbol, "range (ms)", "p10", "p90", "alone (ms)", "ratio", "first run (ms)");
+            for (n, range_ms, p10, p90, single_ms, first_ms) in &rows {
+                println!(
+                    "{n:>8} {range_ms:>12.4} {p10:>10.4} {p90:>10.4} {single_ms:>12.4} {:>7.3}x {first_ms:>15.2}",
+                    range_ms / single_ms
+                );
+            }
+            println!("ratio = range / alone (median); first run = the size's set-up, a run step by step and the graph capture, timed on the host");
+        }
+        if let Some(path) = &self.json {
+            let json = serde_json::json!({
+                "schema": "fusec-bench-sizes",
+                "schema_version": fusec::picture::JSON_SCHEMA_VERSION,
+                "model": onnx.display().to_string(),
+                "device": session.device_name,
+                "precision": ranged.header.precision,
+                "range": {"name": range.symbol, "low": range.low, "high": range.high},
+                "iterations": self.iters,
+                "sizes": rows.iter().map(|(n, range_ms, p10, p90, single_ms, first_ms)| serde_json::json!({
+                    "size": n, "range_median_ms": range_ms, "range_p10_ms": p10, "range_p90_ms": p90,
+                    "alone_median_ms": single_ms, "ratio": range_ms / single_ms, "first_run_ms": first_ms,
+                })).collect::<Vec<_>>(),
+            });
+            super::shapes::write_json(path, &json)?;
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
     pub fn execute(self) -> anyhow::Result<ExitCode> {
         if !fusec::runtime::driver_available() {
             bail!("fusec bench needs an NVIDIA GPU: no CUDA driver (libcuda.so) was found on this machine");
@@ -189,6 +291,10 @@ impl Bench {
             let onnx = PathBuf::from(&bundle.header.model);
             (bundle, onnx, fusec::import::ImportOptions::new(specs, vec![]))
         };
+        if !self.sizes.is_empty() {
+            drop(progress);
+            return self.bench_sizes(&fused, &onnx, &import);
+        }
         progress.set(format!("compiling {} (unfused)", onnx.display()));
         let options =
             CompileOptions { import, no_fuse: true, precision: fused.header.precision, ..Default::default() };
@@ -197,9 +303,9 @@ impl Bench {
         progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");
         let tune_gemms = !self.no_gemm_tuning;
         let mut fast =
-            Session::with_options(&fused, self.device, SessionOptions { cuda_graph: true, tune_gemms })?;
+            Session::with_options(&fused, self.device, SessionOptions { cuda_graph: true, tune_gemms, ..Default::default() })?;
         let mut slow =
-            Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false, tune_gemms })?;
+            Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false, tune_gemms, ..Default::default() })?;
         let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
         let (a, b) = (fast.run(&sets[0])?, slow.run(&sets[0])?);
         for ((name, x), (_, y)) in a.iter().zip(&b) {

@@ -53,6 +53,31 @@ pub struct GemmSpec {
     /// GPU where cuBLASLt has no algorithm for it.
     #[serde(default)]
     pub lt_epilogue: Option<LtEpilogue>,
+    /// In a bundle for a range of sizes, which size follows it (`None`: as is).
+    #[serde(default)]
+    pub scales: Option<GemmScale>,
+}
+
+/// The size of a GEMM that follows a bundle's range of sizes: at size `n` of a range whose
+/// top is `high`, it is `size · n / high`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum GemmScale {
+    /// The rows of A and C.
+    M,
+    /// The products in the batch.
+    Batch,
+}
+
+impl GemmSpec {
+    /// The GEMM at size `n` of a range whose top is `high`.
+    pub fn at(&self, n: usize, high: usize) -> GemmSpec {
+        let scale = |size: usize| size / high.max(1) * n;
+        match self.scales {
+            Some(GemmScale::M) => GemmSpec { m: scale(self.m), ..*self },
+            Some(GemmScale::Batch) => GemmSpec { batch: scale(self.batch), ..*self },
+            None => *self,
+        }
+    }
 }
 
 /// What cuBLASLt applies to the product before it is stored: `act(A·B + bias)`.
@@ -141,7 +166,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     if b_total == k * n && !a_transposed && batch > 1 {
         let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
         let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
-        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype, lt_epilogue: None });
+        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype, lt_epilogue: None, scales: None });
     }
     let a = GemmOperand {
         location: a_loc,
@@ -153,7 +178,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         transposed: b_transposed,
         batch_stride: batch_stride(batch, b_total, k * n)?,
     };
-    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype, lt_epilogue: None })
+    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype, lt_epilogue: None, scales: None })
 }
 
 /// The step of a GEMM kernel of the plan: the call, and its epilogue kernel if it has one.

@@ -689,29 +689,35 @@ pub fn elementwise(
     }
     let (before, after) = body.end_lanes();
     let threads = count / lanes;
+    let scaled = plan.scaled(kernel);
     let data = json!({
         "name": name,
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": BLOCK,
-        "threads": threads,
+        "limit": super::limit(threads, scaled),
         "lanes": lanes,
         "vector": lanes > 1,
         "lane": LANE,
         "base": base,
-        "params": params(&body),
+        "params": super::with_limit(params(&body), scaled),
         "coords": coord_decls,
         "before": before,
         "statements": body.statements,
         "after": after,
     });
-    Ok(KernelSource::new(
+    let mut source = KernelSource::new(
         name,
         render(hb, "elementwise", &data)?,
         threads.div_ceil(BLOCK as usize).max(1) as u32,
         BLOCK,
         args(&body),
-    ))
+    );
+    if scaled {
+        source.scale =
+            Some(super::LaunchScale { units: threads as u64, per_block: u64::from(BLOCK), bound: true });
+    }
+    Ok(source)
 }
 
 /// How many consecutive elements of the last axis each thread of an elementwise kernel

@@ -16,7 +16,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use gemm::{GemmOperand, GemmSpec, LtActivation, LtEpilogue};
+pub use gemm::{GemmOperand, GemmScale, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
 use crate::plan::{Location, Plan};
@@ -70,11 +70,55 @@ pub struct KernelSource {
     pub block: u32,
     /// The kernel's arguments, one device pointer each, in parameter order.
     pub args: Vec<Location>,
+    /// In a bundle for a range of sizes, how the launch follows the size (`None`: as is).
+    #[serde(default)]
+    pub scale: Option<LaunchScale>,
+}
+
+/// How a kernel of a program for a range of sizes is launched at a size `n` of the range
+/// (the bundle's [`crate::bundle::Header::range`], top `high`): `units · n / high` units of
+/// work, `per_block` to a block; with `bound`, the kernel takes the units as its last
+/// parameter (`long long fusec_limit`) and leaves the rest of its last block idle.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LaunchScale {
+    /// Units of work at the top of the range (threads, rows or blocks).
+    pub units: u64,
+    /// Units per block.
+    pub per_block: u64,
+    /// Whether the kernel takes the units as a parameter.
+    pub bound: bool,
+}
+
+impl LaunchScale {
+    /// Units and blocks at size `n` of a range whose top is `high`.
+    pub fn at(&self, n: usize, high: usize) -> (u64, u32) {
+        let units = self.units / high.max(1) as u64 * n as u64;
+        (units, units.div_ceil(self.per_block.max(1)).clamp(1, u64::from(u32::MAX)) as u32)
+    }
 }
 
 impl KernelSource {
     pub(crate) fn new(name: &str, source: String, grid: u32, block: u32, args: Vec<Location>) -> Self {
-        KernelSource { name: name.into(), function: name.into(), source, grid, block, args }
+        KernelSource { name: name.into(), function: name.into(), source, grid, block, args, scale: None }
+    }
+}
+
+/// The bound a kernel's template tests its units against: a literal, or the run-time
+/// parameter of a kernel whose launch follows a range (`scaled`).
+pub(crate) fn limit(units: usize, scaled: bool) -> String {
+    if scaled {
+        "fusec_limit".into()
+    } else {
+        format!("{units}LL")
+    }
+}
+
+/// The parameter list with the run-time bound of a scaled kernel appended.
+pub(crate) fn with_limit(params: String, scaled: bool) -> String {
+    if scaled {
+        format!("{params}, long long fusec_limit")
+    } else {
+        params
     }
 }
 
@@ -140,6 +184,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
+            if plan.scaled(kernel) {
+                scale_launch(plan, kernel, &mut step).map_err(fail)?;
+            }
             let narrow = index::fits_i32(plan, kernel);
             match &mut step {
                 Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
@@ -153,6 +200,53 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             Ok(step)
         })
         .collect()
+}
+
+/// Sets how `step`'s launches (and a GEMM's sizes) follow the plan's range. The kernels are
+/// generated for the top of the range; `bound` kernels test the run-time units.
+fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) -> Result<(), String> {
+    let Some(range) = &plan.range else { return Ok(()) };
+    let high = range.high as u64;
+    // Kernels with a bound set their scale as they are generated; the others launch one
+    // block per unit of work.
+    let set = |source: &mut KernelSource| -> Result<(), String> {
+        let scale =
+            *source.scale.get_or_insert(LaunchScale { units: u64::from(source.grid), per_block: 1, bound: false });
+        if scale.units % high != 0 {
+            return Err(format!("its {} units of work are not a multiple of {}={high}", scale.units, range.symbol));
+        }
+        Ok(())
+    };
+    match step {
+        Step::Launch(source) => set(source)?,
+        Step::Gemm { gemm, epilogue } => {
+            let out = *kernel.outputs.first().ok_or("a GEMM without an output")?;
+            let node = plan.graph.node(out);
+            let axis = range.axes.get(&out).copied().ok_or("a GEMM whose output does not follow the range")?;
+            let rank = node.ty.rank();
+            // A batch of products over a shared B is one product of the rows stacked (batch 1).
+            gemm.scales = Some(if axis + 2 < rank && gemm.batch > 1 {
+                GemmScale::Batch
+            } else if axis + 2 < rank {
+                GemmScale::M
+            } else if axis + 2 == rank {
+                GemmScale::M
+            } else {
+                return Err(format!("GEMM '{}' has its columns follow the range", node.name));
+            });
+            let scaled = match gemm.scales {
+                Some(GemmScale::Batch) => gemm.batch,
+                _ => gemm.m,
+            };
+            if scaled % range.high != 0 {
+                return Err(format!("GEMM '{}': {scaled} is not a multiple of {}={high}", node.name, range.symbol));
+            }
+            if let Some(source) = epilogue {
+                set(source)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Stands in for the function's name while sources are compared.

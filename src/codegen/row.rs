@@ -289,12 +289,12 @@ fn cached(
         "block": threads,
         "warp_rows": layout.threads == 32,
         "rows_per_block": layout.rows_per_block,
-        "rows": row.rows,
+        "limit": super::limit(row.rows, plan.scaled(kernel)),
         "threads_per_row": layout.threads,
         "pack": layout.pack,
         "packs": layout.packs,
         "width": row.width,
-        "params": params(&body),
+        "params": super::with_limit(params(&body), plan.scaled(kernel)),
         "row_coords": row_coords,
         "element_coords": element_coords,
         "load_before": load_before,
@@ -305,13 +305,21 @@ fn cached(
         "finish": finish,
         "finish_after": finish_after,
     });
-    Ok(KernelSource::new(
+    let mut source = KernelSource::new(
         name,
         render(hb, "row_cached", &data)?,
         u32::try_from(row.rows.div_ceil(layout.rows_per_block).max(1)).map_err(|_| "row grid too large")?,
         threads as u32,
         args(&body),
-    ))
+    );
+    if plan.scaled(kernel) {
+        source.scale = Some(super::LaunchScale {
+            units: row.rows as u64,
+            per_block: layout.rows_per_block as u64,
+            bound: true,
+        });
+    }
+    Ok(source)
 }
 
 /// Block per row, the prologue recomputed in every pass: any row op (also reductions), any

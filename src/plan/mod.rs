@@ -66,6 +66,31 @@ pub struct Plan {
     pub outputs: Vec<Binding>,
     /// Points where the GPU path stops ([`Partition::graph_breaks`]).
     pub graph_breaks: usize,
+    /// For a program that runs a range of sizes: the range, and the axis of each value that
+    /// follows it (`None`: one size).
+    pub range: Option<PlanRange>,
+}
+
+/// The range of sizes a program runs, along the leading axis of the values that follow it
+/// ([`crate::symbolic::SymbolicShapes::leading_axes`]). The plan's shapes are those at the
+/// top of the range, and memory is planned for them.
+#[derive(Clone, Debug)]
+pub struct PlanRange {
+    /// The dim's name (`batch`).
+    pub symbol: String,
+    /// The smallest size.
+    pub low: usize,
+    /// The largest size.
+    pub high: usize,
+    /// The axis of each value whose size follows the range.
+    pub axes: HashMap<NodeId, usize>,
+}
+
+impl Plan {
+    /// Whether `kernel`'s launch follows the range: it writes a value whose size does.
+    pub fn scaled(&self, kernel: &Kernel) -> bool {
+        self.range.as_ref().is_some_and(|r| kernel.outputs.iter().any(|o| r.axes.contains_key(o)))
+    }
 }
 
 fn aligned(bytes: usize) -> usize {
@@ -232,7 +257,17 @@ impl Plan {
             .into_iter()
             .map(|(name, value, source)| Binding { name, value, location: locations[&source] })
             .collect();
-        Ok(Plan { graph, kernels, locations, arena_bytes: arena.end, weights, inputs, outputs, graph_breaks })
+        Ok(Plan {
+            graph,
+            kernels,
+            locations,
+            arena_bytes: arena.end,
+            weights,
+            inputs,
+            outputs,
+            graph_breaks,
+            range: None,
+        })
     }
 
     /// Kernels that are cuBLAS(Lt) GEMMs.

@@ -45,15 +45,36 @@ pub fn driver_available() -> bool {
     super::library_present(super::Library::Driver, cudarc::driver::sys::is_culib_present)
 }
 
+#[derive(Clone)]
 struct Launch {
     name: String,
     function: CudaFunction,
     config: LaunchConfig,
-    /// Device pointers, one per kernel parameter.
+    /// Device pointers, one per kernel parameter; a kernel that follows a range takes its
+    /// units of work last.
     args: Vec<u64>,
     /// Launched with programmatic stream serialization: the kernel waits for the one before
     /// it itself (`fusec::grid_begin`), so it may be scheduled while that one finishes.
     programmatic: bool,
+    /// How the launch follows the bundle's range.
+    scale: Option<crate::codegen::LaunchScale>,
+}
+
+impl Launch {
+    /// The launch at size `n` of a range whose top is `high`.
+    fn at(&self, n: usize, high: usize) -> Launch {
+        let mut launch = self.clone();
+        if let Some(scale) = self.scale {
+            let (units, blocks) = scale.at(n, high);
+            launch.config.grid_dim.0 = blocks;
+            if scale.bound {
+                if let Some(last) = launch.args.last_mut() {
+                    *last = units;
+                }
+            }
+        }
+        launch
+    }
 }
 
 /// Whether a session's kernels may be launched with programmatic dependent launch on a GPU of
@@ -124,6 +145,14 @@ pub struct Session {
     use_graph: bool,
     graph: Option<CudaGraph>,
     runs: usize,
+    /// The bundle's range of sizes, if it has one.
+    range: Option<crate::bundle::BundleRange>,
+    /// The size `steps` and `graph` are for (the top of the range, or 0 without one).
+    size: usize,
+    /// The steps and graph of other sizes run lately (the top's always), most recent last.
+    sizes: Vec<(usize, Vec<Loaded>, Option<CudaGraph>)>,
+    /// How many sizes keep their steps and graph, the top's included.
+    sizes_kept: usize,
     /// The arch kernels were compiled for (`sm_90`).
     pub arch: String,
     /// The GPU's name as the driver reports it.
@@ -171,20 +200,25 @@ pub struct SessionOptions {
     /// without CUDA graphs only cached choices apply. Off: GEMMs with a cuBLASLt epilogue
     /// take the heuristic's first algorithm, the others cuBLAS.
     pub tune_gemms: bool,
+    /// For a bundle with a range of sizes: how many sizes keep their steps and CUDA graph
+    /// (the top of the range always does); a size run again after it was dropped is set up
+    /// and captured again.
+    pub sizes_kept: usize,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { cuda_graph: true, tune_gemms: true }
+        SessionOptions { cuda_graph: true, tune_gemms: true, sizes_kept: 8 }
     }
 }
 
 impl Drop for Session {
-    /// The CUDA graph goes first, once the stream is idle: it refers to the kernels of the
-    /// session's modules and to its memory, which the fields dropped after it unload and free.
+    /// The CUDA graphs go first, once the stream is idle: they refer to the kernels of the
+    /// session's modules and to its memory, which the fields dropped after them unload and free.
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
         self.graph = None;
+        self.sizes.clear();
     }
 }
 
@@ -282,7 +316,11 @@ impl Session {
                 shared_mem_bytes: 0,
             };
             let programmatic = pdl && waits_for_predecessor(source);
-            Ok(Launch { name: source.name.clone(), function, config, args, programmatic })
+            let mut args = args;
+            if let Some(scale) = source.scale.filter(|s| s.bound) {
+                args.push(scale.units);
+            }
+            Ok(Launch { name: source.name.clone(), function, config, args, programmatic, scale: source.scale })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
@@ -333,6 +371,10 @@ impl Session {
             use_graph: options.cuda_graph,
             graph: None,
             runs: 0,
+            range: header.range.clone(),
+            size: header.range.as_ref().map_or(0, |r| r.high),
+            sizes: Vec::new(),
+            sizes_kept: options.sizes_kept.max(1),
             arch,
             device_name,
             gemm_choices: Vec::new(),
@@ -358,11 +400,33 @@ impl Session {
         &self.outputs
     }
 
-    fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
+    /// The shape `spec` takes, with the range's dim named (`[batch, 16]`, `[batch*16, 64]`).
+    fn shape_text(&self, spec: &IoSpec) -> String {
+        match (&self.range, spec.range_axis) {
+            (Some(range), Some(axis)) => {
+                let dims: Vec<String> = spec
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &d)| match (a == axis, d / range.high.max(1)) {
+                        (true, 1) => range.symbol.clone(),
+                        (true, per) => format!("{}*{per}", range.symbol),
+                        (false, _) => d.to_string(),
+                    })
+                    .collect();
+                format!("[{}]", dims.join(", "))
+            }
+            _ => format!("{:?}", spec.shape),
+        }
+    }
+
+    /// Checks the inputs against the bundle's; returns the size of the range they are at
+    /// (the session's size for a bundle without a range).
+    fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<usize, RuntimeError> {
         let expected = || {
             self.inputs
                 .iter()
-                .map(|i| format!("{} {}{:?}", i.name, i.dtype, i.shape))
+                .map(|i| format!("{} {}{}", i.name, i.dtype, self.shape_text(i)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -375,6 +439,7 @@ impl Session {
                 )));
             }
         }
+        let mut size: Option<(usize, &str)> = None;
         for spec in &self.inputs {
             let given = inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t);
             let given = given.ok_or_else(|| {
@@ -384,18 +449,146 @@ impl Session {
                     expected()
                 ))
             })?;
-            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
-                return Err(RuntimeError::Input(format!(
-                    "input '{}' is {}{:?}, the model takes {}{:?}",
+            let wrong = || {
+                RuntimeError::Input(format!(
+                    "input '{}' is {}{:?}, the model takes {}{}",
                     spec.name,
                     given.dtype(),
                     given.shape(),
                     spec.dtype,
-                    spec.shape
+                    self.shape_text(spec)
+                ))
+            };
+            let (Some(range), Some(axis)) = (&self.range, spec.range_axis) else {
+                if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                    return Err(wrong());
+                }
+                continue;
+            };
+            let same_elsewhere = given.shape().len() == spec.shape.len()
+                && given.shape().iter().zip(&spec.shape).enumerate().all(|(a, (g, s))| a == axis || g == s);
+            if given.dtype().name() != spec.dtype || !same_elsewhere {
+                return Err(wrong());
+            }
+            let per = (spec.shape[axis] / range.high.max(1)).max(1);
+            let value = given.shape()[axis];
+            let n = value / per;
+            if value % per != 0 || n < range.low || n > range.high {
+                return Err(RuntimeError::Input(format!(
+                    "input '{}' has {value} along axis {axis} ({}{}): {} must be in {}..{}, the bundle's range",
+                    spec.name,
+                    spec.dtype,
+                    self.shape_text(spec),
+                    range.symbol,
+                    range.low,
+                    range.high
                 )));
             }
+            match size {
+                Some((other, name)) if other != n => {
+                    return Err(RuntimeError::Input(format!(
+                        "input '{}' is at {}={n}, input '{name}' at {}={other}",
+                        spec.name, range.symbol, range.symbol
+                    )))
+                }
+                _ => size = Some((n, spec.name.as_str())),
+            }
+        }
+        Ok(size.map_or(self.size, |(n, _)| n))
+    }
+
+    /// `spec`'s shape at the session's size.
+    fn shape_now(&self, spec: &IoSpec) -> Vec<usize> {
+        match &self.range {
+            Some(range) => spec.shape_at(self.size, range.high),
+            None => spec.shape.clone(),
+        }
+    }
+
+    /// The size of the bundle's range the session runs at (the top of the range until inputs
+    /// of another size are given; 0 for a bundle without a range).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Makes the session run at size `n` of the bundle's range: the steps and CUDA graph of
+    /// that size, set up on its first use (GEMM descriptors; the graph is captured on its
+    /// first run) and kept for the [`SessionOptions::sizes_kept`] sizes used last. `run`
+    /// does this from its inputs' shapes; callers that write inputs in device memory
+    /// (`input_device_ptr`) call it themselves.
+    pub fn select_size(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let Some(range) = self.range.clone() else {
+            return if n == self.size {
+                Ok(())
+            } else {
+                Err(RuntimeError::Input(format!("the bundle runs one size, not a range (asked for {n})")))
+            };
+        };
+        if n == self.size {
+            return Ok(());
+        }
+        if n < range.low || n > range.high {
+            return Err(RuntimeError::Input(format!(
+                "{}={n} is outside the bundle's range {}..{}",
+                range.symbol, range.low, range.high
+            )));
+        }
+        // The graphs of the steps parked or dropped here refer to this stream's work.
+        self.stream.synchronize().map_err(driver)?;
+        let steps = std::mem::take(&mut self.steps);
+        let graph = self.graph.take();
+        self.sizes.push((self.size, steps, graph));
+        let (steps, graph) = match self.sizes.iter().position(|(s, _, _)| *s == n) {
+            Some(i) => {
+                let (_, steps, graph) = self.sizes.remove(i);
+                (steps, graph)
+            }
+            None => {
+                let top = self.sizes.iter().find(|(s, _, _)| *s == range.high).map(|(_, steps, _)| steps);
+                let top = top.ok_or_else(|| RuntimeError::Driver("the top size's steps are missing".into()))?;
+                (self.steps_at(top, n, range.high)?, None)
+            }
+        };
+        self.steps = steps;
+        self.graph = graph;
+        self.size = n;
+        // Least recently used first; the top of the range stays.
+        while self.sizes.len() + 1 > self.sizes_kept.max(2) {
+            let Some(i) = self.sizes.iter().position(|(s, _, _)| *s != range.high) else { break };
+            drop(self.sizes.remove(i));
         }
         Ok(())
+    }
+
+    /// The steps at size `n` of a range whose top is `high`, from the top's: launches scaled,
+    /// GEMMs at their sizes (cuBLASLt's heuristic choice where it runs an epilogue, cuBLAS
+    /// for the others: algorithm timing is for the top size).
+    fn steps_at(&self, top: &[Loaded], n: usize, high: usize) -> Result<Vec<Loaded>, RuntimeError> {
+        top.iter()
+            .map(|step| {
+                Ok(match step {
+                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(n, high)),
+                    Loaded::Gemm { gemm, epilogue, lt, .. } => {
+                        let gemm = gemm.at(n, high);
+                        let epilogue = epilogue.as_ref().map(|l| l.at(n, high));
+                        let prepared = match (lt, gemm.lt_epilogue) {
+                            (Some(_), Some(e)) => {
+                                let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                                let prepared = lt.prepare(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
+                                    RuntimeError::Driver(format!(
+                                        "cuBLASLt has no algorithm for the {}x{}x{} GEMM with its epilogue",
+                                        gemm.m, gemm.n, gemm.k
+                                    ))
+                                })?;
+                                Some(Box::new(prepared))
+                            }
+                            _ => None,
+                        };
+                        Loaded::Gemm { gemm, epilogue, on_cublas: prepared.is_none(), lt: prepared }
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Runs the model on host tensors (by input name); returns the outputs in order.
@@ -414,8 +607,8 @@ impl Session {
         inputs: &[(String, Tensor)],
         outputs: &mut [Tensor],
     ) -> Result<(), RuntimeError> {
-        self.check_outputs(outputs)?;
         self.upload(inputs)?;
+        self.check_outputs(outputs)?;
         self.execute_all()?;
         self.copy_out()?;
         for (staging, tensor) in self.staging_out.iter().zip(outputs.iter_mut()) {
@@ -437,14 +630,15 @@ impl Session {
             )));
         }
         for (spec, given) in self.outputs.iter().zip(outputs) {
-            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+            let shape = self.shape_now(spec);
+            if given.dtype().name() != spec.dtype || given.shape() != shape.as_slice() {
                 return Err(RuntimeError::Input(format!(
                     "the tensor given for output '{}' is {}{:?}, the output is {}{:?}",
                     spec.name,
                     given.dtype(),
                     given.shape(),
                     spec.dtype,
-                    spec.shape
+                    shape
                 )));
             }
         }
@@ -454,7 +648,8 @@ impl Session {
     /// Copies host inputs to where the plan reads them (in stream order), through the
     /// session's page-locked buffers.
     pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
-        self.check_inputs(inputs)?;
+        let size = self.check_inputs(inputs)?;
+        self.select_size(size)?;
         for (spec, staging) in self.inputs.iter().zip(self.staging_in.iter_mut()) {
             let (_, tensor) = inputs
                 .iter()
@@ -481,10 +676,12 @@ impl Session {
     /// outputs' types.
     fn copy_out(&mut self) -> Result<Vec<TensorType>, RuntimeError> {
         let mut types = Vec::with_capacity(self.outputs.len());
+        let (size, high) = (self.size, self.range.as_ref().map_or(0, |r| r.high));
         for (spec, staging) in self.outputs.iter().zip(self.staging_out.iter_mut()) {
             let ty = spec.tensor_type().ok_or_else(|| {
                 RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype))
             })?;
+            let ty = if high > 0 { TensorType::new(ty.dtype, spec.shape_at(size, high)) } else { ty };
             let bytes = ty.size_bytes();
             if bytes > 0 {
                 let source = match spec.location {

@@ -32,6 +32,16 @@ pub fn shape_variants(file: &str) -> Vec<ImportOptions> {
     vec![ImportOptions::default().dim("batch", 1), ImportOptions::default().dim("batch", 3)]
 }
 
+/// Import options for `file` with batch `batch` (`N` or a range `LO..HI`) and, for the text
+/// models, seq 7.
+pub fn batch_dims(file: &str, batch: &str) -> ImportOptions {
+    let mut dims: Vec<fusec::import::DimSpec> = vec![format!("batch={batch}").parse().expect("a dim")];
+    if ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p)) {
+        dims.push("seq=7".parse().expect("a dim"));
+    }
+    ImportOptions::new(vec![], dims)
+}
+
 /// Every fixture in models/.
 pub fn all_fixtures() -> Vec<String> {
     let mut files: Vec<String> = std::fs::read_dir(model_path(""))
