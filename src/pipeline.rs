@@ -174,8 +174,12 @@ pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, Compile
     let (mut plan, symbolic) = crate::symbolic::plan_symbolic(path, options)?;
     let axes = symbolic.leading_axes(&plan)?;
     if let [range] = symbolic.symbols.as_slice() {
-        plan.range =
-            Some(crate::plan::PlanRange { symbol: range.symbol.clone(), low: range.low, high: range.high, axes });
+        plan.range = Some(crate::plan::PlanRange {
+            symbol: range.symbol.clone(),
+            low: range.low,
+            high: range.high,
+            axes,
+        });
     }
     Ok(plan)
 }

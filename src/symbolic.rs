@@ -489,7 +489,14 @@ impl SymbolicShapes {
                     cut.get(a).is_some_and(|c| c.start != 0 || c.step != 1 || c.len != node.ty.shape[a])
                 }),
                 Op::Gather { axis } => {
-                    a == Some(*axis) && !gathers_no_later_row(plan, inputs.first().copied(), inputs.get(1).copied(), &axes, high)
+                    a == Some(*axis)
+                        && !gathers_no_later_row(
+                            plan,
+                            inputs.first().copied(),
+                            inputs.get(1).copied(),
+                            &axes,
+                            high,
+                        )
                 }
                 Op::GatherElements { axis } => a == Some(*axis),
                 Op::GatherNd { .. } => a.is_some(),
@@ -500,7 +507,9 @@ impl SymbolicShapes {
                 Op::MatMul | Op::Gemm { .. } => {
                     a.is_some_and(|a| a + 1 >= rank(0)) || axis_of(1).is_some_and(|b| b + 2 >= rank(1))
                 }
-                Op::Attention { .. } => (0..inputs.len()).any(|i| axis_of(i).is_some_and(|x| x + 2 >= rank(i))),
+                Op::Attention { .. } => {
+                    (0..inputs.len()).any(|i| axis_of(i).is_some_and(|x| x + 2 >= rank(i)))
+                }
                 _ => false,
             };
             if bad {
@@ -514,9 +523,17 @@ impl SymbolicShapes {
 /// Whether `indices` is a constant that, gathering along the axis of `data` that follows the
 /// range, reads for each size `b` of the range (its positions `b·per`…) only rows that exist
 /// at that size (below `(b+1)·rows`, `rows` the data's rows per unit of the range).
-fn gathers_no_later_row(plan: &Plan, data: Option<NodeId>, indices: Option<NodeId>, axes: &HashMap<NodeId, usize>, high: usize) -> bool {
+fn gathers_no_later_row(
+    plan: &Plan,
+    data: Option<NodeId>,
+    indices: Option<NodeId>,
+    axes: &HashMap<NodeId, usize>,
+    high: usize,
+) -> bool {
     let (Some(data), Some(indices)) = (data, indices) else { return false };
-    let (Some(&axis), Some(&data_axis), Some(value)) = (axes.get(&indices), axes.get(&data), constant_value(plan, indices)) else {
+    let (Some(&axis), Some(&data_axis), Some(value)) =
+        (axes.get(&indices), axes.get(&data), constant_value(plan, indices))
+    else {
         return false;
     };
     let per = plan.graph.node(indices).ty.shape[axis] / high.max(1);

@@ -159,12 +159,22 @@ fn one_bundle_runs_every_batch_size_of_its_range() {
     if !gpu() {
         return;
     }
-    let mut table = String::from("| model | precision | batch sizes run | max rel-L2 | result |\n|---|---|---|---|---|\n");
+    let mut table = String::from(
+        "| model | precision | batch sizes run | max rel-L2 | result |\n|---|---|---|---|---|\n",
+    );
     let mut failed = Vec::new();
-    let attention = ["attention_d64.onnx", "bert_ts.onnx", "gpt2_ts.onnx", "llama_ts.onnx", "vit_ts.onnx", "bert_mask_ts.onnx"];
+    let attention = [
+        "attention_d64.onnx",
+        "bert_ts.onnx",
+        "gpt2_ts.onnx",
+        "llama_ts.onnx",
+        "vit_ts.onnx",
+        "bert_mask_ts.onnx",
+    ];
     for file in common::all_fixtures().into_iter().filter(|f| f != "op_coverage.onnx") {
         let path = common::model_path(&file);
-        let precisions: &[DType] = if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
+        let precisions: &[DType] =
+            if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
         for &precision in precisions {
             let tolerance = if precision == DType::F32 { FP32_TOLERANCE } else { HALF_TOLERANCE };
             let options = CompileOptions {
@@ -189,16 +199,24 @@ fn one_bundle_runs_every_batch_size_of_its_range() {
                     let theirs = run_tract(&path, &values(&inputs))?;
                     for ((_, a), b) in ours.iter().zip(&theirs) {
                         if a.shape() != b.shape() {
-                            return Err(format!("batch {n}: output {:?}, tract's {:?}", a.shape(), b.shape()));
+                            return Err(format!(
+                                "batch {n}: output {:?}, tract's {:?}",
+                                a.shape(),
+                                b.shape()
+                            ));
                         }
                         let e = rel_l2(a, b);
                         worst = if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) };
                     }
                 }
                 // Outside the range: an error naming the input and the range.
-                let model = fusec::import::import(&path, &common::batch_dims(&file, "5")).map_err(|e| e.to_string())?;
-                let err = session.run(&common::random_inputs(&model, 9)).err().ok_or("batch 5 ran")?.to_string();
-                if !err.contains("must be in 1..4") || !err.contains(&format!("'{}'", model.graph.node(model.graph.inputs()[0]).name)) {
+                let model = fusec::import::import(&path, &common::batch_dims(&file, "5"))
+                    .map_err(|e| e.to_string())?;
+                let err =
+                    session.run(&common::random_inputs(&model, 9)).err().ok_or("batch 5 ran")?.to_string();
+                if !err.contains("must be in 1..4")
+                    || !err.contains(&format!("'{}'", model.graph.node(model.graph.inputs()[0]).name))
+                {
                     return Err(format!("batch 5: {err}"));
                 }
                 Ok(worst)

@@ -101,8 +101,16 @@ fn every_fixture_has_symbolic_sizes_that_match_static_plans() {
 }
 
 /// A fixture compiled for batch sizes 1..4 (seq 7 where the model has one).
-fn batch_range(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
-    let options = CompileOptions { import: common::batch_dims(file, "1..4"), precision, ..Default::default() };
+fn batch_range(
+    file: &str,
+    precision: fusec::ir::DType,
+) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
+    let options = CompileOptions {
+        import: common::batch_dims(file, "1..4"),
+        precision,
+        arch: Some("sm_90".into()),
+        ..Default::default()
+    };
     fusec::compile(&common::model_path(file), &options)
 }
 

@@ -169,7 +169,8 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
 
 /// Input sets at size `n` of a range whose top is `high` (`input_sets` of the shapes there).
 fn input_sets_at(inputs: &[IoSpec], n: usize, high: usize) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
-    let specs: Vec<IoSpec> = inputs.iter().map(|i| IoSpec { shape: i.shape_at(n, high), ..i.clone() }).collect();
+    let specs: Vec<IoSpec> =
+        inputs.iter().map(|i| IoSpec { shape: i.shape_at(n, high), ..i.clone() }).collect();
     input_sets(&specs)
 }
 
@@ -217,11 +218,16 @@ impl Bench {
             for ((name, x), (_, y)) in ours.iter().zip(&theirs) {
                 let err = rel_l2(x, y);
                 if err.is_nan() || err > tolerance {
-                    bail!("{}={n}: the range bundle and the one for {n} alone differ on {name}: rel-L2 {err:e}", range.symbol);
+                    bail!(
+                        "{}={n}: the range bundle and the one for {n} alone differ on {name}: rel-L2 {err:e}",
+                        range.symbol
+                    );
                 }
             }
-            let (single_ms, _, _) = percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
-            let (range_ms, p10, p90) = percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
+            let (single_ms, _, _) =
+                percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
+            let (range_ms, p10, p90) =
+                percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
             rows.push((n, range_ms, p10, p90, single_ms, first_ms));
         }
         drop(progress);
@@ -237,7 +243,10 @@ impl Bench {
                 self.iters,
                 self.warmup
             );
-            println!("{:>8} {:>12} {:>10} {:>10} {:>12} {:>8} {:>15}", range.symbol, "range (ms)", "p10", "p90", "alone (ms)", "ratio", "first run (ms)");
+            println!(
+                "{:>8} {:>12} {:>10} {:>10} {:>12} {:>8} {:>15}",
+                range.symbol, "range (ms)", "p10", "p90", "alone (ms)", "ratio", "first run (ms)"
+            );
             for (n, range_ms, p10, p90, single_ms, first_ms) in &rows {
                 println!(
                     "{n:>8} {range_ms:>12.4} {p10:>10.4} {p90:>10.4} {single_ms:>12.4} {:>7.3}x {first_ms:>15.2}",
@@ -302,10 +311,16 @@ impl Bench {
         let sets = input_sets(&fused.header.inputs)?;
         progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");
         let tune_gemms = !self.no_gemm_tuning;
-        let mut fast =
-            Session::with_options(&fused, self.device, SessionOptions { cuda_graph: true, tune_gemms, ..Default::default() })?;
-        let mut slow =
-            Session::with_options(&unfused, self.device, SessionOptions { cuda_graph: false, tune_gemms, ..Default::default() })?;
+        let mut fast = Session::with_options(
+            &fused,
+            self.device,
+            SessionOptions { cuda_graph: true, tune_gemms, ..Default::default() },
+        )?;
+        let mut slow = Session::with_options(
+            &unfused,
+            self.device,
+            SessionOptions { cuda_graph: false, tune_gemms, ..Default::default() },
+        )?;
         let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
         let (a, b) = (fast.run(&sets[0])?, slow.run(&sets[0])?);
         for ((name, x), (_, y)) in a.iter().zip(&b) {

@@ -166,7 +166,19 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     if b_total == k * n && !a_transposed && batch > 1 {
         let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
         let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
-        return Ok(GemmSpec { a, b, c: out, m: m * batch, n, k, batch: 1, alpha, dtype, lt_epilogue: None, scales: None });
+        return Ok(GemmSpec {
+            a,
+            b,
+            c: out,
+            m: m * batch,
+            n,
+            k,
+            batch: 1,
+            alpha,
+            dtype,
+            lt_epilogue: None,
+            scales: None,
+        });
     }
     let a = GemmOperand {
         location: a_loc,

@@ -210,10 +210,16 @@ fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) ->
     // Kernels with a bound set their scale as they are generated; the others launch one
     // block per unit of work.
     let set = |source: &mut KernelSource| -> Result<(), String> {
-        let scale =
-            *source.scale.get_or_insert(LaunchScale { units: u64::from(source.grid), per_block: 1, bound: false });
+        let scale = *source.scale.get_or_insert(LaunchScale {
+            units: u64::from(source.grid),
+            per_block: 1,
+            bound: false,
+        });
         if scale.units % high != 0 {
-            return Err(format!("its {} units of work are not a multiple of {}={high}", scale.units, range.symbol));
+            return Err(format!(
+                "its {} units of work are not a multiple of {}={high}",
+                scale.units, range.symbol
+            ));
         }
         Ok(())
     };
@@ -222,7 +228,8 @@ fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) ->
         Step::Gemm { gemm, epilogue } => {
             let out = *kernel.outputs.first().ok_or("a GEMM without an output")?;
             let node = plan.graph.node(out);
-            let axis = range.axes.get(&out).copied().ok_or("a GEMM whose output does not follow the range")?;
+            let axis =
+                range.axes.get(&out).copied().ok_or("a GEMM whose output does not follow the range")?;
             let rank = node.ty.rank();
             // A batch of products over a shared B is one product of the rows stacked (batch 1).
             gemm.scales = Some(if axis + 2 < rank && gemm.batch > 1 {
@@ -239,7 +246,10 @@ fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) ->
                 _ => gemm.m,
             };
             if scaled % range.high != 0 {
-                return Err(format!("GEMM '{}': {scaled} is not a multiple of {}={high}", node.name, range.symbol));
+                return Err(format!(
+                    "GEMM '{}': {scaled} is not a multiple of {}={high}",
+                    node.name, range.symbol
+                ));
             }
             if let Some(source) = epilogue {
                 set(source)?;

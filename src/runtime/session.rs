@@ -320,7 +320,14 @@ impl Session {
             if let Some(scale) = source.scale.filter(|s| s.bound) {
                 args.push(scale.units);
             }
-            Ok(Launch { name: source.name.clone(), function, config, args, programmatic, scale: source.scale })
+            Ok(Launch {
+                name: source.name.clone(),
+                function,
+                config,
+                args,
+                programmatic,
+                scale: source.scale,
+            })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
@@ -545,7 +552,8 @@ impl Session {
             }
             None => {
                 let top = self.sizes.iter().find(|(s, _, _)| *s == range.high).map(|(_, steps, _)| steps);
-                let top = top.ok_or_else(|| RuntimeError::Driver("the top size's steps are missing".into()))?;
+                let top =
+                    top.ok_or_else(|| RuntimeError::Driver("the top size's steps are missing".into()))?;
                 (self.steps_at(top, n, range.high)?, None)
             }
         };
@@ -573,13 +581,17 @@ impl Session {
                         let epilogue = epilogue.as_ref().map(|l| l.at(n, high));
                         let prepared = match (lt, gemm.lt_epilogue) {
                             (Some(_), Some(e)) => {
-                                let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
-                                let prepared = lt.prepare(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
-                                    RuntimeError::Driver(format!(
+                                let lt = self
+                                    .lt
+                                    .as_ref()
+                                    .ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                                let prepared =
+                                    lt.prepare(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
+                                        RuntimeError::Driver(format!(
                                         "cuBLASLt has no algorithm for the {}x{}x{} GEMM with its epilogue",
                                         gemm.m, gemm.n, gemm.k
                                     ))
-                                })?;
+                                    })?;
                                 Some(Box::new(prepared))
                             }
                             _ => None,
