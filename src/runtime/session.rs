@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
+    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, HostSlice, LaunchConfig,
+    PinnedHostSlice, PushKernelArg, SyncOnDrop,
 };
 use cudarc::nvrtc::Ptx;
 use ndarray::{ArrayD, IxDyn};
@@ -679,7 +679,8 @@ impl Session {
             })?;
             crate::plan::write_tensor_bytes(host, tensor);
             let mut view = self.arena.slice_mut(offset..offset + bytes);
-            self.stream.memcpy_htod(staging, &mut view).map_err(driver)?;
+            // The buffer is sized for the top of a range; the copy takes what this size fills.
+            self.stream.memcpy_htod(&Prefix { inner: staging, len: bytes }, &mut view).map_err(driver)?;
         }
         Ok(())
     }
@@ -1222,6 +1223,35 @@ fn out_of_memory(
     }
     let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
     RuntimeError::OutOfMemory { device: device.to_string(), what: what.to_string(), needed, free, total }
+}
+
+/// The first `len` elements of a page-locked buffer, as a copy's source or destination.
+struct Prefix<'s> {
+    inner: &'s mut PinnedHostSlice<u8>,
+    len: usize,
+}
+
+impl HostSlice<u8> for Prefix<'_> {
+    fn len(&self) -> usize {
+        self.len.min(self.inner.len())
+    }
+
+    unsafe fn stream_synced_slice<'a>(&'a self, stream: &'a CudaStream) -> (&'a [u8], SyncOnDrop<'a>) {
+        // SAFETY: as the caller's contract: the slice is used with `stream` only.
+        let (slice, sync) = unsafe { self.inner.stream_synced_slice(stream) };
+        (&slice[..self.len.min(slice.len())], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [u8], SyncOnDrop<'a>) {
+        let len = self.len;
+        // SAFETY: as the caller's contract: the slice is used with `stream` only.
+        let (slice, sync) = unsafe { self.inner.stream_synced_mut_slice(stream) };
+        let end = len.min(slice.len());
+        (&mut slice[..end], sync)
+    }
 }
 
 /// The device address of `location` given where the arena and the weights start.
