@@ -759,6 +759,18 @@ impl Session {
     /// Runs every step on the data in device memory — the first time one by one, then (with
     /// CUDA graphs on) as a captured graph — and waits for the GPU.
     pub fn execute_all(&mut self) -> Result<(), RuntimeError> {
+        // A size of a range first run after the session's first run (its kernels loaded): its
+        // graph is captured straight away and launched, without a run step by step first. If
+        // the capture fails, the run goes step by step and captures after, as a first run does.
+        if self.use_graph && self.graph.is_none() && self.runs > 0 && self.range.is_some() {
+            match self.capture(|session| session.execute()) {
+                Ok(graph) => {
+                    graph.upload().map_err(driver)?;
+                    self.graph = Some(graph);
+                }
+                Err(e) => tracing::debug!("capturing size {} before its first run failed: {e}", self.size),
+            }
+        }
         match &self.graph {
             Some(graph) => graph.launch().map_err(driver)?,
             None => self.execute()?,
