@@ -180,48 +180,67 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         .into_iter()
         .map(|(symbol, low, high)| DimRange { symbol, low, high })
         .collect();
-    let plan_at = |values: &[usize], attention: Option<Vec<bool>>| {
+    let high: Vec<usize> = symbols.iter().map(|r| r.high).collect();
+    // The sizes planned: the top; one dim moved down its range at a time (fits each dim's
+    // power: not to 1 where the range has room, as at size 1 the passes take shortcuts — a
+    // broadcast or a reshape of a size-1 axis dropped — that make another program, which the
+    // fit could not compare); every dim in the middle of its range (checks the fit where it
+    // was not made).
+    let mut points = vec![high.clone()];
+    for (i, range) in symbols.iter().enumerate() {
+        let mut values = high.clone();
+        values[i] = probe(range);
+        points.push(values);
+    }
+    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 2).collect();
+    if !points.contains(&middle) {
+        points.push(middle);
+    }
+    let at = |values: &[usize]| {
         let mut options = options.clone();
         for (range, &v) in symbols.iter().zip(values) {
             options.import.dims.insert(range.symbol.clone(), v);
         }
-        options.attention = attention.or(options.attention);
-        let model = crate::import::import(path, &options.import)?;
-        plan_model(model, path, &options, &mut |_| {})
+        options
     };
-    let high: Vec<usize> = symbols.iter().map(|r| r.high).collect();
-    let (base, report) = plan_at(&high, None)?;
+    // The file read and its weights converted once for every size.
+    let imports: Vec<_> = points.iter().map(|v| at(v).import).collect();
+    let mut models = crate::import::import_each(path, &imports)?.into_iter();
+    let Some(top_model) = models.next() else {
+        return Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into());
+    };
+    let (base, report) = plan_model(top_model, path, &at(&high), &mut |_| {})?;
     // The cost model's choices at the top size hold at every size: one program.
     let decided = report.map(|r| r.attention);
-    let plan_at =
-        |values: &[usize]| -> Result<Plan, CompileError> { Ok(plan_at(values, decided.clone())?.0) };
-    let same = |values: &[usize], plan: &Plan| {
-        same_program(&base, plan).map_err(|what| SymbolicError::Differs {
+    // The other sizes planned side by side.
+    let planned: Vec<Result<Plan, CompileError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = points[1..]
+            .iter()
+            .zip(models)
+            .map(|(values, model)| {
+                let mut options = at(values);
+                options.attention = decided.clone().or(options.attention);
+                scope.spawn(move || Ok(plan_model(model, path, &options, &mut |_| {})?.0))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    let mut checks = Vec::with_capacity(planned.len());
+    for (values, plan) in points[1..].iter().zip(planned) {
+        let plan = plan?;
+        same_program(&base, &plan).map_err(|what| SymbolicError::Differs {
             at: assignment(&symbols, values),
             top: assignment(&symbols, &high),
             what,
-        })
-    };
-    // One dim moved down its range at a time: fits each dim's power. Not to 1 where the range
-    // has room: at size 1 the passes take shortcuts (a broadcast or a reshape of a size-1 axis
-    // is dropped) that make another program, which the fit could not compare.
-    let mut checks = Vec::new();
-    for (i, range) in symbols.iter().enumerate() {
-        let mut values = high.clone();
-        values[i] = probe(range);
-        let plan = plan_at(&values)?;
-        same(&values, &plan)?;
-        checks.push((values, plan));
+        })?;
+        checks.push((values.clone(), plan));
     }
-    let shapes = fit(&base, &symbols, &checks)?;
+    let fitted = &checks[..symbols.len().min(checks.len())];
+    let shapes = fit(&base, &symbols, fitted)?;
     let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };
-    // Checked where nothing was fitted: every dim in the middle of its range.
-    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 2).collect();
-    if !symbols.is_empty() && middle != high && checks.iter().all(|(values, _)| *values != middle) {
-        let plan = plan_at(&middle)?;
-        same(&middle, &plan)?;
-        checks.push((middle, plan));
-    }
     for (values, plan) in &checks {
         check_shapes(&base, &symbolic, values, plan)?;
         check_constants(&base, &symbolic, values, plan)?;

@@ -212,10 +212,16 @@ impl Bench {
             let mut alone = Session::with_options(&single, self.device, options)?;
             let sets = input_sets_at(&ranged.header.inputs, n, range.high)?;
             progress.set(format!("{}={n}: first run, then {} timed runs of each", range.symbol, self.iters));
-            // The first run at this size: its steps set up, run one by one, then captured.
+            // The first run at this size, without the copies in and out any run has: its steps
+            // set up (launches scaled, GEMM descriptors), its graph captured and run.
             let started = std::time::Instant::now();
+            session.select_size(n)?;
+            let setup_ms = started.elapsed().as_secs_f64() * 1e3;
+            session.upload(&sets[0])?;
+            let started = std::time::Instant::now();
+            session.execute_all()?;
+            let first_ms = setup_ms + started.elapsed().as_secs_f64() * 1e3;
             let ours = session.run(&sets[0])?;
-            let first_ms = started.elapsed().as_secs_f64() * 1e3;
             let theirs = alone.run(&sets[0])?;
             let tolerance = if ranged.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
             for ((name, x), (_, y)) in ours.iter().zip(&theirs) {
@@ -231,7 +237,7 @@ impl Bench {
                 percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
             let (range_ms, p10, p90) =
                 percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
-            rows.push((n, range_ms, p10, p90, single_ms, first_ms));
+            rows.push((n, range_ms, p10, p90, single_ms, first_ms, setup_ms));
         }
         drop(progress);
         if !super::shapes::json_to_stdout(self.json.as_deref()) {

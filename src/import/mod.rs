@@ -394,6 +394,13 @@ fn resolve_inputs(
 
 /// Imports the ONNX model at `path` with concrete input shapes.
 pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError> {
+    let mut models = import_each(path, std::slice::from_ref(options))?;
+    models.pop().ok_or_else(|| ImportError::NoGraph { path: path.to_path_buf() })
+}
+
+/// [`import`] with each of `options` (other sizes of the same model): the file is read and
+/// its weights converted once, and shared by the graphs.
+pub fn import_each(path: &Path, options: &[ImportOptions]) -> Result<Vec<Model>, ImportError> {
     let source = Source::open(path)?;
     let proto = &source.proto;
     let summary = summarize_proto(proto, path)?;
@@ -413,19 +420,35 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
         });
     }
     let onnx_graph = graph_of(proto, path)?;
-    let mut graph = Graph::new();
-    let mut values: HashMap<String, NodeId> = HashMap::new();
-    // Converted on every core (the file's bytes to IR tensors), added in the file's order.
+    // Converted on every core (the file's bytes to IR tensors), kept in the file's order.
     let indexed: Vec<(usize, &pb::TensorProto)> = onnx_graph.initializer.iter().enumerate().collect();
     let tensors = crate::parallel::map(&indexed, |&(index, t)| source.initializer(index, t, path));
+    let mut initializers = Vec::with_capacity(indexed.len());
     for ((_, t), value) in indexed.into_iter().zip(tensors) {
         let value = value.map_err(|message| ImportError::Initializer {
             path: path.to_path_buf(),
             name: t.name.clone(),
             message,
         })?;
-        let id = graph.add_constant(&t.name, Arc::new(value), Origin::new(&t.name, "Initializer"));
-        values.insert(t.name.clone(), id);
+        initializers.push((t.name.as_str(), Arc::new(value)));
+    }
+    options.iter().map(|options| translate(path, onnx_graph, &summary, &initializers, options)).collect()
+}
+
+/// The IR graph of `onnx_graph` with `options`' shapes, its initializers already converted.
+fn translate(
+    path: &Path,
+    onnx_graph: &pb::GraphProto,
+    summary: &OnnxSummary,
+    initializers: &[(&str, Arc<ir::Tensor>)],
+    options: &ImportOptions,
+) -> Result<Model, ImportError> {
+    let summary = summary.clone();
+    let mut graph = Graph::new();
+    let mut values: HashMap<String, NodeId> = HashMap::new();
+    for &(name, ref value) in initializers {
+        let id = graph.add_constant(name, value.clone(), Origin::new(name, "Initializer"));
+        values.insert(name.to_string(), id);
     }
     for (name, value) in &options.constants {
         if !summary.inputs.iter().any(|i| i.name == *name) {
