@@ -43,6 +43,26 @@ impl FusionAnalysis {
     /// that equal constants are one class whatever their size — which constants are shared
     /// must not depend on the sizes a program is planned for.
     pub fn intern_constant(&mut self, value: Arc<Tensor>) -> ConstId {
+        self.intern(value, true)
+    }
+
+    /// The id of `value`, one per tensor (shared only with the same `Arc`): for weights,
+    /// which are many bytes to hash and equal no other.
+    pub fn intern_tensor(&mut self, value: Arc<Tensor>) -> ConstId {
+        self.intern(value, false)
+    }
+
+    fn intern(&mut self, value: Arc<Tensor>, by_value: bool) -> ConstId {
+        if !by_value {
+            let key = format!("ptr {:p}", Arc::as_ptr(&value));
+            if let Some(&id) = self.constant_keys.get(&key) {
+                return id;
+            }
+            let id = ConstId(self.constants.len() as u32);
+            self.constants.push(value);
+            self.constant_keys.insert(key, id);
+            return id;
+        }
         let key = format!("{} {:016x}", value.tensor_type(), value.content_hash());
         match self.constant_keys.get(&key) {
             Some(&id) if self.constants[id.0 as usize] == value => return id,

@@ -31,6 +31,11 @@ pub fn lower(graph: &Graph) -> Result<Lowered, FusionError> {
         let absent = |egraph: &mut FusionGraph| egraph.add(FusionLang::Absent);
         let enode = match &node.op {
             Op::Input { name } => FusionLang::Input(egraph.analysis.add_input(name, node.ty.clone())),
+            // The model's weights are one class each; constants folded at import are shared
+            // by value (every layer's copy of a mask is one class).
+            Op::Constant(t) if node.origin.op_type == "Initializer" => {
+                FusionLang::Const(egraph.analysis.intern_tensor(t.clone()))
+            }
             Op::Constant(t) => FusionLang::Const(egraph.analysis.intern_constant(t.clone())),
             Op::Binary(BinaryOp::Add) => FusionLang::Add([c[0], c[1]]),
             Op::Binary(BinaryOp::Sub) => FusionLang::Sub([c[0], c[1]]),

@@ -190,6 +190,22 @@ impl Lt {
     /// batch), with its epilogue when it has one (the bias at `bias`); `None` when cuBLASLt
     /// offers no algorithm (the caller then runs cuBLAS and the epilogue kernel).
     pub(super) fn prepare(&self, g: &GemmSpec, bias: Option<u64>) -> Option<LtGemm> {
+        self.prepare_with(g, bias, candidates_wanted(), variants_wanted())
+    }
+
+    /// [`Lt::prepare`] with the heuristic's first algorithm only: no candidates to time (a
+    /// size of a range set up on its first run, where the time to set up counts).
+    pub(super) fn prepare_first(&self, g: &GemmSpec, bias: Option<u64>) -> Option<LtGemm> {
+        self.prepare_with(g, bias, 1, 0)
+    }
+
+    fn prepare_with(
+        &self,
+        g: &GemmSpec,
+        bias: Option<u64>,
+        wanted: usize,
+        variants: usize,
+    ) -> Option<LtGemm> {
         if g.batch != 1 {
             return None;
         }
@@ -247,7 +263,7 @@ impl Lt {
         let size = WORKSPACE_BYTES;
         // SAFETY: the zeroed results are plain C structs the call fills in.
         let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; candidates_wanted()];
+            vec![unsafe { std::mem::zeroed() }; wanted.max(1)];
         let mut found = 0i32;
         // SAFETY: the attribute takes a size_t; every descriptor is live; `results` has room
         // for the `results.len()` results asked for.
@@ -287,8 +303,10 @@ impl Lt {
             .collect();
         gemm.algo = *gemm.candidates.first()?;
         gemm.heuristic = gemm.candidates.len();
-        let variants = self.variants(&gemm, variants_wanted());
-        gemm.candidates.extend(variants);
+        if variants > 0 {
+            let variants = self.variants(&gemm, variants);
+            gemm.candidates.extend(variants);
+        }
         Some(gemm)
     }
 

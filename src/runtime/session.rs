@@ -586,7 +586,7 @@ impl Session {
                                     .as_ref()
                                     .ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
                                 let prepared =
-                                    lt.prepare(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
+                                    lt.prepare_first(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
                                         RuntimeError::Driver(format!(
                                         "cuBLASLt has no algorithm for the {}x{}x{} GEMM with its epilogue",
                                         gemm.m, gemm.n, gemm.k
