@@ -206,24 +206,19 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     // The file read and its weights converted once for every size.
     let clock = std::time::Instant::now();
     let imports: Vec<_> = points.iter().map(|v| at(v).import).collect();
-    let mut models = crate::import::import_each(path, &imports)?.into_iter();
-    let Some(top_model) = models.next() else {
-        return Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into());
-    };
+    let models = crate::import::import_each(path, &imports)?.into_iter();
+    let models: Vec<crate::import::Model> = models.collect();
     let imported = clock.elapsed().as_secs_f64();
-    let (base, report) = plan_model(top_model, path, &at(&high), &mut |_| {})?;
-    let top_planned = clock.elapsed().as_secs_f64();
-    // The cost model's choices at the top size hold at every size: one program.
-    let decided = report.map(|r| r.attention);
-    // The other sizes planned side by side.
-    let planned: Vec<Result<Plan, CompileError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = points[1..]
+    // Every size planned side by side, each deciding for itself; a size whose cost-model
+    // choices differ from the top's is planned again with the top's: one program.
+    type Planned = Result<(Plan, Option<crate::fusion::FusionReport>), CompileError>;
+    let planned: Vec<Planned> = std::thread::scope(|scope| {
+        let handles: Vec<_> = points
             .iter()
-            .zip(models)
+            .zip(models.iter().cloned())
             .map(|(values, model)| {
-                let mut options = at(values);
-                options.attention = decided.clone().or(options.attention);
-                scope.spawn(move || Ok(plan_model(model, path, &options, &mut |_| {})?.0))
+                let options = at(values);
+                scope.spawn(move || plan_model(model, path, &options, &mut |_| {}))
             })
             .collect();
         handles
@@ -231,6 +226,25 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
             .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect()
     });
+    let mut planned = planned.into_iter();
+    let Some(top) = planned.next() else {
+        return Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into());
+    };
+    let (base, report) = top?;
+    let top_planned = clock.elapsed().as_secs_f64();
+    let decided = report.map(|r| r.attention);
+    let mut others = Vec::new();
+    for ((values, model), plan) in points[1..].iter().zip(models.into_iter().skip(1)).zip(planned) {
+        let (plan, report) = plan?;
+        others.push(if report.map(|r| r.attention) == decided {
+            Ok(plan)
+        } else {
+            let mut options = at(values);
+            options.attention = decided.clone();
+            plan_model(model, path, &options, &mut |_| {}).map(|(plan, _)| plan)
+        });
+    }
+    let planned = others;
     let others_planned = clock.elapsed().as_secs_f64();
     let mut checks = Vec::with_capacity(planned.len());
     for (values, plan) in points[1..].iter().zip(planned) {
@@ -250,7 +264,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         check_constants(&base, &symbolic, values, plan)?;
     }
     tracing::info!(
-        "ranges {}: {} sizes imported in {imported:.2} s, the top planned in {:.2} s, the others in {:.2} s, checked in {:.2} s",
+        "ranges {}: {} sizes imported in {imported:.2} s, planned side by side in {:.2} s, planned again with the top's choices in {:.2} s, checked in {:.2} s",
         symbolic.ranges(),
         points.len(),
         top_planned - imported,
