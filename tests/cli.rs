@@ -124,6 +124,42 @@ fn bad_files_fail_cleanly() {
     assert_clean_failure(&["inspect", truncated.to_str().unwrap()], &["truncated.onnx", "protobuf"]);
 }
 
+/// A bundle for a range of batch sizes: compile says so, inspect shows its header (range and
+/// symbolic shapes) and the symbolic sizes of a model; a range the kernels cannot follow and
+/// a malformed range are clean errors.
+#[test]
+fn ranges_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("r.bundle");
+    let bundle = bundle.to_str().unwrap();
+    let bert = common::model_path("bert_ts.onnx");
+    let bert = bert.to_str().unwrap();
+    let out = fusec(&["compile", bert, "--dim", "batch=1..8", "--dim", "seq=16", "-o", bundle]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("runs batch=1..8 (activation bytes for 8): input i64[batch, 16]"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = fusec(&["inspect", bundle]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for needle in [
+        "range       batch=1..8",
+        "input       input i64[batch, 16]",
+        "output      last_hidden_state f32[batch, 16, 64]",
+    ] {
+        assert!(shown.contains(needle), "'{needle}' not in {shown}");
+    }
+    let out = fusec(&["inspect", bert, "--dim", "batch=1..8", "--dim", "seq=2..16"]);
+    assert!(text(&out.stdout).contains("input     input [batch, seq]"), "{}", text(&out.stdout));
+    assert_clean_failure(
+        &["compile", bert, "--dim", "batch=4", "--dim", "seq=1..16", "-o", bundle],
+        &["[4, seq]", "leading axis", "--dim NAME=N"],
+    );
+    assert_clean_failure(&["compile", bert, "--dim", "batch=9..2", "-o", bundle], &["over its high end"]);
+}
+
 #[test]
 fn bad_shapes_fail_cleanly() {
     let bert = common::model_path("bert_ts.onnx");

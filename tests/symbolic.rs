@@ -133,3 +133,102 @@ fn every_fixture_compiles_for_a_range_of_batch_sizes() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+#[test]
+fn a_range_bundle_round_trips_and_checks_its_inputs() {
+    let file = "bert_mask_ts.onnx";
+    let bundle = batch_range(file, fusec::ir::DType::F32).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.bundle");
+    bundle.save(&path).unwrap();
+    let loaded = fusec::Bundle::load(&path).unwrap();
+    assert_eq!(loaded.header, bundle.header);
+    let header = &loaded.header;
+    let range = header.range.as_ref().unwrap();
+    let names: Vec<&str> = header.inputs.iter().map(|i| i.name.as_str()).collect();
+    assert!(header.inputs.iter().all(|i| i.range_axis == Some(0)), "{:?}", header.inputs);
+    assert!(header.outputs.iter().all(|o| o.range_axis == Some(0)));
+    assert_eq!(header.inputs[0].shape_text(Some(range)), "[batch, 7]");
+    assert_eq!(header.outputs[0].shape_at(3, range.high), vec![3, 7, 64]);
+
+    let inputs_at = |batch: &str| {
+        let model =
+            fusec::import::import(&common::model_path(file), &common::batch_dims(file, batch)).unwrap();
+        common::random_inputs(&model, 1)
+    };
+    let check = |inputs: &[(String, fusec::ir::Tensor)]| {
+        fusec::bundle::input_size(&header.inputs, Some(range), inputs)
+    };
+    for n in 1..=4 {
+        assert_eq!(check(&inputs_at(&n.to_string())), Ok(Some(n)));
+    }
+    // Above the range: the input, its axis, the range and the value are named.
+    let err = check(&inputs_at("5")).unwrap_err();
+    assert!(
+        err.contains(&format!("input '{}' has 5 along axis 0", names[0]))
+            && err.contains("batch must be in 1..4"),
+        "{err}"
+    );
+    // Inputs at two sizes.
+    let mut mixed = inputs_at("2");
+    mixed[1] = inputs_at("3").remove(1);
+    let err = check(&mixed).unwrap_err();
+    assert!(err.contains("batch=3") && err.contains("batch=2"), "{err}");
+    // Another rank, or another size on a fixed axis.
+    let mut wrong = inputs_at("2");
+    wrong[0].1 = wrong[0].1.reshaped(&[14]).unwrap();
+    let err = check(&wrong).unwrap_err();
+    assert!(
+        err.contains(&format!("input '{}' is i64[14], the model takes i64[batch, 7]", names[0])),
+        "{err}"
+    );
+    let mut wrong = inputs_at("2");
+    wrong[0].1 = wrong[0].1.reshaped(&[7, 2]).unwrap();
+    assert!(check(&wrong).unwrap_err().contains("the model takes i64[batch, 7]"));
+    // A bundle for one size takes that size only.
+    let fixed = fusec::compile(
+        &common::model_path(file),
+        &CompileOptions { import: common::batch_dims(file, "2"), ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(fusec::bundle::input_size(&fixed.header.inputs, None, &inputs_at("2")), Ok(None));
+    assert!(fusec::bundle::input_size(&fixed.header.inputs, None, &inputs_at("3"))
+        .unwrap_err()
+        .contains("the model takes i64[2, 7]"));
+}
+
+#[test]
+fn ranges_kernels_cannot_follow_are_errors_that_name_the_value() {
+    let path = common::model_path("bert_ts.onnx");
+    let compile = |dims: &[&str]| {
+        let dims = dims.iter().map(|d| d.parse().unwrap()).collect();
+        fusec::compile(
+            &path,
+            &CompileOptions { import: ImportOptions::new(vec![], dims), ..Default::default() },
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+    };
+    // seq is not the leading axis of the values that follow it: not built yet, said so.
+    let err = compile(&["batch=2", "seq=1..16"]);
+    assert!(
+        err.contains("is [2, seq]") && err.contains("not the leading axis") && err.contains("--dim NAME=N"),
+        "{err}"
+    );
+    let err = compile(&["batch=1..4", "seq=1..16"]);
+    assert!(err.contains("its sizes follow 2 ranges"), "{err}");
+    // inspect shows the symbolic sizes of such a program all the same.
+    let (_, symbolic) = plan_symbolic(
+        &path,
+        &CompileOptions {
+            import: ImportOptions::new(
+                vec![],
+                vec!["batch=1..4".parse().unwrap(), "seq=1..16".parse().unwrap()],
+            ),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(symbolic.ranges(), "batch=1..4, seq=1..16");
+}

@@ -110,6 +110,27 @@ impl IoSpec {
         }
     }
 
+    /// The shape it takes, with `range`'s dim named where it follows it (`[batch, 16]`,
+    /// `[batch*16, 64]`; `[8, 16]` for a fixed shape).
+    pub fn shape_text(&self, range: Option<&BundleRange>) -> String {
+        match (range, self.range_axis) {
+            (Some(range), Some(axis)) => {
+                let dims: Vec<String> = self
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &d)| match (a == axis, d / range.high.max(1)) {
+                        (true, 1) => range.symbol.clone(),
+                        (true, per) => format!("{}*{per}", range.symbol),
+                        (false, _) => d.to_string(),
+                    })
+                    .collect();
+                format!("[{}]", dims.join(", "))
+            }
+            _ => format!("{:?}", self.shape),
+        }
+    }
+
     /// Its shape at size `n` of a range whose top is `high`.
     pub fn shape_at(&self, n: usize, high: usize) -> Vec<usize> {
         let mut shape = self.shape.clone();
@@ -123,6 +144,85 @@ impl IoSpec {
     pub fn tensor_type(&self) -> Option<TensorType> {
         Some(TensorType::new(DType::from_name(&self.dtype)?, self.shape.clone()))
     }
+}
+
+/// Checks `inputs` (by name) against a bundle's input `specs`: every input given and no
+/// other, each of its element type and shape — for a bundle with `range`, at any size of the
+/// range along the axis that follows it, the same size for every input. Returns that size
+/// (`None` without a range). The error names the input; for a size outside the range, also
+/// the axis, the range and the value given.
+pub fn input_size(
+    specs: &[IoSpec],
+    range: Option<&BundleRange>,
+    inputs: &[(String, crate::ir::Tensor)],
+) -> Result<Option<usize>, String> {
+    let expected = || {
+        specs
+            .iter()
+            .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(range)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (name, _) in inputs {
+        if !specs.iter().any(|i| &i.name == name) {
+            return Err(format!(
+                "'{name}' is not an input of the model (its inputs: {}){}",
+                expected(),
+                crate::suggest::did_you_mean(name, specs.iter().map(|i| i.name.as_str()))
+            ));
+        }
+    }
+    let mut size: Option<(usize, &str)> = None;
+    for spec in specs {
+        let given = inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t);
+        let given = given
+            .ok_or_else(|| format!("input '{}' was not given (the inputs: {})", spec.name, expected()))?;
+        let wrong = || {
+            format!(
+                "input '{}' is {}{:?}, the model takes {}{}",
+                spec.name,
+                given.dtype(),
+                given.shape(),
+                spec.dtype,
+                spec.shape_text(range)
+            )
+        };
+        let (Some(range), Some(axis)) = (range, spec.range_axis) else {
+            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                return Err(wrong());
+            }
+            continue;
+        };
+        let same_elsewhere = given.shape().len() == spec.shape.len()
+            && given.shape().iter().zip(&spec.shape).enumerate().all(|(a, (g, s))| a == axis || g == s);
+        if given.dtype().name() != spec.dtype || !same_elsewhere {
+            return Err(wrong());
+        }
+        let per = (spec.shape[axis] / range.high.max(1)).max(1);
+        let value = given.shape()[axis];
+        let n = value / per;
+        if value % per != 0 || n < range.low || n > range.high {
+            return Err(format!(
+                "input '{}' has {value} along axis {axis} ({}{}): {} must be in {}..{}, the bundle's range",
+                spec.name,
+                spec.dtype,
+                spec.shape_text(Some(range)),
+                range.symbol,
+                range.low,
+                range.high
+            ));
+        }
+        match size {
+            Some((other, name)) if other != n => {
+                return Err(format!(
+                    "input '{}' is at {}={n}, input '{name}' at {}={other}",
+                    spec.name, range.symbol, range.symbol
+                ))
+            }
+            _ => size = Some((n, spec.name.as_str())),
+        }
+    }
+    Ok(size.map(|(n, _)| n))
 }
 
 /// The range of sizes of one dim a bundle runs.

@@ -103,6 +103,21 @@ impl Compile {
                 bundle.weights.len(),
                 h.arena_bytes
             );
+            if let Some(range) = &h.range {
+                let io: Vec<String> = h
+                    .inputs
+                    .iter()
+                    .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(Some(range))))
+                    .collect();
+                println!(
+                    "runs {}={}..{} (activation bytes for {}): {}",
+                    range.symbol,
+                    range.low,
+                    range.high,
+                    range.high,
+                    io.join(", ")
+                );
+            }
         }
         if let Some(path) = &self.json {
             let doc = serde_json::json!({
@@ -125,6 +140,7 @@ impl Compile {
                 "flops": h.flops,
                 "inputs": super::shapes::io_json(&h.inputs),
                 "outputs": super::shapes::io_json(&h.outputs),
+                "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
                 "stages": stages,
                 "peak_memory_bytes": peak_memory(),
             });

@@ -23,7 +23,7 @@ use super::shapes::{json_to_stdout, precision, write_json, ShapeArgs};
     after_help = "Examples:\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --fused\n  fusec inspect models/bert_ts.onnx --dim batch=2 --dim seq=16 --svg bert.svg\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dot mlp.dot --json mlp.json\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --json - | jq .program.launches\n  fusec inspect models/mlp_block.onnx --input x:4x7x40 --dump"
 )]
 pub struct Inspect {
-    /// The ONNX model.
+    /// The ONNX model, or a bundle (`.bundle`: its header is shown).
     model: PathBuf,
     #[command(flatten)]
     shapes: ShapeArgs,
@@ -101,6 +101,66 @@ fn dims_json(dims: &Option<Vec<DeclaredDim>>) -> serde_json::Value {
 }
 
 impl Inspect {
+    /// A bundle's header: what it was compiled from and how, what it takes and gives (with
+    /// its range of sizes), its program's size.
+    fn bundle(&self, say: &dyn Fn(String)) -> anyhow::Result<ExitCode> {
+        let bundle = fusec::Bundle::load(&self.model)?;
+        let h = &bundle.header;
+        let functions: std::collections::BTreeSet<&str> =
+            h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect();
+        say(format!("bundle      {} (format {})", self.model.display(), h.format_version));
+        say(format!("model       {}", h.model));
+        say(format!(
+            "program     {}, {}, {} kernels ({} distinct functions), {} launches per run ({} cuBLAS GEMMs), {} graph breaks",
+            h.precision,
+            if h.fused { "fused" } else { "unfused" },
+            h.kernels,
+            functions.len(),
+            h.launches,
+            h.gemm_calls,
+            h.graph_breaks
+        ));
+        say(format!("PTX         {}", h.arch.as_deref().unwrap_or("none (CUDA sources, compiled at load)")));
+        say(format!(
+            "memory      {} weight bytes, {} activation bytes at peak",
+            bundle.weights.len(),
+            h.arena_bytes
+        ));
+        match &h.range {
+            Some(r) => say(format!("range       {}={}..{} (memory for {})", r.symbol, r.low, r.high, r.high)),
+            None => say("range       none: one size".into()),
+        }
+        for (kind, specs) in [("input", &h.inputs), ("output", &h.outputs)] {
+            for s in specs {
+                say(format!("{kind:<11} {} {}{}", s.name, s.dtype, s.shape_text(h.range.as_ref())));
+            }
+        }
+        if let Some(path) = &self.json {
+            let doc = serde_json::json!({
+                "schema": "fusec-inspect-bundle",
+                "schema_version": JSON_SCHEMA_VERSION,
+                "bundle": self.model.display().to_string(),
+                "format": h.format_version,
+                "model": h.model,
+                "precision": h.precision,
+                "fused": h.fused,
+                "arch": h.arch,
+                "kernels": h.kernels,
+                "functions": functions.len(),
+                "launches": h.launches,
+                "gemm_calls": h.gemm_calls,
+                "graph_breaks": h.graph_breaks,
+                "weight_bytes": bundle.weights.len(),
+                "activation_bytes": h.arena_bytes,
+                "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
+                "inputs": super::shapes::io_json(&h.inputs),
+                "outputs": super::shapes::io_json(&h.outputs),
+            });
+            write_json(path, &doc)?;
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
     fn print_kernels(plan: &Plan, report: Option<&FusionReport>, onnx_nodes: usize) {
         if let Some(r) = report {
             println!("fusion      {r}");
@@ -134,6 +194,9 @@ impl Inspect {
                 println!("{line}");
             }
         };
+        if self.model.extension().is_some_and(|e| e == "bundle") {
+            return self.bundle(&say);
+        }
         let onnx = import::summarize(&self.model)?;
         say(format!("model       {}", onnx.path.display()));
         say(format!(

@@ -19,8 +19,13 @@ pub fn json_to_stdout(json: Option<&std::path::Path>) -> bool {
 }
 
 /// A bundle's inputs or outputs as JSON: name, shape and element type of each.
+/// For a bundle with a range, `shape` is at the top of the range and `range_axis` the axis
+/// that follows it.
 pub fn io_json(specs: &[fusec::bundle::IoSpec]) -> Vec<serde_json::Value> {
-    specs.iter().map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype})).collect()
+    specs
+        .iter()
+        .map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype, "range_axis": i.range_axis}))
+        .collect()
 }
 
 /// Where `--json FILE` goes: `-` is standard output.

@@ -407,101 +407,12 @@ impl Session {
         &self.outputs
     }
 
-    /// The shape `spec` takes, with the range's dim named (`[batch, 16]`, `[batch*16, 64]`).
-    fn shape_text(&self, spec: &IoSpec) -> String {
-        match (&self.range, spec.range_axis) {
-            (Some(range), Some(axis)) => {
-                let dims: Vec<String> = spec
-                    .shape
-                    .iter()
-                    .enumerate()
-                    .map(|(a, &d)| match (a == axis, d / range.high.max(1)) {
-                        (true, 1) => range.symbol.clone(),
-                        (true, per) => format!("{}*{per}", range.symbol),
-                        (false, _) => d.to_string(),
-                    })
-                    .collect();
-                format!("[{}]", dims.join(", "))
-            }
-            _ => format!("{:?}", spec.shape),
-        }
-    }
-
-    /// Checks the inputs against the bundle's; returns the size of the range they are at
-    /// (the session's size for a bundle without a range).
+    /// Checks the inputs against the bundle's ([`crate::bundle::input_size`]); returns the size
+    /// of the range they are at (the session's size for a bundle without a range).
     fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<usize, RuntimeError> {
-        let expected = || {
-            self.inputs
-                .iter()
-                .map(|i| format!("{} {}{}", i.name, i.dtype, self.shape_text(i)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        for (name, _) in inputs {
-            if !self.inputs.iter().any(|i| &i.name == name) {
-                return Err(RuntimeError::Input(format!(
-                    "'{name}' is not an input of the model (its inputs: {}){}",
-                    expected(),
-                    crate::suggest::did_you_mean(name, self.inputs.iter().map(|i| i.name.as_str()))
-                )));
-            }
-        }
-        let mut size: Option<(usize, &str)> = None;
-        for spec in &self.inputs {
-            let given = inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t);
-            let given = given.ok_or_else(|| {
-                RuntimeError::Input(format!(
-                    "input '{}' was not given (the inputs: {})",
-                    spec.name,
-                    expected()
-                ))
-            })?;
-            let wrong = || {
-                RuntimeError::Input(format!(
-                    "input '{}' is {}{:?}, the model takes {}{}",
-                    spec.name,
-                    given.dtype(),
-                    given.shape(),
-                    spec.dtype,
-                    self.shape_text(spec)
-                ))
-            };
-            let (Some(range), Some(axis)) = (&self.range, spec.range_axis) else {
-                if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
-                    return Err(wrong());
-                }
-                continue;
-            };
-            let same_elsewhere = given.shape().len() == spec.shape.len()
-                && given.shape().iter().zip(&spec.shape).enumerate().all(|(a, (g, s))| a == axis || g == s);
-            if given.dtype().name() != spec.dtype || !same_elsewhere {
-                return Err(wrong());
-            }
-            let per = (spec.shape[axis] / range.high.max(1)).max(1);
-            let value = given.shape()[axis];
-            let n = value / per;
-            if value % per != 0 || n < range.low || n > range.high {
-                return Err(RuntimeError::Input(format!(
-                    "input '{}' has {value} along axis {axis} ({}{}): {} must be in {}..{}, the bundle's range",
-                    spec.name,
-                    spec.dtype,
-                    self.shape_text(spec),
-                    range.symbol,
-                    range.low,
-                    range.high
-                )));
-            }
-            match size {
-                Some((other, name)) if other != n => {
-                    return Err(RuntimeError::Input(format!(
-                        "input '{}' is at {}={n}, input '{name}' at {}={other}",
-                        spec.name, range.symbol, range.symbol
-                    )))
-                }
-                _ => size = Some((n, spec.name.as_str())),
-            }
-        }
-        Ok(size.map_or(self.size, |(n, _)| n))
+        let size = crate::bundle::input_size(&self.inputs, self.range.as_ref(), inputs)
+            .map_err(RuntimeError::Input)?;
+        Ok(size.unwrap_or(self.size))
     }
 
     /// `spec`'s shape at the session's size.
