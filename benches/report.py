@@ -196,6 +196,38 @@ def plot(rows, path):
         f.write("\n".join(svg) + "\n")
 
 
+def ranges(results):
+    """The `fusec bench --sizes` tables (sizes-*.json): a bundle for a range of sizes against
+    one bundle per size, side by side in one run."""
+    files = sorted(glob.glob(os.path.join(results, "sizes-*.json")))
+    if not files:
+        return "No `fusec bench --sizes` results.\n"
+    try:
+        with open(os.path.join(results, "sizes-commit.txt")) as f:
+            rev = f.read().strip()
+    except OSError:
+        rev = "unknown"
+    out = [f"fusec at {rev}. `fusec bench MODEL --dim NAME=LO..HI --sizes ...`: at each size, the "
+           "bundle for the range against a bundle compiled for that size alone (medians of the runs "
+           "named, CUDA events, input sets rotated); the first run of a size is its set-up (launches "
+           "scaled, cuBLASLt descriptors), graph capture and run after the session's first run, "
+           "timed on the host without copying inputs and outputs.\n"]
+    for path in files:
+        with open(path) as f:
+            d = json.load(f)
+        r = d["range"]
+        name = os.path.basename(d["model"]).removesuffix(".onnx")
+        out.append(f"**{name}**, {d['precision'].lower()}, {r['name']}={r['low']}..{r['high']} "
+                   f"({os.path.basename(path)}; {d['iterations']} runs on {d['device']}):\n")
+        out.append(f"| {r['name']} | range bundle (ms) | p10–p90 | bundle for that size (ms) | ratio | first run (ms) | of which set-up (ms) |")
+        out.append("|---|---|---|---|---|---|---|")
+        for s in d["sizes"]:
+            out.append(f"| {s['size']} | {s['range_median_ms']:.3f} | {s['range_p10_ms']:.3f}–{s['range_p90_ms']:.3f} | "
+                       f"{s['alone_median_ms']:.3f} | {s['ratio']:.3f}x | {s['first_run_ms']:.2f} | {s['setup_ms']:.2f} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main():
     results, out, svg = sys.argv[1:4]
     rows, extra, meta = load(results)
@@ -252,6 +284,9 @@ layer_norm(dropout(x + b) + residual), inference. Shapes are rows × hidden.
 
 {table(rows, extra, micro=True)}
 
+## One bundle for a range of batch sizes (`fusec bench --sizes`)
+
+{ranges(results)}
 ## Where the fused time goes (`fusec bench --profile`)
 
 {profiles(extra)}
