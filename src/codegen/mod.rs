@@ -234,9 +234,7 @@ fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) ->
             // A batch of products over a shared B is one product of the rows stacked (batch 1).
             gemm.scales = Some(if axis + 2 < rank && gemm.batch > 1 {
                 GemmScale::Batch
-            } else if axis + 2 < rank {
-                GemmScale::M
-            } else if axis + 2 == rank {
+            } else if axis + 2 <= rank {
                 GemmScale::M
             } else {
                 return Err(format!("GEMM '{}' has its columns follow the range", node.name));
