@@ -88,8 +88,7 @@ impl Compile {
             Some(arch) => format!("PTX for {arch}"),
             None => "CUDA sources only (NVRTC not found: the runtime compiles them at load)".into(),
         };
-        let functions: std::collections::BTreeSet<&str> =
-            h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect();
+        let functions = super::shapes::functions(h);
         let quiet = super::shapes::json_to_stdout(self.json.as_deref());
         if !quiet {
             println!(
@@ -120,30 +119,19 @@ impl Compile {
             }
         }
         if let Some(path) = &self.json {
-            let doc = serde_json::json!({
-                "schema": "fusec-compile",
-                "schema_version": fusec::picture::JSON_SCHEMA_VERSION,
-                "model": self.model.display().to_string(),
-                "bundle": self.output.display().to_string(),
-                "bundle_format": h.format_version,
-                "precision": self.precision,
-                "fused": h.fused,
-                "arch": h.arch,
-                "kernels": h.kernels,
-                "functions": functions.len(),
-                "launches": h.launches,
-                "gemm_calls": h.gemm_calls,
-                "graph_breaks": h.graph_breaks,
-                "weight_bytes": bundle.weights.len(),
-                "activation_bytes": h.arena_bytes,
-                "estimated_bytes": h.traffic_bytes,
-                "flops": h.flops,
-                "inputs": super::shapes::io_json(&h.inputs),
-                "outputs": super::shapes::io_json(&h.outputs),
-                "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
-                "stages": stages,
-                "peak_memory_bytes": peak_memory(),
-            });
+            let doc = super::shapes::bundle_json(
+                &bundle,
+                serde_json::json!({
+                    "schema": "fusec-compile",
+                    "schema_version": fusec::picture::JSON_SCHEMA_VERSION,
+                    "model": self.model.display().to_string(),
+                    "bundle": self.output.display().to_string(),
+                    "bundle_format": h.format_version,
+                    "precision": self.precision,
+                    "stages": stages,
+                    "peak_memory_bytes": peak_memory(),
+                }),
+            );
             super::shapes::write_json(path, &doc)?;
         }
         Ok(ExitCode::SUCCESS)

@@ -106,8 +106,7 @@ impl Inspect {
     fn bundle(&self, say: &dyn Fn(String)) -> anyhow::Result<ExitCode> {
         let bundle = fusec::Bundle::load(&self.model)?;
         let h = &bundle.header;
-        let functions: std::collections::BTreeSet<&str> =
-            h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect();
+        let functions = super::shapes::functions(h);
         say(format!("bundle      {} (format {})", self.model.display(), h.format_version));
         say(format!("model       {}", h.model));
         say(format!(
@@ -136,26 +135,17 @@ impl Inspect {
             }
         }
         if let Some(path) = &self.json {
-            let doc = serde_json::json!({
-                "schema": "fusec-inspect-bundle",
-                "schema_version": JSON_SCHEMA_VERSION,
-                "bundle": self.model.display().to_string(),
-                "format": h.format_version,
-                "model": h.model,
-                "precision": h.precision,
-                "fused": h.fused,
-                "arch": h.arch,
-                "kernels": h.kernels,
-                "functions": functions.len(),
-                "launches": h.launches,
-                "gemm_calls": h.gemm_calls,
-                "graph_breaks": h.graph_breaks,
-                "weight_bytes": bundle.weights.len(),
-                "activation_bytes": h.arena_bytes,
-                "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
-                "inputs": super::shapes::io_json(&h.inputs),
-                "outputs": super::shapes::io_json(&h.outputs),
-            });
+            let doc = super::shapes::bundle_json(
+                &bundle,
+                serde_json::json!({
+                    "schema": "fusec-inspect-bundle",
+                    "schema_version": JSON_SCHEMA_VERSION,
+                    "bundle": self.model.display().to_string(),
+                    "format": h.format_version,
+                    "model": h.model,
+                    "precision": h.precision,
+                }),
+            );
             write_json(path, &doc)?;
         }
         Ok(ExitCode::SUCCESS)

@@ -28,6 +28,38 @@ pub fn io_json(specs: &[fusec::bundle::IoSpec]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The distinct kernel functions of a bundle's program.
+pub fn functions(h: &fusec::bundle::Header) -> std::collections::BTreeSet<&str> {
+    h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect()
+}
+
+/// A bundle's program as `compile --json` and `inspect MODEL.bundle --json` give it, added to
+/// `extra` (each document's own fields).
+pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_json::Value {
+    let h = &bundle.header;
+    let mut doc = extra;
+    let program = serde_json::json!({
+        "fused": h.fused,
+        "arch": h.arch,
+        "kernels": h.kernels,
+        "functions": functions(h).len(),
+        "launches": h.launches,
+        "gemm_calls": h.gemm_calls,
+        "graph_breaks": h.graph_breaks,
+        "weight_bytes": bundle.weights.len(),
+        "activation_bytes": h.arena_bytes,
+        "estimated_bytes": h.traffic_bytes,
+        "flops": h.flops,
+        "inputs": io_json(&h.inputs),
+        "outputs": io_json(&h.outputs),
+        "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
+    });
+    if let (Some(doc), serde_json::Value::Object(program)) = (doc.as_object_mut(), program) {
+        doc.extend(program);
+    }
+    doc
+}
+
 /// Where `--json FILE` goes: `-` is standard output.
 pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
     use anyhow::Context;
