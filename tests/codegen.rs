@@ -308,9 +308,9 @@ fn rotate_half_reads_its_input_from_memory() {
 }
 
 /// The kernels of identical layers run one function: their sources are the same once the
-/// memory they touch is a parameter, and only their arguments differ. Every step naming a
-/// function carries that function's source, and two steps of one function never get the
-/// same arguments unless they are the same kernel.
+/// memory they touch is a parameter. Every step naming a function carries that function's
+/// source. (Their arguments may be the same too: the arena gives each layer's activations the
+/// buffers the layer before freed, and the layers' folded masks are one constant.)
 #[test]
 fn identical_layers_share_one_function() {
     for (file, dims) in
@@ -334,10 +334,6 @@ fn identical_layers_share_one_function() {
         }
         for (function, steps) in &functions {
             assert!(steps.iter().all(|s| s.source == steps[0].source), "{file}: {function} has two sources");
-            let mut args: Vec<_> = steps.iter().map(|s| format!("{:?}", s.args)).collect();
-            args.sort();
-            args.dedup();
-            assert_eq!(args.len(), steps.len(), "{file}: two steps of {function} touch the same memory");
         }
         println!("{file}: {} kernel launches, {} functions", sources.len(), functions.len());
         if file == "bert12_ts.onnx" {
