@@ -85,6 +85,27 @@ fn inputs_and_outputs_outside_the_bundles_memory_are_errors() {
         (Box::new(|b| b.header.inputs[0].shape = vec![1 << 40, 1 << 40]), "overflows"),
         (Box::new(|b| b.header.outputs[0].dtype = "f33".into()), "unknown type f33"),
         (Box::new(|b| b.header.inputs[0].location = Location::Weights(0)), "placed in the weights"),
+        (Box::new(|b| b.header.inputs[0].range_axis = Some(0)), "follows a range the bundle does not have"),
+        (
+            Box::new(|b| {
+                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 1, high: 2 });
+                b.header.inputs[0].range_axis = Some(7);
+            }),
+            "past its rank",
+        ),
+        (
+            Box::new(|b| {
+                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 1, high: 3 });
+                b.header.inputs[0].range_axis = Some(0);
+            }),
+            "not a multiple of the range's top 3",
+        ),
+        (
+            Box::new(|b| {
+                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 3, high: 2 })
+            }),
+            "is not a range of sizes",
+        ),
     ];
     for (damage, needle) in cases {
         let mut b = good.clone();

@@ -198,8 +198,8 @@ pub fn input_size(
         if given.dtype().name() != spec.dtype || !same_elsewhere {
             return Err(wrong());
         }
-        let per = (spec.shape[axis] / range.high.max(1)).max(1);
-        let value = given.shape()[axis];
+        let per = (spec.shape.get(axis).copied().unwrap_or(0) / range.high.max(1)).max(1);
+        let value = given.shape().get(axis).copied().unwrap_or(0);
         let n = value / per;
         if value % per != 0 || n < range.low || n > range.high {
             return Err(format!(

@@ -1084,10 +1084,35 @@ impl Session {
 /// the weights), with a size that fits in memory: a damaged or hostile header is an error
 /// here, not a copy out of bounds later.
 fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), RuntimeError> {
+    if let Some(r) = &header.range {
+        if r.low == 0 || r.low > r.high {
+            return Err(RuntimeError::Driver(format!(
+                "the bundle's range {}={}..{} is not a range of sizes",
+                r.symbol, r.low, r.high
+            )));
+        }
+    }
     for (spec, kind) in
         header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
     {
         let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
+        if let Some(axis) = spec.range_axis {
+            let high = header
+                .range
+                .as_ref()
+                .map(|r| r.high)
+                .ok_or_else(|| bad("follows a range the bundle does not have"))?;
+            let size = spec
+                .shape
+                .get(axis)
+                .copied()
+                .ok_or_else(|| bad(&format!("follows the range along axis {axis}, past its rank")))?;
+            if size == 0 || size % high != 0 {
+                return Err(bad(&format!(
+                    "has {size} along axis {axis}, not a multiple of the range's top {high}"
+                )));
+            }
+        }
         let ty = spec.tensor_type().ok_or_else(|| bad(&format!("has unknown type {}", spec.dtype)))?;
         let bytes = ty
             .checked_size_bytes()
