@@ -158,6 +158,10 @@ fn ranges_from_the_command_line() {
         &["[4, seq]", "leading axis", "--dim NAME=N"],
     );
     assert_clean_failure(&["compile", bert, "--dim", "batch=9..2", "-o", bundle], &["over its high end"]);
+    assert_clean_failure(
+        &["inspect", bundle, "--fused"],
+        &["--fused", "for a bundle, inspect shows its header"],
+    );
 }
 
 #[test]

@@ -104,6 +104,19 @@ impl Inspect {
     /// A bundle's header: what it was compiled from and how, what it takes and gives (with
     /// its range of sizes), its program's size.
     fn bundle(&self, say: &dyn Fn(String)) -> anyhow::Result<ExitCode> {
+        let program_flags = [
+            (self.dump, "--dump"),
+            (self.fused, "--fused"),
+            (self.no_fuse, "--no-fuse"),
+            (self.dot.is_some(), "--dot"),
+            (self.svg.is_some(), "--svg"),
+            (self.launches.is_some(), "--launches"),
+        ];
+        if let Some((_, flag)) = program_flags.iter().find(|(given, _)| *given) {
+            anyhow::bail!(
+                "{flag} shows the program made from an ONNX model; for a bundle, inspect shows its header (run {flag} on the model it was compiled from)"
+            );
+        }
         let bundle = fusec::Bundle::load(&self.model)?;
         let h = &bundle.header;
         let functions = super::shapes::functions(h);
