@@ -260,8 +260,9 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     let shapes = fit(&base, &symbols, fitted)?;
     let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };
     for (values, plan) in &checks {
-        check_shapes(&base, &symbolic, values, plan)?;
-        check_constants(&base, &symbolic, values, plan)?;
+        let check = Check { base: &base, symbolic: &symbolic, values, plan };
+        check.shapes()?;
+        check.constants()?;
     }
     tracing::info!(
         "ranges {}: {} sizes imported in {imported:.2} s, planned side by side in {:.2} s, planned again with the top's choices in {:.2} s, checked in {:.2} s",
@@ -386,34 +387,6 @@ fn not_a_product(
     SymbolicError::NotAProduct { node, axis, seen, ranges: ranges_text(symbols) }
 }
 
-/// Every shape of `plan` (planned with the symbols at `values`) is what `symbolic` gives.
-fn check_shapes(
-    base: &Plan,
-    symbolic: &SymbolicShapes,
-    values: &[usize],
-    plan: &Plan,
-) -> Result<(), SymbolicError> {
-    for id in base.graph.node_ids() {
-        let node = plan.graph.node(id);
-        for (axis, dim) in symbolic.shape(id).iter().enumerate() {
-            let seen = node.ty.shape[axis];
-            if dim.eval(values) != Some(seen) {
-                let fitted = dim.display(&symbolic.symbols);
-                return Err(SymbolicError::NotAProduct {
-                    node: node.name.clone(),
-                    axis,
-                    seen: format!(
-                        "{seen} at {}, where {fitted} fitted the other sizes",
-                        assignment(&symbolic.symbols, values)
-                    ),
-                    ranges: symbolic.ranges(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A constant's bytes where `plan` stores it in the weights.
 fn stored_bytes(plan: &Plan, id: NodeId) -> Option<&[u8]> {
     let Location::Weights(offset) = *plan.locations.get(&id)? else { return None };
@@ -433,48 +406,81 @@ fn constant_value(plan: &Plan, id: NodeId) -> Option<Tensor> {
     crate::runtime::tensor_from_bytes(bytes, &ty.shape, ty.dtype).ok()
 }
 
-/// Constants of `plan` (the symbols at `values`) are the leading part of `base`'s: the same
-/// where the shape is static.
-fn check_constants(
-    base: &Plan,
-    symbolic: &SymbolicShapes,
-    values: &[usize],
-    plan: &Plan,
-) -> Result<(), SymbolicError> {
-    for id in base.graph.node_ids() {
-        if !matches!(base.graph.node(id).op, crate::ir::Op::Constant(_)) {
-            continue;
-        }
-        // Same shape and the same bytes (every weight): equal, without building tensors.
-        if let (Some(a), Some(b)) = (stored_bytes(base, id), stored_bytes(plan, id)) {
-            if a == b && base.graph.node(id).ty == plan.graph.node(id).ty {
-                continue;
+/// A plan at other sizes (the symbols at `values`) checked against the top's (`base`) and
+/// the sizes fitted from it (`symbolic`).
+#[derive(Clone, Copy)]
+struct Check<'a> {
+    base: &'a Plan,
+    symbolic: &'a SymbolicShapes,
+    values: &'a [usize],
+    plan: &'a Plan,
+}
+
+impl Check<'_> {
+    /// Every shape of `plan` is what `symbolic` gives at `values`.
+    fn shapes(self) -> Result<(), SymbolicError> {
+        let Check { base, symbolic, values, plan } = self;
+        for id in base.graph.node_ids() {
+            let node = plan.graph.node(id);
+            for (axis, dim) in symbolic.shape(id).iter().enumerate() {
+                let seen = node.ty.shape[axis];
+                if dim.eval(values) != Some(seen) {
+                    let fitted = dim.display(&symbolic.symbols);
+                    return Err(SymbolicError::NotAProduct {
+                        node: node.name.clone(),
+                        axis,
+                        seen: format!(
+                            "{seen} at {}, where {fitted} fitted the other sizes",
+                            assignment(&symbolic.symbols, values)
+                        ),
+                        ranges: symbolic.ranges(),
+                    });
+                }
             }
         }
-        let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, id)) else { continue };
-        let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());
-        let leading = top.leading_part(here.shape());
-        if leading.as_ref() != Some(&here) {
-            let (symbol, value) = symbolic
-                .symbols
-                .iter()
-                .zip(values)
-                .find(|(r, v)| r.high != **v)
-                .map(|(r, v)| (r.symbol.clone(), *v))
-                .unwrap_or_default();
-            return Err(SymbolicError::Constant {
-                node: base.graph.node(id).name.clone(),
-                symbol,
-                value,
-                at_high: if symbolic_shape {
-                    "the leading part of its values at the top size"
-                } else {
-                    "its values at the top size"
-                },
-            });
-        }
+        Ok(())
     }
-    Ok(())
+
+    /// Constants of `plan` are the leading part of `base`'s: the same where the shape is static.
+    fn constants(self) -> Result<(), SymbolicError> {
+        let Check { base, symbolic, values, plan } = self;
+        for id in base.graph.node_ids() {
+            if !matches!(base.graph.node(id).op, crate::ir::Op::Constant(_)) {
+                continue;
+            }
+            // Same shape and the same bytes (every weight): equal, without building tensors.
+            if let (Some(a), Some(b)) = (stored_bytes(base, id), stored_bytes(plan, id)) {
+                if a == b && base.graph.node(id).ty == plan.graph.node(id).ty {
+                    continue;
+                }
+            }
+            let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, id)) else {
+                continue;
+            };
+            let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());
+            let leading = top.leading_part(here.shape());
+            if leading.as_ref() != Some(&here) {
+                let (symbol, value) = symbolic
+                    .symbols
+                    .iter()
+                    .zip(values)
+                    .find(|(r, v)| r.high != **v)
+                    .map(|(r, v)| (r.symbol.clone(), *v))
+                    .unwrap_or_default();
+                return Err(SymbolicError::Constant {
+                    node: base.graph.node(id).name.clone(),
+                    symbol,
+                    value,
+                    at_high: if symbolic_shape {
+                        "the leading part of its values at the top size"
+                    } else {
+                        "its values at the top size"
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for DimRange {
