@@ -206,8 +206,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     // The file read and its weights converted once for every size.
     let clock = std::time::Instant::now();
     let imports: Vec<_> = points.iter().map(|v| at(v).import).collect();
-    let models = crate::import::import_each(path, &imports)?.into_iter();
-    let models: Vec<crate::import::Model> = models.collect();
+    let models = crate::import::import_each(path, &imports)?;
     let imported = clock.elapsed().as_secs_f64();
     // Every size planned side by side, each deciding for itself; a size whose cost-model
     // choices differ from the top's is planned again with the top's: one program.
@@ -233,22 +232,14 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     let (base, report) = top?;
     let top_planned = clock.elapsed().as_secs_f64();
     let decided = report.map(|r| r.attention);
-    let mut others = Vec::new();
+    let mut checks = Vec::with_capacity(points.len() - 1);
     for ((values, model), plan) in points[1..].iter().zip(models.into_iter().skip(1)).zip(planned) {
-        let (plan, report) = plan?;
-        others.push(if report.map(|r| r.attention) == decided {
-            Ok(plan)
-        } else {
+        let (mut plan, report) = plan?;
+        if report.map(|r| r.attention) != decided {
             let mut options = at(values);
             options.attention = decided.clone();
-            plan_model(model, path, &options, &mut |_| {}).map(|(plan, _)| plan)
-        });
-    }
-    let planned = others;
-    let others_planned = clock.elapsed().as_secs_f64();
-    let mut checks = Vec::with_capacity(planned.len());
-    for (values, plan) in points[1..].iter().zip(planned) {
-        let plan = plan?;
+            plan = plan_model(model, path, &options, &mut |_| {})?.0;
+        }
         same_program(&base, &plan).map_err(|what| SymbolicError::Differs {
             at: assignment(&symbols, values),
             top: assignment(&symbols, &high),
@@ -256,6 +247,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         })?;
         checks.push((values.clone(), plan));
     }
+    let others_planned = clock.elapsed().as_secs_f64();
     let fitted = &checks[..symbols.len().min(checks.len())];
     let shapes = fit(&base, &symbols, fitted)?;
     let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };

@@ -135,9 +135,17 @@ impl IoSpec {
     pub fn shape_at(&self, n: usize, high: usize) -> Vec<usize> {
         let mut shape = self.shape.clone();
         if let Some(d) = self.range_axis.and_then(|a| shape.get_mut(a)) {
-            *d = *d / high.max(1) * n;
+            *d = crate::codegen::size_at(*d, n, high);
         }
         shape
+    }
+
+    /// Its shape at size `n` of `range` (the shape itself without a range).
+    pub fn shape_in(&self, range: Option<&BundleRange>, n: usize) -> Vec<usize> {
+        match range {
+            Some(range) => self.shape_at(n, range.high),
+            None => self.shape.clone(),
+        }
     }
 
     /// Its element type and shape (`None` for an element type this fusec does not know).

@@ -71,10 +71,9 @@ pub enum GemmScale {
 impl GemmSpec {
     /// The GEMM at size `n` of a range whose top is `high`.
     pub fn at(&self, n: usize, high: usize) -> GemmSpec {
-        let scale = |size: usize| size / high.max(1) * n;
         match self.scales {
-            Some(GemmScale::M) => GemmSpec { m: scale(self.m), ..*self },
-            Some(GemmScale::Batch) => GemmSpec { batch: scale(self.batch), ..*self },
+            Some(GemmScale::M) => GemmSpec { m: super::size_at(self.m, n, high), ..*self },
+            Some(GemmScale::Batch) => GemmSpec { batch: super::size_at(self.batch, n, high), ..*self },
             None => *self,
         }
     }

@@ -89,10 +89,15 @@ pub struct LaunchScale {
     pub bound: bool,
 }
 
+/// A size that follows a range, `top` at its top `high`, at size `n` of the range.
+pub fn size_at(top: usize, n: usize, high: usize) -> usize {
+    top / high.max(1) * n
+}
+
 impl LaunchScale {
     /// Units and blocks at size `n` of a range whose top is `high`.
     pub fn at(&self, n: usize, high: usize) -> (u64, u32) {
-        let units = self.units / high.max(1) as u64 * n as u64;
+        let units = size_at(self.units as usize, n, high) as u64;
         (units, units.div_ceil(self.per_block.max(1)).clamp(1, u64::from(u32::MAX)) as u32)
     }
 }

@@ -53,30 +53,21 @@ impl FusionAnalysis {
     }
 
     fn intern(&mut self, value: Arc<Tensor>, by_value: bool) -> ConstId {
-        if !by_value {
-            let key = format!("ptr {:p}", Arc::as_ptr(&value));
-            if let Some(&id) = self.constant_keys.get(&key) {
-                return id;
-            }
-            let id = ConstId(self.constants.len() as u32);
-            self.constants.push(value);
-            self.constant_keys.insert(key, id);
+        let key = if by_value {
+            format!("{} {:016x}", value.tensor_type(), value.content_hash())
+        } else {
+            format!("ptr {:p}", Arc::as_ptr(&value))
+        };
+        let known = self.constant_keys.get(&key).copied();
+        if let Some(id) = known.filter(|&id| !by_value || self.constants[id.0 as usize] == value) {
             return id;
-        }
-        let key = format!("{} {:016x}", value.tensor_type(), value.content_hash());
-        match self.constant_keys.get(&key) {
-            Some(&id) if self.constants[id.0 as usize] == value => return id,
-            // Equal hashes, other values (or NaNs, which equal nothing): one of its own.
-            Some(_) => {
-                let id = ConstId(self.constants.len() as u32);
-                self.constants.push(value);
-                return id;
-            }
-            None => {}
         }
         let id = ConstId(self.constants.len() as u32);
         self.constants.push(value);
-        self.constant_keys.insert(key, id);
+        // Equal hashes, other values (or NaNs, which equal nothing): one of its own, unkeyed.
+        if known.is_none() {
+            self.constant_keys.insert(key, id);
+        }
         id
     }
 

@@ -415,14 +415,6 @@ impl Session {
         Ok(size.unwrap_or(self.size))
     }
 
-    /// `spec`'s shape at the session's size.
-    fn shape_now(&self, spec: &IoSpec) -> Vec<usize> {
-        match &self.range {
-            Some(range) => spec.shape_at(self.size, range.high),
-            None => spec.shape.clone(),
-        }
-    }
-
     /// The size of the bundle's range the session runs at (the top of the range until inputs
     /// of another size are given; 0 for a bundle without a range).
     pub fn size(&self) -> usize {
@@ -553,7 +545,7 @@ impl Session {
             )));
         }
         for (spec, given) in self.outputs.iter().zip(outputs) {
-            let shape = self.shape_now(spec);
+            let shape = spec.shape_in(self.range.as_ref(), self.size);
             if given.dtype().name() != spec.dtype || given.shape() != shape.as_slice() {
                 return Err(RuntimeError::Input(format!(
                     "the tensor given for output '{}' is {}{:?}, the output is {}{:?}",
@@ -600,12 +592,11 @@ impl Session {
     /// outputs' types.
     fn copy_out(&mut self) -> Result<Vec<TensorType>, RuntimeError> {
         let mut types = Vec::with_capacity(self.outputs.len());
-        let (size, high) = (self.size, self.range.as_ref().map_or(0, |r| r.high));
         for (spec, staging) in self.outputs.iter().zip(self.staging_out.iter_mut()) {
-            let ty = spec.tensor_type().ok_or_else(|| {
+            let dtype = DType::from_name(&spec.dtype).ok_or_else(|| {
                 RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype))
             })?;
-            let ty = if high > 0 { TensorType::new(ty.dtype, spec.shape_at(size, high)) } else { ty };
+            let ty = TensorType::new(dtype, spec.shape_in(self.range.as_ref(), self.size));
             let bytes = ty.size_bytes();
             if bytes > 0 {
                 let source = match spec.location {
