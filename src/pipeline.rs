@@ -137,7 +137,7 @@ pub fn compile_reporting(
         bindings
             .iter()
             .map(|b| IoSpec {
-                range_axis: plan.range.as_ref().and_then(|r| r.axes.get(&b.value).copied()),
+                dims: plan.symbolic.as_ref().map(|_| plan.dims(b.value)),
                 ..IoSpec::new(&b.name, &graph.node(b.value).ty, b.location)
             })
             .collect()
@@ -159,28 +159,16 @@ pub fn compile_reporting(
         graph_breaks,
         traffic_bytes,
         flops,
-        range: plan.range.as_ref().map(|r| crate::bundle::BundleRange {
-            symbol: r.symbol.clone(),
-            low: r.low,
-            high: r.high,
-        }),
+        ranges: plan.symbolic.as_ref().map(|s| s.symbols.clone()).unwrap_or_default(),
     };
     Ok(Bundle { header, weights: plan.weights })
 }
 
 /// The program for the ranges of `options.import` ([`crate::symbolic::plan_symbolic`]), planned
-/// at their top, with the axis of each value that follows the range.
+/// at their top, with the size of every value as an expression of them.
 pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, CompileError> {
     let (mut plan, symbolic) = crate::symbolic::plan_symbolic(path, options)?;
-    let axes = symbolic.leading_axes(&plan)?;
-    if let [range] = symbolic.symbols.as_slice() {
-        plan.range = Some(crate::plan::PlanRange {
-            symbol: range.symbol.clone(),
-            low: range.low,
-            high: range.high,
-            axes,
-        });
-    }
+    plan.symbolic = Some(symbolic);
     Ok(plan)
 }
 

@@ -26,7 +26,7 @@ use crate::pipeline::{plan_model, CompileError, CompileOptions};
 use crate::plan::{Location, Plan};
 
 /// A dimension given a range of sizes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DimRange {
     /// Its name (`seq`).
     pub symbol: String,
@@ -37,8 +37,9 @@ pub struct DimRange {
 }
 
 /// A size as `factor × Π symbolᵢ^powers[i]` (powers by position in
-/// [`SymbolicShapes::symbols`]); a static size has every power 0.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// [`SymbolicShapes::symbols`]); a static size has every power 0. Powers are kept without
+/// trailing zeros ([`SymDim::new`]), so that equal sizes compare equal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct SymDim {
     /// The whole-number factor.
     pub factor: usize,
@@ -46,10 +47,97 @@ pub struct SymDim {
     pub powers: Vec<u32>,
 }
 
+/// The C name of symbol `i`'s value in a kernel of a program for ranges of sizes: a
+/// `long long` parameter.
+pub fn symbol_param(i: usize) -> String {
+    format!("fusec_d{i}")
+}
+
 impl SymDim {
+    /// `factor × Π symbolᵢ^powers[i]`.
+    pub fn new(factor: usize, mut powers: Vec<u32>) -> Self {
+        while powers.last() == Some(&0) {
+            powers.pop();
+        }
+        SymDim { factor, powers }
+    }
+
+    /// A static size.
+    pub fn lit(n: usize) -> Self {
+        SymDim { factor: n, powers: Vec::new() }
+    }
+
+    /// Static sizes.
+    pub fn lits(shape: &[usize]) -> Vec<Self> {
+        shape.iter().map(|&n| Self::lit(n)).collect()
+    }
+
     /// Whether it is one size whatever the symbols are.
     pub fn is_static(&self) -> bool {
         self.powers.iter().all(|&p| p == 0)
+    }
+
+    /// Its size when static.
+    pub fn value(&self) -> Option<usize> {
+        self.is_static().then_some(self.factor)
+    }
+
+    /// Whether it is 1 whatever the symbols are.
+    pub fn is_one(&self) -> bool {
+        self.value() == Some(1)
+    }
+
+    /// Whether it is a multiple of `n` whatever the symbols are (a static multiple).
+    pub fn divisible_by(&self, n: usize) -> bool {
+        self.factor % n.max(1) == 0
+    }
+
+    /// The product of two sizes.
+    pub fn mul(&self, other: &SymDim) -> SymDim {
+        let len = self.powers.len().max(other.powers.len());
+        let power = |p: &[u32], i: usize| p.get(i).copied().unwrap_or(0);
+        let powers = (0..len).map(|i| power(&self.powers, i) + power(&other.powers, i)).collect();
+        SymDim::new(self.factor * other.factor, powers)
+    }
+
+    /// The product of `dims` (1 for none).
+    pub fn product<'a>(dims: impl IntoIterator<Item = &'a SymDim>) -> SymDim {
+        dims.into_iter().fold(SymDim::lit(1), |acc, d| acc.mul(d))
+    }
+
+    /// It divided by `other`, where that is whole whatever the symbols are.
+    pub fn div(&self, other: &SymDim) -> Option<SymDim> {
+        if other.factor == 0 || self.factor % other.factor != 0 {
+            return None;
+        }
+        let power = |p: &[u32], i: usize| p.get(i).copied().unwrap_or(0);
+        let len = self.powers.len().max(other.powers.len());
+        let powers = (0..len)
+            .map(|i| power(&self.powers, i).checked_sub(power(&other.powers, i)))
+            .collect::<Option<Vec<u32>>>()?;
+        Some(SymDim::new(self.factor / other.factor, powers))
+    }
+
+    /// It divided by `n`, where its factor is a multiple of `n`.
+    pub fn div_exact(&self, n: usize) -> Option<SymDim> {
+        (n > 0 && self.factor % n == 0).then(|| SymDim { factor: self.factor / n, powers: self.powers.clone() })
+    }
+
+    /// A C expression of type `long long` for it: `768LL`, `fusec_d1`, `(12LL * fusec_d0 * fusec_d1)`.
+    pub fn c(&self) -> String {
+        let mut terms: Vec<String> = Vec::new();
+        if self.factor != 1 || self.is_static() {
+            terms.push(format!("{}LL", self.factor));
+        }
+        for (i, &p) in self.powers.iter().enumerate() {
+            for _ in 0..p {
+                terms.push(symbol_param(i));
+            }
+        }
+        match terms.len() {
+            1 => terms.remove(0),
+            _ => format!("({})", terms.join(" * ")),
+        }
     }
 
     /// Its value with the symbols at `values` (by position); `None` on overflow.
@@ -99,19 +187,6 @@ pub enum SymbolicError {
         seen: String,
         /// The ranges, `batch=1..32, seq=1..512`.
         ranges: String,
-    },
-    /// A range the kernels cannot follow yet: they take run-time sizes only along the
-    /// leading axis of every value (a batch).
-    #[error("'{node}' ({op}) is {shape}: {why}. Bundles follow a range only along the leading axis of every value (a batch: --dim batch=1..32); other ranges need run-time strides, not built yet (compile for one size with --dim NAME=N)")]
-    NotLeading {
-        /// The value's name.
-        node: String,
-        /// Its op.
-        op: String,
-        /// Its symbolic shape.
-        shape: String,
-        /// What breaks the rule.
-        why: String,
     },
     /// A folded constant whose values depend on a dim in a way one stored copy cannot serve.
     #[error("constant '{node}' is folded from the input shapes and its values at {symbol}={value} are not {at_high}: one stored constant cannot serve the range (compile for one size with --dim {symbol}=N)")]
@@ -293,7 +368,7 @@ fn same_program(a: &Plan, b: &Plan) -> Result<(), String> {
             return Err(format!("'{}' is missing", ga.node(id).name));
         }
         let (na, nb) = (ga.node(id), gb.node(id));
-        if na.name != nb.name || na.op.kind() != nb.op.kind() || ga.inputs_of(id) != gb.inputs_of(id) {
+        if na.name != nb.name || !same_op(&na.op, &nb.op) || ga.inputs_of(id) != gb.inputs_of(id) {
             return Err(format!(
                 "'{}' ({}) is '{}' ({}) there",
                 na.name,
@@ -315,6 +390,24 @@ fn same_program(a: &Plan, b: &Plan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether two ops are the same but for what follows from their shapes (a reshape's or an
+/// expand's target, a slice's length, a tile's repeats), which the fit of the shapes covers; a
+/// constant's values are compared on their own ([`Check::constants`]). A slice that starts
+/// elsewhere at another size (the last token: `x[:, -1]`) is another program.
+fn same_op(a: &crate::ir::Op, b: &crate::ir::Op) -> bool {
+    use crate::ir::Op;
+    match (a, b) {
+        (Op::Reshape { .. }, Op::Reshape { .. })
+        | (Op::Expand { .. }, Op::Expand { .. })
+        | (Op::Tile { .. }, Op::Tile { .. })
+        | (Op::Constant(_), Op::Constant(_)) => true,
+        (Op::Slice { axes: x }, Op::Slice { axes: y }) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.start == q.start && p.step == q.step)
+        }
+        _ => a == b,
+    }
 }
 
 /// Each size of `base` (every symbol at the top of its range) as a [`SymDim`], its powers
@@ -350,7 +443,7 @@ fn fit(
             if (top as u128) % divisor != 0 {
                 return Err(not_a_product(node.name.clone(), axis, symbols, &[(top, &[])]));
             }
-            dims.push(SymDim { factor: (top as u128 / divisor) as usize, powers });
+            dims.push(SymDim::new((top as u128 / divisor) as usize, powers));
         }
         shapes.insert(id, dims);
     }
@@ -479,123 +572,4 @@ impl fmt::Display for DimRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}..{}", self.symbol, self.low, self.high)
     }
-}
-
-impl SymbolicShapes {
-    /// For a program with one range: the axis of each value that follows it, which must be
-    /// the value's first axis larger than 1, the size there a whole multiple of the dim, and
-    /// every other size static; ops must not reduce, slice, concatenate or contract along it.
-    /// Then every kernel generated for the top of the range runs at any smaller size with
-    /// only its launch and its bound scaled: index arithmetic never divides by that axis's
-    /// size (nothing precedes it). `Err` names the first value that breaks the rule.
-    ///
-    /// One exception: a gather along that axis whose indices are a constant that, at each
-    /// position along it, reads no later position (the exporters' index grids: row `b` of a
-    /// batch gathers from row `b`) reads only rows that exist at any size.
-    pub fn leading_axes(&self, plan: &Plan) -> Result<HashMap<NodeId, usize>, SymbolicError> {
-        use crate::ir::Op;
-        let graph = &plan.graph;
-        let mut axes = HashMap::new();
-        for id in graph.node_ids() {
-            let node = graph.node(id);
-            let fail = |why: String| SymbolicError::NotLeading {
-                node: node.name.clone(),
-                op: node.op.kind(),
-                shape: self.display(id),
-                why,
-            };
-            let symbolic: Vec<usize> =
-                self.shape(id).iter().enumerate().filter(|(_, d)| !d.is_static()).map(|(a, _)| a).collect();
-            let Some(&axis) = symbolic.first() else { continue };
-            if self.symbols.len() != 1 {
-                return Err(fail(format!("its sizes follow {} ranges", self.symbols.len())));
-            }
-            if symbolic.len() > 1 {
-                return Err(fail("more than one axis follows the range".into()));
-            }
-            if self.shape(id)[axis].powers != [1] {
-                return Err(fail(format!("axis {axis} follows a power of the range")));
-            }
-            if node.ty.shape[..axis].iter().any(|&d| d != 1) {
-                return Err(fail(format!("axis {axis} follows the range but is not the leading axis")));
-            }
-            axes.insert(id, axis);
-        }
-        // Ops along an axis: not along the one that follows the range.
-        for id in graph.node_ids() {
-            let node = graph.node(id);
-            let inputs = graph.inputs_of(id);
-            let axis_of = |i: usize| inputs.get(i).and_then(|x| axes.get(x)).copied();
-            let fail = |why: &str| SymbolicError::NotLeading {
-                node: node.name.clone(),
-                op: node.op.kind(),
-                shape: self.display(id),
-                why: why.to_string(),
-            };
-            let rank = |i: usize| inputs.get(i).map_or(0, |&x| graph.node(x).ty.rank());
-            let a = axis_of(0);
-            let high = self.symbols.first().map_or(1, |r| r.high);
-            let bad = match &node.op {
-                Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::CumSum { axis, .. } => a == Some(*axis),
-                Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => a.is_some_and(|a| a >= *axis),
-                Op::Reduce { axes: reduced, .. } => a.is_some_and(|a| reduced.contains(&a)),
-                Op::Concat { axis } => (0..inputs.len()).any(|i| axis_of(i) == Some(*axis)),
-                Op::Slice { axes: cut } => a.is_some_and(|a| {
-                    cut.get(a).is_some_and(|c| c.start != 0 || c.step != 1 || c.len != node.ty.shape[a])
-                }),
-                Op::Gather { axis } => {
-                    a == Some(*axis)
-                        && !gathers_no_later_row(
-                            plan,
-                            inputs.first().copied(),
-                            inputs.get(1).copied(),
-                            &axes,
-                            high,
-                        )
-                }
-                Op::GatherElements { axis } => a == Some(*axis),
-                Op::GatherNd { .. } => a.is_some(),
-                Op::Trilu { .. } => a.is_some_and(|a| a + 2 >= rank(0)),
-                Op::RotateHalf => a.is_some_and(|a| a + 1 == rank(0)),
-                Op::Conv { .. } => a.is_some_and(|a| a != 0) || axis_of(1).is_some(),
-                // The contraction and B's rows and columns stay static; A's last axis is K.
-                Op::MatMul | Op::Gemm { .. } => {
-                    a.is_some_and(|a| a + 1 >= rank(0)) || axis_of(1).is_some_and(|b| b + 2 >= rank(1))
-                }
-                Op::Attention { .. } => {
-                    (0..inputs.len()).any(|i| axis_of(i).is_some_and(|x| x + 2 >= rank(i)))
-                }
-                _ => false,
-            };
-            if bad {
-                return Err(fail("it works along the axis that follows the range"));
-            }
-        }
-        Ok(axes)
-    }
-}
-
-/// Whether `indices` is a constant that, gathering along the axis of `data` that follows the
-/// range, reads for each size `b` of the range (its positions `b·per`…) only rows that exist
-/// at that size (below `(b+1)·rows`, `rows` the data's rows per unit of the range).
-fn gathers_no_later_row(
-    plan: &Plan,
-    data: Option<NodeId>,
-    indices: Option<NodeId>,
-    axes: &HashMap<NodeId, usize>,
-    high: usize,
-) -> bool {
-    let (Some(data), Some(indices)) = (data, indices) else { return false };
-    let (Some(&axis), Some(&data_axis), Some(value)) =
-        (axes.get(&indices), axes.get(&data), constant_value(plan, indices))
-    else {
-        return false;
-    };
-    let per = plan.graph.node(indices).ty.shape[axis] / high.max(1);
-    let rows = plan.graph.node(data).ty.shape[data_axis] / high.max(1);
-    let values = value.to_i64();
-    values.axis_iter(ndarray::Axis(axis)).enumerate().all(|(p, slice)| {
-        let limit = (p / per.max(1) + 1) * rows;
-        slice.iter().all(|&v| v >= 0 && (v as usize) < limit)
-    })
 }

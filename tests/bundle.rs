@@ -71,11 +71,17 @@ fn no_driver_is_an_error() {
     assert!(err.to_string().contains("no CUDA driver"));
 }
 
+/// The range `batch=LO..HI`.
+fn range(low: usize, high: usize) -> fusec::bundle::BundleRange {
+    fusec::bundle::BundleRange { symbol: "batch".into(), low, high }
+}
+
 /// A header whose inputs or outputs lie outside the bundle's memory, or whose sizes overflow,
 /// is an error naming the tensor before anything touches a GPU (with or without a driver).
 #[test]
 fn inputs_and_outputs_outside_the_bundles_memory_are_errors() {
     use fusec::plan::Location;
+    use fusec::symbolic::SymDim;
     let good = bundle();
     let arena = good.header.arena_bytes;
     type Damage = Box<dyn Fn(&mut Bundle)>;
@@ -85,27 +91,30 @@ fn inputs_and_outputs_outside_the_bundles_memory_are_errors() {
         (Box::new(|b| b.header.inputs[0].shape = vec![1 << 40, 1 << 40]), "overflows"),
         (Box::new(|b| b.header.outputs[0].dtype = "f33".into()), "unknown type f33"),
         (Box::new(|b| b.header.inputs[0].location = Location::Weights(0)), "placed in the weights"),
-        (Box::new(|b| b.header.inputs[0].range_axis = Some(0)), "follows a range the bundle does not have"),
         (
             Box::new(|b| {
-                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 1, high: 2 });
-                b.header.inputs[0].range_axis = Some(7);
+                let rank = b.header.inputs[0].shape.len();
+                b.header.inputs[0].dims = Some(vec![SymDim::new(1, vec![1]); rank]);
             }),
-            "past its rank",
+            "follows a range the bundle does not have",
         ),
         (
             Box::new(|b| {
-                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 1, high: 3 });
-                b.header.inputs[0].range_axis = Some(0);
+                b.header.ranges = vec![range(1, 2)];
+                b.header.inputs[0].dims = Some(vec![SymDim::new(1, vec![1]); 7]);
             }),
-            "not a multiple of the range's top 3",
+            "sizes for a shape of rank",
         ),
         (
             Box::new(|b| {
-                b.header.range = Some(fusec::bundle::BundleRange { symbol: "batch".into(), low: 3, high: 2 })
+                b.header.ranges = vec![range(1, 3)];
+                let mut dims = SymDim::lits(&b.header.inputs[0].shape);
+                dims[0] = SymDim::new(1, vec![1]);
+                b.header.inputs[0].dims = Some(dims);
             }),
-            "is not a range of sizes",
+            "which is not its shape",
         ),
+        (Box::new(|b| b.header.ranges = vec![range(3, 2)]), "is not a range of sizes"),
     ];
     for (damage, needle) in cases {
         let mut b = good.clone();

@@ -124,9 +124,9 @@ fn bad_files_fail_cleanly() {
     assert_clean_failure(&["inspect", truncated.to_str().unwrap()], &["truncated.onnx", "protobuf"]);
 }
 
-/// A bundle for a range of batch sizes: compile says so, inspect shows its header (range and
-/// symbolic shapes) and the symbolic sizes of a model; a range the kernels cannot follow and
-/// a malformed range are clean errors.
+/// A bundle for ranges of batch sizes and sequence lengths: compile says so, inspect shows
+/// its header (ranges and symbolic shapes) and the symbolic sizes of a model; a range one
+/// program cannot serve and a malformed range are clean errors.
 #[test]
 fn ranges_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,10 +134,11 @@ fn ranges_from_the_command_line() {
     let bundle = bundle.to_str().unwrap();
     let bert = common::model_path("bert_ts.onnx");
     let bert = bert.to_str().unwrap();
-    let out = fusec(&["compile", bert, "--dim", "batch=1..8", "--dim", "seq=16", "-o", bundle]);
+    let out = fusec(&["compile", bert, "--dim", "batch=1..8", "--dim", "seq=1..32", "-o", bundle]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("runs batch=1..8 (activation bytes for 8): input i64[batch, 16]"),
+        text(&out.stdout)
+            .contains("runs batch=1..8 seq=1..32 (activation bytes for batch=8,seq=32): input i64[batch, seq]"),
         "{}",
         text(&out.stdout)
     );
@@ -146,16 +147,18 @@ fn ranges_from_the_command_line() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     for needle in [
         "range       batch=1..8",
-        "input       input i64[batch, 16]",
-        "output      last_hidden_state f32[batch, 16, 64]",
+        "range       seq=1..32",
+        "input       input i64[batch, seq]",
+        "output      last_hidden_state f32[batch, seq, 64]",
     ] {
         assert!(shown.contains(needle), "'{needle}' not in {shown}");
     }
     let out = fusec(&["inspect", bert, "--dim", "batch=1..8", "--dim", "seq=2..16"]);
     assert!(text(&out.stdout).contains("input     input [batch, seq]"), "{}", text(&out.stdout));
+    let masked = common::model_path("bert_mask_ts.onnx");
     assert_clean_failure(
-        &["compile", bert, "--dim", "batch=4", "--dim", "seq=1..16", "-o", bundle],
-        &["[4, seq]", "leading axis", "--dim NAME=N"],
+        &["compile", masked.to_str().unwrap(), "--dim", "batch=4", "--dim", "seq=1..16", "-o", bundle],
+        &["constant '", "one stored constant cannot serve the range", "--dim seq=N"],
     );
     assert_clean_failure(&["compile", bert, "--dim", "batch=9..2", "-o", bundle], &["over its high end"]);
     assert_clean_failure(

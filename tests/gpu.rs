@@ -155,12 +155,12 @@ fn bundle_round_trip_runs_the_same() {
 /// run again after others) and matches tract at each; a size outside the range is an error.
 /// Set FUSEC_GPU_RANGE_RESULTS=FILE to get the table.
 #[test]
-fn one_bundle_runs_every_batch_size_of_its_range() {
+fn one_bundle_runs_every_shape_of_its_ranges() {
     if !gpu() {
         return;
     }
     let mut table = String::from(
-        "| model | precision | batch sizes run | max rel-L2 | result |\n|---|---|---|---|---|\n",
+        "| model | precision | ranges | shapes run (batch×seq) | max rel-L2 | result |\n|---|---|---|---|---|---|\n",
     );
     let mut failed = Vec::new();
     let attention = [
@@ -170,47 +170,53 @@ fn one_bundle_runs_every_batch_size_of_its_range() {
         "llama_ts.onnx",
         "vit_ts.onnx",
         "bert_mask_ts.onnx",
+        "bert_mask_dynamo.onnx",
+        "gpt2_mask_dynamo.onnx",
     ];
     for file in common::all_fixtures().into_iter().filter(|f| f != "op_coverage.onnx") {
         let path = common::model_path(&file);
         let precisions: &[DType] =
             if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
+        // batch 1..4, and seq 1..64 where the model has one that a range can follow.
+        let seq_range = common::has_seq(&file) && !common::seq_fixed(&file);
+        let seq_text = if seq_range { "1..64" } else { "7" };
+        let points: Vec<(usize, usize)> = if seq_range {
+            vec![(3, 7), (1, 1), (4, 64), (2, 33), (3, 7), (1, 50), (4, 2)]
+        } else {
+            vec![(3, 7), (1, 7), (4, 7), (2, 7), (3, 7), (1, 7)]
+        };
         for &precision in precisions {
             let tolerance = if precision == DType::F32 { FP32_TOLERANCE } else { HALF_TOLERANCE };
             let options = CompileOptions {
-                import: common::batch_dims(&file, "1..4"),
+                import: common::dims_at(&file, "1..4", seq_text),
                 arch: Some("sm_90".into()),
                 precision,
                 ..Default::default()
             };
-            let sizes = [3usize, 1, 4, 2, 3, 1];
             let outcome = (|| -> Result<f64, String> {
                 let bundle = fusec::compile(&path, &options).map_err(|e| e.to_string())?;
                 let mut session = Session::new(&bundle, 0).map_err(|e| e.to_string())?;
                 let mut worst = 0.0f64;
-                for (k, &n) in sizes.iter().enumerate() {
-                    let model = fusec::import::import(&path, &common::batch_dims(&file, &n.to_string()))
-                        .map_err(|e| e.to_string())?;
+                for (k, &(b, s)) in points.iter().enumerate() {
+                    let import = common::dims_at(&file, &b.to_string(), &s.to_string());
+                    let model = fusec::import::import(&path, &import).map_err(|e| e.to_string())?;
                     let inputs = common::random_inputs(&model, 40 + k as u64);
-                    let ours = session.run(&inputs).map_err(|e| format!("batch {n}: {e}"))?;
-                    if session.size() != n {
-                        return Err(format!("batch {n}: the session runs at {}", session.size()));
+                    let ours = session.run(&inputs).map_err(|e| format!("{b}x{s}: {e}"))?;
+                    let expected: Vec<usize> = if seq_range { vec![b, s] } else { vec![b] };
+                    if session.point() != expected.as_slice() {
+                        return Err(format!("{b}x{s}: the session runs at {:?}", session.point()));
                     }
                     let theirs = run_tract(&path, &values(&inputs))?;
-                    for ((_, a), b) in ours.iter().zip(&theirs) {
-                        if a.shape() != b.shape() {
-                            return Err(format!(
-                                "batch {n}: output {:?}, tract's {:?}",
-                                a.shape(),
-                                b.shape()
-                            ));
+                    for ((_, a), t) in ours.iter().zip(&theirs) {
+                        if a.shape() != t.shape() {
+                            return Err(format!("{b}x{s}: output {:?}, tract's {:?}", a.shape(), t.shape()));
                         }
-                        let e = rel_l2(a, b);
+                        let e = rel_l2(a, t);
                         worst = if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) };
                     }
                 }
                 // Outside the range: an error naming the input and the range.
-                let model = fusec::import::import(&path, &common::batch_dims(&file, "5"))
+                let model = fusec::import::import(&path, &common::dims_at(&file, "5", "7"))
                     .map_err(|e| e.to_string())?;
                 let err =
                     session.run(&common::random_inputs(&model, 9)).err().ok_or("batch 5 ran")?.to_string();
@@ -221,17 +227,28 @@ fn one_bundle_runs_every_batch_size_of_its_range() {
                 }
                 Ok(worst)
             })();
-            let sizes_text = sizes.map(|n| n.to_string()).join(", ");
+            let shapes: Vec<String> = points
+                .iter()
+                .map(|(b, s)| if common::has_seq(&file) { format!("{b}×{s}") } else { b.to_string() })
+                .collect();
+            let shapes = shapes.join(", ");
+            let ranges = if seq_range {
+                "batch=1..4 seq=1..64"
+            } else if common::has_seq(&file) {
+                "batch=1..4 (seq=7)"
+            } else {
+                "batch=1..4"
+            };
             match outcome {
                 Ok(worst) if worst <= tolerance => {
-                    let _ = writeln!(table, "| {file} | {precision} | {sizes_text} | {worst:.2e} | pass |");
+                    let _ = writeln!(table, "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | pass |");
                 }
                 Ok(worst) => {
-                    let _ = writeln!(table, "| {file} | {precision} | {sizes_text} | {worst:.2e} | FAIL |");
+                    let _ = writeln!(table, "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | FAIL |");
                     failed.push(format!("{file} {precision}: rel-L2 {worst:e}"));
                 }
                 Err(e) => {
-                    let _ = writeln!(table, "| {file} | {precision} | - | - | ERROR |");
+                    let _ = writeln!(table, "| {file} | {precision} | {ranges} | - | - | ERROR |");
                     failed.push(format!("{file} {precision}: {e}"));
                 }
             }
@@ -577,5 +594,34 @@ fn padded_positions_match_the_unpadded_sequence() {
             err <= FP32_TOLERANCE,
             "{file}: padding changed the kept positions' outputs (rel-L2 {err:e})"
         );
+        if common::seq_fixed(file) {
+            continue;
+        }
+        // One bundle for batch 1..4 × seq 1..64 runs both shapes, the same.
+        let options = CompileOptions {
+            import: common::dims_at(file, "1..4", "1..64"),
+            arch: Some("sm_90".into()),
+            ..Default::default()
+        };
+        let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut session = Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut run_range = |feeds: &dyn Fn(&str) -> Tensor| -> Tensor {
+            let inputs: Vec<(String, Tensor)> =
+                session.inputs().iter().map(|spec| (spec.name.clone(), feeds(&spec.name))).collect();
+            session.run(&inputs).unwrap_or_else(|e| panic!("{file}: {e}")).remove(0).1
+        };
+        let padded_range = run_range(&|name| match name {
+            "attention_mask" => table(2, seq, &|r, t| i64::from(r == 0 || t < kept)),
+            "token_type_ids" => table(2, seq, &|_, t| types(t)),
+            _ => table(2, seq, &|r, t| if r == 1 && t >= kept { 0 } else { ids[r * seq + t] }),
+        });
+        let alone_range = run_range(&|name| match name {
+            "attention_mask" => table(1, kept, &|_, _| 1),
+            "token_type_ids" => table(1, kept, &|_, t| types(t)),
+            _ => table(1, kept, &|_, t| ids[seq + t]),
+        });
+        let (e1, e2) = (rel_l2(&padded_range, &padded), rel_l2(&alone_range, &alone));
+        println!("{file}: one bundle for the ranges against static ones: 2×{seq} {e1:.2e}, 1×{kept} {e2:.2e}");
+        assert!(e1 <= FP32_TOLERANCE && e2 <= FP32_TOLERANCE, "{file}: {e1:e} {e2:e}");
     }
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use fusec::import::{DimSpec, ImportOptions};
 use fusec::symbolic::plan_symbolic;
+use fusec::codegen::Step;
 use fusec::CompileOptions;
 
 /// The ranges each fixture is planned for: batch and, for the text models, seq (the tiny
@@ -100,13 +101,12 @@ fn every_fixture_has_symbolic_sizes_that_match_static_plans() {
     println!("{report}");
 }
 
-/// A fixture compiled for batch sizes 1..4 (seq 7 where the model has one).
-fn batch_range(
-    file: &str,
-    precision: fusec::ir::DType,
-) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
+/// A fixture compiled for batch sizes 1..4 and, where the model has a sequence a range can
+/// follow, sequence lengths 1..64 (seq 7 for the others).
+fn ranged(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
+    let seq = if common::seq_fixed(file) { "7" } else { "1..64" };
     let options = CompileOptions {
-        import: common::batch_dims(file, "1..4"),
+        import: common::dims_at(file, "1..4", seq),
         precision,
         arch: Some("sm_90".into()),
         ..Default::default()
@@ -114,113 +114,193 @@ fn batch_range(
     fusec::compile(&common::model_path(file), &options)
 }
 
+/// Every fixture compiles (NVRTC included, where it is installed) for ranges of its dims; the
+/// bundle names them, and its inputs follow them.
 #[test]
-fn every_fixture_compiles_for_a_range_of_batch_sizes() {
+fn every_fixture_compiles_for_ranges_of_its_dims() {
     let mut failed = Vec::new();
     for file in common::all_fixtures() {
         if file == "op_coverage.onnx" {
             continue;
         }
-        match batch_range(&file, fusec::ir::DType::F32) {
-            Ok(bundle) => {
-                let range = bundle.header.range.as_ref().expect("a range");
-                assert_eq!((range.symbol.as_str(), range.low, range.high), ("batch", 1, 4), "{file}");
-                assert!(bundle.header.inputs.iter().any(|i| i.range_axis == Some(0)), "{file}");
-                println!("{file}: {} launches", bundle.header.launches);
+        for precision in [fusec::ir::DType::F32, fusec::ir::DType::F16] {
+            match ranged(&file, precision) {
+                Ok(bundle) => {
+                    let h = &bundle.header;
+                    let names: Vec<&str> = h.ranges.iter().map(|r| r.symbol.as_str()).collect();
+                    let seq = common::has_seq(&file) && !common::seq_fixed(&file);
+                    assert_eq!(names, if seq { vec!["batch", "seq"] } else { vec!["batch"] }, "{file}");
+                    let text = h.inputs[0].shape_text(&h.ranges);
+                    assert!(text.starts_with("[batch"), "{file}: {text}");
+                    if seq {
+                        assert!(text.contains("seq"), "{file}: {text}");
+                    }
+                    // Every launch follows the ranges; every GEMM has its sizes as expressions.
+                    for step in &h.steps {
+                        assert!(step.sources().all(|s| s.scale.is_some()), "{file}");
+                        if let Step::Gemm { gemm, .. } = step {
+                            assert!(gemm.dims.is_some(), "{file}");
+                        }
+                    }
+                    println!("{file} {precision}: {} launches, {}", h.launches, text);
+                }
+                Err(e) => failed.push(format!("{file} {precision}: {e}")),
             }
-            Err(e) => failed.push(format!("{file}: {e}")),
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// The sizes of a bundle's steps and outputs at points of its ranges are those of bundles
+/// compiled for each point alone: launches (grid and units of work), GEMMs (M, N, K, batch
+/// and strides) and output shapes.
+#[test]
+fn steps_at_a_point_are_those_of_a_bundle_for_that_point() {
+    for file in ["bert_mask_dynamo.onnx", "gpt2_ts.onnx", "llama_ts.onnx"] {
+        let path = common::model_path(file);
+        let bundle = ranged(file, fusec::ir::DType::F16).unwrap();
+        let h = &bundle.header;
+        let alone = |b: usize, s: usize| {
+            let options = CompileOptions {
+                import: common::dims_at(file, &b.to_string(), &s.to_string()),
+                precision: fusec::ir::DType::F16,
+                ..Default::default()
+            };
+            fusec::compile(&path, &options).unwrap().header
+        };
+        // Kernels tiled as at the top (a bundle for one size may take packs along a dim that
+        // a range makes a run-time size, or other attention tiles): their grids are compared.
+        let top = alone(4, 64);
+        let same_tiling: Vec<bool> = h
+            .steps
+            .iter()
+            .zip(&top.steps)
+            .map(|(a, b)| match (a, b) {
+                (Step::Launch(a), Step::Launch(b)) => a.grid == b.grid && a.block == b.block,
+                _ => true,
+            })
+            .collect();
+        let mut compared = 0;
+        for (b, s) in [(3usize, 7usize), (1, 1), (4, 64), (2, 33)] {
+            let single = alone(b, s);
+            let point = [b, s];
+            for (o, spec) in h.outputs.iter().enumerate() {
+                assert_eq!(spec.shape_at(&point), single.outputs[o].shape, "{file} {b}x{s}");
+            }
+            if single.steps.len() != h.steps.len() {
+                // At size 1 the passes take shortcuts (a size-1 broadcast dropped): another
+                // program, whose steps cannot be compared one by one.
+                assert!(b == 1 || s == 1, "{file} {b}x{s}: {} steps, {}", single.steps.len(), h.steps.len());
+                continue;
+            }
+            for (k, (ours, theirs)) in h.steps.iter().zip(&single.steps).enumerate() {
+                match (ours, theirs) {
+                    (Step::Gemm { gemm: g, .. }, Step::Gemm { gemm: t, .. }) => {
+                        let g = g.at(&point).unwrap();
+                        assert_eq!(
+                            (g.m, g.n, g.k, g.batch, g.a.batch_stride, g.b.batch_stride),
+                            (t.m, t.n, t.k, t.batch, t.a.batch_stride, t.b.batch_stride),
+                            "{file} {b}x{s}: step {k}"
+                        );
+                        compared += 1;
+                    }
+                    (Step::Launch(l), Step::Launch(t)) if same_tiling[k] && !l.name.contains("attention") => {
+                        let (_, blocks) = l.scale.as_ref().unwrap().at(&point).unwrap();
+                        assert_eq!(blocks, t.grid, "{file} {b}x{s}: step {k} ({})", l.name);
+                        compared += 1;
+                    }
+                    (Step::Launch(_), Step::Launch(_)) => {}
+                    _ => panic!("{file} {b}x{s}: step {k} differs in kind"),
+                }
+            }
+        }
+        assert!(compared > 2 * h.steps.len(), "{file}: {compared} compared");
+    }
+}
+
 #[test]
 fn a_range_bundle_round_trips_and_checks_its_inputs() {
-    let file = "bert_mask_ts.onnx";
-    let bundle = batch_range(file, fusec::ir::DType::F32).unwrap();
+    let file = "bert_mask_dynamo.onnx";
+    let bundle = ranged(file, fusec::ir::DType::F32).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r.bundle");
     bundle.save(&path).unwrap();
     let loaded = fusec::Bundle::load(&path).unwrap();
     assert_eq!(loaded.header, bundle.header);
     let header = &loaded.header;
-    let range = header.range.as_ref().unwrap();
+    let ranges = &header.ranges;
     let names: Vec<&str> = header.inputs.iter().map(|i| i.name.as_str()).collect();
-    assert!(header.inputs.iter().all(|i| i.range_axis == Some(0)), "{:?}", header.inputs);
-    assert!(header.outputs.iter().all(|o| o.range_axis == Some(0)));
-    assert_eq!(header.inputs[0].shape_text(Some(range)), "[batch, 7]");
-    assert_eq!(header.outputs[0].shape_at(3, range.high), vec![3, 7, 64]);
+    assert!(header.inputs.iter().all(|i| i.dims.is_some()), "{:?}", header.inputs);
+    assert_eq!(header.inputs[0].shape_text(ranges), "[batch, seq]");
+    assert_eq!(header.outputs[0].shape_text(ranges), "[batch, seq, 64]");
+    assert_eq!(header.outputs[0].shape_at(&[3, 5]), vec![3, 5, 64]);
 
-    let inputs_at = |batch: &str| {
-        let model =
-            fusec::import::import(&common::model_path(file), &common::batch_dims(file, batch)).unwrap();
+    let inputs_at = |batch: usize, seq: usize| {
+        let import = common::dims_at(file, &batch.to_string(), &seq.to_string());
+        let model = fusec::import::import(&common::model_path(file), &import).unwrap();
         common::random_inputs(&model, 1)
     };
-    let check = |inputs: &[(String, fusec::ir::Tensor)]| {
-        fusec::bundle::input_size(&header.inputs, Some(range), inputs)
-    };
-    for n in 1..=4 {
-        assert_eq!(check(&inputs_at(&n.to_string())), Ok(Some(n)));
+    let check = |inputs: &[(String, fusec::ir::Tensor)]| fusec::bundle::input_point(&header.inputs, ranges, inputs);
+    for (b, s) in [(1, 1), (3, 7), (4, 64), (2, 33)] {
+        assert_eq!(check(&inputs_at(b, s)), Ok(vec![b, s]));
     }
-    // Above the range: the input, its axis, the range and the value are named.
-    let err = check(&inputs_at("5")).unwrap_err();
+    // Above a range: the input, its axis, the range and the value are named.
+    let err = check(&inputs_at(5, 7)).unwrap_err();
     assert!(
-        err.contains(&format!("input '{}' has 5 along axis 0", names[0]))
-            && err.contains("batch must be in 1..4"),
+        err.contains(&format!("input '{}' has 5 along axis 0", names[0])) && err.contains("batch must be in 1..4"),
         "{err}"
     );
-    // Inputs at two sizes.
-    let mut mixed = inputs_at("2");
-    mixed[1] = inputs_at("3").remove(1);
+    // (The model holds 64 positions: the inputs past them are made here, not imported.)
+    let long = fusec::ir::Tensor::from_i64(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[2, 65]), 1), fusec::ir::DType::I64);
+    let past: Vec<_> = inputs_at(2, 7).into_iter().map(|(n, _)| (n, long.clone())).collect();
+    let err = check(&past).unwrap_err();
+    assert!(err.contains("has 65 along axis 1") && err.contains("seq must be in 1..64"), "{err}");
+    // Inputs at two points.
+    let mut mixed = inputs_at(2, 7);
+    mixed[1] = inputs_at(2, 9).remove(1);
     let err = check(&mixed).unwrap_err();
-    assert!(err.contains("batch=3") && err.contains("batch=2"), "{err}");
-    // Another rank, or another size on a fixed axis.
-    let mut wrong = inputs_at("2");
+    assert!(err.contains("seq=9") && err.contains("seq=7"), "{err}");
+    // Another rank.
+    let mut wrong = inputs_at(2, 7);
     wrong[0].1 = wrong[0].1.reshaped(&[14]).unwrap();
     let err = check(&wrong).unwrap_err();
     assert!(
-        err.contains(&format!("input '{}' is i64[14], the model takes i64[batch, 7]", names[0])),
+        err.contains(&format!("input '{}' is i64[14], the model takes i64[batch, seq]", names[0])),
         "{err}"
     );
-    let mut wrong = inputs_at("2");
-    wrong[0].1 = wrong[0].1.reshaped(&[7, 2]).unwrap();
-    assert!(check(&wrong).unwrap_err().contains("the model takes i64[batch, 7]"));
     // A bundle for one size takes that size only.
     let fixed = fusec::compile(
         &common::model_path(file),
-        &CompileOptions { import: common::batch_dims(file, "2"), ..Default::default() },
+        &CompileOptions { import: common::dims_at(file, "2", "7"), ..Default::default() },
     )
     .unwrap();
-    assert_eq!(fusec::bundle::input_size(&fixed.header.inputs, None, &inputs_at("2")), Ok(None));
-    assert!(fusec::bundle::input_size(&fixed.header.inputs, None, &inputs_at("3"))
+    assert_eq!(fusec::bundle::input_point(&fixed.header.inputs, &[], &inputs_at(2, 7)), Ok(vec![]));
+    assert!(fusec::bundle::input_point(&fixed.header.inputs, &[], &inputs_at(3, 7))
         .unwrap_err()
         .contains("the model takes i64[2, 7]"));
 }
 
 #[test]
-fn ranges_kernels_cannot_follow_are_errors_that_name_the_value() {
-    let path = common::model_path("bert_ts.onnx");
-    let compile = |dims: &[&str]| {
+fn ranges_one_program_cannot_serve_are_errors_that_name_the_value() {
+    let compile = |file: &str, dims: &[&str]| {
         let dims = dims.iter().map(|d| d.parse().unwrap()).collect();
         fusec::compile(
-            &path,
+            &common::model_path(file),
             &CompileOptions { import: ImportOptions::new(vec![], dims), ..Default::default() },
         )
         .map(|_| ())
         .unwrap_err()
         .to_string()
     };
-    // seq is not the leading axis of the values that follow it: not built yet, said so.
-    let err = compile(&["batch=2", "seq=1..16"]);
+    // The TorchScript export folds its padding mask's index grid (b·seq + s) into a constant.
+    let err = compile("bert_mask_ts.onnx", &["batch=2", "seq=1..16"]);
     assert!(
-        err.contains("is [2, seq]") && err.contains("not the leading axis") && err.contains("--dim NAME=N"),
+        err.contains("constant '") && err.contains("seq=2") && err.contains("--dim seq=N"),
         "{err}"
     );
-    let err = compile(&["batch=1..4", "seq=1..16"]);
-    assert!(err.contains("its sizes follow 2 ranges"), "{err}");
     // inspect shows the symbolic sizes of such a program all the same.
     let (_, symbolic) = plan_symbolic(
-        &path,
+        &common::model_path("bert_ts.onnx"),
         &CompileOptions {
             import: ImportOptions::new(
                 vec![],

@@ -18,11 +18,12 @@ use thiserror::Error;
 use crate::codegen::Step;
 use crate::ir::{DType, TensorType};
 use crate::plan::Location;
+use crate::symbolic::SymDim;
 
 /// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
 /// The format version this fusec writes and reads (no other is read).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// A bundle that cannot be written or read; each names the file (`path`).
 #[derive(Debug, Error)]
@@ -88,14 +89,14 @@ pub struct IoSpec {
     pub name: String,
     /// Its element type's name (`f32`, `i64`; [`DType::from_name`]).
     pub dtype: String,
-    /// Its shape (at the top of the bundle's range, for one that has a range).
+    /// Its shape (at the top of the bundle's ranges, for one that has ranges).
     pub shape: Vec<usize>,
     /// Where it lives in the session's memory.
     pub location: Location,
-    /// In a bundle for a range of sizes, the axis whose size follows the range: at size `n`
-    /// of the range it is `shape[axis] · n / high` (`None`: the shape is fixed).
+    /// In a bundle for ranges of sizes, its shape as expressions of them (`None`: the shape
+    /// is fixed).
     #[serde(default)]
-    pub range_axis: Option<usize>,
+    pub dims: Option<Vec<SymDim>>,
 }
 
 impl IoSpec {
@@ -106,45 +107,29 @@ impl IoSpec {
             dtype: ty.dtype.name().to_string(),
             shape: ty.shape.clone(),
             location,
-            range_axis: None,
+            dims: None,
         }
     }
 
-    /// The shape it takes, with `range`'s dim named where it follows it (`[batch, 16]`,
-    /// `[batch*16, 64]`; `[8, 16]` for a fixed shape).
-    pub fn shape_text(&self, range: Option<&BundleRange>) -> String {
-        match (range, self.range_axis) {
-            (Some(range), Some(axis)) => {
-                let dims: Vec<String> = self
-                    .shape
-                    .iter()
-                    .enumerate()
-                    .map(|(a, &d)| match (a == axis, d / range.high.max(1)) {
-                        (true, 1) => range.symbol.clone(),
-                        (true, per) => format!("{}*{per}", range.symbol),
-                        (false, _) => d.to_string(),
-                    })
-                    .collect();
+    /// The shape it takes, with the dims of `ranges` named where it follows them
+    /// (`[batch, seq]`, `[batch*16, 64]`; `[8, 16]` for a fixed shape).
+    pub fn shape_text(&self, ranges: &[BundleRange]) -> String {
+        match &self.dims {
+            Some(dims) if !ranges.is_empty() => {
+                let dims: Vec<String> = dims.iter().map(|d| d.display(ranges)).collect();
                 format!("[{}]", dims.join(", "))
             }
             _ => format!("{:?}", self.shape),
         }
     }
 
-    /// Its shape at size `n` of a range whose top is `high`.
-    pub fn shape_at(&self, n: usize, high: usize) -> Vec<usize> {
-        let mut shape = self.shape.clone();
-        if let Some(d) = self.range_axis.and_then(|a| shape.get_mut(a)) {
-            *d = crate::codegen::size_at(*d, n, high);
-        }
-        shape
-    }
-
-    /// Its shape at size `n` of `range` (the shape itself without a range).
-    pub fn shape_in(&self, range: Option<&BundleRange>, n: usize) -> Vec<usize> {
-        match range {
-            Some(range) => self.shape_at(n, range.high),
-            None => self.shape.clone(),
+    /// Its shape at the point `values` of the bundle's ranges (its shape without ranges).
+    pub fn shape_at(&self, values: &[usize]) -> Vec<usize> {
+        match &self.dims {
+            Some(dims) if !values.is_empty() => {
+                dims.iter().zip(&self.shape).map(|(d, &top)| d.eval(values).unwrap_or(top)).collect()
+            }
+            _ => self.shape.clone(),
         }
     }
 
@@ -155,19 +140,19 @@ impl IoSpec {
 }
 
 /// Checks `inputs` (by name) against a bundle's input `specs`: every input given and no
-/// other, each of its element type and shape — for a bundle with `range`, at any size of the
-/// range along the axis that follows it, the same size for every input. Returns that size
-/// (`None` without a range). The error names the input; for a size outside the range, also
+/// other, each of its element type and shape — for a bundle with `ranges`, at any point of
+/// them, the same point for every input. Returns that point (the size of each range, in
+/// order; empty without ranges). The error names the input; for a size outside a range, also
 /// the axis, the range and the value given.
-pub fn input_size(
+pub fn input_point(
     specs: &[IoSpec],
-    range: Option<&BundleRange>,
+    ranges: &[BundleRange],
     inputs: &[(String, crate::ir::Tensor)],
-) -> Result<Option<usize>, String> {
+) -> Result<Vec<usize>, String> {
     let expected = || {
         specs
             .iter()
-            .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(range)))
+            .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(ranges)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -180,69 +165,85 @@ pub fn input_size(
             ));
         }
     }
-    let mut size: Option<(usize, &str)> = None;
+    let given = |spec: &IoSpec| {
+        inputs
+            .iter()
+            .find(|(n, _)| *n == spec.name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| format!("input '{}' was not given (the inputs: {})", spec.name, expected()))
+    };
+    let wrong = |spec: &IoSpec, given: &crate::ir::Tensor| {
+        format!(
+            "input '{}' is {}{:?}, the model takes {}{}",
+            spec.name,
+            given.dtype(),
+            given.shape(),
+            spec.dtype,
+            spec.shape_text(ranges)
+        )
+    };
+    // Each range's size, from the first input axis that is that dim alone (times a factor).
+    let mut point: Vec<Option<(usize, &str)>> = vec![None; ranges.len()];
     for spec in specs {
-        let given = inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t);
-        let given = given
-            .ok_or_else(|| format!("input '{}' was not given (the inputs: {})", spec.name, expected()))?;
-        let wrong = || {
-            format!(
-                "input '{}' is {}{:?}, the model takes {}{}",
-                spec.name,
-                given.dtype(),
-                given.shape(),
-                spec.dtype,
-                spec.shape_text(range)
-            )
-        };
-        let (Some(range), Some(axis)) = (range, spec.range_axis) else {
-            if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
-                return Err(wrong());
+        let given = given(spec)?;
+        let dims = match &spec.dims {
+            Some(dims) if !ranges.is_empty() => dims,
+            _ => {
+                if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                    return Err(wrong(spec, given));
+                }
+                continue;
             }
-            continue;
         };
-        let same_elsewhere = given.shape().len() == spec.shape.len()
-            && given.shape().iter().zip(&spec.shape).enumerate().all(|(a, (g, s))| a == axis || g == s);
-        if given.dtype().name() != spec.dtype || !same_elsewhere {
-            return Err(wrong());
+        if given.dtype().name() != spec.dtype || given.shape().len() != dims.len() {
+            return Err(wrong(spec, given));
         }
-        let per = (spec.shape.get(axis).copied().unwrap_or(0) / range.high.max(1)).max(1);
-        let value = given.shape().get(axis).copied().unwrap_or(0);
-        let n = value / per;
-        if value % per != 0 || n < range.low || n > range.high {
-            return Err(format!(
-                "input '{}' has {value} along axis {axis} ({}{}): {} must be in {}..{}, the bundle's range",
-                spec.name,
-                spec.dtype,
-                spec.shape_text(Some(range)),
-                range.symbol,
-                range.low,
-                range.high
-            ));
-        }
-        match size {
-            Some((other, name)) if other != n => {
+        for (axis, (dim, &value)) in dims.iter().zip(given.shape()).enumerate() {
+            let alone: Vec<usize> =
+                dim.powers.iter().enumerate().filter(|(_, &p)| p > 0).map(|(i, _)| i).collect();
+            let [i] = alone[..] else { continue };
+            let Some(range) = ranges.get(i).filter(|_| dim.powers[i] == 1) else { continue };
+            let per = dim.factor.max(1);
+            let n = value / per;
+            if value % per != 0 || n < range.low || n > range.high {
                 return Err(format!(
-                    "input '{}' is at {}={n}, input '{name}' at {}={other}",
-                    spec.name, range.symbol, range.symbol
-                ))
+                    "input '{}' has {value} along axis {axis} ({}{}): {} must be in {}..{}, the bundle's range",
+                    spec.name,
+                    spec.dtype,
+                    spec.shape_text(ranges),
+                    range.symbol,
+                    range.low,
+                    range.high
+                ));
             }
-            _ => size = Some((n, spec.name.as_str())),
+            match point[i] {
+                Some((other, name)) if other != n => {
+                    return Err(format!(
+                        "input '{}' is at {}={n}, input '{name}' at {}={other}",
+                        spec.name, range.symbol, range.symbol
+                    ))
+                }
+                _ => point[i] = Some((n, spec.name.as_str())),
+            }
         }
     }
-    Ok(size.map(|(n, _)| n))
+    let point: Vec<usize> = point
+        .iter()
+        .zip(ranges)
+        .map(|(v, r)| v.map(|(n, _)| n).ok_or_else(|| format!("no input of the model gives {}", r.symbol)))
+        .collect::<Result<_, _>>()?;
+    // Every size of every input at that point (products of dims included).
+    for spec in specs {
+        let given = given(spec)?;
+        if spec.dims.is_some() && given.shape() != spec.shape_at(&point).as_slice() {
+            return Err(wrong(spec, given));
+        }
+    }
+    Ok(point)
 }
 
 /// The range of sizes of one dim a bundle runs.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BundleRange {
-    /// The dim's name (`batch`).
-    pub symbol: String,
-    /// The smallest size.
-    pub low: usize,
-    /// The largest size, which the bundle's shapes and memory are for.
-    pub high: usize,
-}
+pub type BundleRange = crate::symbolic::DimRange;
 
 /// Everything in a bundle but the weights: the program and what it takes and gives.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -282,10 +283,11 @@ pub struct Header {
     /// Floating-point operations of one run's matrix products.
     #[serde(default)]
     pub flops: u64,
-    /// The range of sizes the bundle runs (`--dim batch=1..32`), along the leading axis of
-    /// the inputs and outputs that follow it (`IoSpec::range_axis`); `None`: one size.
+    /// The ranges of sizes the bundle runs (`--dim batch=1..32 --dim seq=1..512`), in name
+    /// order: a point of them is the size of each, in this order. The shapes of the inputs
+    /// and outputs that follow them are in `IoSpec::dims`; empty: one size.
     #[serde(default)]
-    pub range: Option<BundleRange>,
+    pub ranges: Vec<BundleRange>,
 }
 
 /// A compiled model: what `fusec compile` writes and a [`crate::Session`] runs.

@@ -55,11 +55,37 @@ pub struct Bench {
     /// timed before are cached beside the NVRTC cache).
     #[arg(long)]
     no_gemm_tuning: bool,
-    /// For a bundle with a range of sizes (`--dim batch=1..32`): time it at each of these
-    /// sizes beside a bundle compiled for that size alone, and the first run of each size
-    /// (its set-up and CUDA graph capture), instead of fused against unfused.
-    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
-    sizes: Vec<usize>,
+    /// For a bundle with ranges of sizes (`--dim batch=1..32 --dim seq=1..512`): time it at
+    /// each of these points beside a bundle compiled for that point alone, and the first run
+    /// of each point (its set-up and CUDA graph capture), instead of fused against unfused.
+    /// A point is a size per range, in name order, joined by `x` (`8x384`: batch 8, seq 384);
+    /// one number for a bundle with one range.
+    #[arg(long, visible_alias = "shapes", value_delimiter = ',', value_name = "AxB,...")]
+    sizes: Vec<String>,
+}
+
+/// `8x384` as sizes of `ranges` (in order); an error names the point and the ranges.
+fn parse_point(text: &str, ranges: &[fusec::bundle::BundleRange]) -> anyhow::Result<Vec<usize>> {
+    let names = || ranges.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+    let values: Vec<usize> = text
+        .split('x')
+        .map(|v| v.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--sizes {text}: not sizes joined by x (the bundle's ranges: {})", names()))?;
+    if values.len() != ranges.len() {
+        bail!("--sizes {text}: {} sizes for the bundle's {} ranges ({})", values.len(), ranges.len(), names());
+    }
+    for (r, &v) in ranges.iter().zip(&values) {
+        if v < r.low || v > r.high {
+            bail!("--sizes {text}: {}={v} is outside the bundle's range {r}", r.symbol);
+        }
+    }
+    Ok(values)
+}
+
+/// `batch=8,seq=384`.
+fn point_text(ranges: &[fusec::bundle::BundleRange], values: &[usize]) -> String {
+    ranges.iter().zip(values).map(|(r, v)| format!("{}={v}", r.symbol)).collect::<Vec<_>>().join(",")
 }
 
 /// How each distinct GEMM's algorithm was chosen, and what that did to the whole program.
@@ -167,55 +193,58 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
         .collect()
 }
 
-/// Input sets at size `n` of a range whose top is `high` (`input_sets` of the shapes there).
-fn input_sets_at(inputs: &[IoSpec], n: usize, high: usize) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
-    let specs: Vec<IoSpec> =
-        inputs.iter().map(|i| IoSpec { shape: i.shape_at(n, high), ..i.clone() }).collect();
+/// Input sets at the point `values` of a bundle's ranges (`input_sets` of the shapes there).
+fn input_sets_at(inputs: &[IoSpec], values: &[usize]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
+    let specs: Vec<IoSpec> = inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
     input_sets(&specs)
 }
 
 impl Bench {
-    /// `--sizes`: the bundle for a range against one bundle per size, side by side.
+    /// `--sizes`: the bundle for ranges against one bundle per point, side by side.
     fn bench_sizes(
         &self,
         ranged: &Bundle,
         onnx: &std::path::Path,
         import: &fusec::import::ImportOptions,
     ) -> anyhow::Result<ExitCode> {
-        let Some(range) = ranged.header.range.clone() else {
+        let ranges = ranged.header.ranges.clone();
+        if ranges.is_empty() {
             bail!("--sizes needs a bundle for a range of sizes: compile with --dim NAME=LO..HI");
-        };
-        if let Some(&n) = self.sizes.iter().find(|&&n| n < range.low || n > range.high) {
-            bail!("--sizes {n}: outside the bundle's range {}={}..{}", range.symbol, range.low, range.high);
         }
-        let progress = Progress::new(self.quiet, "loading the bundle for the range");
+        let points: Vec<Vec<usize>> =
+            self.sizes.iter().map(|p| parse_point(p, &ranges)).collect::<anyhow::Result<_>>()?;
+        let top: Vec<usize> = ranges.iter().map(|r| r.high).collect();
+        let progress = Progress::new(self.quiet, "loading the bundle for the ranges");
         let options = SessionOptions { tune_gemms: !self.no_gemm_tuning, ..Default::default() };
         let mut session = Session::with_options(ranged, self.device, options)?;
-        // The session's first run, at the top of the range (as a server's first request):
-        // what is timed below as each size's first run is that size's own set-up.
-        session.run(&input_sets_at(&ranged.header.inputs, range.high, range.high)?[0])?;
+        // The session's first run, at the top of the ranges (as a server's first request):
+        // what is timed below as each point's first run is that point's own set-up.
+        session.run(&input_sets_at(&ranged.header.inputs, &top)?[0])?;
         let mut rows = Vec::new();
-        for &n in &self.sizes {
+        for values in &points {
+            let at = point_text(&ranges, values);
             let mut fixed = import.clone();
-            fixed.dims.insert(range.symbol.clone(), n);
-            fixed.low.remove(&range.symbol);
-            // Whole input shapes (a bundle's, when a bundle was given) at this size.
+            for (r, &n) in ranges.iter().zip(values) {
+                fixed.dims.insert(r.symbol.clone(), n);
+                fixed.low.remove(&r.symbol);
+            }
+            // Whole input shapes (a bundle's, when a bundle was given) at this point.
             for spec in &mut fixed.inputs {
                 if let Some(io) = ranged.header.inputs.iter().find(|i| i.name == spec.name) {
-                    spec.shape = io.shape_at(n, range.high);
+                    spec.shape = io.shape_at(values);
                 }
             }
-            progress.set(format!("compiling {onnx:?} for {}={n} alone", range.symbol));
+            progress.set(format!("compiling {onnx:?} for {at} alone"));
             let compile_options =
                 CompileOptions { import: fixed, precision: ranged.header.precision, ..Default::default() };
             let single = fusec::compile(onnx, &compile_options)?;
             let mut alone = Session::with_options(&single, self.device, options)?;
-            let sets = input_sets_at(&ranged.header.inputs, n, range.high)?;
-            progress.set(format!("{}={n}: first run, then {} timed runs of each", range.symbol, self.iters));
-            // The first run at this size, without the copies in and out any run has: its steps
-            // set up (launches scaled, GEMM descriptors), its graph captured and run.
+            let sets = input_sets_at(&ranged.header.inputs, values)?;
+            progress.set(format!("{at}: first run, then {} timed runs of each", self.iters));
+            // The first run at this point, without the copies in and out any run has: its
+            // steps set up (launches scaled, GEMM descriptors), its graph captured and run.
             let started = std::time::Instant::now();
-            session.select_size(n)?;
+            session.select(values)?;
             let setup_ms = started.elapsed().as_secs_f64() * 1e3;
             session.upload(&sets[0])?;
             let started = std::time::Instant::now();
@@ -227,34 +256,31 @@ impl Bench {
             for ((name, x), (_, y)) in ours.iter().zip(&theirs) {
                 let err = rel_l2(x, y);
                 if err.is_nan() || err > tolerance {
-                    bail!(
-                        "{}={n}: the range bundle and the one for {n} alone differ on {name}: rel-L2 {err:e}",
-                        range.symbol
-                    );
+                    bail!("{at}: the bundle for the ranges and the one for {at} alone differ on {name}: rel-L2 {err:e}");
                 }
             }
             let (single_ms, _, _) =
                 percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
             let (range_ms, p10, p90) =
                 percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
-            rows.push((n, range_ms, p10, p90, single_ms, first_ms, setup_ms));
+            rows.push((values.clone(), range_ms, p10, p90, single_ms, first_ms, setup_ms));
         }
         drop(progress);
+        let names: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
+        let point_label = |v: &[usize]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("x");
         if !super::shapes::json_to_stdout(self.json.as_deref()) {
             println!(
-                "{} on {}, {}, {}={}..{}: one bundle for the range against one compiled for each size alone, {} runs after {} warm-up, CUDA events",
+                "{} on {}, {}, {}: one bundle for the ranges against one compiled for each point alone, {} runs after {} warm-up, CUDA events",
                 onnx.display(),
                 session.device_name,
                 ranged.header.precision,
-                range.symbol,
-                range.low,
-                range.high,
+                names.join(" "),
                 self.iters,
                 self.warmup
             );
             println!(
-                "{:>8} {:>12} {:>10} {:>10} {:>12} {:>8} {:>15} {:>11}",
-                range.symbol,
+                "{:>10} {:>12} {:>10} {:>10} {:>12} {:>8} {:>15} {:>11}",
+                ranges.iter().map(|r| r.symbol.as_str()).collect::<Vec<_>>().join("x"),
                 "range (ms)",
                 "p10",
                 "p90",
@@ -263,13 +289,14 @@ impl Bench {
                 "first run (ms)",
                 "set-up (ms)"
             );
-            for (n, range_ms, p10, p90, single_ms, first_ms, setup_ms) in &rows {
+            for (values, range_ms, p10, p90, single_ms, first_ms, setup_ms) in &rows {
                 println!(
-                    "{n:>8} {range_ms:>12.4} {p10:>10.4} {p90:>10.4} {single_ms:>12.4} {:>7.3}x {first_ms:>15.2} {setup_ms:>11.2}",
+                    "{:>10} {range_ms:>12.4} {p10:>10.4} {p90:>10.4} {single_ms:>12.4} {:>7.3}x {first_ms:>15.2} {setup_ms:>11.2}",
+                    point_label(values),
                     range_ms / single_ms
                 );
             }
-            println!("ratio = range / alone (median); first run = the size's first run after the session's first (at the top of the range), without copying inputs and outputs: its set-up (launches scaled, GEMM descriptors), graph capture and run, timed on the host");
+            println!("ratio = ranges / alone (median); first run = the point's first run after the session's first (at the top of the ranges), without copying inputs and outputs: its set-up (launches scaled, GEMM descriptors), graph capture and run, timed on the host");
         }
         if let Some(path) = &self.json {
             let json = serde_json::json!({
@@ -278,10 +305,10 @@ impl Bench {
                 "model": onnx.display().to_string(),
                 "device": session.device_name,
                 "precision": ranged.header.precision,
-                "range": {"name": range.symbol, "low": range.low, "high": range.high},
+                "ranges": ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
                 "iterations": self.iters,
-                "sizes": rows.iter().map(|(n, range_ms, p10, p90, single_ms, first_ms, setup_ms)| serde_json::json!({
-                    "size": n, "range_median_ms": range_ms, "range_p10_ms": p10, "range_p90_ms": p90,
+                "sizes": rows.iter().map(|(values, range_ms, p10, p90, single_ms, first_ms, setup_ms)| serde_json::json!({
+                    "size": values.first(), "point": values, "range_median_ms": range_ms, "range_p10_ms": p10, "range_p90_ms": p90,
                     "alone_median_ms": single_ms, "ratio": range_ms / single_ms, "first_run_ms": first_ms,
                     "setup_ms": setup_ms,
                 })).collect::<Vec<_>>(),
@@ -465,7 +492,7 @@ impl Bench {
                 "device": fast.device_name,
                 "arch": fast.arch,
                 "precision": fused.header.precision,
-                "inputs": super::shapes::io_json(&fused.header.inputs),
+                "inputs": super::shapes::io_json(&fused.header.inputs, &fused.header.ranges),
                 "iterations": self.iters,
                 "warmup": self.warmup,
                 "input_sets": sets.len(),

@@ -102,18 +102,18 @@ impl Compile {
                 bundle.weights.len(),
                 h.arena_bytes
             );
-            if let Some(range) = &h.range {
+            if !h.ranges.is_empty() {
                 let io: Vec<String> = h
                     .inputs
                     .iter()
-                    .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(Some(range))))
+                    .map(|i| format!("{} {}{}", i.name, i.dtype, i.shape_text(&h.ranges)))
                     .collect();
+                let ranges: Vec<String> = h.ranges.iter().map(|r| r.to_string()).collect();
+                let top: Vec<String> = h.ranges.iter().map(|r| format!("{}={}", r.symbol, r.high)).collect();
                 println!(
-                    "runs {}={}..{} (activation bytes for {}): {}",
-                    range.symbol,
-                    range.low,
-                    range.high,
-                    range.high,
+                    "runs {} (activation bytes for {}): {}",
+                    ranges.join(" "),
+                    top.join(","),
                     io.join(", ")
                 );
             }

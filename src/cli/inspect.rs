@@ -138,13 +138,15 @@ impl Inspect {
             bundle.weights.len(),
             h.arena_bytes
         ));
-        match &h.range {
-            Some(r) => say(format!("range       {}={}..{} (memory for {})", r.symbol, r.low, r.high, r.high)),
-            None => say("range       none: one size".into()),
+        for r in &h.ranges {
+            say(format!("range       {}={}..{} (memory for {})", r.symbol, r.low, r.high, r.high));
+        }
+        if h.ranges.is_empty() {
+            say("range       none: one size".into());
         }
         for (kind, specs) in [("input", &h.inputs), ("output", &h.outputs)] {
             for s in specs {
-                say(format!("{kind:<11} {} {}{}", s.name, s.dtype, s.shape_text(h.range.as_ref())));
+                say(format!("{kind:<11} {} {}{}", s.name, s.dtype, s.shape_text(&h.ranges)));
             }
         }
         if let Some(path) = &self.json {

@@ -19,12 +19,15 @@ pub fn json_to_stdout(json: Option<&std::path::Path>) -> bool {
 }
 
 /// A bundle's inputs or outputs as JSON: name, shape and element type of each.
-/// For a bundle with a range, `shape` is at the top of the range and `range_axis` the axis
-/// that follows it.
-pub fn io_json(specs: &[fusec::bundle::IoSpec]) -> Vec<serde_json::Value> {
+/// For a bundle with ranges, `shape` is at the top of the ranges and `dims` names how each
+/// size follows them (`["batch", "seq*12"]`; null for a fixed shape).
+pub fn io_json(specs: &[fusec::bundle::IoSpec], ranges: &[fusec::bundle::BundleRange]) -> Vec<serde_json::Value> {
     specs
         .iter()
-        .map(|i| serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype, "range_axis": i.range_axis}))
+        .map(|i| {
+            let dims = i.dims.as_ref().map(|d| d.iter().map(|d| d.display(ranges)).collect::<Vec<_>>());
+            serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype, "dims": dims})
+        })
         .collect()
 }
 
@@ -50,9 +53,9 @@ pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_js
         "activation_bytes": h.arena_bytes,
         "estimated_bytes": h.traffic_bytes,
         "flops": h.flops,
-        "inputs": io_json(&h.inputs),
-        "outputs": io_json(&h.outputs),
-        "range": h.range.as_ref().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})),
+        "inputs": io_json(&h.inputs, &h.ranges),
+        "outputs": io_json(&h.outputs, &h.ranges),
+        "ranges": h.ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
     });
     if let (Some(doc), serde_json::Value::Object(program)) = (doc.as_object_mut(), program) {
         doc.extend(program);

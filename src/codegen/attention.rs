@@ -18,6 +18,7 @@ use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::Plan;
+use crate::symbolic::SymDim;
 
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
 /// the largest block that still gives every multiprocessor a block.
@@ -28,11 +29,14 @@ struct Problem {
     anchor: NodeId,
     scale: f32,
     nan_to_zero: bool,
-    /// Output shape: batch dims…, queries, dv.
+    /// Output shape: batch dims…, queries, dv (at the top of any ranges).
     out: Vec<usize>,
     depth: usize,
     keys: usize,
     inputs: Vec<NodeId>,
+    /// The output shape and the keys as they follow any ranges.
+    out_dims: Vec<SymDim>,
+    keys_dims: SymDim,
 }
 
 impl Problem {
@@ -54,7 +58,24 @@ impl Problem {
         if node.ty.shape.len() < 2 {
             return Err("attention output must have rank ≥ 2".into());
         }
-        Ok(Problem { anchor, scale, nan_to_zero, out: node.ty.shape.clone(), depth, keys, inputs })
+        let out_dims = plan.dims(anchor);
+        let keys_dims = plan.dims(inputs[1]).last().cloned().ok_or("attention keys of rank 0")?;
+        let dv_static = out_dims.last().is_some_and(SymDim::is_static);
+        let depth_static = plan.dims(inputs[0]).last().is_some_and(SymDim::is_static);
+        if !dv_static || !depth_static {
+            return Err("attention whose head size follows a range of sizes".into());
+        }
+        Ok(Problem {
+            anchor,
+            scale,
+            nan_to_zero,
+            out: node.ty.shape.clone(),
+            depth,
+            keys,
+            inputs,
+            out_dims,
+            keys_dims,
+        })
     }
 
     fn rank(&self) -> usize {
@@ -74,20 +95,46 @@ impl Problem {
         self.out[..self.rank() - 2].iter().product()
     }
 
+    /// Queries, as a C expression.
+    fn queries_c(&self) -> String {
+        self.out_dims[self.rank() - 2].c()
+    }
+
+    /// How the launch follows any ranges: blocks of `qt` queries, for every batch × head.
+    fn scale(&self, qt: usize) -> super::LaunchScale {
+        let rank = self.rank();
+        super::LaunchScale {
+            units: self.out_dims[rank - 2].clone(),
+            per_block: qt as u64,
+            times: SymDim::product(&self.out_dims[..rank - 2]),
+            bound: false,
+        }
+    }
+
+    /// Query blocks of `qt`, as a C expression.
+    fn qblocks_c(&self, qt: usize) -> String {
+        let queries = &self.out_dims[self.rank() - 2];
+        match queries.value() {
+            Some(q) => format!("{}LL", q.div_ceil(qt).max(1)),
+            None => format!("(({} + {qt}LL - 1) / {qt}LL)", queries.c()),
+        }
+    }
+
     /// The coordinates in input `input` (0 q, 1 kt, 2 v, 3 mask) of the element at
     /// (`batch`…, `last2`) of its virtual, broadcast shape.
     fn input_coords(&self, plan: &Plan, input: usize, batch: &[String], last2: [&str; 2]) -> Coords {
         let rank = self.rank();
-        let (queries, keys, depth, dv) = (self.queries(), self.keys, self.depth, self.dv());
+        let queries = self.out_dims[rank - 2].clone();
+        let (keys, depth, dv) = (self.keys_dims.clone(), SymDim::lit(self.depth), SymDim::lit(self.dv()));
         let last_dims = match input {
             0 => [queries, depth],
             1 => [depth, keys],
             2 => [keys, dv],
             _ => [queries, keys],
         };
-        let virtual_shape: Vec<usize> = self.out[..rank - 2].iter().copied().chain(last_dims).collect();
+        let virtual_shape: Vec<SymDim> = self.out_dims[..rank - 2].iter().cloned().chain(last_dims).collect();
         let coords: Coords = batch.iter().cloned().chain(last2.iter().map(|x| x.to_string())).collect();
-        broadcast(&coords, &virtual_shape, &plan.graph.node(self.inputs[input]).ty.shape)
+        broadcast(&coords, &virtual_shape, &plan.dims(self.inputs[input]))
     }
 
     /// For the tensor-core kernel's vector accesses: the address of input `input` at
@@ -165,6 +212,7 @@ impl Common<'_, '_> {
         hb: &Handlebars<'_>,
         template: &str,
         mut data: serde_json::Value,
+        qt: usize,
         blocks: usize,
         threads: usize,
     ) -> Result<KernelSource, String> {
@@ -173,7 +221,7 @@ impl Common<'_, '_> {
             "name": self.name,
             "headers": self.body.headers.iter().collect::<Vec<_>>(),
             "about": self.kernel.kind.name(),
-            "params": params(self.body),
+            "params": super::with_limit(self.body.plan, params(self.body), false),
             "coords": self.coords,
             "q": operands.q,
             "k": operands.k,
@@ -187,13 +235,17 @@ impl Common<'_, '_> {
         if let (Some(data), serde_json::Value::Object(common)) = (data.as_object_mut(), common) {
             data.extend(common);
         }
-        Ok(KernelSource::new(
+        let mut source = KernelSource::new(
             self.name,
             render(hb, template, &data)?,
             u32::try_from(blocks).map_err(|_| "attention grid too large")?.max(1),
             threads as u32,
             args(self.body),
-        ))
+        );
+        if self.body.plan.symbolic.is_some() {
+            source.scale = Some(problem.scale(qt));
+        }
+        Ok(source)
     }
 }
 
@@ -236,7 +288,7 @@ fn tensor_core(
     let mut body = Body::new(plan, kernel);
     body.headers.extend(header(dtype));
     let rank = problem.rank();
-    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out[..rank - 2]);
+    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
     let (queries, heads) = (problem.queries(), problem.heads());
     let warps = warps_per_block(heads, queries);
@@ -295,11 +347,12 @@ fn tensor_core(
         "kw": kt / splits,
         "threads": 32 * warps * splits,
         "qt": qt,
-        "qblocks": qblocks,
+        "qblocks": problem.qblocks_c(qt),
         "kt": kt,
         "kv_buffers": buffers,
-        "queries": queries,
-        "keys": problem.keys,
+        "queries": problem.queries_c(),
+        "keys": problem.keys_dims.c(),
+        "tiles_const": if problem.keys_dims.is_static() { "constexpr" } else { "const" },
         "depth": problem.depth,
         "dp": dp,
         "dv": problem.dv(),
@@ -314,7 +367,7 @@ fn tensor_core(
         "out_address": out_address.unwrap_or_default()
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    common.render(hb, "attention_mma", data, qblocks * heads, 32 * warps * splits)
+    common.render(hb, "attention_mma", data, qt, qblocks * heads, 32 * warps * splits)
 }
 
 /// How many warps may share each group of query rows' keys, most preferred first, for a
@@ -344,7 +397,7 @@ fn cuda_core(
 ) -> Result<KernelSource, String> {
     let mut body = Body::new(plan, kernel);
     let rank = problem.rank();
-    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out[..rank - 2]);
+    let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
     let (queries, heads, depth, dv) = (problem.queries(), problem.heads(), problem.depth, problem.dv());
     // Small problems get blocks of 32 rows so that more SMs have work.
@@ -360,14 +413,14 @@ fn cuda_core(
         "qt": qt,
         "rt": rt,
         "threads": qt * rt,
-        "qblocks": qblocks,
+        "qblocks": problem.qblocks_c(qt),
         "kt": kt,
         "chunk": chunk,
-        "queries": queries,
-        "keys": problem.keys,
+        "queries": problem.queries_c(),
+        "keys": problem.keys_dims.c(),
         "depth": depth,
         "dv": dv
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    common.render(hb, "attention", data, qblocks * heads, qt * rt)
+    common.render(hb, "attention", data, qt, qblocks * heads, qt * rt)
 }

@@ -15,6 +15,7 @@ use super::Step;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Location, Plan};
+use crate::symbolic::SymDim;
 
 /// One operand: a row-major matrix (or batch of them) in memory.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub struct GemmOperand {
 }
 
 /// `C[b] = alpha · A[b] · B[b]` for `batch` row-major `[M, K] · [K, N]` products.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GemmSpec {
     /// The left operand, `[M, K]`.
     pub a: GemmOperand,
@@ -53,29 +54,41 @@ pub struct GemmSpec {
     /// GPU where cuBLASLt has no algorithm for it.
     #[serde(default)]
     pub lt_epilogue: Option<LtEpilogue>,
-    /// In a bundle for a range of sizes, which size follows it (`None`: as is).
+    /// In a bundle for ranges of sizes, its sizes as expressions of them (`None`: as is).
     #[serde(default)]
-    pub scales: Option<GemmScale>,
+    pub dims: Option<GemmDims>,
 }
 
-/// The size of a GEMM that follows a bundle's range of sizes: at size `n` of a range whose
-/// top is `high`, it is `size · n / high`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub enum GemmScale {
-    /// The rows of A and C.
-    M,
-    /// The products in the batch.
-    Batch,
+/// The sizes of a GEMM of a program for ranges of sizes, at any point of them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GemmDims {
+    /// Rows of A and C.
+    pub m: SymDim,
+    /// Columns of B and C.
+    pub n: SymDim,
+    /// The shared dimension.
+    pub k: SymDim,
+    /// Products in the batch.
+    pub batch: SymDim,
+    /// A's batch stride.
+    pub a_stride: SymDim,
+    /// B's batch stride.
+    pub b_stride: SymDim,
 }
 
 impl GemmSpec {
-    /// The GEMM at size `n` of a range whose top is `high`.
-    pub fn at(&self, n: usize, high: usize) -> GemmSpec {
-        match self.scales {
-            Some(GemmScale::M) => GemmSpec { m: super::size_at(self.m, n, high), ..*self },
-            Some(GemmScale::Batch) => GemmSpec { batch: super::size_at(self.batch, n, high), ..*self },
-            None => *self,
-        }
+    /// The GEMM at the point `values` of the bundle's ranges (itself without ranges); `None`
+    /// where a size overflows.
+    pub fn at(&self, values: &[usize]) -> Option<GemmSpec> {
+        let Some(d) = &self.dims else { return Some(self.clone()) };
+        let mut spec = self.clone();
+        spec.m = d.m.eval(values)?;
+        spec.n = d.n.eval(values)?;
+        spec.k = d.k.eval(values)?;
+        spec.batch = d.batch.eval(values)?;
+        spec.a.batch_stride = d.a_stride.eval(values)?;
+        spec.b.batch_stride = d.b_stride.eval(values)?;
+        Some(spec)
     }
 }
 
@@ -128,11 +141,16 @@ fn resolve(plan: &Plan, mut id: NodeId) -> Result<(Location, bool), String> {
     }
 }
 
-fn batch_stride(batch: usize, total: usize, matrix: usize) -> Result<usize, String> {
-    match total / matrix {
-        1 => Ok(0),
-        b if b == batch => Ok(matrix),
-        b => Err(format!("broadcasting a batch of {b} to {batch} is not supported yet (only all-or-nothing batch broadcasting)")),
+/// A's or B's batch stride: 0 for one matrix shared by the batch, else the matrix's size.
+fn batch_stride(batch: &SymDim, total: &SymDim, matrix: &SymDim) -> Result<SymDim, String> {
+    match total.div(matrix) {
+        Some(b) if b.is_one() => Ok(SymDim::lit(0)),
+        Some(b) if b == *batch => Ok(matrix.clone()),
+        b => Err(format!(
+            "broadcasting a batch of {} to {} is not supported yet (only all-or-nothing batch broadcasting)",
+            b.map_or("?".into(), |b| b.c()),
+            batch.c()
+        )),
     }
 }
 
@@ -144,52 +162,55 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     }
     let dtype = node.ty.dtype;
     let inputs = graph.inputs_of(gemm);
-    let (a_shape, b_shape) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
+    let (a_shape, b_shape) = (plan.dims(inputs[0]), plan.dims(inputs[1]));
     let ((a_loc, a_t), (b_loc, b_t)) = (resolve(plan, inputs[0])?, resolve(plan, inputs[1])?);
     let (flag_a, flag_b, alpha) = match node.op {
         Op::Gemm { alpha, trans_a, trans_b, .. } => (trans_a, trans_b, alpha),
         _ => (false, false, 1.0),
     };
-    let a2: Vec<usize> = if a_shape.len() == 1 { vec![1, a_shape[0]] } else { a_shape.clone() };
-    let b2: Vec<usize> = if b_shape.len() == 1 { vec![b_shape[0], 1] } else { b_shape.clone() };
-    let (ra, ca) = (a2[a2.len() - 2], a2[a2.len() - 1]);
-    let (rb, cb) = (b2[b2.len() - 2], b2[b2.len() - 1]);
-    let (m, k) = if flag_a { (ca, ra) } else { (ra, ca) };
-    let n = if flag_b { rb } else { cb };
-    let (a_total, b_total): (usize, usize) = (a2.iter().product(), b2.iter().product());
-    let out_total: usize = node.ty.shape.iter().product();
-    let batch = out_total / (m * n).max(1);
+    let one = SymDim::lit(1);
+    let a2 = if a_shape.len() == 1 { vec![one.clone(), a_shape[0].clone()] } else { a_shape };
+    let b2 = if b_shape.len() == 1 { vec![b_shape[0].clone(), one.clone()] } else { b_shape };
+    let (ra, ca) = (&a2[a2.len() - 2], &a2[a2.len() - 1]);
+    let (rb, cb) = (&b2[b2.len() - 2], &b2[b2.len() - 1]);
+    let (m, k) = if flag_a { (ca.clone(), ra.clone()) } else { (ra.clone(), ca.clone()) };
+    let n = if flag_b { rb.clone() } else { cb.clone() };
+    let (a_total, b_total) = (SymDim::product(&a2), SymDim::product(&b2));
+    let out_total = SymDim::product(&plan.dims(gemm));
+    let mn = m.mul(&n);
+    let batch = if mn.factor == 0 { one.clone() } else { out_total.div(&mn).ok_or("a GEMM whose batch is not whole")? };
     let a_transposed = a_t ^ flag_a;
     let b_transposed = b_t ^ flag_b;
+    let top = |d: &SymDim| d.eval(&top_values(plan)).unwrap_or(0);
     // A shared right operand and a plain left one: fold the batch into M, one GEMM.
-    if b_total == k * n && !a_transposed && batch > 1 {
-        let a = GemmOperand { location: a_loc, transposed: false, batch_stride: 0 };
-        let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: 0 };
-        return Ok(GemmSpec {
-            a,
-            b,
-            c: out,
-            m: m * batch,
-            n,
-            k,
-            batch: 1,
-            alpha,
-            dtype,
-            lt_epilogue: None,
-            scales: None,
-        });
-    }
-    let a = GemmOperand {
-        location: a_loc,
-        transposed: a_transposed,
-        batch_stride: batch_stride(batch, a_total, m * k)?,
+    let dims = if b_total == k.mul(&n) && !a_transposed && !batch.is_one() {
+        let zero = SymDim::lit(0);
+        GemmDims { m: m.mul(&batch), n, k, batch: one, a_stride: zero.clone(), b_stride: zero }
+    } else {
+        let a_stride = batch_stride(&batch, &a_total, &m.mul(&k))?;
+        let b_stride = batch_stride(&batch, &b_total, &k.mul(&n))?;
+        GemmDims { m, n, k, batch, a_stride, b_stride }
     };
-    let b = GemmOperand {
-        location: b_loc,
-        transposed: b_transposed,
-        batch_stride: batch_stride(batch, b_total, k * n)?,
-    };
-    Ok(GemmSpec { a, b, c: out, m, n, k, batch, alpha, dtype, lt_epilogue: None, scales: None })
+    let a = GemmOperand { location: a_loc, transposed: a_transposed, batch_stride: top(&dims.a_stride) };
+    let b = GemmOperand { location: b_loc, transposed: b_transposed, batch_stride: top(&dims.b_stride) };
+    Ok(GemmSpec {
+        a,
+        b,
+        c: out,
+        m: top(&dims.m),
+        n: top(&dims.n),
+        k: top(&dims.k),
+        batch: top(&dims.batch),
+        alpha,
+        dtype,
+        lt_epilogue: None,
+        dims: plan.symbolic.is_some().then_some(dims),
+    })
+}
+
+/// The sizes of every range at its top: the plan's shapes (none without ranges).
+fn top_values(plan: &Plan) -> Vec<usize> {
+    plan.symbolic.as_ref().map(|s| s.symbols.iter().map(|r| r.high).collect()).unwrap_or_default()
 }
 
 /// The step of a GEMM kernel of the plan: the call, and its epilogue kernel if it has one.

@@ -1,22 +1,30 @@
 //! Index arithmetic as C expressions: coordinates of an element, and how they map through
 //! views (reshape, transpose, slice, expand) back to the tensor that is stored in memory —
-//! or forward, for a kernel that stores its result in a view's layout. Shapes are static, so
-//! every divisor and stride is a literal the compiler folds.
+//! or forward, for a kernel that stores its result in a view's layout. Static sizes are
+//! literals the compiler folds; in a program for ranges of sizes, a size that follows a range
+//! is an expression of the kernel's `fusec_d<i>` parameters ([`SymDim::c`]).
 
 use crate::ir::{Graph, NodeId, Op};
+use crate::symbolic::SymDim;
+
+/// The shape of each value as index arithmetic sees it.
+pub type ShapeOf<'a> = &'a dyn Fn(NodeId) -> Vec<SymDim>;
 
 /// One C expression per dimension.
 pub type Coords = Vec<String>;
 
+/// A shape whose sizes may follow ranges of sizes: each a C expression once rendered.
+pub type Dims = [SymDim];
+
 /// Row-major linear index of `coords` in `shape`.
-pub fn linearize(coords: &[String], shape: &[usize]) -> String {
+pub fn linearize(coords: &[String], shape: &Dims) -> String {
     let mut terms = Vec::new();
-    let mut stride = 1usize;
-    for (c, &d) in coords.iter().zip(shape).rev() {
-        if d != 1 && c != "0" {
-            terms.push(if stride == 1 { c.clone() } else { format!("{c} * {stride}LL") });
+    let mut stride = SymDim::lit(1);
+    for (c, d) in coords.iter().zip(shape).rev() {
+        if !d.is_one() && c != "0" {
+            terms.push(if stride.is_one() { c.clone() } else { format!("{c} * {}", stride.c()) });
         }
-        stride *= d;
+        stride = stride.mul(d);
     }
     if terms.is_empty() {
         return "0".into();
@@ -26,38 +34,83 @@ pub fn linearize(coords: &[String], shape: &[usize]) -> String {
 }
 
 /// Coordinates in `shape` of row-major linear index `linear` (which is below the size).
-pub fn delinearize(linear: &str, shape: &[usize]) -> Coords {
-    let mut coords = Vec::with_capacity(shape.len());
-    let mut stride: usize = shape.iter().product();
-    for (i, &d) in shape.iter().enumerate() {
-        stride /= d.max(1);
-        coords.push(match (d, i, stride) {
-            (1, _, _) => "0".to_string(),
-            (_, 0, 1) => linear.to_string(),
-            (_, 0, s) => format!("({linear} / {s}LL)"),
-            (d, _, 1) => format!("({linear} % {d}LL)"),
-            (d, _, s) => format!("(({linear} / {s}LL) % {d}LL)"),
-        });
+pub fn delinearize(linear: &str, shape: &Dims) -> Coords {
+    // strides[i]: the product of the dims after i.
+    let mut strides = vec![SymDim::lit(1); shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1].mul(&shape[i + 1]);
     }
-    coords
+    shape
+        .iter()
+        .zip(&strides)
+        .enumerate()
+        .map(|(i, (d, s))| match (d.is_one(), i, s.is_one()) {
+            (true, _, _) => "0".to_string(),
+            (_, 0, true) => linear.to_string(),
+            (_, 0, false) => format!("({linear} / {})", s.c()),
+            (_, _, true) => format!("({linear} % {})", d.c()),
+            _ => format!("(({linear} / {}) % {})", s.c(), d.c()),
+        })
+        .collect()
 }
 
 /// Coordinates in shape `to` of the element at `coords` of shape `from` with the same linear
-/// index (a reshape); `coords` themselves when the shapes are equal.
-pub fn reshape_coords(coords: &[String], from: &[usize], to: &[usize]) -> Coords {
+/// index (a reshape); `coords` themselves when the shapes are equal. Where a size follows a
+/// range, dims are matched in groups of equal size (`[b, s, 768]` to `[b, s, 12, 64]`: only
+/// the 768 is split), so that no run-time size is divided by that need not be.
+pub fn reshape_coords(coords: &[String], from: &Dims, to: &Dims) -> Coords {
     if from == to {
-        coords.to_vec()
-    } else {
-        delinearize(&linearize(coords, from), to)
+        return coords.to_vec();
     }
+    let fixed = from.iter().chain(to).all(SymDim::is_static);
+    match reshape_groups(from, to).filter(|_| !fixed) {
+        Some(groups) => groups
+            .into_iter()
+            .flat_map(|(f, t)| delinearize(&linearize(&coords[f.clone()], &from[f]), &to[t]))
+            .collect(),
+        None => delinearize(&linearize(coords, from), to),
+    }
+}
+
+/// `from` and `to` cut into runs of dims of equal size, in order (each run of `from` is a
+/// run of `to` reshaped); `None` where the sizes do not line up so.
+fn reshape_groups(from: &Dims, to: &Dims) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+    let (mut i, mut j) = (0, 0);
+    let mut groups = Vec::new();
+    while i < from.len() || j < to.len() {
+        let (fi, tj) = (i, j);
+        let mut a = SymDim::lit(1);
+        let mut b = SymDim::lit(1);
+        if i < from.len() {
+            a = from[i].clone();
+            i += 1;
+        }
+        if j < to.len() {
+            b = to[j].clone();
+            j += 1;
+        }
+        while a != b {
+            if b.div(&a).is_some() && i < from.len() {
+                a = a.mul(&from[i]);
+                i += 1;
+            } else if a.div(&b).is_some() && j < to.len() {
+                b = b.mul(&to[j]);
+                j += 1;
+            } else {
+                return None;
+            }
+        }
+        groups.push((fi..i, tj..j));
+    }
+    Some(groups)
 }
 
 /// Coordinates of a `from`-shaped element in a `to`-shaped operand broadcast to it (numpy
 /// rules: right-aligned, size-1 dimensions read index 0).
-pub fn broadcast(coords: &[String], from: &[usize], to: &[usize]) -> Coords {
+pub fn broadcast(coords: &[String], from: &Dims, to: &Dims) -> Coords {
     (0..to.len())
         .map(|j| match (j + from.len()).checked_sub(to.len()) {
-            Some(f) if to[j] != 1 => coords[f].clone(),
+            Some(f) if !to[j].is_one() => coords[f].clone(),
             _ => "0".to_string(),
         })
         .collect()
@@ -80,6 +133,7 @@ pub fn is_view(op: &Op) -> bool {
 /// its coordinates. `None` if a non-view op is reached first.
 pub fn trace_back(
     graph: &Graph,
+    dims: ShapeOf<'_>,
     mut id: NodeId,
     mut coords: Coords,
     stored: &dyn Fn(NodeId) -> bool,
@@ -90,9 +144,9 @@ pub fn trace_back(
         }
         let node = graph.node(id);
         let input = *graph.inputs_of(id).first()?;
-        let in_shape = &graph.node(input).ty.shape;
+        let in_shape = &dims(input);
         coords = match &node.op {
-            Op::Reshape { shape } => delinearize(&linearize(&coords, shape), in_shape),
+            Op::Reshape { .. } => reshape_coords(&coords, &dims(id), in_shape),
             Op::Transpose { perm } => {
                 let mut inner = vec!["0".to_string(); perm.len()];
                 for (i, &p) in perm.iter().enumerate() {
@@ -109,7 +163,7 @@ pub fn trace_back(
                     (s, step) => format!("({s}LL + ({step}LL) * {c})"),
                 })
                 .collect(),
-            Op::Expand { .. } => broadcast(&coords, &node.ty.shape, in_shape),
+            Op::Expand { .. } => broadcast(&coords, &dims(id), in_shape),
             Op::Identity | Op::Dropout => coords,
             _ => return None,
         };
@@ -125,26 +179,27 @@ pub fn trace_back(
 /// the pack and expands that do not broadcast it.
 pub fn packs_along(
     graph: &Graph,
+    dims: ShapeOf<'_>,
     mut id: NodeId,
     mut axis: usize,
     pack: usize,
     stored: &dyn Fn(NodeId) -> bool,
 ) -> bool {
     loop {
-        let shape = &graph.node(id).ty.shape;
+        let shape = &dims(id);
         let last = shape.len().wrapping_sub(1);
         if stored(id) {
-            return axis == last && shape[last] % pack == 0;
+            return axis == last && shape[last].divisible_by(pack);
         }
         let node = graph.node(id);
         let Some(&input) = graph.inputs_of(id).first() else { return false };
-        let in_shape = &graph.node(input).ty.shape;
+        let in_shape = &dims(input);
         axis = match &node.op {
             Op::Reshape { .. } => {
                 let in_last = in_shape.len().wrapping_sub(1);
                 let fits = axis == last
-                    && shape[last] % pack == 0
-                    && in_shape.get(in_last).is_some_and(|d| d % pack == 0);
+                    && shape[last].divisible_by(pack)
+                    && in_shape.get(in_last).is_some_and(|d| d.divisible_by(pack));
                 if !fits {
                     return false;
                 }
@@ -189,18 +244,18 @@ fn view_chain(graph: &Graph, value: NodeId, view: NodeId) -> Option<Vec<NodeId>>
 /// from a multiple of `pack`, as `pack` consecutive elements of `view`'s memory from a
 /// multiple of `pack` (one aligned store in a buffer aligned to the pack). The last axis must
 /// stay last through transposes, and reshapes must keep both last dims multiples of the pack.
-pub fn stores_pack_along(graph: &Graph, value: NodeId, view: NodeId, pack: usize) -> bool {
+pub fn stores_pack_along(graph: &Graph, dims: ShapeOf<'_>, value: NodeId, view: NodeId, pack: usize) -> bool {
     let Some(chain) = view_chain(graph, value, view) else { return false };
-    let shape = &graph.node(value).ty.shape;
+    let shape = &dims(value);
     let Some(mut axis) = shape.len().checked_sub(1) else { return false };
-    if shape[axis] % pack != 0 {
+    if !shape[axis].divisible_by(pack) {
         return false;
     }
     for &v in chain.iter().rev() {
-        let to = &graph.node(v).ty.shape;
+        let to = &dims(v);
         let last = to.len().wrapping_sub(1);
         axis = match &graph.node(v).op {
-            Op::Reshape { .. } if to.get(last).is_some_and(|d| d % pack == 0) => last,
+            Op::Reshape { .. } if to.get(last).is_some_and(|d| d.divisible_by(pack)) => last,
             Op::Transpose { perm } => match perm.iter().position(|&p| p == axis) {
                 Some(a) => a,
                 None => return false,
@@ -216,20 +271,26 @@ pub fn stores_pack_along(graph: &Graph, value: NodeId, view: NodeId, pack: usize
 
 /// The linear index, in the layout of `view`, of `value`'s element at `coords`, where `view`
 /// is a chain of reshapes and transposes of `value`.
-pub fn trace_forward(graph: &Graph, value: NodeId, view: NodeId, coords: Coords) -> Option<String> {
+pub fn trace_forward(
+    graph: &Graph,
+    dims: ShapeOf<'_>,
+    value: NodeId,
+    view: NodeId,
+    coords: Coords,
+) -> Option<String> {
     let chain = view_chain(graph, value, view)?;
     let mut coords = coords;
-    let mut shape = graph.node(value).ty.shape.clone();
+    let mut shape = dims(value);
     // Reshapes at the end of the chain keep the linear index as it is.
     let tail = chain.iter().take_while(|&&v| matches!(graph.node(v).op, Op::Reshape { .. })).count();
     for &v in chain[tail..].iter().rev() {
         let node = graph.node(v);
         coords = match &node.op {
-            Op::Reshape { shape: to } => delinearize(&linearize(&coords, &shape), to),
+            Op::Reshape { .. } => reshape_coords(&coords, &shape, &dims(v)),
             Op::Transpose { perm } => perm.iter().map(|&p| coords[p].clone()).collect(),
             _ => return None,
         };
-        shape = node.ty.shape.clone();
+        shape = dims(v);
     }
     Some(linearize(&coords, &shape))
 }
@@ -294,13 +355,43 @@ mod tests {
 
     #[test]
     fn linear_indices_round_trip() {
-        let coords = delinearize("i", &[2, 1, 3, 4]);
+        let coords = delinearize("i", &SymDim::lits(&[2, 1, 3, 4]));
         assert_eq!(coords, ["(i / 12LL)", "0", "((i / 4LL) % 3LL)", "(i % 4LL)"]);
         assert_eq!(
-            linearize(&coords, &[2, 1, 3, 4]),
+            linearize(&coords, &SymDim::lits(&[2, 1, 3, 4])),
             "((i / 12LL) * 12LL + ((i / 4LL) % 3LL) * 4LL + (i % 4LL))"
         );
-        assert_eq!(broadcast(&["a".into(), "b".into(), "c".into()], &[2, 3, 4], &[3, 1]), ["b", "0"]);
+        let b = broadcast(&["a".into(), "b".into(), "c".into()], &SymDim::lits(&[2, 3, 4]), &SymDim::lits(&[3, 1]));
+        assert_eq!(b, ["b", "0"]);
+    }
+
+    /// `[batch, seq, 12, 64]` with both dims given ranges: strides and divisors that follow
+    /// them are expressions of the kernel's parameters; the leading axis is never divided by.
+    #[test]
+    fn sizes_that_follow_ranges_are_parameters() {
+        let shape = [SymDim::new(1, vec![1]), SymDim::new(1, vec![0, 1]), SymDim::lit(12), SymDim::lit(64)];
+        let coords = delinearize("i", &shape);
+        assert_eq!(
+            coords,
+            [
+                "(i / (768LL * fusec_d1))",
+                "((i / 768LL) % fusec_d1)",
+                "((i / 64LL) % 12LL)",
+                "(i % 64LL)"
+            ]
+        );
+        assert_eq!(
+            linearize(&["a".into(), "b".into(), "c".into(), "d".into()], &shape),
+            "(a * (768LL * fusec_d1) + b * 768LL + c * 64LL + d)"
+        );
+        assert_eq!(SymDim::new(2, vec![1, 2]).c(), "(2LL * fusec_d0 * fusec_d1 * fusec_d1)");
+        // A reshape splits only the dims whose sizes differ; the run-time ones stay as they are.
+        let heads = [SymDim::new(1, vec![1]), SymDim::new(1, vec![0, 1]), SymDim::lit(768)];
+        let split = reshape_coords(&["a".into(), "b".into(), "c".into()], &heads, &shape);
+        assert_eq!(split, ["(a)", "(b)", "((c) / 64LL)", "((c) % 64LL)"]);
+        let rows = [SymDim::new(1, vec![1, 1]), SymDim::lit(768)];
+        let back = reshape_coords(&["r".into(), "c".into()], &rows, &heads);
+        assert_eq!(back, ["((r) / fusec_d1)", "((r) % fusec_d1)", "(c)"]);
     }
 
     /// Attention's output stored as [batch, seq, heads·depth] through a transpose that keeps
@@ -313,14 +404,15 @@ mod tests {
         let origin = Origin::new("t", "test");
         let t = g.add_op(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x], "t", origin.clone()).unwrap();
         let r = g.add_op(Op::Reshape { shape: vec![2, 4, 24] }, &[t], "r", origin.clone()).unwrap();
-        assert!(stores_pack_along(&g, x, r, 2));
-        assert!(stores_pack_along(&g, x, r, 8));
-        assert!(!stores_pack_along(&g, x, r, 16));
-        assert!(stores_pack_along(&g, x, x, 4));
         let moved = g.add_op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[x], "m", origin).unwrap();
-        assert!(!stores_pack_along(&g, x, moved, 2));
+        let dims = |id: NodeId| SymDim::lits(&g.node(id).ty.shape);
+        assert!(stores_pack_along(&g, &dims, x, r, 2));
+        assert!(stores_pack_along(&g, &dims, x, r, 8));
+        assert!(!stores_pack_along(&g, &dims, x, r, 16));
+        assert!(stores_pack_along(&g, &dims, x, x, 4));
+        assert!(!stores_pack_along(&g, &dims, x, moved, 2));
         // The reshapes at the end keep the linear index: no division by the view's dims.
-        let index = trace_forward(&g, x, r, vec!["a".into(), "b".into(), "c".into(), "d".into()]).unwrap();
+        let index = trace_forward(&g, &dims, x, r, vec!["a".into(), "b".into(), "c".into(), "d".into()]).unwrap();
         assert_eq!(index, "(a * 96LL + c * 24LL + b * 8LL + d)");
     }
 }

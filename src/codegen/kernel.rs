@@ -12,11 +12,12 @@ use handlebars::Handlebars;
 use serde_json::json;
 
 use super::expr::{binary, c_type, cast, header, literal, load, narrow, register_type, unary};
-use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords};
+use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords, Dims};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{DType, NodeId, Op, ReduceOp};
 use crate::plan::{Location, Plan};
+use crate::symbolic::SymDim;
 
 pub const BLOCK: u32 = 256;
 
@@ -42,6 +43,10 @@ pub struct Body<'a> {
     fresh: usize,
     /// Set when each thread computes several consecutive elements of the last axis.
     lanes: Option<Lanes>,
+    /// Linear indices the kernel already has, by coordinates and shape (a thread's own
+    /// element): a read or store there needs no index arithmetic. Only shapes with sizes that
+    /// follow a range are entered, where the arithmetic would divide by run-time sizes.
+    known: Vec<(Coords, Vec<SymDim>, String)>,
 }
 
 /// A pointer parameter of a kernel: `{qualifier}{ty}* name`, pointing at `location`.
@@ -59,7 +64,7 @@ const LANE: &str = "cj";
 /// coordinate is the lane's become one aligned load before the loop and one store after it.
 struct Lanes {
     count: usize,
-    width: usize,
+    width: SymDim,
     base: String,
     /// Vector loads and store registers, before the lane loop.
     before: Vec<String>,
@@ -105,12 +110,35 @@ impl<'a> Body<'a> {
             headers: Default::default(),
             fresh: 0,
             lanes: None,
+            known: Vec::new(),
+        }
+    }
+
+    /// The shape of `id` ([`Plan::dims`]).
+    pub fn dims(&self, id: NodeId) -> Vec<SymDim> {
+        self.plan.dims(id)
+    }
+
+    /// Notes that the element at `coords` of `shape` is at linear index `linear`, for a shape
+    /// with a size that follows a range (see `known`).
+    pub(super) fn know(&mut self, coords: &[String], shape: &Dims, linear: &str) {
+        if shape.iter().any(|d| !d.is_static()) {
+            self.known.push((coords.to_vec(), shape.to_vec(), linear.to_string()));
+        }
+    }
+
+    /// The linear index of `coords` in `shape`.
+    fn index_of(&self, coords: &[String], shape: &Dims) -> String {
+        let known = self.known.iter().find(|(c, s, _)| c.as_slice() == coords && s.as_slice() == shape);
+        match known {
+            Some((_, _, linear)) => linear.clone(),
+            None => linearize(coords, shape),
         }
     }
 
     /// Starts a lane loop of `count` consecutive elements of a last axis of size `width`,
     /// the first at coordinate `base`: reads and writes along it become packs.
-    pub(super) fn begin_lanes(&mut self, count: usize, width: usize, base: &str) {
+    pub(super) fn begin_lanes(&mut self, count: usize, width: SymDim, base: &str) {
         self.lanes = Some(Lanes {
             count,
             width,
@@ -129,7 +157,7 @@ impl<'a> Body<'a> {
 
     /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
     /// when the lanes touch consecutive, aligned elements there.
-    fn lane_base(&self, coords: &[String], shape: &[usize]) -> Option<Coords> {
+    fn lane_base(&self, coords: &[String], shape: &Dims) -> Option<Coords> {
         let lanes = self.lanes.as_ref()?;
         let (last, rest) = coords.split_last()?;
         if last != LANE || shape.last() != Some(&lanes.width) || !rest.iter().all(|c| lane_invariant(c)) {
@@ -146,14 +174,14 @@ impl<'a> Body<'a> {
         &mut self,
         pointer: &str,
         coords: &[String],
-        shape: &[usize],
+        shape: &Dims,
         dtype: DType,
     ) -> Result<String, String> {
         let Some(base) = self.lane_base(coords, shape) else {
-            return Ok(load(&format!("{pointer}[{}]", linearize(coords, shape)), dtype));
+            return Ok(load(&format!("{pointer}[{}]", self.index_of(coords, shape)), dtype));
         };
         let ty = c_type(dtype)?;
-        let address = format!("{pointer} + {}", linearize(&base, shape));
+        let address = format!("{pointer} + {}", self.index_of(&base, shape));
         let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&address).cloned());
         let pack = match loaded {
             Some(pack) => pack,
@@ -215,7 +243,7 @@ impl<'a> Body<'a> {
     pub fn read(&mut self, id: NodeId, coords: Coords) -> Result<String, String> {
         let graph = &self.plan.graph;
         let (source, coords) = self.stored_at(id, coords)?;
-        let (shape, dtype) = (graph.node(source).ty.shape.clone(), graph.node(source).ty.dtype);
+        let (shape, dtype) = (self.plan.stored_dims(source), graph.node(source).ty.dtype);
         let pointer = self.pointer(source, false)?;
         self.element(&pointer, &coords, &shape, dtype)
     }
@@ -225,7 +253,7 @@ impl<'a> Body<'a> {
     fn stored_at(&self, id: NodeId, coords: Coords) -> Result<(NodeId, Coords), String> {
         let graph = &self.plan.graph;
         let stored = |n: NodeId| self.location(n).is_some();
-        trace_back(graph, id, coords, &stored)
+        trace_back(graph, &|n| self.plan.dims(n), id, coords, &stored)
             .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))
     }
 
@@ -234,9 +262,9 @@ impl<'a> Body<'a> {
     pub fn address(&mut self, id: NodeId, coords: Coords) -> Result<(String, DType), String> {
         let graph = &self.plan.graph;
         let (source, coords) = self.stored_at(id, coords)?;
-        let (shape, dtype) = (graph.node(source).ty.shape.clone(), graph.node(source).ty.dtype);
+        let (shape, dtype) = (self.plan.stored_dims(source), graph.node(source).ty.dtype);
         let pointer = self.pointer(source, false)?;
-        Ok((format!("({pointer} + {})", linearize(&coords, &shape)), dtype))
+        Ok((format!("({pointer} + {})", self.index_of(&coords, &shape)), dtype))
     }
 
     /// Whether reading `id` through its views, `pack` consecutive elements along `axis`
@@ -245,13 +273,12 @@ impl<'a> Body<'a> {
     pub fn packs_along(&self, id: NodeId, axis: usize, pack: usize) -> bool {
         let graph = &self.plan.graph;
         let stored = |n: NodeId| self.location(n).is_some();
-        super::index::packs_along(graph, id, axis, pack, &stored)
+        super::index::packs_along(graph, &|n| self.plan.dims(n), id, axis, pack, &stored)
     }
 
     /// Input `input` of `consumer` (whose element is at `coords`), broadcast to it.
     pub fn operand(&mut self, consumer: NodeId, input: NodeId, coords: &Coords) -> Result<String, String> {
-        let graph = &self.plan.graph;
-        let coords = broadcast(coords, &graph.node(consumer).ty.shape, &graph.node(input).ty.shape);
+        let coords = broadcast(coords, &self.dims(consumer), &self.dims(input));
         self.value_at(input, coords)
     }
 
@@ -315,12 +342,12 @@ impl<'a> Body<'a> {
             op if super::index::is_view(op) => self.read(id, coords.clone())?,
             Op::Gather { axis } => {
                 let indices = &graph.node(inputs[1]).ty.shape;
-                let dim = graph.node(inputs[0]).ty.shape[*axis];
+                let dim = self.dims(inputs[0])[*axis].c();
                 let index_coords: Coords = coords[*axis..*axis + indices.len()].to_vec();
                 let index = self.read(inputs[1], index_coords)?;
                 let k = self.fresh("idx");
                 self.statements
-                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
                 let mut data: Coords = coords[..*axis].to_vec();
                 data.push(k);
                 data.extend(coords[*axis + indices.len()..].iter().cloned());
@@ -330,27 +357,27 @@ impl<'a> Body<'a> {
                 let b = *batch_dims;
                 let index_shape = &graph.node(inputs[1]).ty.shape;
                 let (rows, depth) = (index_shape.len() - 1, index_shape[index_shape.len() - 1]);
-                let dims = &graph.node(inputs[0]).ty.shape;
+                let dims = self.dims(inputs[0]);
                 let mut data: Coords = coords[..b].to_vec();
                 for t in 0..depth {
                     let mut at: Coords = coords[..rows].to_vec();
                     at.push(format!("{t}LL"));
                     let index = self.read(inputs[1], at)?;
                     let k = self.fresh("idx");
-                    let dim = dims[b + t];
+                    let dim = dims[b + t].c();
                     self.statements
-                        .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                        .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
                     data.push(k);
                 }
                 data.extend(coords[rows..].iter().cloned());
                 self.read(inputs[0], data)?
             }
             Op::GatherElements { axis } => {
-                let dim = graph.node(inputs[0]).ty.shape[*axis];
+                let dim = self.dims(inputs[0])[*axis].c();
                 let index = self.read(inputs[1], coords.clone())?;
                 let k = self.fresh("idx");
                 self.statements
-                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim}LL;"));
+                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
                 let mut data = coords.clone();
                 data[*axis] = k;
                 self.read(inputs[0], data)?
@@ -358,20 +385,34 @@ impl<'a> Body<'a> {
             Op::Concat { axis } => {
                 let out = self.fresh("cat");
                 self.statements.push(format!("{ty} {out};"));
-                let mut start = 0usize;
+                // Where each input starts along the axis: a sum of sizes.
+                let mut start: Vec<SymDim> = Vec::new();
+                let sum = |terms: &[SymDim]| {
+                    let fixed: usize = terms.iter().filter_map(SymDim::value).sum();
+                    let mut parts: Vec<String> =
+                        terms.iter().filter(|d| !d.is_static()).map(SymDim::c).collect();
+                    if parts.is_empty() {
+                        return format!("{fixed}LL");
+                    }
+                    if fixed > 0 {
+                        parts.push(format!("{fixed}LL"));
+                    }
+                    format!("({})", parts.join(" + "))
+                };
                 for (n, &input) in inputs.iter().enumerate() {
-                    let len = graph.node(input).ty.shape[*axis];
+                    let len = self.dims(input)[*axis].clone();
                     let mut inner = coords.clone();
-                    inner[*axis] = format!("({} - {start}LL)", coords[*axis]);
+                    inner[*axis] = format!("({} - {})", coords[*axis], sum(&start));
                     let read = self.read(input, inner)?;
+                    start.push(len);
+                    let end = sum(&start);
                     let test = match (n, n + 1 == inputs.len()) {
                         (0, true) => String::new(),
                         (_, true) => "else".to_string(),
-                        (0, false) => format!("if ({} < {}LL)", coords[*axis], start + len),
-                        (_, false) => format!("else if ({} < {}LL)", coords[*axis], start + len),
+                        (0, false) => format!("if ({} < {end})", coords[*axis]),
+                        (_, false) => format!("else if ({} < {end})", coords[*axis]),
                     };
                     self.statements.push(format!("{test} {out} = {read};"));
-                    start += len;
                 }
                 out
             }
@@ -379,7 +420,10 @@ impl<'a> Body<'a> {
             // computes it in the same kernel); only the selected read runs.
             Op::RotateHalf => {
                 let last = coords.len().checked_sub(1).ok_or("RotateHalf of a scalar")?;
-                let half = node.ty.shape[last] / 2;
+                let half = self.dims(id)[last]
+                    .div_exact(2)
+                    .and_then(|h| h.value())
+                    .ok_or("RotateHalf of an axis whose size follows a range")?;
                 let c = coords[last].clone();
                 let mut upper = coords.clone();
                 upper[last] = format!("({c} + {half}LL)");
@@ -389,8 +433,8 @@ impl<'a> Body<'a> {
                 format!("(({c} < {half}LL) ? -({upper}) : ({lower}))")
             }
             Op::Tile { .. } => {
-                let in_shape = graph.node(inputs[0]).ty.shape.clone();
-                let inner = coords.iter().zip(&in_shape).map(|(c, d)| format!("({c} % {d}LL)")).collect();
+                let in_shape = self.dims(inputs[0]);
+                let inner = coords.iter().zip(&in_shape).map(|(c, d)| format!("({c} % {})", d.c())).collect();
                 self.read(inputs[0], inner)?
             }
             Op::Trilu { upper, k } => {
@@ -402,14 +446,14 @@ impl<'a> Body<'a> {
             }
             Op::Reduce { op, axes, keep_dims } => self.reduce_loop(id, *op, axes, *keep_dims, coords)?,
             Op::CumSum { axis, exclusive, reverse } => {
-                let n = graph.node(inputs[0]).ty.shape[*axis];
+                let n = self.dims(inputs[0])[*axis].c();
                 let (acc, q) = (self.fresh("sum"), self.fresh("q"));
                 let c = &coords[*axis];
                 let range = match (reverse, exclusive) {
                     (false, false) => format!("{q} = 0; {q} <= {c}; ++{q}"),
                     (false, true) => format!("{q} = 0; {q} < {c}; ++{q}"),
-                    (true, false) => format!("{q} = {c}; {q} < {n}LL; ++{q}"),
-                    (true, true) => format!("{q} = {c} + 1; {q} < {n}LL; ++{q}"),
+                    (true, false) => format!("{q} = {c}; {q} < {n}; ++{q}"),
+                    (true, true) => format!("{q} = {c} + 1; {q} < {n}; ++{q}"),
                 };
                 let mut inner = coords.clone();
                 inner[*axis] = q.clone();
@@ -419,17 +463,17 @@ impl<'a> Body<'a> {
             }
             Op::Softmax { axis } | Op::LogSoftmax { axis } => {
                 let log = matches!(node.op, Op::LogSoftmax { .. });
-                let n = node.ty.shape[*axis];
+                let n = self.dims(id)[*axis].c();
                 let (mx, sum, q) = (self.fresh("mx"), self.fresh("sum"), self.fresh("q"));
                 let mut inner = coords.clone();
                 inner[*axis] = q.clone();
                 let element = self.read(inputs[0], inner)?;
                 let own = self.read(inputs[0], coords.clone())?;
                 self.statements.push(format!(
-                    "float {mx} = -fusec::inf(); for (long long {q} = 0; {q} < {n}LL; ++{q}) {mx} = fmaxf({mx}, {element});"
+                    "float {mx} = -fusec::inf(); for (long long {q} = 0; {q} < {n}; ++{q}) {mx} = fmaxf({mx}, {element});"
                 ));
                 self.statements.push(format!(
-                    "float {sum} = 0.0f; for (long long {q} = 0; {q} < {n}LL; ++{q}) {sum} += expf({element} - {mx});"
+                    "float {sum} = 0.0f; for (long long {q} = 0; {q} < {n}; ++{q}) {sum} += expf({element} - {mx});"
                 ));
                 if log {
                     format!("({own} - {mx} - logf({sum}))")
@@ -446,7 +490,7 @@ impl<'a> Body<'a> {
                 // The raw product is never stored through a view, so the element is at its
                 // own linear index.
                 self.declare(&raw, gemm.location, node.ty.dtype, false)?;
-                let (shape, dtype) = (node.ty.shape.clone(), node.ty.dtype);
+                let (shape, dtype) = (self.dims(id), node.ty.dtype);
                 let raw = self.element(&raw, coords, &shape, dtype)?;
                 match (gemm.beta_c, inputs.get(2)) {
                     (Some(beta), Some(&c)) => {
@@ -472,9 +516,9 @@ impl<'a> Body<'a> {
     ) -> Result<String, String> {
         let graph = &self.plan.graph;
         let input = graph.inputs_of(id)[0];
-        let in_shape = graph.node(input).ty.shape.clone();
-        let reduced: Vec<usize> = axes.iter().map(|&a| in_shape[a]).collect();
-        let count: usize = reduced.iter().product();
+        let in_shape = self.dims(input);
+        let reduced: Vec<SymDim> = axes.iter().map(|&a| in_shape[a].clone()).collect();
+        let count = SymDim::product(&reduced);
         let (acc, q) = (self.fresh("acc"), self.fresh("q"));
         let inner_coords = delinearize(&q, &reduced);
         let mut kept = coords.iter();
@@ -496,8 +540,12 @@ impl<'a> Body<'a> {
             _ => ("0.0f".to_string(), format!("{acc} += {read}")),
         };
         self.statements
-            .push(format!("float {acc} = {init}; for (long long {q} = 0; {q} < {count}LL; ++{q}) {step};"));
-        Ok(if op == ReduceOp::Mean { format!("({acc} / {count}.0f)") } else { acc })
+            .push(format!("float {acc} = {init}; for (long long {q} = 0; {q} < {}; ++{q}) {step};", count.c()));
+        let mean = match count.value() {
+            Some(n) => format!("({acc} / {n}.0f)"),
+            None => format!("({acc} / (float){})", count.c()),
+        };
+        Ok(if op == ReduceOp::Mean { mean } else { acc })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -512,7 +560,8 @@ impl<'a> Body<'a> {
     ) -> Result<String, String> {
         let graph = &self.plan.graph;
         let inputs = graph.inputs_of(id);
-        let (x, w) = (graph.node(inputs[0]).ty.shape.clone(), graph.node(inputs[1]).ty.shape.clone());
+        let x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
+        let w = &graph.node(inputs[1]).ty.shape;
         let cout_per_group = w[0] / group;
         let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));
         let (n, co, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
@@ -526,7 +575,7 @@ impl<'a> Body<'a> {
             None => "0.0f".into(),
         };
         self.statements.push(format!(
-            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {}LL || {iw} < 0 || {iw} >= {}LL) continue; {acc} += {xr} * {wr}; }}",
+            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {} || {iw} < 0 || {iw} >= {}) continue; {acc} += {xr} * {wr}; }}",
             w[1], w[2], w[3], x[2], x[3]
         ));
         Ok(acc)
@@ -535,20 +584,21 @@ impl<'a> Body<'a> {
     /// Stores `v<id>` (at `coords` of `id`'s shape) where the plan keeps it.
     pub fn store(&mut self, kernel: &Kernel, id: NodeId, coords: &Coords) -> Result<(), String> {
         let graph = &self.plan.graph;
-        let (target, index) = store_target(graph, kernel, id, coords)
+        let (target, index) = store_target(self.plan, kernel, id, coords)
             .ok_or("store through a view that is not a reshape/transpose chain")?;
-        let (shape, dtype) = (graph.node(id).ty.shape.clone(), graph.node(id).ty.dtype);
+        let index = if target == id { self.index_of(coords, &self.dims(id)) } else { index };
+        let (shape, dtype) = (self.dims(id), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
         let value = narrow(&format!("v{}", id.index()), dtype);
         let base = if target == id { self.lane_base(coords, &shape) } else { None };
+        let base = base.map(|b| self.index_of(&b, &shape));
         match (base, self.lanes.as_mut()) {
             (Some(base), Some(lanes)) => {
                 let (ty, n) = (c_type(dtype)?, lanes.count);
                 let pack = format!("s{}", id.index());
                 lanes.before.push(format!("fusec::Pack<{ty}, {n}> {pack};"));
                 lanes.after.push(format!(
-                    "*reinterpret_cast<fusec::Pack<{ty}, {n}>*>({pointer} + {}) = {pack};",
-                    linearize(&base, &shape)
+                    "*reinterpret_cast<fusec::Pack<{ty}, {n}>*>({pointer} + {base}) = {pack};"
                 ));
                 self.statements.push(format!("{pack}.v[j] = {value};"));
             }
@@ -568,10 +618,11 @@ impl<'a> Body<'a> {
         pack: usize,
     ) -> Result<Option<String>, String> {
         let graph = &self.plan.graph;
-        let Some((target, index)) = store_target(graph, kernel, id, coords) else { return Ok(None) };
-        if !super::index::stores_pack_along(graph, id, target, pack) {
+        let Some((target, index)) = store_target(self.plan, kernel, id, coords) else { return Ok(None) };
+        if !super::index::stores_pack_along(graph, &|n| self.plan.dims(n), id, target, pack) {
             return Ok(None);
         }
+        let index = if target == id { self.index_of(coords, &self.dims(id)) } else { index };
         let pointer = self.pointer(target, true)?;
         Ok(Some(format!("({pointer} + {index})")))
     }
@@ -580,15 +631,11 @@ impl<'a> Body<'a> {
 /// Where `kernel` stores `id`'s element at `coords`: the stored value (`id`, or the view it
 /// is stored in the layout of) and the linear index there. `None` for a store view that is
 /// not a chain of reshapes and transposes.
-fn store_target(
-    graph: &crate::ir::Graph,
-    kernel: &Kernel,
-    id: NodeId,
-    coords: &Coords,
-) -> Option<(NodeId, String)> {
+fn store_target(plan: &Plan, kernel: &Kernel, id: NodeId, coords: &Coords) -> Option<(NodeId, String)> {
+    let dims = |n: NodeId| plan.dims(n);
     match kernel.store_views.iter().find(|(v, _)| *v == id) {
-        Some(&(_, view)) => Some((view, trace_forward(graph, id, view, coords.clone())?)),
-        None => Some((id, linearize(coords, &graph.node(id).ty.shape))),
+        Some(&(_, view)) => Some((view, trace_forward(&plan.graph, &dims, id, view, coords.clone())?)),
+        None => Some((id, linearize(coords, &plan.dims(id)))),
     }
 }
 
@@ -612,7 +659,7 @@ pub(super) fn args(body: &Body<'_>) -> Vec<Location> {
     body.buffers.iter().map(|b| b.location).collect()
 }
 
-pub(super) fn coords_decl(prefix: &str, linear: &str, shape: &[usize]) -> (Vec<String>, Coords) {
+pub(super) fn coords_decl(prefix: &str, linear: &str, shape: &Dims) -> (Vec<String>, Coords) {
     let exprs = delinearize(linear, shape);
     let names: Coords = (0..shape.len()).map(|d| format!("{prefix}{d}")).collect();
     let decls = names.iter().zip(&exprs).map(|(n, e)| format!("const long long {n} = {e};")).collect();
@@ -653,33 +700,38 @@ pub fn elementwise(
     body.gemm = gemm;
     let computed: Vec<NodeId> = kernel.nodes.iter().copied().filter(|&n| body.computes(n)).collect();
     let last = *kernel.nodes.last().ok_or("an empty kernel")?;
-    let shape = graph.node(last).ty.shape.clone();
-    let count: usize = shape.iter().product();
+    let shape = plan.dims(last);
+    let count = graph.node(last).ty.len();
     let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
     let (coord_decls, mut coords) = coords_decl("c", "i", &shape);
+    body.know(&coords, &shape, "i");
     let mut linear = "i".to_string();
     let mut base = String::new();
     if lanes > 1 {
         base = coords.pop().ok_or("lanes over no axis")?;
         coords.push(LANE.into());
         linear = "(i + j)".into();
-        body.begin_lanes(lanes, *shape.last().ok_or("lanes over no axis")?, &base);
+        body.begin_lanes(lanes, shape.last().cloned().ok_or("lanes over no axis")?, &base);
+        body.know(&coords, &shape, &linear);
     }
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
-        let s = &graph.node(n).ty.shape;
-        if *s == shape {
+        let s = plan.dims(n);
+        if s == shape {
             coords.clone()
+        } else if s.iter().chain(&shape).all(SymDim::is_static) {
+            delinearize(&linear, &s)
         } else {
-            delinearize(&linear, s)
+            super::index::reshape_coords(&coords, &shape, &s)
         }
     };
     for &n in &computed {
         if graph.node(n).ty.len() != count {
             return Err(format!(
-                "'{}' is {} in a kernel over {shape:?}",
+                "'{}' is {} in a kernel over {:?}",
                 graph.node(n).name,
-                graph.node(n).ty
+                graph.node(n).ty,
+                graph.node(last).ty.shape
             ));
         }
         body.compute(n, &coords_of(n))?;
@@ -689,6 +741,7 @@ pub fn elementwise(
     }
     let (before, after) = body.end_lanes();
     let threads = count / lanes;
+    let units = SymDim::product(&shape).div_exact(lanes).ok_or("lanes that do not divide the kernel")?;
     let scaled = plan.scaled(kernel);
     let data = json!({
         "name": name,
@@ -700,7 +753,7 @@ pub fn elementwise(
         "vector": lanes > 1,
         "lane": LANE,
         "base": base,
-        "params": super::with_limit(params(&body), scaled),
+        "params": super::with_limit(plan, params(&body), true),
         "coords": coord_decls,
         "before": before,
         "statements": body.statements,
@@ -714,8 +767,7 @@ pub fn elementwise(
         args(&body),
     );
     if scaled {
-        source.scale =
-            Some(super::LaunchScale { units: threads as u64, per_block: u64::from(BLOCK), bound: true });
+        source.scale = Some(super::LaunchScale::new(units, u64::from(BLOCK), true));
     }
     Ok(source)
 }
@@ -724,7 +776,7 @@ pub fn elementwise(
 /// computes: enough for 16-byte stores of its widest output type, when the last axis
 /// splits evenly (buffers start 256-byte aligned, so every such access is aligned); 1 for
 /// kinds whose per-element work is a loop.
-fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &[usize]) -> usize {
+fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -> usize {
     let graph = &plan.graph;
     let kind_fits =
         gemm_epilogue || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
@@ -733,7 +785,7 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &[usize]
     let widest = kernel.outputs.iter().map(|&n| graph.node(n).ty.dtype.size_bytes()).max().unwrap_or(16);
     let lanes = 16 / widest.clamp(1, 16);
     match shape.last() {
-        Some(&width) if kind_fits && lanes > 1 && width % lanes == 0 => lanes,
+        Some(width) if kind_fits && lanes > 1 && width.divisible_by(lanes) => lanes,
         _ => 1,
     }
 }

@@ -16,10 +16,11 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use gemm::{GemmOperand, GemmScale, GemmSpec, LtActivation, LtEpilogue};
+pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
 use crate::plan::{Location, Plan};
+use crate::symbolic::SymDim;
 
 /// The shared device code every kernel includes as `fusec.cuh`.
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
@@ -75,30 +76,35 @@ pub struct KernelSource {
     pub scale: Option<LaunchScale>,
 }
 
-/// How a kernel of a program for a range of sizes is launched at a size `n` of the range
-/// (the bundle's [`crate::bundle::Header::range`], top `high`): `units · n / high` units of
-/// work, `per_block` to a block; with `bound`, the kernel takes the units as its last
-/// parameter (`long long fusec_limit`) and leaves the rest of its last block idle.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// How a kernel of a program for ranges of sizes is launched at a point of them (the sizes
+/// of the bundle's [`crate::bundle::Header::ranges`], in order): `units` units of work,
+/// `per_block` to a block, that many blocks `times` over; with `bound`, the kernel takes the
+/// units as a parameter (`long long fusec_limit`) and leaves the rest of its last block
+/// idle. Every such kernel takes the point's sizes as its last parameters (`fusec_d<i>`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LaunchScale {
-    /// Units of work at the top of the range (threads, rows or blocks).
-    pub units: u64,
+    /// Units of work (threads, rows or query tiles' rows).
+    pub units: SymDim,
     /// Units per block.
     pub per_block: u64,
+    /// How many times the blocks of the units are launched (batch × heads of attention).
+    pub times: SymDim,
     /// Whether the kernel takes the units as a parameter.
     pub bound: bool,
 }
 
-/// A size that follows a range, `top` at its top `high`, at size `n` of the range.
-pub fn size_at(top: usize, n: usize, high: usize) -> usize {
-    top / high.max(1) * n
-}
-
 impl LaunchScale {
-    /// Units and blocks at size `n` of a range whose top is `high`.
-    pub fn at(&self, n: usize, high: usize) -> (u64, u32) {
-        let units = size_at(self.units as usize, n, high) as u64;
-        (units, units.div_ceil(self.per_block.max(1)).clamp(1, u64::from(u32::MAX)) as u32)
+    /// `units` units, `per_block` to a block.
+    pub fn new(units: SymDim, per_block: u64, bound: bool) -> Self {
+        LaunchScale { units, per_block, times: SymDim::lit(1), bound }
+    }
+
+    /// Units and blocks at the point `values`; `None` where they overflow.
+    pub fn at(&self, values: &[usize]) -> Option<(u64, u32)> {
+        let units = self.units.eval(values)? as u64;
+        let times = self.times.eval(values)? as u64;
+        let blocks = units.div_ceil(self.per_block.max(1)).checked_mul(times)?;
+        Some((units, u32::try_from(blocks.max(1)).ok()?))
     }
 }
 
@@ -118,13 +124,18 @@ pub(crate) fn limit(units: usize, scaled: bool) -> String {
     }
 }
 
-/// The parameter list with the run-time bound of a scaled kernel appended.
-pub(crate) fn with_limit(params: String, scaled: bool) -> String {
-    if scaled {
-        format!("{params}, long long fusec_limit")
-    } else {
-        params
+/// The parameter list of a kernel of `plan`: for a program for ranges of sizes, the run-time
+/// bound (where the kernel is `bound`) and every range's size appended.
+pub(crate) fn with_limit(plan: &Plan, params: String, bound: bool) -> String {
+    let Some(symbolic) = &plan.symbolic else { return params };
+    let mut params = params;
+    if bound {
+        params.push_str(", long long fusec_limit");
     }
+    for i in 0..symbolic.symbols.len() {
+        params.push_str(&format!(", long long {}", crate::symbolic::symbol_param(i)));
+    }
+    params
 }
 
 /// One step of the program: a kernel launch, or a cuBLAS GEMM with an optional epilogue.
@@ -207,57 +218,17 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
         .collect()
 }
 
-/// Sets how `step`'s launches (and a GEMM's sizes) follow the plan's range. The kernels are
-/// generated for the top of the range; `bound` kernels test the run-time units.
+/// Checks that every kernel of a program for ranges of sizes says how its launch follows
+/// them (a GEMM's sizes are set as its spec is made).
 fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) -> Result<(), String> {
-    let Some(range) = &plan.range else { return Ok(()) };
-    let high = range.high as u64;
-    // Kernels with a bound set their scale as they are generated; the others launch one
-    // block per unit of work.
-    let set = |source: &mut KernelSource| -> Result<(), String> {
-        let scale = *source.scale.get_or_insert(LaunchScale {
-            units: u64::from(source.grid),
-            per_block: 1,
-            bound: false,
-        });
-        if scale.units % high != 0 {
-            return Err(format!(
-                "its {} units of work are not a multiple of {}={high}",
-                scale.units, range.symbol
-            ));
-        }
-        Ok(())
-    };
-    match step {
-        Step::Launch(source) => set(source)?,
-        Step::Gemm { gemm, epilogue } => {
-            let out = *kernel.outputs.first().ok_or("a GEMM without an output")?;
-            let node = plan.graph.node(out);
-            let axis =
-                range.axes.get(&out).copied().ok_or("a GEMM whose output does not follow the range")?;
-            let rank = node.ty.rank();
-            // A batch of products over a shared B is one product of the rows stacked (batch 1).
-            gemm.scales = Some(if axis + 2 < rank && gemm.batch > 1 {
-                GemmScale::Batch
-            } else if axis + 2 <= rank {
-                GemmScale::M
-            } else {
-                return Err(format!("GEMM '{}' has its columns follow the range", node.name));
-            });
-            let scaled = match gemm.scales {
-                Some(GemmScale::Batch) => gemm.batch,
-                _ => gemm.m,
-            };
-            if scaled % range.high != 0 {
-                return Err(format!(
-                    "GEMM '{}': {scaled} is not a multiple of {}={high}",
-                    node.name, range.symbol
-                ));
-            }
-            if let Some(source) = epilogue {
-                set(source)?;
-            }
-        }
+    let _ = kernel;
+    if plan.symbolic.is_none() {
+        return Ok(());
+    }
+    let missing = step.sources().any(|s| s.scale.is_none());
+    let gemm_missing = matches!(step, Step::Gemm { gemm, .. } if gemm.dims.is_none());
+    if missing || gemm_missing {
+        return Err("its launch does not follow the ranges of sizes".into());
     }
     Ok(())
 }

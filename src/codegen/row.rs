@@ -17,6 +17,7 @@ use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op, ReduceOp};
 use crate::plan::Plan;
+use crate::symbolic::SymDim;
 
 /// Threads of a block-per-row kernel.
 const ROW_BLOCK: u32 = 256;
@@ -26,15 +27,20 @@ const WARP_ROWS_PER_BLOCK: usize = 4;
 const MAX_CACHED: usize = 32;
 
 /// The row op of a kernel and its geometry.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Row {
     anchor: NodeId,
     /// The anchor's position in the kernel's nodes: prologue before, epilogue after.
     position: usize,
     /// First axis of the row; the row is every axis from it on.
     axis: usize,
+    /// Elements per row, at the top of any ranges.
     width: usize,
+    /// Rows, at the top of any ranges.
     rows: usize,
+    /// Elements per row, and rows, as they follow any ranges.
+    width_dims: SymDim,
+    rows_dims: SymDim,
 }
 
 impl Row {
@@ -55,14 +61,17 @@ impl Row {
             })
             .ok_or("a row kernel without a row op")?;
         let anchor = kernel.nodes[position];
-        let in_shape = &graph.node(graph.inputs_of(anchor)[0]).ty.shape;
+        let input = graph.inputs_of(anchor)[0];
+        let in_shape = &graph.node(input).ty.shape;
         let axis = match &graph.node(anchor).op {
             Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => *axis,
             _ => in_shape.len().saturating_sub(1),
         };
         let width = in_shape[axis..].iter().product();
         let rows = in_shape[..axis].iter().product();
-        Ok(Row { anchor, position, axis, width, rows })
+        let dims = plan.dims(input);
+        let (width_dims, rows_dims) = (SymDim::product(&dims[axis..]), SymDim::product(&dims[..axis]));
+        Ok(Row { anchor, position, axis, width, rows, width_dims, rows_dims })
     }
 
     fn split<'k>(&self, kernel: &'k Kernel) -> (&'k [NodeId], &'k [NodeId]) {
@@ -129,18 +138,26 @@ impl Reduction {
 /// The statistics passes of a normalisation or softmax over rows of `width` elements, each
 /// element being `x`, and the row op's value from them (before a norm's scale and shift,
 /// which [`affine`] adds). `None` for other ops.
-fn normalisation(op: &Op, x: &str, width: usize, reduce: Reduction) -> Option<(Vec<StatPass>, String)> {
-    let w = width as f64;
+/// `width` as a float C expression: a literal, or the cast of a run-time size.
+fn float_size(width: &SymDim) -> String {
+    match width.value() {
+        Some(w) => format!("{:?}f", w as f64),
+        None => format!("(float){}", width.c()),
+    }
+}
+
+fn normalisation(op: &Op, x: &str, width: &SymDim, reduce: Reduction) -> Option<(Vec<StatPass>, String)> {
+    let w = float_size(width);
     let epsilon = |e: f32| literal(f64::from(e), DType::F32);
     let pass = |init, body: String, finish: String| StatPass { init, body, finish };
     Some(match op {
         Op::LayerNorm { epsilon: e, .. } => (
             vec![
-                pass("0.0f", format!("acc += {x};"), format!("stat0 = {} / {w:?}f;", reduce.sum("acc"))),
+                pass("0.0f", format!("acc += {x};"), format!("stat0 = {} / {w};", reduce.sum("acc"))),
                 pass(
                     "0.0f",
                     format!("const float dev = {x} - stat0; acc += dev * dev;"),
-                    format!("stat1 = rsqrtf({} / {w:?}f + {});", reduce.sum("acc"), epsilon(*e)),
+                    format!("stat1 = rsqrtf({} / {w} + {});", reduce.sum("acc"), epsilon(*e)),
                 ),
             ],
             format!("({x} - stat0) * stat1"),
@@ -149,7 +166,7 @@ fn normalisation(op: &Op, x: &str, width: usize, reduce: Reduction) -> Option<(V
             vec![pass(
                 "0.0f",
                 format!("const float e = {x}; acc += e * e;"),
-                format!("stat0 = rsqrtf({} / {w:?}f + {});", reduce.sum("acc"), epsilon(*e)),
+                format!("stat0 = rsqrtf({} / {w} + {});", reduce.sum("acc"), epsilon(*e)),
             )],
             format!("{x} * stat0"),
         ),
@@ -202,7 +219,8 @@ fn cached_layout(plan: &Plan, kernel: &Kernel, row: &Row) -> Option<Layout> {
     let (prologue, epilogue) = row.split(kernel);
     let epilogue_reads_prologue =
         epilogue.iter().any(|&e| graph.inputs_of(e).iter().any(|i| prologue.contains(i)));
-    if !normalises || epilogue_reads_prologue || row.width == 0 {
+    // Rows of a width that follows a range take the general kernel.
+    if !normalises || epilogue_reads_prologue || row.width == 0 || !row.width_dims.is_static() {
         return None;
     }
     let rank = graph.node(graph.inputs_of(row.anchor)[0]).ty.shape.len();
@@ -229,25 +247,30 @@ fn cached(
     let graph = &plan.graph;
     let node = graph.node(row.anchor);
     let inputs = graph.inputs_of(row.anchor);
-    let in_shape = graph.node(inputs[0]).ty.shape.clone();
+    let in_shape = plan.dims(inputs[0]);
     let rank = in_shape.len();
     let (prologue_nodes, epilogue_nodes) = row.split(kernel);
     let mut body = Body::new(plan, kernel);
     // Along the last axis the element's coordinate is `cj`; a row over several axes
     // delinearises each element's index.
     let last_axis = row.axis + 1 == rank;
+    let element = format!("(row * {}LL + cj)", row.width);
     let (row_coords, element_coords, coords) = if last_axis {
         let (decls, mut names) = coords_decl("c", "row", &in_shape[..rank - 1]);
         names.push("cj".into());
+        let mut base = names.clone();
+        base[rank - 1] = "cb".into();
+        body.know(&base, &in_shape, &format!("(row * {}LL + cb)", row.width));
         (decls, Vec::new(), names)
     } else {
-        let (decls, names) = coords_decl("c", &format!("(row * {}LL + cj)", row.width), &in_shape);
+        let (decls, names) = coords_decl("c", &element, &in_shape);
         (Vec::new(), decls, names)
     };
+    body.know(&coords, &in_shape, &element);
     let in_prologue = |n: &NodeId| prologue_nodes.contains(n);
     // Pass 0: the prologue, once; its outputs other kernels read; the row op's input kept.
     if layout.pack > 1 {
-        body.begin_lanes(layout.pack, row.width, "cb");
+        body.begin_lanes(layout.pack, SymDim::lit(row.width), "cb");
     }
     for &p in prologue_nodes {
         body.compute(p, &coords)?;
@@ -261,18 +284,18 @@ fn cached(
     let (load_before, load_after) = body.end_lanes();
     // The statistics, from registers.
     let reduce = if layout.threads == 32 { Reduction::Warp } else { Reduction::Block };
-    let (stats, y) = normalisation(&node.op, "x", row.width, reduce)
+    let (stats, y) = normalisation(&node.op, "x", &row.width_dims, reduce)
         .ok_or_else(|| format!("no cached row code for {}", node.op.kind()))?;
     let passes: Vec<serde_json::Value> =
         stats.iter().map(|p| json!({ "init": p.init, "body": p.body, "finish": p.finish })).collect();
     // The last pass: the row op's value, the epilogue, the stores.
     if layout.pack > 1 {
-        body.begin_lanes(layout.pack, row.width, "cb");
+        body.begin_lanes(layout.pack, SymDim::lit(row.width), "cb");
     }
     let y = affine(&mut body, row.anchor, y, &coords)?;
     body.statements.push(format!("const float v{} = {y};", row.anchor.index()));
     // An epilogue node behind a reshape has the row's elements in another shape.
-    let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
+    let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &plan.dims(n));
     for &e in epilogue_nodes {
         body.compute(e, &coords_of(e))?;
     }
@@ -294,7 +317,7 @@ fn cached(
         "pack": layout.pack,
         "packs": layout.packs,
         "width": row.width,
-        "params": super::with_limit(params(&body), plan.scaled(kernel)),
+        "params": super::with_limit(plan, params(&body), true),
         "row_coords": row_coords,
         "element_coords": element_coords,
         "load_before": load_before,
@@ -313,11 +336,8 @@ fn cached(
         args(&body),
     );
     if plan.scaled(kernel) {
-        source.scale = Some(super::LaunchScale {
-            units: row.rows as u64,
-            per_block: layout.rows_per_block as u64,
-            bound: true,
-        });
+        source.scale =
+            Some(super::LaunchScale::new(row.rows_dims.clone(), layout.rows_per_block as u64, true));
     }
     Ok(source)
 }
@@ -332,19 +352,21 @@ fn general(
     hb: &Handlebars<'_>,
 ) -> Result<KernelSource, String> {
     let graph = &plan.graph;
-    let Row { anchor, width, rows, .. } = *row;
+    let (anchor, rows) = (row.anchor, row.rows);
+    let width = &row.width_dims;
     let node = graph.node(anchor);
     let inputs = graph.inputs_of(anchor);
-    let in_shape = graph.node(inputs[0]).ty.shape.clone();
+    let in_shape = plan.dims(inputs[0]);
     let (prologue_nodes, epilogue_nodes) = row.split(kernel);
     let mut body = Body::new(plan, kernel);
     let (coord_decls, coords) = coords_decl("c", "i", &in_shape);
+    body.know(&coords, &in_shape, "i");
     for &p in prologue_nodes {
         body.compute(p, &coords)?;
     }
     let prologue = std::mem::take(&mut body.statements);
     let x = body.value_at(inputs[0], coords.clone())?;
-    let w = width as f64;
+    let w = float_size(width);
     let v = format!("v{}", anchor.index());
     let mut passes: Vec<serde_json::Value> = Vec::new();
     let mut pass = |init: &str, body_lines: Vec<String>, finish: Vec<String>| {
@@ -374,14 +396,15 @@ fn general(
                     ("0.0f", format!("acc += {x};"), "fusec::block_sum(acc, scratch)".to_string())
                 }
                 ReduceOp::Mean => {
-                    ("0.0f", format!("acc += {x};"), format!("(fusec::block_sum(acc, scratch) / {w:?}f)"))
+                    ("0.0f", format!("acc += {x};"), format!("(fusec::block_sum(acc, scratch) / {w})"))
                 }
             };
             body.statements.clear();
-            let out_shape = node.ty.shape.clone();
+            let out_shape = plan.dims(anchor);
             let out_coords = delinearize("row", &out_shape);
+            body.know(&out_coords, &out_shape, "row");
             // An epilogue node behind a reshape has the row's result in another shape.
-            let coords_of = |n: NodeId| reshape_coords(&out_coords, &out_shape, &graph.node(n).ty.shape);
+            let coords_of = |n: NodeId| reshape_coords(&out_coords, &out_shape, &plan.dims(n));
             let mut finish_lines =
                 vec![format!("const float {v} = {finish};"), "if (threadIdx.x == 0) {".to_string()];
             for &e in epilogue_nodes {
@@ -411,7 +434,7 @@ fn general(
     if !reduce_row {
         body.statements.clear();
         // An epilogue node behind a reshape has the row's elements in another shape.
-        let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &graph.node(n).ty.shape);
+        let coords_of = |n: NodeId| reshape_coords(&coords, &in_shape, &plan.dims(n));
         for &e in epilogue_nodes {
             body.compute(e, &coords_of(e))?;
         }
@@ -426,11 +449,17 @@ fn general(
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": ROW_BLOCK,
-        "width": width,
-        "params": params(&body),
+        "width": width.c(),
+        "width_text": width.value().map_or_else(|| width.c(), |w| w.to_string()),
+        "params": super::with_limit(plan, params(&body), false),
         "coords": coord_decls,
         "prologue": prologue,
         "passes": passes,
     });
-    Ok(KernelSource::new(name, render(hb, "row", &data)?, rows.max(1) as u32, ROW_BLOCK, args(&body)))
+    let mut source =
+        KernelSource::new(name, render(hb, "row", &data)?, rows.max(1) as u32, ROW_BLOCK, args(&body));
+    if plan.scaled(kernel) {
+        source.scale = Some(super::LaunchScale::new(row.rows_dims.clone(), 1, false));
+    }
+    Ok(source)
 }

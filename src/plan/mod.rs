@@ -66,30 +66,38 @@ pub struct Plan {
     pub outputs: Vec<Binding>,
     /// Points where the GPU path stops ([`Partition::graph_breaks`]).
     pub graph_breaks: usize,
-    /// For a program that runs a range of sizes: the range, and the axis of each value that
-    /// follows it (`None`: one size).
-    pub range: Option<PlanRange>,
-}
-
-/// The range of sizes a program runs, along the leading axis of the values that follow it
-/// ([`crate::symbolic::SymbolicShapes::leading_axes`]). The plan's shapes are those at the
-/// top of the range, and memory is planned for them.
-#[derive(Clone, Debug)]
-pub struct PlanRange {
-    /// The dim's name (`batch`).
-    pub symbol: String,
-    /// The smallest size.
-    pub low: usize,
-    /// The largest size.
-    pub high: usize,
-    /// The axis of each value whose size follows the range.
-    pub axes: HashMap<NodeId, usize>,
+    /// For a program that runs ranges of sizes: the ranges, and the size of every value as
+    /// an expression of them (`None`: one size). The shapes of the graph are those at the top
+    /// of every range, and memory is planned for them.
+    pub symbolic: Option<crate::symbolic::SymbolicShapes>,
 }
 
 impl Plan {
-    /// Whether `kernel`'s launch follows the range: it writes a value whose size does.
-    pub fn scaled(&self, kernel: &Kernel) -> bool {
-        self.range.as_ref().is_some_and(|r| kernel.outputs.iter().any(|o| r.axes.contains_key(o)))
+    /// Whether the program's kernels take the sizes of its ranges as parameters (`fusec_d<i>`)
+    /// and their launches follow them: every kernel of a program for ranges of sizes.
+    pub fn scaled(&self, _kernel: &Kernel) -> bool {
+        self.symbolic.is_some()
+    }
+
+    /// The shape of `id`, with the sizes that follow a range as expressions of it.
+    pub fn dims(&self, id: NodeId) -> Vec<crate::symbolic::SymDim> {
+        match &self.symbolic {
+            Some(symbolic) if !symbolic.shape(id).is_empty() || self.graph.node(id).ty.rank() == 0 => {
+                symbolic.shape(id).to_vec()
+            }
+            _ => crate::symbolic::SymDim::lits(&self.graph.node(id).ty.shape),
+        }
+    }
+
+    /// The shape `id` is laid out in where it is stored: a constant in the weights is stored
+    /// once, at the top of every range, and read there at any size (its values at a smaller
+    /// size are its leading part: [`crate::symbolic::plan_symbolic`] checks it); every other
+    /// value is laid out at the size the program runs.
+    pub fn stored_dims(&self, id: NodeId) -> Vec<crate::symbolic::SymDim> {
+        match self.locations.get(&id) {
+            Some(Location::Weights(_)) => crate::symbolic::SymDim::lits(&self.graph.node(id).ty.shape),
+            _ => self.dims(id),
+        }
     }
 }
 
@@ -266,7 +274,7 @@ impl Plan {
             inputs,
             outputs,
             graph_breaks,
-            range: None,
+            symbolic: None,
         })
     }
 

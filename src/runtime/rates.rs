@@ -100,7 +100,7 @@ pub fn measure(device: usize, dtype: DType) -> Result<DeviceRates, RuntimeError>
         alpha: 1.0,
         dtype,
         lt_epilogue: None,
-        scales: None,
+        dims: None,
     };
     let addresses = (a.device_ptr(&stream).0, a.device_ptr(&stream).0, c.device_ptr(&stream).0);
     let gemm_ms = time(&stream, 10, || blas::gemm(cublas.handle()?, &spec, addresses))?;

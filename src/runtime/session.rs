@@ -50,30 +50,34 @@ struct Launch {
     name: String,
     function: CudaFunction,
     config: LaunchConfig,
-    /// Device pointers, one per kernel parameter; a kernel that follows a range takes its
-    /// units of work last.
+    /// Device pointers, one per pointer parameter of the kernel; then, for a kernel of a
+    /// bundle with ranges, its units of work (when bound) and the size of each range.
     args: Vec<u64>,
+    /// How many of `args` are pointers.
+    pointers: usize,
     /// Launched with programmatic stream serialization: the kernel waits for the one before
     /// it itself (`fusec::grid_begin`), so it may be scheduled while that one finishes.
     programmatic: bool,
-    /// How the launch follows the bundle's range.
+    /// How the launch follows the bundle's ranges.
     scale: Option<crate::codegen::LaunchScale>,
 }
 
 impl Launch {
-    /// The launch at size `n` of a range whose top is `high`.
-    fn at(&self, n: usize, high: usize) -> Launch {
+    /// The launch at the point `values` of the bundle's ranges.
+    fn at(&self, values: &[usize]) -> Result<Launch, RuntimeError> {
         let mut launch = self.clone();
-        if let Some(scale) = self.scale {
-            let (units, blocks) = scale.at(n, high);
+        if let Some(scale) = &self.scale {
+            let (units, blocks) = scale.at(values).ok_or_else(|| {
+                RuntimeError::Input(format!("kernel {}: its launch at {values:?} overflows", self.name))
+            })?;
             launch.config.grid_dim.0 = blocks;
+            launch.args.truncate(self.pointers);
             if scale.bound {
-                if let Some(last) = launch.args.last_mut() {
-                    *last = units;
-                }
+                launch.args.push(units);
             }
+            launch.args.extend(values.iter().map(|&v| v as u64));
         }
-        launch
+        Ok(launch)
     }
 }
 
@@ -145,12 +149,13 @@ pub struct Session {
     use_graph: bool,
     graph: Option<CudaGraph>,
     runs: usize,
-    /// The bundle's range of sizes, if it has one.
-    range: Option<crate::bundle::BundleRange>,
-    /// The size `steps` and `graph` are for (the top of the range, or 0 without one).
-    size: usize,
-    /// The steps and graph of other sizes run lately (the top's always), most recent last.
-    sizes: Vec<(usize, Vec<Loaded>, Option<CudaGraph>)>,
+    /// The bundle's ranges of sizes (none for a bundle of one size).
+    ranges: Vec<crate::bundle::BundleRange>,
+    /// The point of the ranges `steps` and `graph` are for (the top of every range at first;
+    /// empty without ranges).
+    point: Vec<usize>,
+    /// The steps and graph of other points run lately (the top's always), most recent last.
+    sizes: Vec<(Vec<usize>, Vec<Loaded>, Option<CudaGraph>)>,
     /// How many sizes keep their steps and graph, the top's included.
     sizes_kept: usize,
     /// The arch kernels were compiled for (`sm_90`).
@@ -281,6 +286,7 @@ impl Session {
         // One module per function, however many steps run it.
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
         let pdl = programmatic_launch_wanted(major);
+        let top: Vec<usize> = header.ranges.iter().map(|r| r.high).collect();
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let function = match functions.get(&source.function) {
                 Some(f) => f.clone(),
@@ -316,18 +322,17 @@ impl Session {
                 shared_mem_bytes: 0,
             };
             let programmatic = pdl && waits_for_predecessor(source);
-            let mut args = args;
-            if let Some(scale) = source.scale.filter(|s| s.bound) {
-                args.push(scale.units);
-            }
-            Ok(Launch {
+            let pointers = args.len();
+            let launch = Launch {
                 name: source.name.clone(),
                 function,
                 config,
                 args,
+                pointers,
                 programmatic,
-                scale: source.scale,
-            })
+                scale: source.scale.clone(),
+            };
+            launch.at(&top)
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
@@ -359,7 +364,7 @@ impl Session {
                         (Some(_), false) => None,
                         _ => epilogue.as_ref().map(&mut load).transpose()?,
                     };
-                    Loaded::Gemm { gemm: *gemm, epilogue, on_cublas: plain, lt: prepared }
+                    Loaded::Gemm { gemm: gemm.clone(), epilogue, on_cublas: plain, lt: prepared }
                 }
             });
         }
@@ -378,8 +383,8 @@ impl Session {
             use_graph: options.cuda_graph,
             graph: None,
             runs: 0,
-            range: header.range.clone(),
-            size: header.range.as_ref().map_or(0, |r| r.high),
+            ranges: header.ranges.clone(),
+            point: top.clone(),
             sizes: Vec::new(),
             sizes_kept: options.sizes_kept.max(1),
             arch,
@@ -407,81 +412,111 @@ impl Session {
         &self.outputs
     }
 
-    /// Checks the inputs against the bundle's ([`crate::bundle::input_size`]); returns the size
-    /// of the range they are at (the session's size for a bundle without a range).
-    fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<usize, RuntimeError> {
-        let size = crate::bundle::input_size(&self.inputs, self.range.as_ref(), inputs)
-            .map_err(RuntimeError::Input)?;
-        Ok(size.unwrap_or(self.size))
+    /// Checks the inputs against the bundle's ([`crate::bundle::input_point`]); returns the
+    /// point of the ranges they are at (empty for a bundle without ranges).
+    fn check_inputs(&self, inputs: &[(String, Tensor)]) -> Result<Vec<usize>, RuntimeError> {
+        crate::bundle::input_point(&self.inputs, &self.ranges, inputs).map_err(RuntimeError::Input)
     }
 
-    /// The size of the bundle's range the session runs at (the top of the range until inputs
-    /// of another size are given; 0 for a bundle without a range).
+    /// The size of the bundle's one range the session runs at (the top of the range until
+    /// inputs of another size are given; 0 for a bundle without ranges); for a bundle with
+    /// several ranges, the first's ([`Session::point`] has them all).
     pub fn size(&self) -> usize {
-        self.size
+        self.point.first().copied().unwrap_or(0)
     }
 
-    /// Makes the session run at size `n` of the bundle's range: the steps and CUDA graph of
-    /// that size, set up on its first use (GEMM descriptors; the graph is captured on its
-    /// first run) and kept for the [`SessionOptions::sizes_kept`] sizes used last. `run`
-    /// does this from its inputs' shapes; callers that write inputs in device memory
-    /// (`input_device_ptr`) call it themselves.
+    /// The point of the bundle's ranges the session runs at: the size of each range, in the
+    /// order of [`crate::bundle::Header::ranges`] (empty without ranges).
+    pub fn point(&self) -> &[usize] {
+        &self.point
+    }
+
+    /// [`Session::select`] for a bundle with one range.
     pub fn select_size(&mut self, n: usize) -> Result<(), RuntimeError> {
-        let Some(range) = self.range.clone() else {
-            return if n == self.size {
+        if self.ranges.len() > 1 {
+            return Err(RuntimeError::Input(format!(
+                "the bundle has {} ranges ({}): select a point of all of them",
+                self.ranges.len(),
+                self.ranges.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        if self.ranges.is_empty() {
+            return if n == 0 {
                 Ok(())
             } else {
                 Err(RuntimeError::Input(format!("the bundle runs one size, not a range (asked for {n})")))
             };
-        };
-        if n == self.size {
+        }
+        self.select(&[n])
+    }
+
+    /// Makes the session run at the point `values` of the bundle's ranges (the size of each,
+    /// in order): the steps and CUDA graph of that point, set up on its first use (GEMM
+    /// descriptors; the graph is captured on its first run) and kept for the
+    /// [`SessionOptions::sizes_kept`] points used last. `run` does this from its inputs'
+    /// shapes; callers that write inputs in device memory (`input_device_ptr`) call it
+    /// themselves.
+    pub fn select(&mut self, values: &[usize]) -> Result<(), RuntimeError> {
+        if values == self.point.as_slice() {
             return Ok(());
         }
-        if n < range.low || n > range.high {
+        if values.len() != self.ranges.len() {
             return Err(RuntimeError::Input(format!(
-                "{}={n} is outside the bundle's range {}..{}",
-                range.symbol, range.low, range.high
+                "{} sizes given for the bundle's {} ranges",
+                values.len(),
+                self.ranges.len()
             )));
         }
+        for (range, &n) in self.ranges.iter().zip(values) {
+            if n < range.low || n > range.high {
+                return Err(RuntimeError::Input(format!(
+                    "{}={n} is outside the bundle's range {}..{}",
+                    range.symbol, range.low, range.high
+                )));
+            }
+        }
+        let top: Vec<usize> = self.ranges.iter().map(|r| r.high).collect();
         // The graphs of the steps parked or dropped here refer to this stream's work.
         self.stream.synchronize().map_err(driver)?;
         let steps = std::mem::take(&mut self.steps);
         let graph = self.graph.take();
-        self.sizes.push((self.size, steps, graph));
-        let (steps, graph) = match self.sizes.iter().position(|(s, _, _)| *s == n) {
+        self.sizes.push((std::mem::take(&mut self.point), steps, graph));
+        let (steps, graph) = match self.sizes.iter().position(|(s, _, _)| s.as_slice() == values) {
             Some(i) => {
                 let (_, steps, graph) = self.sizes.remove(i);
                 (steps, graph)
             }
             None => {
-                let top = self.sizes.iter().find(|(s, _, _)| *s == range.high).map(|(_, steps, _)| steps);
-                let top =
-                    top.ok_or_else(|| RuntimeError::Driver("the top size's steps are missing".into()))?;
-                (self.steps_at(top, n, range.high)?, None)
+                let steps = self.sizes.iter().find(|(s, _, _)| *s == top).map(|(_, steps, _)| steps);
+                let steps =
+                    steps.ok_or_else(|| RuntimeError::Driver("the top size's steps are missing".into()))?;
+                (self.steps_at(steps, values)?, None)
             }
         };
         self.steps = steps;
         self.graph = graph;
-        self.size = n;
-        // Least recently used first; the top of the range stays.
+        self.point = values.to_vec();
+        // Least recently used first; the top of the ranges stays.
         while self.sizes.len() + 1 > self.sizes_kept.max(2) {
-            let Some(i) = self.sizes.iter().position(|(s, _, _)| *s != range.high) else { break };
+            let Some(i) = self.sizes.iter().position(|(s, _, _)| *s != top) else { break };
             drop(self.sizes.remove(i));
         }
         Ok(())
     }
 
-    /// The steps at size `n` of a range whose top is `high`, from the top's: launches scaled,
-    /// GEMMs at their sizes (cuBLASLt's heuristic choice where it runs an epilogue, cuBLAS
-    /// for the others: algorithm timing is for the top size).
-    fn steps_at(&self, top: &[Loaded], n: usize, high: usize) -> Result<Vec<Loaded>, RuntimeError> {
+    /// The steps at the point `values` of the bundle's ranges, from the top's: launches
+    /// scaled, GEMMs at their sizes (cuBLASLt's heuristic choice where it runs an epilogue,
+    /// cuBLAS for the others: algorithm timing is for the top).
+    fn steps_at(&self, top: &[Loaded], values: &[usize]) -> Result<Vec<Loaded>, RuntimeError> {
         top.iter()
             .map(|step| {
                 Ok(match step {
-                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(n, high)),
+                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
                     Loaded::Gemm { gemm, epilogue, lt, .. } => {
-                        let gemm = gemm.at(n, high);
-                        let epilogue = epilogue.as_ref().map(|l| l.at(n, high));
+                        let gemm = gemm.at(values).ok_or_else(|| {
+                            RuntimeError::Input(format!("a GEMM's sizes at {values:?} overflow"))
+                        })?;
+                        let epilogue = epilogue.as_ref().map(|l| l.at(values)).transpose()?;
                         let prepared = match (lt, gemm.lt_epilogue) {
                             (Some(_), Some(e)) => {
                                 let lt = self
@@ -545,7 +580,7 @@ impl Session {
             )));
         }
         for (spec, given) in self.outputs.iter().zip(outputs) {
-            let shape = spec.shape_in(self.range.as_ref(), self.size);
+            let shape = spec.shape_at(&self.point);
             if given.dtype().name() != spec.dtype || given.shape() != shape.as_slice() {
                 return Err(RuntimeError::Input(format!(
                     "the tensor given for output '{}' is {}{:?}, the output is {}{:?}",
@@ -563,8 +598,8 @@ impl Session {
     /// Copies host inputs to where the plan reads them (in stream order), through the
     /// session's page-locked buffers.
     pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
-        let size = self.check_inputs(inputs)?;
-        self.select_size(size)?;
+        let point = self.check_inputs(inputs)?;
+        self.select(&point)?;
         for (spec, staging) in self.inputs.iter().zip(self.staging_in.iter_mut()) {
             let (_, tensor) = inputs
                 .iter()
@@ -596,7 +631,7 @@ impl Session {
             let dtype = DType::from_name(&spec.dtype).ok_or_else(|| {
                 RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype))
             })?;
-            let ty = TensorType::new(dtype, spec.shape_in(self.range.as_ref(), self.size));
+            let ty = TensorType::new(dtype, spec.shape_at(&self.point));
             let bytes = ty.size_bytes();
             if bytes > 0 {
                 let source = match spec.location {
@@ -664,13 +699,13 @@ impl Session {
         // A size of a range first run after the session's first run (its kernels loaded): its
         // graph is captured straight away and launched, without a run step by step first. If
         // the capture fails, the run goes step by step and captures after, as a first run does.
-        if self.use_graph && self.graph.is_none() && self.runs > 0 && self.range.is_some() {
+        if self.use_graph && self.graph.is_none() && self.runs > 0 && !self.ranges.is_empty() {
             match self.capture(|session| session.execute()) {
                 Ok(graph) => {
                     graph.upload().map_err(driver)?;
                     self.graph = Some(graph);
                 }
-                Err(e) => tracing::debug!("capturing size {} before its first run failed: {e}", self.size),
+                Err(e) => tracing::debug!("capturing {:?} before its first run failed: {e}", self.point),
             }
         }
         match &self.graph {
@@ -1075,7 +1110,7 @@ impl Session {
 /// the weights), with a size that fits in memory: a damaged or hostile header is an error
 /// here, not a copy out of bounds later.
 fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), RuntimeError> {
-    if let Some(r) = &header.range {
+    for r in &header.ranges {
         if r.low == 0 || r.low > r.high {
             return Err(RuntimeError::Driver(format!(
                 "the bundle's range {}={}..{} is not a range of sizes",
@@ -1083,24 +1118,25 @@ fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), 
             )));
         }
     }
+    let top: Vec<usize> = header.ranges.iter().map(|r| r.high).collect();
     for (spec, kind) in
         header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
     {
         let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
-        if let Some(axis) = spec.range_axis {
-            let high = header
-                .range
-                .as_ref()
-                .map(|r| r.high)
-                .ok_or_else(|| bad("follows a range the bundle does not have"))?;
-            let size = spec
-                .shape
-                .get(axis)
-                .copied()
-                .ok_or_else(|| bad(&format!("follows the range along axis {axis}, past its rank")))?;
-            if size == 0 || size % high != 0 {
+        if let Some(dims) = &spec.dims {
+            if dims.len() != spec.shape.len() {
+                return Err(bad(&format!("has {} sizes for a shape of rank {}", dims.len(), spec.shape.len())));
+            }
+            if dims.iter().any(|d| d.powers.len() > header.ranges.len()) {
+                return Err(bad("follows a range the bundle does not have"));
+            }
+            // Memory is for the top of every range: the shape there must be the one given.
+            let at_top: Option<Vec<usize>> = dims.iter().map(|d| d.eval(&top)).collect();
+            if at_top.as_deref() != Some(spec.shape.as_slice()) {
                 return Err(bad(&format!(
-                    "has {size} along axis {axis}, not a multiple of the range's top {high}"
+                    "follows the ranges as {}, which is not its shape {:?} at their top",
+                    spec.shape_text(&header.ranges),
+                    spec.shape
                 )));
             }
         }

@@ -35,9 +35,27 @@ pub fn shape_variants(file: &str) -> Vec<ImportOptions> {
 /// Import options for `file` with batch `batch` (`N` or a range `LO..HI`) and, for the text
 /// models, seq 7.
 pub fn batch_dims(file: &str, batch: &str) -> ImportOptions {
+    dims_at(file, batch, "7")
+}
+
+/// Whether a fixture's inputs have a sequence dim (`seq`).
+pub fn has_seq(file: &str) -> bool {
+    ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p))
+}
+
+/// Whether a bundle for a range of `seq` cannot be made of a fixture: its TorchScript export
+/// folds the padding mask's index grid (`b·seq + s`) into a constant whose values change with
+/// the sequence length.
+pub fn seq_fixed(file: &str) -> bool {
+    file.ends_with("_mask_ts.onnx")
+}
+
+/// The dims of a fixture at `batch` and `seq` (each a size or a range `LO..HI`); `seq` only
+/// where the model has one.
+pub fn dims_at(file: &str, batch: &str, seq: &str) -> ImportOptions {
     let mut dims: Vec<fusec::import::DimSpec> = vec![format!("batch={batch}").parse().expect("a dim")];
-    if ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p)) {
-        dims.push("seq=7".parse().expect("a dim"));
+    if has_seq(file) {
+        dims.push(format!("seq={seq}").parse().expect("a dim"));
     }
     ImportOptions::new(vec![], dims)
 }
