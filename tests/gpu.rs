@@ -241,10 +241,16 @@ fn one_bundle_runs_every_shape_of_its_ranges() {
             };
             match outcome {
                 Ok(worst) if worst <= tolerance => {
-                    let _ = writeln!(table, "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | pass |");
+                    let _ = writeln!(
+                        table,
+                        "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | pass |"
+                    );
                 }
                 Ok(worst) => {
-                    let _ = writeln!(table, "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | FAIL |");
+                    let _ = writeln!(
+                        table,
+                        "| {file} | {precision} | {ranges} | {shapes} | {worst:.2e} | FAIL |"
+                    );
                     failed.push(format!("{file} {precision}: rel-L2 {worst:e}"));
                 }
                 Err(e) => {
@@ -621,7 +627,9 @@ fn padded_positions_match_the_unpadded_sequence() {
             _ => table(1, kept, &|_, t| ids[seq + t]),
         });
         let (e1, e2) = (rel_l2(&padded_range, &padded), rel_l2(&alone_range, &alone));
-        println!("{file}: one bundle for the ranges against static ones: 2×{seq} {e1:.2e}, 1×{kept} {e2:.2e}");
+        println!(
+            "{file}: one bundle for the ranges against static ones: 2×{seq} {e1:.2e}, 1×{kept} {e2:.2e}"
+        );
         assert!(e1 <= FP32_TOLERANCE && e2 <= FP32_TOLERANCE, "{file}: {e1:e} {e2:e}");
     }
 }

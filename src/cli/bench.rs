@@ -67,13 +67,17 @@ pub struct Bench {
 /// `8x384` as sizes of `ranges` (in order); an error names the point and the ranges.
 fn parse_point(text: &str, ranges: &[fusec::bundle::BundleRange]) -> anyhow::Result<Vec<usize>> {
     let names = || ranges.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
-    let values: Vec<usize> = text
-        .split('x')
-        .map(|v| v.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("--sizes {text}: not sizes joined by x (the bundle's ranges: {})", names()))?;
+    let values: Vec<usize> =
+        text.split('x').map(|v| v.trim().parse::<usize>()).collect::<Result<_, _>>().with_context(|| {
+            format!("--sizes {text}: not sizes joined by x (the bundle's ranges: {})", names())
+        })?;
     if values.len() != ranges.len() {
-        bail!("--sizes {text}: {} sizes for the bundle's {} ranges ({})", values.len(), ranges.len(), names());
+        bail!(
+            "--sizes {text}: {} sizes for the bundle's {} ranges ({})",
+            values.len(),
+            ranges.len(),
+            names()
+        );
     }
     for (r, &v) in ranges.iter().zip(&values) {
         if v < r.low || v > r.high {
@@ -163,6 +167,31 @@ fn print_profile(steps: &[StepProfile]) {
     }
 }
 
+/// The steps of a bundle for ranges beside those of one for the point `at` alone (GPU time
+/// of each, repeated in a CUDA graph where there is one), the largest differences first.
+fn print_profile_pair(at: &str, ranged: &[StepProfile], alone: &[StepProfile]) {
+    let key = |s: &StepProfile| s.repeated_ms.unwrap_or(s.alone_ms);
+    let total = |steps: &[StepProfile]| steps.iter().map(key).sum::<f64>();
+    println!(
+        "profile at {at}: {} steps for the ranges, {:.4} ms; {} alone, {:.4} ms",
+        ranged.len(),
+        total(ranged),
+        alone.len(),
+        total(alone)
+    );
+    if ranged.len() != alone.len() {
+        print_profile(ranged);
+        print_profile(alone);
+        return;
+    }
+    let mut pairs: Vec<(&StepProfile, &StepProfile)> = ranged.iter().zip(alone).collect();
+    pairs.sort_by(|a, b| (key(b.0) - key(b.1)).total_cmp(&(key(a.0) - key(a.1))));
+    println!("  {:>12} {:>12}  step", "ranges ms", "alone ms");
+    for (r, a) in pairs.iter().take(12) {
+        println!("  {:>12.4} {:>12.4}  {} / {}", key(r), key(a), r.name, a.name);
+    }
+}
+
 /// Median, 10th and 90th percentile of `times`.
 fn percentiles(times: &mut [f64]) -> (f64, f64, f64) {
     times.sort_by(f64::total_cmp);
@@ -195,7 +224,8 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
 
 /// Input sets at the point `values` of a bundle's ranges (`input_sets` of the shapes there).
 fn input_sets_at(inputs: &[IoSpec], values: &[usize]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
-    let specs: Vec<IoSpec> = inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
+    let specs: Vec<IoSpec> =
+        inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
     input_sets(&specs)
 }
 
@@ -263,6 +293,10 @@ impl Bench {
                 percentiles(&mut alone.time_runs(&sets, self.warmup, self.iters.max(1))?);
             let (range_ms, p10, p90) =
                 percentiles(&mut session.time_runs(&sets, self.warmup, self.iters.max(1))?);
+            if self.profile {
+                let n = self.iters.clamp(1, 50);
+                print_profile_pair(&at, &session.profile(&sets[0], n)?, &alone.profile(&sets[0], n)?);
+            }
             rows.push((values.clone(), range_ms, p10, p90, single_ms, first_ms, setup_ms));
         }
         drop(progress);

@@ -21,7 +21,10 @@ pub fn json_to_stdout(json: Option<&std::path::Path>) -> bool {
 /// A bundle's inputs or outputs as JSON: name, shape and element type of each.
 /// For a bundle with ranges, `shape` is at the top of the ranges and `dims` names how each
 /// size follows them (`["batch", "seq*12"]`; null for a fixed shape).
-pub fn io_json(specs: &[fusec::bundle::IoSpec], ranges: &[fusec::bundle::BundleRange]) -> Vec<serde_json::Value> {
+pub fn io_json(
+    specs: &[fusec::bundle::IoSpec],
+    ranges: &[fusec::bundle::BundleRange],
+) -> Vec<serde_json::Value> {
     specs
         .iter()
         .map(|i| {

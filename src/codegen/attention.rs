@@ -353,6 +353,7 @@ fn tensor_core(
         "queries": problem.queries_c(),
         "keys": problem.keys_dims.c(),
         "tiles_const": if problem.keys_dims.is_static() { "constexpr" } else { "const" },
+        "tiles_keys": problem.keys_dims.value().map_or_else(|| problem.keys_dims.c(), |k| k.to_string()),
         "depth": problem.depth,
         "dp": dp,
         "dv": problem.dv(),

@@ -178,7 +178,11 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     let (a_total, b_total) = (SymDim::product(&a2), SymDim::product(&b2));
     let out_total = SymDim::product(&plan.dims(gemm));
     let mn = m.mul(&n);
-    let batch = if mn.factor == 0 { one.clone() } else { out_total.div(&mn).ok_or("a GEMM whose batch is not whole")? };
+    let batch = if mn.factor == 0 {
+        one.clone()
+    } else {
+        out_total.div(&mn).ok_or("a GEMM whose batch is not whole")?
+    };
     let a_transposed = a_t ^ flag_a;
     let b_transposed = b_t ^ flag_b;
     let top = |d: &SymDim| d.eval(&top_values(plan)).unwrap_or(0);

@@ -361,7 +361,11 @@ mod tests {
             linearize(&coords, &SymDim::lits(&[2, 1, 3, 4])),
             "((i / 12LL) * 12LL + ((i / 4LL) % 3LL) * 4LL + (i % 4LL))"
         );
-        let b = broadcast(&["a".into(), "b".into(), "c".into()], &SymDim::lits(&[2, 3, 4]), &SymDim::lits(&[3, 1]));
+        let b = broadcast(
+            &["a".into(), "b".into(), "c".into()],
+            &SymDim::lits(&[2, 3, 4]),
+            &SymDim::lits(&[3, 1]),
+        );
         assert_eq!(b, ["b", "0"]);
     }
 
@@ -373,12 +377,7 @@ mod tests {
         let coords = delinearize("i", &shape);
         assert_eq!(
             coords,
-            [
-                "(i / (768LL * fusec_d1))",
-                "((i / 768LL) % fusec_d1)",
-                "((i / 64LL) % 12LL)",
-                "(i % 64LL)"
-            ]
+            ["(i / (768LL * fusec_d1))", "((i / 768LL) % fusec_d1)", "((i / 64LL) % 12LL)", "(i % 64LL)"]
         );
         assert_eq!(
             linearize(&["a".into(), "b".into(), "c".into(), "d".into()], &shape),
@@ -412,7 +411,8 @@ mod tests {
         assert!(stores_pack_along(&g, &dims, x, x, 4));
         assert!(!stores_pack_along(&g, &dims, x, moved, 2));
         // The reshapes at the end keep the linear index: no division by the view's dims.
-        let index = trace_forward(&g, &dims, x, r, vec!["a".into(), "b".into(), "c".into(), "d".into()]).unwrap();
+        let index =
+            trace_forward(&g, &dims, x, r, vec!["a".into(), "b".into(), "c".into(), "d".into()]).unwrap();
         assert_eq!(index, "(a * 96LL + c * 24LL + b * 8LL + d)");
     }
 }

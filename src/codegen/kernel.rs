@@ -539,8 +539,10 @@ impl<'a> Body<'a> {
             ReduceOp::Max => ("-fusec::inf()".to_string(), format!("{acc} = fmaxf({acc}, {read})")),
             _ => ("0.0f".to_string(), format!("{acc} += {read}")),
         };
-        self.statements
-            .push(format!("float {acc} = {init}; for (long long {q} = 0; {q} < {}; ++{q}) {step};", count.c()));
+        self.statements.push(format!(
+            "float {acc} = {init}; for (long long {q} = 0; {q} < {}; ++{q}) {step};",
+            count.c()
+        ));
         let mean = match count.value() {
             Some(n) => format!("({acc} / {n}.0f)"),
             None => format!("({acc} / (float){})", count.c()),

@@ -20,6 +20,10 @@ const FOLD_LIMIT: usize = 1 << 16;
 /// leaves index (constants, ops, inputs).
 #[derive(Debug, Default)]
 pub struct FusionAnalysis {
+    /// Whether every element of a constant equals a value, by constant (the `Arc` kept, so
+    /// that its address is not reused) and the value's bits: rules test each constant on every
+    /// iteration, and a folded mask has millions of elements.
+    equal: HashMap<(usize, u64), (Arc<Tensor>, bool)>,
     constants: Vec<Arc<Tensor>>,
     constant_keys: HashMap<String, ConstId>,
     ops: Vec<Op>,
@@ -92,6 +96,17 @@ impl FusionAnalysis {
     /// The constant of `id`.
     pub fn constant(&self, id: ConstId) -> &Arc<Tensor> {
         &self.constants[id.0 as usize]
+    }
+
+    /// Whether every element of `value` is exactly `want` (remembered per constant).
+    pub fn all_equal(&mut self, value: &Arc<Tensor>, want: f64) -> bool {
+        let key = (Arc::as_ptr(value) as usize, want.to_bits());
+        if let Some((_, equal)) = self.equal.get(&key) {
+            return *equal;
+        }
+        let equal = value.to_f64().iter().all(|&x| x == want);
+        self.equal.insert(key, (value.clone(), equal));
+        equal
     }
 
     /// The op of `id`.

@@ -1125,7 +1125,11 @@ fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), 
         let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
         if let Some(dims) = &spec.dims {
             if dims.len() != spec.shape.len() {
-                return Err(bad(&format!("has {} sizes for a shape of rank {}", dims.len(), spec.shape.len())));
+                return Err(bad(&format!(
+                    "has {} sizes for a shape of rank {}",
+                    dims.len(),
+                    spec.shape.len()
+                )));
             }
             if dims.iter().any(|d| d.powers.len() > header.ranges.len()) {
                 return Err(bad("follows a range the bundle does not have"));

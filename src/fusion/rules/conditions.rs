@@ -30,7 +30,10 @@ pub fn is_scalar(name: &str) -> impl Fn(&mut FusionGraph, Id, &Subst) -> bool {
 /// Every element of constant `name` is exactly `value`.
 pub fn all_equal(name: &str, value: f64) -> impl Fn(&mut FusionGraph, Id, &Subst) -> bool {
     let v = var(name);
-    move |eg, _, s| matches!(&data(eg, s, v).constant, Some(c) if c.to_f64_vec().iter().all(|&x| x == value))
+    move |eg, _, s| {
+        let Some(c) = data(eg, s, v).constant.clone() else { return false };
+        eg.analysis.all_equal(&c, value)
+    }
 }
 
 pub fn is_const(name: &str) -> impl Fn(&mut FusionGraph, Id, &Subst) -> bool {
