@@ -207,22 +207,31 @@ def ranges(results):
             rev = f.read().strip()
     except OSError:
         rev = "unknown"
-    out = [f"fusec at {rev}. `fusec bench MODEL --dim NAME=LO..HI --sizes ...`: at each size, the "
-           "bundle for the range against a bundle compiled for that size alone (medians of the runs "
-           "named, CUDA events, input sets rotated); the first run of a size is its set-up (launches "
+    out = ["`fusec bench MODEL --dim NAME=LO..HI ... --sizes ...`: at each point of the ranges, the "
+           "bundle for the ranges against a bundle compiled for that point alone (medians of the runs "
+           "named, CUDA events, input sets rotated); the first run of a point is its set-up (launches "
            "scaled, cuBLASLt descriptors), graph capture and run after the session's first run, "
            "timed on the host without copying inputs and outputs.\n"]
     for path in files:
         with open(path) as f:
             d = json.load(f)
-        r = d["range"]
+        # One range (`range`, sizes by `size`) before bundle format 6; ranges and points since.
+        ranges = d.get("ranges") or [d["range"]]
+        try:
+            with open(path.removesuffix(".json") + ".commit") as f:
+                at = f.read().strip()
+        except OSError:
+            at = rev
         name = os.path.basename(d["model"]).removesuffix(".onnx")
-        out.append(f"**{name}**, {d['precision'].lower()}, {r['name']}={r['low']}..{r['high']} "
-                   f"({os.path.basename(path)}; {d['iterations']} runs on {d['device']}):\n")
-        out.append(f"| {r['name']} | range bundle (ms) | p10–p90 | bundle for that size (ms) | ratio | first run (ms) | of which set-up (ms) |")
+        spans = " ".join(f"{r['name']}={r['low']}..{r['high']}" for r in ranges)
+        out.append(f"**{name}**, {d['precision'].lower()}, {spans} (fusec at {at}; "
+                   f"{os.path.basename(path)}; {d['iterations']} runs on {d['device']}):\n")
+        label = "×".join(r["name"] for r in ranges)
+        out.append(f"| {label} | bundle for the ranges (ms) | p10–p90 | bundle for that point (ms) | ratio | first run (ms) | of which set-up (ms) |")
         out.append("|---|---|---|---|---|---|---|")
         for s in d["sizes"]:
-            out.append(f"| {s['size']} | {s['range_median_ms']:.3f} | {s['range_p10_ms']:.3f}–{s['range_p90_ms']:.3f} | "
+            point = "×".join(str(v) for v in s.get("point", [s["size"]]))
+            out.append(f"| {point} | {s['range_median_ms']:.3f} | {s['range_p10_ms']:.3f}–{s['range_p90_ms']:.3f} | "
                        f"{s['alone_median_ms']:.3f} | {s['ratio']:.3f}x | {s['first_run_ms']:.2f} | {s['setup_ms']:.2f} |")
         out.append("")
     return "\n".join(out)
