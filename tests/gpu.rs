@@ -267,6 +267,46 @@ fn one_bundle_runs_every_shape_of_its_ranges() {
     assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
 }
 
+/// A bundle for batch 1..256 × seq 1..64 of the tiny BERT in f16: its attention kernels have
+/// variants tiled for small batches and short sequences (`KernelSource::variants`); the points
+/// that take them, and the top's tiling, agree with tract.
+#[test]
+fn attention_variants_match_tract() {
+    if !gpu() {
+        return;
+    }
+    let file = "bert_ts.onnx";
+    let path = common::model_path(file);
+    let options = CompileOptions {
+        import: common::dims_at(file, "1..256", "1..64"),
+        arch: Some("sm_90".into()),
+        precision: DType::F16,
+        ..Default::default()
+    };
+    let bundle = fusec::compile(&path, &options).unwrap();
+    let variants: usize = bundle
+        .header
+        .steps
+        .iter()
+        .map(|s| match s {
+            fusec::codegen::Step::Launch(k) => k.variants.len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(variants > 0, "no attention variants");
+    let mut session = Session::new(&bundle, 0).unwrap();
+    for (k, (b, s)) in [(1usize, 64usize), (3, 7), (256, 64), (200, 50), (1, 1), (17, 33)].into_iter().enumerate() {
+        let import = common::dims_at(file, &b.to_string(), &s.to_string());
+        let model = fusec::import::import(&path, &import).unwrap();
+        let inputs = common::random_inputs(&model, 70 + k as u64);
+        let ours = session.run(&inputs).unwrap();
+        let theirs = run_tract(&path, &values(&inputs)).unwrap();
+        let err = rel_l2(&ours[0].1, &theirs[0]);
+        println!("{b}x{s}: rel-L2 {err:.2e}");
+        assert!(err <= HALF_TOLERANCE, "{b}x{s}: rel-L2 {err:e}");
+    }
+}
+
 /// `mlp_block.onnx` compiled (f32) at its first test shape, and random inputs for it.
 fn mlp_block() -> (Bundle, Vec<(String, Tensor)>) {
     let file = "mlp_block.onnx";

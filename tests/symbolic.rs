@@ -218,6 +218,48 @@ fn steps_at_a_point_are_those_of_a_bundle_for_that_point() {
     }
 }
 
+/// A tensor-core attention kernel of a bundle for ranges carries variants tiled for other
+/// points; every point sampled finds its tiling among them, and a short batch takes a tiling
+/// that spreads its rows over more blocks than the top's.
+#[test]
+fn attention_kernels_have_variants_for_the_points_of_their_ranges() {
+    // Batch up to 256: the top takes the largest blocks, batch 1 the smallest.
+    let options = CompileOptions {
+        import: common::dims_at("bert_ts.onnx", "1..256", "1..64"),
+        precision: fusec::ir::DType::F16,
+        ..Default::default()
+    };
+    let bundle = fusec::compile(&common::model_path("bert_ts.onnx"), &options).unwrap();
+    let attention: Vec<&fusec::codegen::KernelSource> = bundle
+        .header
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Launch(k) if k.attention.is_some() => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert!(!attention.is_empty());
+    for kernel in attention {
+        let dims = kernel.attention.as_ref().unwrap();
+        let top = kernel.tiling.unwrap();
+        assert_eq!(dims.tiling_at(&[256, 64]), Some(top));
+        for point in [[1usize, 64], [1, 7], [2, 33], [4, 1], [3, 50], [100, 64], [256, 3]] {
+            let tiling = dims.tiling_at(&point).unwrap();
+            let found = tiling == top || kernel.variants.iter().any(|v| v.tiling == Some(tiling));
+            assert!(found, "{point:?}: {tiling:?} is not among the variants");
+        }
+        let short = dims.tiling_at(&[1, 64]).unwrap();
+        assert!(short.warps * 4 / short.splits < top.warps * 4 / top.splits, "{short:?} against {top:?}");
+        // Each variant launches as many threads as its tiling says, and differs from the top's.
+        for v in &kernel.variants {
+            let t = v.tiling.unwrap();
+            assert_eq!(v.block as usize, 32 * t.warps * t.splits);
+            assert_ne!(t, top);
+        }
+    }
+}
+
 #[test]
 fn a_range_bundle_round_trips_and_checks_its_inputs() {
     let file = "bert_mask_dynamo.onnx";

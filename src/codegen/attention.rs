@@ -257,9 +257,90 @@ pub fn generate(
 ) -> Result<KernelSource, String> {
     let problem = Problem::new(plan, kernel)?;
     match plan.graph.node(problem.anchor).ty.dtype {
-        DType::F16 | DType::BF16 => tensor_core(plan, kernel, &problem, name, hb),
+        DType::F16 | DType::BF16 => {
+            let top = mma_tiling(problem.heads(), problem.queries(), problem.keys, problem.depth, problem.dv());
+            let mut source = tensor_core(plan, kernel, &problem, name, hb, top)?;
+            if let Some(symbolic) = &plan.symbolic {
+                // Variants for the tilings other points of the ranges call for: a short batch
+                // spreads its rows over more blocks, short sequences take one tile of keys.
+                let rank = problem.rank();
+                let dims = super::AttentionDims {
+                    heads: SymDim::product(&problem.out_dims[..rank - 2]),
+                    queries: problem.out_dims[rank - 2].clone(),
+                    keys: problem.keys_dims.clone(),
+                    top_keys: problem.keys,
+                    depth: problem.depth,
+                    dv: problem.dv(),
+                };
+                let mut tilings: Vec<super::Tiling> = Vec::new();
+                for values in sample_points(&symbolic.symbols) {
+                    if let Some(t) = dims.tiling_at(&values).filter(|t| *t != top && !tilings.contains(t)) {
+                        tilings.push(t);
+                    }
+                }
+                for tiling in tilings {
+                    let mut variant = tensor_core(plan, kernel, &problem, name, hb, tiling)?;
+                    variant.tiling = Some(tiling);
+                    source.variants.push(variant);
+                }
+                source.tiling = Some(top);
+                source.attention = Some(dims);
+            }
+            Ok(source)
+        }
         _ => cuda_core(plan, kernel, &problem, name, hb),
     }
+}
+
+/// Points of the ranges to sample the attention tilings at: every combination of each
+/// range's bottom, top and the powers of two between.
+fn sample_points(ranges: &[crate::symbolic::DimRange]) -> Vec<Vec<usize>> {
+    let mut points = vec![Vec::new()];
+    for r in ranges {
+        let mut values = vec![r.low, r.high];
+        values.extend((0..usize::BITS).map(|b| 1usize << b).filter(|&v| v > r.low && v < r.high));
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                values.iter().map(move |&v| {
+                    let mut p = p.clone();
+                    p.push(v);
+                    p
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+/// The tensor-core kernel's tiling for `heads` batch × heads, `queries` query rows and
+/// `keys` keys of head size `depth` and value width `dv`.
+pub fn mma_tiling(heads: usize, queries: usize, keys: usize, depth: usize, dv: usize) -> super::Tiling {
+    let warps = warps_per_block(heads, queries);
+    let qt = 16 * warps;
+    let qblocks = queries.div_ceil(qt).max(1);
+    let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
+    let (dp, dvp) = (round16(depth), round16(dv));
+    // Keys per tile (a multiple of 16 for P·V): all of them in one buffer where they fit
+    // (up to 128, one pass of the online softmax: sequences of 128 and less); else 64, or 32
+    // for wide heads, two buffers deep. Shared memory stays within the static 48 KB.
+    let smem = |buffers: usize, kt: usize| buffers * kt * (dp + 8 + dvp + 8) * 2;
+    let keys = round16(keys);
+    let (kt, buffers) = if keys <= 128 && smem(1, keys) <= 48 * 1024 {
+        (keys, 1)
+    } else if smem(2, 64) <= 48 * 1024 {
+        (keys.min(64), 2)
+    } else {
+        (keys.min(32), 2)
+    };
+    // Warps sharing each query row group's key tiles: their merge goes through the key
+    // buffer, so it must fit there, and each share is a multiple of 16 keys (for P·V).
+    let merge_bytes = |splits: usize| (splits - 1) * warps * 32 * (dvp / 2 + 4) * 4;
+    let splits = key_splits(heads * qblocks * warps)
+        .into_iter()
+        .find(|&n| kt % (16 * n) == 0 && merge_bytes(n) <= buffers * kt * (dp + 8) * 2)
+        .unwrap_or(1);
+    super::Tiling { warps, splits, kt, buffers }
 }
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
@@ -279,6 +360,7 @@ fn tensor_core(
     problem: &Problem,
     name: &str,
     hb: &Handlebars<'_>,
+    tiling: super::Tiling,
 ) -> Result<KernelSource, String> {
     let dtype = plan.graph.node(problem.anchor).ty.dtype;
     let (half, to_half) = match dtype {
@@ -291,31 +373,11 @@ fn tensor_core(
     let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
     let (queries, heads) = (problem.queries(), problem.heads());
-    let warps = warps_per_block(heads, queries);
+    let super::Tiling { warps, splits, kt, buffers } = tiling;
     let qt = 16 * warps;
     let qblocks = queries.div_ceil(qt).max(1);
     let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
-    // Keys per tile: 64, or fewer for short key sequences (a multiple of 16 for P·V).
     let (dp, dvp) = (round16(problem.depth), round16(problem.dv()));
-    // Keys per tile (a multiple of 16 for P·V): all of them in one buffer where they fit
-    // (up to 128, one pass of the online softmax: sequences of 128 and less); else 64, or 32
-    // for wide heads, two buffers deep. Shared memory stays within the static 48 KB.
-    let smem = |buffers: usize, kt: usize| buffers * kt * (dp + 8 + dvp + 8) * 2;
-    let keys = round16(problem.keys);
-    let (kt, buffers) = if keys <= 128 && smem(1, keys) <= 48 * 1024 {
-        (keys, 1)
-    } else if smem(2, 64) <= 48 * 1024 {
-        (keys.min(64), 2)
-    } else {
-        (keys.min(32), 2)
-    };
-    // Warps sharing each query row group's key tiles: their merge goes through the key
-    // buffer, so it must fit there, and each share is a multiple of 16 keys (for P·V).
-    let merge_bytes = |splits: usize| (splits - 1) * warps * 32 * (dvp / 2 + 4) * 4;
-    let splits = key_splits(heads * qblocks * warps)
-        .into_iter()
-        .find(|&n| kt % (16 * n) == 0 && merge_bytes(n) <= buffers * kt * (dp + 8) * 2)
-        .unwrap_or(1);
     // 16-byte copies where 8 consecutive depth (K) or value (V) elements are contiguous.
     let k_address = match problem.depth % 8 {
         0 => problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?,

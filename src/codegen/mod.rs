@@ -74,6 +74,68 @@ pub struct KernelSource {
     /// In a bundle for a range of sizes, how the launch follows the size (`None`: as is).
     #[serde(default)]
     pub scale: Option<LaunchScale>,
+    /// The same kernel tiled for other points of the ranges (an attention kernel of a bundle
+    /// for ranges): the launch at a point takes the one whose tiling the point calls for
+    /// ([`AttentionDims::tiling_at`]), this one where none is.
+    #[serde(default)]
+    pub variants: Vec<KernelSource>,
+    /// The tiling of a tensor-core attention kernel that has variants.
+    #[serde(default)]
+    pub tiling: Option<Tiling>,
+    /// The sizes that choose among `variants`.
+    #[serde(default)]
+    pub attention: Option<AttentionDims>,
+}
+
+/// How the tensor-core attention kernel is tiled: warps of 16 query rows per block, warps
+/// sharing each row group's keys, keys per shared-memory tile, tiles in flight.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Tiling {
+    /// Query warps per block.
+    pub warps: usize,
+    /// Warps sharing each query warp's keys.
+    pub splits: usize,
+    /// Keys per tile.
+    pub kt: usize,
+    /// Key and value buffers in shared memory.
+    pub buffers: usize,
+}
+
+/// The sizes of an attention kernel of a bundle for ranges, as expressions of them, that
+/// choose its tiling at a point.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Batch × heads.
+    pub heads: SymDim,
+    /// Query rows.
+    pub queries: SymDim,
+    /// Keys.
+    pub keys: SymDim,
+    /// Keys at the top of the ranges (the primary kernel's tiling is for them).
+    pub top_keys: usize,
+    /// The head size.
+    pub depth: usize,
+    /// The value width.
+    pub dv: usize,
+}
+
+impl AttentionDims {
+    /// The tiling the kernel takes at the point `values`: a bundle for one size of the
+    /// point's batch × heads and queries would take it, with the keys of its class (up to 128:
+    /// one tile of all of them; more: the top's).
+    pub fn tiling_at(&self, values: &[usize]) -> Option<Tiling> {
+        let keys = self.keys.eval(values)?;
+        Some(attention::mma_tiling(self.heads.eval(values)?, self.queries.eval(values)?, self.key_class(keys), self.depth, self.dv))
+    }
+
+    /// The keys a point with `keys` keys is tiled for.
+    pub fn key_class(&self, keys: usize) -> usize {
+        if keys <= 128 {
+            self.top_keys.min(128)
+        } else {
+            self.top_keys
+        }
+    }
 }
 
 /// How a kernel of a program for ranges of sizes is launched at a point of them (the sizes
@@ -110,7 +172,18 @@ impl LaunchScale {
 
 impl KernelSource {
     pub(crate) fn new(name: &str, source: String, grid: u32, block: u32, args: Vec<Location>) -> Self {
-        KernelSource { name: name.into(), function: name.into(), source, grid, block, args, scale: None }
+        KernelSource {
+            name: name.into(),
+            function: name.into(),
+            source,
+            grid,
+            block,
+            args,
+            scale: None,
+            variants: Vec::new(),
+            tiling: None,
+            attention: None,
+        }
     }
 }
 
@@ -153,13 +226,13 @@ pub enum Step {
 }
 
 impl Step {
-    /// Every kernel source this step launches.
+    /// Every kernel source this step launches, variants included.
     pub fn sources(&self) -> impl Iterator<Item = &KernelSource> {
         let (a, b) = match self {
             Step::Launch(k) => (Some(k), None),
             Step::Gemm { epilogue, .. } => (None, epilogue.as_ref()),
         };
-        a.into_iter().chain(b)
+        a.into_iter().chain(b).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
 
     /// Launches per run: a GEMM whose epilogue cuBLASLt runs is one launch.
@@ -206,6 +279,12 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let narrow = index::fits_i32(plan, kernel);
             match &mut step {
                 Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
+                    for variant in &mut source.variants {
+                        if narrow {
+                            variant.source = index::narrow(&variant.source);
+                        }
+                        share(variant, &kind, &mut functions);
+                    }
                     if narrow {
                         source.source = index::narrow(&source.source);
                     }

@@ -60,11 +60,25 @@ struct Launch {
     programmatic: bool,
     /// How the launch follows the bundle's ranges.
     scale: Option<crate::codegen::LaunchScale>,
+    /// The kernel tiled for other points of the ranges, by tiling, and the sizes that choose
+    /// among them ([`crate::codegen::KernelSource::variants`]).
+    variants: Vec<(crate::codegen::Tiling, Launch)>,
+    attention: Option<crate::codegen::AttentionDims>,
 }
 
 impl Launch {
-    /// The launch at the point `values` of the bundle's ranges.
+    /// The launch at the point `values` of the bundle's ranges: of the variant tiled for it,
+    /// where there is one.
     fn at(&self, values: &[usize]) -> Result<Launch, RuntimeError> {
+        let tiling = self.attention.as_ref().and_then(|a| a.tiling_at(values));
+        if let Some((_, variant)) = self.variants.iter().find(|(t, _)| Some(*t) == tiling) {
+            let mut launch = variant.at(values)?;
+            // The variants stay with the launch, for the next point.
+            launch.variants = self.variants.clone();
+            launch.attention = self.attention.clone();
+            launch.name = self.name.clone();
+            return Ok(launch);
+        }
         let mut launch = self.clone();
         if let Some(scale) = &self.scale {
             let (units, blocks) = scale.at(values).ok_or_else(|| {
@@ -323,7 +337,7 @@ impl Session {
             };
             let programmatic = pdl && waits_for_predecessor(source);
             let pointers = args.len();
-            let launch = Launch {
+            Ok(Launch {
                 name: source.name.clone(),
                 function,
                 config,
@@ -331,8 +345,9 @@ impl Session {
                 pointers,
                 programmatic,
                 scale: source.scale.clone(),
-            };
-            launch.at(&top)
+                variants: Vec::new(),
+                attention: None,
+            })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
         // every single GEMM when their algorithms may be chosen by timing.
@@ -350,7 +365,17 @@ impl Session {
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
-                Step::Launch(source) => Loaded::Kernel(load(source)?),
+                Step::Launch(source) => {
+                    let mut launch = load(source)?;
+                    for variant in &source.variants {
+                        let tiling = variant.tiling.ok_or_else(|| {
+                            RuntimeError::Driver(format!("kernel {}: a variant without its tiling", source.name))
+                        })?;
+                        launch.variants.push((tiling, load(variant)?));
+                    }
+                    launch.attention = source.attention.clone();
+                    Loaded::Kernel(launch.at(&top)?)
+                }
                 Step::Gemm { gemm, epilogue } => {
                     let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
                     let plain = gemm.lt_epilogue.is_none();
@@ -362,7 +387,7 @@ impl Session {
                     // With cuBLASLt running the epilogue, the kernel is not needed.
                     let epilogue = match (&prepared, plain) {
                         (Some(_), false) => None,
-                        _ => epilogue.as_ref().map(&mut load).transpose()?,
+                        _ => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
                     };
                     Loaded::Gemm { gemm: gemm.clone(), epilogue, on_cublas: plain, lt: prepared }
                 }
