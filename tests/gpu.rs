@@ -295,7 +295,9 @@ fn attention_variants_match_tract() {
         .sum();
     assert!(variants > 0, "no attention variants");
     let mut session = Session::new(&bundle, 0).unwrap();
-    for (k, (b, s)) in [(1usize, 64usize), (3, 7), (256, 64), (200, 50), (1, 1), (17, 33)].into_iter().enumerate() {
+    for (k, (b, s)) in
+        [(1usize, 64usize), (3, 7), (256, 64), (200, 50), (1, 1), (17, 33)].into_iter().enumerate()
+    {
         let import = common::dims_at(file, &b.to_string(), &s.to_string());
         let model = fusec::import::import(&path, &import).unwrap();
         let inputs = common::random_inputs(&model, 70 + k as u64);

@@ -258,7 +258,8 @@ pub fn generate(
     let problem = Problem::new(plan, kernel)?;
     match plan.graph.node(problem.anchor).ty.dtype {
         DType::F16 | DType::BF16 => {
-            let top = mma_tiling(problem.heads(), problem.queries(), problem.keys, problem.depth, problem.dv());
+            let top =
+                mma_tiling(problem.heads(), problem.queries(), problem.keys, problem.depth, problem.dv());
             let mut source = tensor_core(plan, kernel, &problem, name, hb, top)?;
             if let Some(symbolic) = &plan.symbolic {
                 // Variants for the tilings other points of the ranges call for: a short batch

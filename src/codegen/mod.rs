@@ -125,7 +125,13 @@ impl AttentionDims {
     /// one tile of all of them; more: the top's).
     pub fn tiling_at(&self, values: &[usize]) -> Option<Tiling> {
         let keys = self.keys.eval(values)?;
-        Some(attention::mma_tiling(self.heads.eval(values)?, self.queries.eval(values)?, self.key_class(keys), self.depth, self.dv))
+        Some(attention::mma_tiling(
+            self.heads.eval(values)?,
+            self.queries.eval(values)?,
+            self.key_class(keys),
+            self.depth,
+            self.dv,
+        ))
     }
 
     /// The keys a point with `keys` keys is tiled for.

@@ -172,6 +172,13 @@ pub struct Session {
     sizes: Vec<(Vec<usize>, Vec<Loaded>, Option<CudaGraph>)>,
     /// How many sizes keep their steps and graph, the top's included.
     sizes_kept: usize,
+    /// Whether GEMM algorithms are chosen by timing ([`SessionOptions::tune_gemms`]).
+    tune: bool,
+    /// Runs at the current point since it was selected, and whether its GEMMs were timed.
+    point_runs: usize,
+    point_tuned: bool,
+    /// Points whose GEMMs were timed in this session.
+    tuned: Vec<Vec<usize>>,
     /// The arch kernels were compiled for (`sm_90`).
     pub arch: String,
     /// The GPU's name as the driver reports it.
@@ -193,6 +200,10 @@ fn median(mut times: Vec<f64>) -> f64 {
 
 /// How many times [`Session::profile`] repeats a step in a graph to time it without launches.
 pub const PROFILE_REPEAT: usize = 20;
+
+/// Runs at a point of a bundle's ranges after which its GEMM algorithms are timed
+/// ([`Session::tune_point`]); before, they are the heuristic's first (or cached) choices.
+pub const TUNE_AFTER_RUNS: usize = 8;
 
 /// Captures of a CUDA graph tried before a failure is an error ([`Session::capture`]).
 const CAPTURE_TRIES: usize = 5;
@@ -369,7 +380,10 @@ impl Session {
                     let mut launch = load(source)?;
                     for variant in &source.variants {
                         let tiling = variant.tiling.ok_or_else(|| {
-                            RuntimeError::Driver(format!("kernel {}: a variant without its tiling", source.name))
+                            RuntimeError::Driver(format!(
+                                "kernel {}: a variant without its tiling",
+                                source.name
+                            ))
                         })?;
                         launch.variants.push((tiling, load(variant)?));
                     }
@@ -412,6 +426,10 @@ impl Session {
             point: top.clone(),
             sizes: Vec::new(),
             sizes_kept: options.sizes_kept.max(1),
+            tune: tune && options.cuda_graph,
+            point_runs: 0,
+            point_tuned: true,
+            tuned: Vec::new(),
             arch,
             device_name,
             gemm_choices: Vec::new(),
@@ -521,6 +539,8 @@ impl Session {
         self.steps = steps;
         self.graph = graph;
         self.point = values.to_vec();
+        self.point_runs = 0;
+        self.point_tuned = values == top.as_slice() || self.tuned.iter().any(|t| t == values);
         // Least recently used first; the top of the ranges stays.
         while self.sizes.len() + 1 > self.sizes_kept.max(2) {
             let Some(i) = self.sizes.iter().position(|(s, _, _)| *s != top) else { break };
@@ -533,6 +553,8 @@ impl Session {
     /// scaled, GEMMs at their sizes (cuBLASLt's heuristic choice where it runs an epilogue,
     /// cuBLAS for the others: algorithm timing is for the top).
     fn steps_at(&self, top: &[Loaded], values: &[usize]) -> Result<Vec<Loaded>, RuntimeError> {
+        // GEMM algorithms timed before at these shapes, on this GPU ([`Session::tune_point`]).
+        let cache = self.tune.then(|| lt::AlgoCache::open(nvrtc::cache_dir(), &self.device_name));
         top.iter()
             .map(|step| {
                 Ok(match step {
@@ -542,7 +564,13 @@ impl Session {
                             RuntimeError::Input(format!("a GEMM's sizes at {values:?} overflow"))
                         })?;
                         let epilogue = epilogue.as_ref().map(|l| l.at(values)).transpose()?;
+                        let cached = cache.as_ref().and_then(|c| c.get(&lt::gemm_key(&gemm)));
                         let prepared = match (lt, gemm.lt_epilogue) {
+                            // A plain GEMM whose algorithm was timed at this size before (by
+                            // this bundle at this point, or another at that shape): cuBLASLt's.
+                            (Some(_), None) if cached.is_some_and(|c| !c.choice.cublas()) => {
+                                self.lt.as_ref().and_then(|l| l.prepare_first(&gemm, None)).map(Box::new)
+                            }
                             (Some(_), Some(e)) => {
                                 let lt = self
                                     .lt
@@ -559,6 +587,15 @@ impl Session {
                             }
                             _ => None,
                         };
+                        let mut prepared = prepared;
+                        if let (Some(p), Some(c), Some(l)) = (prepared.as_mut(), cached, self.lt.as_ref()) {
+                            if !l.restore(p, c) {
+                                tracing::debug!(
+                                    "a cached GEMM algorithm does not fit {}",
+                                    lt::gemm_key(&gemm)
+                                );
+                            }
+                        }
                         Loaded::Gemm { gemm, epilogue, on_cublas: prepared.is_none(), lt: prepared }
                     }
                 })
@@ -739,6 +776,10 @@ impl Session {
         }
         self.stream.synchronize().map_err(driver)?;
         self.runs += 1;
+        self.point_runs += 1;
+        if !self.point_tuned && self.point_runs >= TUNE_AFTER_RUNS {
+            self.tune_point()?;
+        }
         if self.use_graph && self.graph.is_none() {
             let graph = self.capture(|session| session.execute())?;
             graph.upload().map_err(driver)?;
@@ -902,6 +943,38 @@ impl Session {
     /// called back to back, is a poor guide: in a model its weights come from HBM and its
     /// neighbours share the GPU. Choices in `cache` are applied without timing; without
     /// `time`, only they are.
+    /// Times the GEMM algorithms of the current point of the ranges (one that has run
+    /// [`TUNE_AFTER_RUNS`] times), as a session does at the top when it loads: each GEMM
+    /// prepared with the heuristic's candidates, the program timed with each, the choices
+    /// cached on disk (a point set up later, in this session or another, takes them at once).
+    fn tune_point(&mut self) -> Result<(), RuntimeError> {
+        self.point_tuned = true;
+        self.tuned.push(self.point.clone());
+        let Some(lt) = self.lt.as_ref() else { return Ok(()) };
+        let mut prepared = Vec::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Loaded::Gemm { gemm, .. } = step {
+                let bias = gemm.lt_epilogue.map(|e| self.address(e.bias));
+                prepared.push((i, lt.prepare(gemm, bias).map(Box::new)));
+            }
+        }
+        for (i, p) in prepared {
+            if let (Some(Loaded::Gemm { lt, on_cublas, gemm, .. }), Some(p)) = (self.steps.get_mut(i), p) {
+                // A plain GEMM starts on cuBLAS, the reference it is timed against.
+                *on_cublas = gemm.lt_epilogue.is_none();
+                *lt = Some(p);
+            }
+        }
+        let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &self.device_name);
+        let runs = self.runs;
+        let choices = self.tune_gemms(&mut cache, true)?;
+        cache.save();
+        self.runs = runs;
+        tracing::debug!("GEMMs at {:?} timed: {} choices", self.point, choices.len());
+        Ok(())
+    }
+
     fn tune_gemms(&mut self, cache: &mut lt::AlgoCache, time: bool) -> Result<Vec<GemmChoice>, RuntimeError> {
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
