@@ -432,7 +432,10 @@ pub fn import_each(path: &Path, options: &[ImportOptions]) -> Result<Vec<Model>,
         })?;
         initializers.push((t.name.as_str(), Arc::new(value)));
     }
-    options.iter().map(|options| translate(path, onnx_graph, &summary, &initializers, options)).collect()
+    // Each size translated (and its shape sub-graphs folded) on its own core.
+    crate::parallel::map(options, |options| translate(path, onnx_graph, &summary, &initializers, options))
+        .into_iter()
+        .collect()
 }
 
 /// The IR graph of `onnx_graph` with `options`' shapes, its initializers already converted.
