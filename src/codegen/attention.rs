@@ -285,7 +285,7 @@ pub fn generate(
                     source.variants.push(variant);
                 }
                 source.tiling = Some(top);
-                source.attention = Some(dims);
+                source.attention = Some(Box::new(dims));
             }
             Ok(source)
         }

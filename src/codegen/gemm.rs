@@ -56,7 +56,7 @@ pub struct GemmSpec {
     pub lt_epilogue: Option<LtEpilogue>,
     /// In a bundle for ranges of sizes, its sizes as expressions of them (`None`: as is).
     #[serde(default)]
-    pub dims: Option<GemmDims>,
+    pub dims: Option<Box<GemmDims>>,
 }
 
 /// The sizes of a GEMM of a program for ranges of sizes, at any point of them.
@@ -208,7 +208,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         alpha,
         dtype,
         lt_epilogue: None,
-        dims: plan.symbolic.is_some().then_some(dims),
+        dims: plan.symbolic.is_some().then(|| Box::new(dims)),
     })
 }
 

@@ -84,7 +84,7 @@ pub struct KernelSource {
     pub tiling: Option<Tiling>,
     /// The sizes that choose among `variants`.
     #[serde(default)]
-    pub attention: Option<AttentionDims>,
+    pub attention: Option<Box<AttentionDims>>,
 }
 
 /// How the tensor-core attention kernel is tiled: warps of 16 query rows per block, warps

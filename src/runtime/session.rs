@@ -63,7 +63,7 @@ struct Launch {
     /// The kernel tiled for other points of the ranges, by tiling, and the sizes that choose
     /// among them ([`crate::codegen::KernelSource::variants`]).
     variants: Vec<(crate::codegen::Tiling, Launch)>,
-    attention: Option<crate::codegen::AttentionDims>,
+    attention: Option<Box<crate::codegen::AttentionDims>>,
 }
 
 impl Launch {
