@@ -189,6 +189,14 @@ pub enum SymbolicError {
         /// The ranges, `batch=1..32, seq=1..512`.
         ranges: String,
     },
+    /// A range no input axis follows alone, so a session could not read its size.
+    #[error("no input axis is {symbol} alone (times a whole number), so a run could not tell {symbol} from its inputs (the inputs: {inputs}); give {symbol} one size with --dim {symbol}=N")]
+    Unreadable {
+        /// The dim.
+        symbol: String,
+        /// The inputs and their symbolic shapes.
+        inputs: String,
+    },
     /// A folded constant whose values depend on a dim in a way one stored copy cannot serve.
     #[error("constant '{node}' is folded from the input shapes and its values at {symbol}={value} are not {at_high}: one stored constant cannot serve the range (compile for one size with --dim {symbol}=N)")]
     Constant {
