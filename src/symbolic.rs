@@ -250,6 +250,56 @@ impl SymbolicShapes {
     }
 }
 
+impl SymbolicShapes {
+    /// The program of `plan` (planned at the top of the ranges) with the symbols at `values`:
+    /// every shape evaluated, the shapes ops carry (reshape and expand targets, slice lengths,
+    /// tile counts) set to match, and each constant cut to its leading part there — what a
+    /// bundle for the ranges computes at that point, for the CPU reference evaluator
+    /// ([`crate::ir::evaluate`]) to run. The error names the first node that cannot be.
+    pub fn instantiate(&self, plan: &Plan, values: &[usize]) -> Result<crate::ir::Graph, String> {
+        use crate::ir::Op;
+        let mut graph = plan.graph.clone();
+        let ids: Vec<NodeId> = graph.node_ids().collect();
+        for id in ids {
+            let name = graph.node(id).name.clone();
+            let shape = self.eval(id, values).ok_or_else(|| format!("'{name}': its shape overflows"))?;
+            if shape.len() != graph.node(id).ty.rank() {
+                return Err(format!("'{name}' has no symbolic shape"));
+            }
+            let input_shape = graph.inputs_of(id).first().and_then(|&i| self.eval(i, values));
+            let constant = match graph.node(id).op {
+                Op::Constant(_) => Some(
+                    constant_value(plan, id)
+                        .and_then(|top| top.leading_part(&shape))
+                        .ok_or_else(|| format!("constant '{name}' has no leading part of shape {shape:?}"))?,
+                ),
+                _ => None,
+            };
+            let node = graph.node_mut(id);
+            match &mut node.op {
+                Op::Reshape { shape: to } | Op::Expand { shape: to } => *to = shape.clone(),
+                Op::Slice { axes } => {
+                    for (a, d) in axes.iter_mut().zip(&shape) {
+                        a.len = *d;
+                    }
+                }
+                Op::Tile { repeats } => {
+                    let input = input_shape.ok_or_else(|| format!("'{name}': a tile without an input"))?;
+                    *repeats = shape.iter().zip(&input).map(|(o, i)| o / (*i).max(1)).collect();
+                }
+                Op::Constant(value) => {
+                    if let Some(c) = constant {
+                        *value = std::sync::Arc::new(c);
+                    }
+                }
+                _ => {}
+            }
+            node.ty.shape = shape;
+        }
+        Ok(graph)
+    }
+}
+
 fn ranges_text(symbols: &[DimRange]) -> String {
     symbols.iter().map(|r| format!("{}={}..{}", r.symbol, r.low, r.high)).collect::<Vec<_>>().join(", ")
 }

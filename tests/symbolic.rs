@@ -101,6 +101,56 @@ fn every_fixture_has_symbolic_sizes_that_match_static_plans() {
     println!("{report}");
 }
 
+/// One program planned for ranges, evaluated on the CPU (the reference evaluator) at points
+/// of them — every shape evaluated, constants cut to their leading part, as a bundle for the
+/// ranges runs it — agrees with tract on the ONNX file at each point.
+#[test]
+fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
+    let mut report = String::new();
+    for file in common::all_fixtures() {
+        if file == "op_coverage.onnx" {
+            continue;
+        }
+        let path = common::model_path(&file);
+        let seq_range = common::has_seq(&file) && !common::seq_fixed(&file);
+        let seq = if seq_range { "1..64" } else { "7" };
+        for precision in [fusec::ir::DType::F32, fusec::ir::DType::F16] {
+            let options = CompileOptions {
+                import: common::dims_at(&file, "1..4", seq),
+                precision,
+                ..Default::default()
+            };
+            let plan = fusec::pipeline::plan_range(&path, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let symbolic = plan.symbolic.as_ref().unwrap();
+            let points: Vec<(usize, usize)> =
+                if seq_range { vec![(1, 1), (3, 7), (4, 64), (2, 33)] } else { vec![(1, 7), (3, 7), (4, 7)] };
+            let tolerance = if precision == fusec::ir::DType::F32 { 1e-5 } else { 1e-2 };
+            for (k, &(b, s)) in points.iter().enumerate() {
+                let values: Vec<usize> =
+                    if common::has_seq(&file) && seq_range { vec![b, s] } else { vec![b] };
+                let graph =
+                    symbolic.instantiate(&plan, &values).unwrap_or_else(|e| panic!("{file} {b}x{s}: {e}"));
+                let model =
+                    fusec::import::import(&path, &common::dims_at(&file, &b.to_string(), &s.to_string()))
+                        .unwrap();
+                let inputs = common::random_inputs(&model, 90 + k as u64);
+                let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
+                let ours =
+                    fusec::ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{file} {b}x{s}: {e}"));
+                let values: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
+                let theirs = fusec::import::run_tract(&path, &values).unwrap();
+                for ((name, a), t) in ours.iter().zip(&theirs) {
+                    assert_eq!(a.shape(), t.shape(), "{file} {b}x{s} {name}");
+                    let err = fusec::ir::rel_l2(a, t);
+                    assert!(err <= tolerance, "{file} {precision} at {b}x{s}: {name} rel-L2 {err:e}");
+                }
+            }
+            report += &format!("{file} {precision}: {} points\n", points.len());
+        }
+    }
+    println!("{report}");
+}
+
 /// A fixture compiled for batch sizes 1..4 and, where the model has a sequence a range can
 /// follow, sequence lengths 1..64 (seq 7 for the others).
 fn ranged(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
