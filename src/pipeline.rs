@@ -171,10 +171,7 @@ pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, Compile
     // A session reads each range's size from an input axis that is that dim alone (times a
     // whole number): one must exist.
     for (i, range) in symbolic.symbols.iter().enumerate() {
-        let alone = |d: &crate::symbolic::SymDim| {
-            d.powers.get(i) == Some(&1) && d.powers.iter().enumerate().all(|(j, &p)| j == i || p == 0)
-        };
-        if !plan.inputs.iter().any(|b| symbolic.shape(b.value).iter().any(alone)) {
+        if !plan.inputs.iter().any(|b| symbolic.shape(b.value).iter().any(|d| d.alone() == Some(i))) {
             let inputs: Vec<String> =
                 plan.inputs.iter().map(|b| format!("{} {}", b.name, symbolic.display(b.value))).collect();
             return Err(crate::symbolic::SymbolicError::Unreadable {

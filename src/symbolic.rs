@@ -47,6 +47,12 @@ pub struct SymDim {
     pub powers: Vec<u32>,
 }
 
+/// The top of each range, in order: the point a program for ranges is planned (and its
+/// memory sized) at.
+pub fn tops(ranges: &[DimRange]) -> Vec<usize> {
+    ranges.iter().map(|r| r.high).collect()
+}
+
 /// The C name of symbol `i`'s value in a kernel of a program for ranges of sizes: a
 /// `long long` parameter.
 pub fn symbol_param(i: usize) -> String {
@@ -90,6 +96,16 @@ impl SymDim {
     /// Whether it is a multiple of `n` whatever the symbols are (a static multiple).
     pub fn divisible_by(&self, n: usize) -> bool {
         self.factor % n.max(1) == 0
+    }
+
+    /// The symbol it is alone, to the power 1, times a whole number (`seq`, `16*batch`): an
+    /// axis the symbol's size can be read from.
+    pub fn alone(&self) -> Option<usize> {
+        let mut symbols = self.powers.iter().enumerate().filter(|(_, &p)| p > 0);
+        match (symbols.next(), symbols.next()) {
+            (Some((i, 1)), None) => Some(i),
+            _ => None,
+        }
     }
 
     /// The product of two sizes.
@@ -248,9 +264,7 @@ impl SymbolicShapes {
     pub fn ranges(&self) -> String {
         ranges_text(&self.symbols)
     }
-}
 
-impl SymbolicShapes {
     /// The program of `plan` (planned at the top of the ranges) with the symbols at `values`:
     /// every shape evaluated, the shapes ops carry (reshape and expand targets, slice lengths,
     /// tile counts) set to match, and each constant cut to its leading part there — what a
@@ -314,7 +328,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         .into_iter()
         .map(|(symbol, low, high)| DimRange { symbol, low, high })
         .collect();
-    let high: Vec<usize> = symbols.iter().map(|r| r.high).collect();
+    let high = tops(&symbols);
     // The sizes planned: the top; one dim moved down its range at a time, to half the top
     // (fits each dim's power; not to the bottom: at size 1 the passes take shortcuts — a
     // broadcast or a reshape of a size-1 axis dropped — and at small sizes the cost model

@@ -199,10 +199,8 @@ pub fn input_point(
             return Err(wrong(spec, given));
         }
         for (axis, (dim, &value)) in dims.iter().zip(given.shape()).enumerate() {
-            let alone: Vec<usize> =
-                dim.powers.iter().enumerate().filter(|(_, &p)| p > 0).map(|(i, _)| i).collect();
-            let [i] = alone[..] else { continue };
-            let Some(range) = ranges.get(i).filter(|_| dim.powers[i] == 1) else { continue };
+            let Some(i) = dim.alone() else { continue };
+            let Some(range) = ranges.get(i) else { continue };
             let per = dim.factor.max(1);
             let n = value / per;
             if value % per != 0 || n < range.low || n > range.high {

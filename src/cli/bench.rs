@@ -243,7 +243,7 @@ impl Bench {
         }
         let points: Vec<Vec<usize>> =
             self.sizes.iter().map(|p| parse_point(p, &ranges)).collect::<anyhow::Result<_>>()?;
-        let top: Vec<usize> = ranges.iter().map(|r| r.high).collect();
+        let top = fusec::symbolic::tops(&ranges);
         let progress = Progress::new(self.quiet, "loading the bundle for the ranges");
         let options = SessionOptions { tune_gemms: !self.no_gemm_tuning, ..Default::default() };
         let mut session = Session::with_options(ranged, self.device, options)?;
@@ -339,7 +339,7 @@ impl Bench {
                 "model": onnx.display().to_string(),
                 "device": session.device_name,
                 "precision": ranged.header.precision,
-                "ranges": ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
+                "ranges": super::shapes::ranges_json(&ranges),
                 "iterations": self.iters,
                 "sizes": rows.iter().map(|(values, range_ms, p10, p90, single_ms, first_ms, setup_ms)| serde_json::json!({
                     "size": values.first(), "point": values, "range_median_ms": range_ms, "range_p10_ms": p10, "range_p90_ms": p90,

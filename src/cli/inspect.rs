@@ -298,7 +298,7 @@ impl Inspect {
                 }
             }
             doc["ranges"] = serde_json::json!({
-                "dims": symbolic.symbols.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
+                "dims": super::shapes::ranges_json(&symbolic.symbols),
                 "symbolic_values": symbolic.symbolic_nodes(),
                 "values": plan.graph.node_count(),
                 "io": values,

@@ -34,6 +34,11 @@ pub fn io_json(
         .collect()
 }
 
+/// Ranges of sizes as JSON: [{`name`, `low`, `high`}].
+pub fn ranges_json(ranges: &[fusec::symbolic::DimRange]) -> serde_json::Value {
+    ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect()
+}
+
 /// The distinct kernel functions of a bundle's program.
 pub fn functions(h: &fusec::bundle::Header) -> std::collections::BTreeSet<&str> {
     h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect()
@@ -58,7 +63,7 @@ pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_js
         "flops": h.flops,
         "inputs": io_json(&h.inputs, &h.ranges),
         "outputs": io_json(&h.outputs, &h.ranges),
-        "ranges": h.ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect::<Vec<_>>(),
+        "ranges": ranges_json(&h.ranges),
     });
     if let (Some(doc), serde_json::Value::Object(program)) = (doc.as_object_mut(), program) {
         doc.extend(program);

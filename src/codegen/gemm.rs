@@ -185,7 +185,8 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     };
     let a_transposed = a_t ^ flag_a;
     let b_transposed = b_t ^ flag_b;
-    let top = |d: &SymDim| d.eval(&top_values(plan)).unwrap_or(0);
+    let top_values = plan.symbolic.as_ref().map(|s| crate::symbolic::tops(&s.symbols)).unwrap_or_default();
+    let top = |d: &SymDim| d.eval(&top_values).unwrap_or(0);
     // A shared right operand and a plain left one: fold the batch into M, one GEMM.
     let dims = if b_total == k.mul(&n) && !a_transposed && !batch.is_one() {
         let zero = SymDim::lit(0);
@@ -210,11 +211,6 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         lt_epilogue: None,
         dims: plan.symbolic.is_some().then(|| Box::new(dims)),
     })
-}
-
-/// The sizes of every range at its top: the plan's shapes (none without ranges).
-fn top_values(plan: &Plan) -> Vec<usize> {
-    plan.symbolic.as_ref().map(|s| s.symbols.iter().map(|r| r.high).collect()).unwrap_or_default()
 }
 
 /// The step of a GEMM kernel of the plan: the call, and its epilogue kernel if it has one.

@@ -586,9 +586,9 @@ impl<'a> Body<'a> {
     /// Stores `v<id>` (at `coords` of `id`'s shape) where the plan keeps it.
     pub fn store(&mut self, kernel: &Kernel, id: NodeId, coords: &Coords) -> Result<(), String> {
         let graph = &self.plan.graph;
-        let (target, index) = store_target(self.plan, kernel, id, coords)
+        let (target, index) = self
+            .store_target(kernel, id, coords)
             .ok_or("store through a view that is not a reshape/transpose chain")?;
-        let index = if target == id { self.index_of(coords, &self.dims(id)) } else { index };
         let (shape, dtype) = (self.dims(id), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
         let value = narrow(&format!("v{}", id.index()), dtype);
@@ -609,6 +609,19 @@ impl<'a> Body<'a> {
         Ok(())
     }
 
+    /// Where `kernel` stores `id`'s element at `coords`: the stored value (`id`, or the view
+    /// it is stored in the layout of) and the linear index there. `None` for a store view
+    /// that is not a chain of reshapes and transposes.
+    fn store_target(&self, kernel: &Kernel, id: NodeId, coords: &Coords) -> Option<(NodeId, String)> {
+        let plan = self.plan;
+        match kernel.store_views.iter().find(|(v, _)| *v == id) {
+            Some(&(_, view)) => {
+                Some((view, trace_forward(&plan.graph, &|n| plan.dims(n), id, view, coords.clone())?))
+            }
+            None => Some((id, self.index_of(coords, &plan.dims(id)))),
+        }
+    }
+
     /// The address [`Body::store`] writes `id`'s element at `coords` to, where `pack`
     /// consecutive elements of the last axis from there (the last coordinate a multiple of
     /// `pack`) are one aligned run in memory: for a vector store of them.
@@ -620,24 +633,12 @@ impl<'a> Body<'a> {
         pack: usize,
     ) -> Result<Option<String>, String> {
         let graph = &self.plan.graph;
-        let Some((target, index)) = store_target(self.plan, kernel, id, coords) else { return Ok(None) };
+        let Some((target, index)) = self.store_target(kernel, id, coords) else { return Ok(None) };
         if !super::index::stores_pack_along(graph, &|n| self.plan.dims(n), id, target, pack) {
             return Ok(None);
         }
-        let index = if target == id { self.index_of(coords, &self.dims(id)) } else { index };
         let pointer = self.pointer(target, true)?;
         Ok(Some(format!("({pointer} + {index})")))
-    }
-}
-
-/// Where `kernel` stores `id`'s element at `coords`: the stored value (`id`, or the view it
-/// is stored in the layout of) and the linear index there. `None` for a store view that is
-/// not a chain of reshapes and transposes.
-fn store_target(plan: &Plan, kernel: &Kernel, id: NodeId, coords: &Coords) -> Option<(NodeId, String)> {
-    let dims = |n: NodeId| plan.dims(n);
-    match kernel.store_views.iter().find(|(v, _)| *v == id) {
-        Some(&(_, view)) => Some((view, trace_forward(&plan.graph, &dims, id, view, coords.clone())?)),
-        None => Some((id, linearize(coords, &plan.dims(id)))),
     }
 }
 
@@ -744,7 +745,7 @@ pub fn elementwise(
     let (before, after) = body.end_lanes();
     let threads = count / lanes;
     let units = SymDim::product(&shape).div_exact(lanes).ok_or("lanes that do not divide the kernel")?;
-    let scaled = plan.scaled(kernel);
+    let scaled = plan.scaled();
     let data = json!({
         "name": name,
         "headers": body.headers.iter().collect::<Vec<_>>(),

@@ -279,8 +279,8 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
-            if plan.scaled(kernel) {
-                scale_launch(plan, kernel, &mut step).map_err(fail)?;
+            if plan.scaled() {
+                follows_ranges(&step).map_err(fail)?;
             }
             let narrow = index::fits_i32(plan, kernel);
             match &mut step {
@@ -303,13 +303,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
         .collect()
 }
 
-/// Checks that every kernel of a program for ranges of sizes says how its launch follows
-/// them (a GEMM's sizes are set as its spec is made).
-fn scale_launch(plan: &Plan, kernel: &crate::fusion::Kernel, step: &mut Step) -> Result<(), String> {
-    let _ = kernel;
-    if plan.symbolic.is_none() {
-        return Ok(());
-    }
+/// Checks that every kernel of a step of a program for ranges of sizes says how its launch
+/// follows them (a GEMM's sizes are set as its spec is made).
+fn follows_ranges(step: &Step) -> Result<(), String> {
     let missing = step.sources().any(|s| s.scale.is_none());
     let gemm_missing = matches!(step, Step::Gemm { gemm, .. } if gemm.dims.is_none());
     if missing || gemm_missing {

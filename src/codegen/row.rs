@@ -135,9 +135,6 @@ impl Reduction {
     }
 }
 
-/// The statistics passes of a normalisation or softmax over rows of `width` elements, each
-/// element being `x`, and the row op's value from them (before a norm's scale and shift,
-/// which [`affine`] adds). `None` for other ops.
 /// `width` as a float C expression: a literal, or the cast of a run-time size.
 fn float_size(width: &SymDim) -> String {
     match width.value() {
@@ -146,6 +143,9 @@ fn float_size(width: &SymDim) -> String {
     }
 }
 
+/// The statistics passes of a normalisation or softmax over rows of `width` elements, each
+/// element being `x`, and the row op's value from them (before a norm's scale and shift,
+/// which [`affine`] adds). `None` for other ops.
 fn normalisation(op: &Op, x: &str, width: &SymDim, reduce: Reduction) -> Option<(Vec<StatPass>, String)> {
     let w = float_size(width);
     let epsilon = |e: f32| literal(f64::from(e), DType::F32);
@@ -312,7 +312,7 @@ fn cached(
         "block": threads,
         "warp_rows": layout.threads == 32,
         "rows_per_block": layout.rows_per_block,
-        "limit": super::limit(row.rows, plan.scaled(kernel)),
+        "limit": super::limit(row.rows, plan.scaled()),
         "threads_per_row": layout.threads,
         "pack": layout.pack,
         "packs": layout.packs,
@@ -335,7 +335,7 @@ fn cached(
         threads as u32,
         args(&body),
     );
-    if plan.scaled(kernel) {
+    if plan.scaled() {
         source.scale =
             Some(super::LaunchScale::new(row.rows_dims.clone(), layout.rows_per_block as u64, true));
     }
@@ -458,7 +458,7 @@ fn general(
     });
     let mut source =
         KernelSource::new(name, render(hb, "row", &data)?, rows.max(1) as u32, ROW_BLOCK, args(&body));
-    if plan.scaled(kernel) {
+    if plan.scaled() {
         source.scale = Some(super::LaunchScale::new(row.rows_dims.clone(), 1, false));
     }
     Ok(source)

@@ -75,7 +75,7 @@ pub struct Plan {
 impl Plan {
     /// Whether the program's kernels take the sizes of its ranges as parameters (`fusec_d<i>`)
     /// and their launches follow them: every kernel of a program for ranges of sizes.
-    pub fn scaled(&self, _kernel: &Kernel) -> bool {
+    pub fn scaled(&self) -> bool {
         self.symbolic.is_some()
     }
 

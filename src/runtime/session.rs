@@ -76,7 +76,6 @@ impl Launch {
             // The variants stay with the launch, for the next point.
             launch.variants = self.variants.clone();
             launch.attention = self.attention.clone();
-            launch.name = self.name.clone();
             return Ok(launch);
         }
         let mut launch = self.clone();
@@ -311,7 +310,7 @@ impl Session {
         // One module per function, however many steps run it.
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
         let pdl = programmatic_launch_wanted(major);
-        let top: Vec<usize> = header.ranges.iter().map(|r| r.high).collect();
+        let top = crate::symbolic::tops(&header.ranges);
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let function = match functions.get(&source.function) {
                 Some(f) => f.clone(),
@@ -518,7 +517,7 @@ impl Session {
                 )));
             }
         }
-        let top: Vec<usize> = self.ranges.iter().map(|r| r.high).collect();
+        let top = crate::symbolic::tops(&self.ranges);
         // The graphs of the steps parked or dropped here refer to this stream's work.
         self.stream.synchronize().map_err(driver)?;
         let steps = std::mem::take(&mut self.steps);
@@ -565,7 +564,7 @@ impl Session {
                         })?;
                         let epilogue = epilogue.as_ref().map(|l| l.at(values)).transpose()?;
                         let cached = cache.as_ref().and_then(|c| c.get(&lt::gemm_key(&gemm)));
-                        let prepared = match (lt, gemm.lt_epilogue) {
+                        let mut prepared = match (lt, gemm.lt_epilogue) {
                             // A plain GEMM whose algorithm was timed at this size before (by
                             // this bundle at this point, or another at that shape): cuBLASLt's.
                             (Some(_), None) if cached.is_some_and(|c| !c.choice.cublas()) => {
@@ -587,7 +586,6 @@ impl Session {
                             }
                             _ => None,
                         };
-                        let mut prepared = prepared;
                         if let (Some(p), Some(c), Some(l)) = (prepared.as_mut(), cached, self.lt.as_ref()) {
                             if !l.restore(p, c) {
                                 tracing::debug!(
@@ -939,13 +937,6 @@ impl Session {
         Ok(times)
     }
 
-    /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
-    /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
-    /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
-    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
-    /// called back to back, is a poor guide: in a model its weights come from HBM and its
-    /// neighbours share the GPU. Choices in `cache` are applied without timing; without
-    /// `time`, only they are.
     /// Times the GEMM algorithms of the current point of the ranges (one that has run
     /// [`TUNE_AFTER_RUNS`] times), as a session does at the top when it loads: each GEMM
     /// prepared with the heuristic's candidates, the program timed with each, the choices
@@ -978,6 +969,13 @@ impl Session {
         Ok(())
     }
 
+    /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
+    /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
+    /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
+    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
+    /// called back to back, is a poor guide: in a model its weights come from HBM and its
+    /// neighbours share the GPU. Choices in `cache` are applied without timing; without
+    /// `time`, only they are.
     fn tune_gemms(&mut self, cache: &mut lt::AlgoCache, time: bool) -> Result<Vec<GemmChoice>, RuntimeError> {
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
@@ -1219,7 +1217,7 @@ fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), 
             )));
         }
     }
-    let top: Vec<usize> = header.ranges.iter().map(|r| r.high).collect();
+    let top = crate::symbolic::tops(&header.ranges);
     for (spec, kind) in
         header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
     {
