@@ -240,6 +240,11 @@ pub fn plan_model(
         other => return Err(CompileError::Precision(other)),
     };
     done("lower");
+    let (mut graph, mut covers) = (graph, covers);
+    if mode == Mode::Fused {
+        passes::own_attention_masks(&mut graph, &mut covers)
+            .map_err(|source| PassError { pass: "attention-masks", source })?;
+    }
     let partition = fusion::partition(&graph, &covers, mode)?;
     let plan = Plan::new(graph, partition)?;
     tracing::info!(

@@ -321,3 +321,42 @@ fn softmax_nan_guard_becomes_one_pointwise_op() {
     assert_eq!(before, after);
     assert!(after[0].1.to_f64_vec()[5..10].iter().all(|&v| v == 0.0));
 }
+
+/// The exporters' padding masks (`where(mask[b, None, None, :] & causal, 0, min)`, built once
+/// and read by every layer) are computed inside each layer's attention kernel from the `[b, k]`
+/// input: no kernel writes the `[b, 1, q, k]` mask, each attention kernel covers the mask's
+/// ONNX nodes, and the program computes what the model does.
+#[test]
+fn padding_masks_are_computed_inside_attention() {
+    for file in ["bert_mask_ts.onnx", "bert_mask_dynamo.onnx", "gpt2_mask_ts.onnx", "gpt2_mask_dynamo.onnx"] {
+        let (model, fused) = fused(file, &common::dims_at(file, "3", "11"));
+        let (mut graph, mut covers) = (fused.graph.clone(), fused.covers.clone());
+        assert_eq!(fusec::passes::own_attention_masks(&mut graph, &mut covers).unwrap(), 1, "{file}");
+        let part = partition(&graph, &covers, Mode::Fused).unwrap();
+        let attention: Vec<_> = part.kernels.iter().filter(|k| k.kind == KernelKind::Attention).collect();
+        assert_eq!(attention.len(), 2, "{file}");
+        for kernel in &part.kernels {
+            assert!(
+                !matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather)
+                    || kernel.outputs.iter().all(|&o| graph.node(o).ty.shape.len() == 3),
+                "{file}: a kernel besides attention computes the mask: {kernel:?}"
+            );
+        }
+        // The mask's cast of the i64 input is in both layers' kernels.
+        let cast = graph
+            .node_ids()
+            .find(|&n| matches!(graph.node(n).op, ir::Op::Cast { to: ir::DType::Bool }))
+            .map(|n| graph.node(n).origin.node.clone())
+            .unwrap_or_else(|| panic!("{file}: no cast to bool"));
+        for kernel in &attention {
+            assert!(kernel.covers.contains(&cast), "{file}: {:?} lacks {cast}", kernel.covers);
+            assert!(kernel.nodes.len() > 1 && kernel.outputs.len() == 1, "{file}: {kernel:?}");
+        }
+        // Two layers, one copy: each reads a prologue of its own, the same arithmetic.
+        let feeds: HashMap<_, _> = common::random_inputs(&model, 7).into_iter().collect();
+        let expected = ir::evaluate(&model.graph, &feeds).unwrap();
+        let got = ir::evaluate(&graph, &feeds).unwrap();
+        let err = rel_l2(&got[0].1, &expected[0].1);
+        assert!(err <= 1e-5, "{file}: rel-L2 {err:e}");
+    }
+}

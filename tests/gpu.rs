@@ -171,6 +171,7 @@ fn one_bundle_runs_every_shape_of_its_ranges() {
         "vit_ts.onnx",
         "bert_mask_ts.onnx",
         "bert_mask_dynamo.onnx",
+        "gpt2_mask_ts.onnx",
         "gpt2_mask_dynamo.onnx",
     ];
     for file in common::all_fixtures().into_iter().filter(|f| f != "op_coverage.onnx") {
@@ -178,7 +179,7 @@ fn one_bundle_runs_every_shape_of_its_ranges() {
         let precisions: &[DType] =
             if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
         // batch 1..4, and seq 1..64 where the model has one that a range can follow.
-        let seq_range = common::has_seq(&file) && !common::seq_fixed(&file);
+        let seq_range = common::has_seq(&file);
         let seq_text = if seq_range { "1..64" } else { "7" };
         let points: Vec<(usize, usize)> = if seq_range {
             vec![(3, 7), (1, 1), (4, 64), (2, 33), (3, 7), (1, 50), (4, 2)]
@@ -642,9 +643,6 @@ fn padded_positions_match_the_unpadded_sequence() {
             err <= FP32_TOLERANCE,
             "{file}: padding changed the kept positions' outputs (rel-L2 {err:e})"
         );
-        if common::seq_fixed(file) {
-            continue;
-        }
         // One bundle for batch 1..4 × seq 1..64 runs both shapes, the same.
         let options = CompileOptions {
             import: common::dims_at(file, "1..4", "1..64"),

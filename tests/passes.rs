@@ -149,3 +149,39 @@ fn gathernd_of_a_coordinate_grid_becomes_a_view() {
         }
     }
 }
+
+/// A Gather of every position of an axis in order (the TorchScript exporter's padding mask:
+/// the flattened mask gathered at `b·seq + s`) becomes a Reshape; indices out of order, or
+/// not all of the axis, stay a Gather.
+#[test]
+fn gather_of_every_position_in_order_becomes_a_reshape() {
+    let (b, k) = (3usize, 5usize);
+    let cases: [(Vec<i64>, bool); 4] = [
+        ((0..(b * k) as i64).collect(), true),
+        // Negative positions count from the end: the same positions.
+        ((0..(b * k) as i64).map(|p| p - (b * k) as i64).collect(), true),
+        ((0..(b * k) as i64).rev().collect(), false),
+        ((0..(b * k - 1) as i64).chain([0]).collect(), false),
+    ];
+    for (values, view) in cases {
+        let mut g = Graph::new();
+        let x = g.add_input("mask", TensorType::new(DType::F32, vec![b * k, 1]));
+        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[b, 1, 1, k]), values.clone()).unwrap();
+        let idx = g.add_constant("idx", Arc::new(Tensor::from_i64(array, DType::I64)), origin("idx"));
+        let y = g.add_op(Op::Gather { axis: 0 }, &[x, idx], "y", origin("gather")).unwrap();
+        g.set_outputs(vec![("y".into(), y)]);
+        let feeds: HashMap<_, _> = [(
+            "mask".to_string(),
+            ir::random_tensor(&TensorType::new(DType::F32, vec![b * k, 1]), 5, -1.0, 1.0),
+        )]
+        .into();
+        let before = ir::evaluate(&g, &feeds).unwrap();
+        let changed = GatherNdViews.run(&mut g).unwrap();
+        ir::verify(&g).unwrap();
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.to_f64_vec(), before[0].1.to_f64_vec(), "{values:?}");
+        let ops = g.op_histogram();
+        let expected = if view { (1, Some(&1), None) } else { (0, None, Some(&1)) };
+        assert_eq!((changed, ops.get("Reshape"), ops.get("Gather")), expected, "{values:?}: {ops:?}");
+    }
+}

@@ -112,7 +112,7 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
             continue;
         }
         let path = common::model_path(&file);
-        let seq_range = common::has_seq(&file) && !common::seq_fixed(&file);
+        let seq_range = common::has_seq(&file);
         let seq = if seq_range { "1..64" } else { "7" };
         for precision in [fusec::ir::DType::F32, fusec::ir::DType::F16] {
             let options = CompileOptions {
@@ -151,12 +151,11 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
     println!("{report}");
 }
 
-/// A fixture compiled for batch sizes 1..4 and, where the model has a sequence a range can
-/// follow, sequence lengths 1..64 (seq 7 for the others).
+/// A fixture compiled for batch sizes 1..4 and, where the model has a sequence, sequence
+/// lengths 1..64.
 fn ranged(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
-    let seq = if common::seq_fixed(file) { "7" } else { "1..64" };
     let options = CompileOptions {
-        import: common::dims_at(file, "1..4", seq),
+        import: common::dims_at(file, "1..4", "1..64"),
         precision,
         arch: Some("sm_90".into()),
         ..Default::default()
@@ -178,7 +177,7 @@ fn every_fixture_compiles_for_ranges_of_its_dims() {
                 Ok(bundle) => {
                     let h = &bundle.header;
                     let names: Vec<&str> = h.ranges.iter().map(|r| r.symbol.as_str()).collect();
-                    let seq = common::has_seq(&file) && !common::seq_fixed(&file);
+                    let seq = common::has_seq(&file);
                     assert_eq!(names, if seq { vec!["batch", "seq"] } else { vec!["batch"] }, "{file}");
                     let text = h.inputs[0].shape_text(&h.ranges);
                     assert!(text.starts_with("[batch"), "{file}: {text}");
@@ -379,18 +378,41 @@ fn a_range_bundle_round_trips_and_checks_its_inputs() {
 
 #[test]
 fn ranges_one_program_cannot_serve_are_errors_that_name_the_value() {
-    let compile = |file: &str, dims: &[&str]| {
+    let compile = |path: &std::path::Path, dims: &[&str]| {
         let dims = dims.iter().map(|d| d.parse().unwrap()).collect();
         fusec::compile(
-            &common::model_path(file),
+            path,
             &CompileOptions { import: ImportOptions::new(vec![], dims), ..Default::default() },
         )
         .map(|_| ())
-        .unwrap_err()
-        .to_string()
+        .map_err(|e| e.to_string())
     };
-    // The TorchScript export folds its padding mask's index grid (b·seq + s) into a constant.
-    let err = compile("bert_mask_ts.onnx", &["batch=2", "seq=1..16"]);
+    // The TorchScript export gathers its padding mask at an index grid (b·seq + s) that import
+    // folds into a constant; in order, it is a view, and the export takes a sequence range.
+    let masked = common::model_path("bert_mask_ts.onnx");
+    compile(&masked, &["batch=2", "seq=1..16"]).unwrap();
+    // The same grid negated (-(b·seq + s): the positions from the end, but the first) is a
+    // constant whose values change with the sequence length: no one program serves the range.
+    use prost::Message;
+    let mut proto = tract_onnx::pb::ModelProto::decode(std::fs::read(&masked).unwrap().as_slice()).unwrap();
+    let graph = proto.graph.as_mut().unwrap();
+    let flatten = graph.node.iter().find(|n| n.op_type == "Flatten").unwrap().output[0].clone();
+    let gather = graph.node.iter().position(|n| n.op_type == "Gather" && n.input[0] == flatten).unwrap();
+    let grid = std::mem::replace(&mut graph.node[gather].input[1], "negated_grid".into());
+    graph.node.insert(
+        gather,
+        tract_onnx::pb::NodeProto {
+            name: "negate_grid".into(),
+            op_type: "Neg".into(),
+            input: vec![grid],
+            output: vec!["negated_grid".into()],
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let reversed = dir.path().join("reversed_mask.onnx");
+    std::fs::write(&reversed, proto.encode_to_vec()).unwrap();
+    let err = compile(&reversed, &["batch=2", "seq=1..16"]).unwrap_err();
     assert!(err.contains("constant '") && err.contains("seq=8") && err.contains("--dim seq=N"), "{err}");
     // inspect shows the symbolic sizes of such a program all the same.
     let (_, symbolic) = plan_symbolic(

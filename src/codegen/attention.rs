@@ -42,7 +42,12 @@ struct Problem {
 impl Problem {
     fn new(plan: &Plan, kernel: &Kernel) -> Result<Self, String> {
         let graph = &plan.graph;
-        let anchor = *kernel.nodes.first().ok_or("an empty attention kernel")?;
+        // The kernel's other nodes are its mask's prologue.
+        let anchor = *kernel
+            .nodes
+            .iter()
+            .find(|&&n| matches!(graph.node(n).op, Op::Attention { .. }))
+            .ok_or("an attention kernel without attention")?;
         let node = graph.node(anchor);
         let Op::Attention { scale, nan_to_zero } = node.op else {
             return Err("not an attention node".into());
@@ -168,12 +173,22 @@ impl Problem {
         let mut read = |input: usize, last2: [&str; 2]| {
             body.read(self.inputs[input], self.input_coords(plan, input, batch, last2))
         };
-        let q = read(0, ["s", "d"])?;
-        let k = read(1, ["d", "t"])?;
-        let v = read(2, ["t", "e"])?;
-        let mask = match self.inputs.len() {
-            4 => read(3, ["s", "t"])?,
-            _ => "0.0f".into(),
+        let (q, k, v) = (read(0, ["s", "d"])?, read(1, ["d", "t"])?, read(2, ["t", "e"])?);
+        // A mask this kernel computes (from the model's `[b, k]` mask input, say) is a function
+        // of (s, t), evaluated at each score; one in memory is read there.
+        let (mask, mask_fn) = match self.inputs.get(3) {
+            Some(&m) if body.members.iter().any(|&n| n != self.anchor) => {
+                body.statements.clear();
+                let coords = self.input_coords(plan, 3, batch, ["s", "t"]);
+                let value = body.evaluate(m, coords, &mut Default::default())?;
+                let lambda = format!(
+                    "auto mask_at = [&](const long long s, const long long t) -> float {{ {} return (float)({value}); }};",
+                    body.statements.join(" ")
+                );
+                ("mask_at(s, t)".to_string(), lambda)
+            }
+            Some(&m) => (body.read(m, self.input_coords(plan, 3, batch, ["s", "t"]))?, String::new()),
+            None => ("0.0f".into(), String::new()),
         };
         body.statements.clear();
         body.statements.push(format!("const float v{} = y;", self.anchor.index()));
@@ -181,7 +196,7 @@ impl Problem {
         body.store(kernel, self.anchor, &out)?;
         let store = body.statements.join(" ");
         body.statements.clear();
-        Ok(Operands { q, k, v, mask, store })
+        Ok(Operands { q, k, v, mask, mask_fn, store })
     }
 }
 
@@ -190,6 +205,8 @@ struct Operands {
     k: String,
     v: String,
     mask: String,
+    /// The definition of `mask_at(s, t)`, where the kernel computes its mask.
+    mask_fn: String,
     store: String,
 }
 
@@ -227,6 +244,7 @@ impl Common<'_, '_> {
             "k": operands.k,
             "v": operands.v,
             "mask": operands.mask,
+            "mask_fn": operands.mask_fn,
             "scale": literal(f64::from(problem.scale), DType::F32),
             "scale_log2e": literal(f64::from(problem.scale) * std::f64::consts::LOG2_E, DType::F32),
             "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },

@@ -9,7 +9,6 @@
 use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 
-use super::index::is_view;
 use super::kernel;
 use super::Step;
 use crate::fusion::Kernel;
@@ -132,7 +131,7 @@ fn resolve(plan: &Plan, mut id: NodeId) -> Result<(Location, bool), String> {
                 }
                 transposed = true;
             }
-            op if is_view(op) => {
+            op if op.is_view() => {
                 return Err(format!("GEMM operand '{}' is a {} cuBLAS cannot read", node.name, op.kind()))
             }
             _ => return Err(format!("GEMM operand '{}' is not in memory", node.name)),

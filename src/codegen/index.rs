@@ -116,19 +116,6 @@ pub fn broadcast(coords: &[String], from: &Dims, to: &Dims) -> Coords {
         .collect()
 }
 
-/// Whether `op` is a view: it moves no data, readers can index through it.
-pub fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Expand { .. }
-            | Op::Identity
-            | Op::Dropout
-    )
-}
-
 /// Maps coordinates of `id` back through views until `stored(id)`; returns that value and
 /// its coordinates. `None` if a non-view op is reached first.
 pub fn trace_back(
@@ -143,7 +130,15 @@ pub fn trace_back(
             return Some((id, coords));
         }
         let node = graph.node(id);
-        let input = *graph.inputs_of(id).first()?;
+        let mut input = *graph.inputs_of(id).first()?;
+        if let Op::Reshape { .. } = node.op {
+            // Reshapes in a row are one reshape: the element's linear index is the same in all.
+            while !stored(input)
+                && matches!(graph.node(input).op, Op::Reshape { .. } | Op::Identity | Op::Dropout)
+            {
+                input = *graph.inputs_of(input).first()?;
+            }
+        }
         let in_shape = &dims(input);
         coords = match &node.op {
             Op::Reshape { .. } => reshape_coords(&coords, &dims(id), in_shape),

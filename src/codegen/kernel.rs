@@ -6,7 +6,7 @@
 //! their pointwise prologue in each pass; attention one warp per 16 query rows (tensor cores)
 //! or up to 8 threads per query row (f32).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use handlebars::Handlebars;
 use serde_json::json;
@@ -301,6 +301,44 @@ impl<'a> Body<'a> {
         self.read(input, coords)
     }
 
+    /// The element of `id` at `coords` (of its own shape), where this kernel computes `id`
+    /// and the pointwise ops and views behind it from values in memory, at whatever element
+    /// each needs (a broadcast input at the broadcast coordinates): a prologue evaluated
+    /// anywhere, such as attention's mask at a score. Statements go to `statements`; each
+    /// value is computed once per element (`seen`).
+    pub fn evaluate(
+        &mut self,
+        id: NodeId,
+        coords: Coords,
+        seen: &mut HashMap<(NodeId, Coords), String>,
+    ) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let computed = |n: NodeId| self.computes(n) && graph.node(n).op.is_pointwise();
+        let stop = |n: NodeId| computed(n) || self.location(n).is_some();
+        let (source, at) = trace_back(graph, &|n| self.plan.dims(n), id, coords, &stop)
+            .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
+        let here = computed(source);
+        if !here {
+            return self.read(source, at);
+        }
+        if let Some(name) = seen.get(&(source, at.clone())) {
+            return Ok(name.clone());
+        }
+        let own = self.dims(source);
+        let mut args = Vec::new();
+        for input in graph.inputs_of(source) {
+            let inner = broadcast(&at, &own, &self.dims(input));
+            args.push(self.evaluate(input, inner, seen)?);
+        }
+        let node = graph.node(source);
+        self.headers.extend(header(node.ty.dtype));
+        let (ty, value) = (register_type(node.ty.dtype)?, pointwise(self.plan, source, &args)?);
+        let name = self.fresh("e");
+        self.statements.push(format!("const {ty} {name} = {value};"));
+        seen.insert((source, at), name.clone());
+        Ok(name)
+    }
+
     fn fresh(&mut self, prefix: &str) -> String {
         self.fresh += 1;
         format!("{prefix}{}", self.fresh)
@@ -314,32 +352,17 @@ impl<'a> Body<'a> {
         let inputs = graph.inputs_of(id);
         // Conversions to and from half types need their headers even with no half buffer.
         self.headers.extend(header(node.ty.dtype));
-        let in_dtype = |i: usize| graph.node(inputs[i]).ty.dtype;
         let value = match &node.op {
-            Op::Unary(op) => {
-                let x = self.operand(id, inputs[0], coords)?;
-                unary(*op, &x, in_dtype(0))
-            }
-            Op::Binary(op) => {
-                let a = self.operand(id, inputs[0], coords)?;
-                let b = self.operand(id, inputs[1], coords)?;
-                binary(*op, &a, &b, in_dtype(0))
-            }
-            Op::Where => {
-                let c = self.operand(id, inputs[0], coords)?;
-                let a = self.operand(id, inputs[1], coords)?;
-                let b = self.operand(id, inputs[2], coords)?;
-                format!("({c} ? {a} : {b})")
-            }
-            Op::Cast { to } => cast(&self.operand(id, inputs[0], coords)?, in_dtype(0), *to)?,
-            Op::Clip { min, max } => {
-                let x = self.operand(id, inputs[0], coords)?;
-                let (lo, hi) = (literal(*min, node.ty.dtype), literal(*max, node.ty.dtype));
-                format!("fusec::minimum(fusec::maximum({x}, {lo}), {hi})")
+            op if op.is_pointwise() => {
+                let args = inputs
+                    .iter()
+                    .map(|&input| self.operand(id, input, coords))
+                    .collect::<Result<Vec<_>, _>>()?;
+                pointwise(self.plan, id, &args)?
             }
             // A reshape of a value computed here: the same element on the same thread.
             Op::Reshape { .. } if self.computes(inputs[0]) => format!("v{}", inputs[0].index()),
-            op if super::index::is_view(op) => self.read(id, coords.clone())?,
+            op if op.is_view() => self.read(id, coords.clone())?,
             Op::Gather { axis } => {
                 let indices = &graph.node(inputs[1]).ty.shape;
                 let dim = self.dims(inputs[0])[*axis].c();
@@ -640,6 +663,26 @@ impl<'a> Body<'a> {
         let pointer = self.pointer(target, true)?;
         Ok(Some(format!("({pointer} + {index})")))
     }
+}
+
+/// The C expression of pointwise node `id` on its inputs' values `args`.
+fn pointwise(plan: &Plan, id: NodeId, args: &[String]) -> Result<String, String> {
+    let graph = &plan.graph;
+    let node = graph.node(id);
+    let in_dtype = graph.inputs_of(id).first().map_or(node.ty.dtype, |&i| graph.node(i).ty.dtype);
+    let arg =
+        |i: usize| args.get(i).map(String::as_str).ok_or_else(|| format!("{} lacks input {i}", node.name));
+    Ok(match &node.op {
+        Op::Unary(op) => unary(*op, arg(0)?, in_dtype),
+        Op::Binary(op) => binary(*op, arg(0)?, arg(1)?, in_dtype),
+        Op::Where => format!("({} ? {} : {})", arg(0)?, arg(1)?, arg(2)?),
+        Op::Cast { to } => cast(arg(0)?, in_dtype, *to)?,
+        Op::Clip { min, max } => {
+            let (lo, hi) = (literal(*min, node.ty.dtype), literal(*max, node.ty.dtype));
+            format!("fusec::minimum(fusec::maximum({}, {lo}), {hi})", arg(0)?)
+        }
+        other => return Err(format!("{} is not a pointwise op", other.kind())),
+    })
 }
 
 /// The kernel's parameter list: one pointer per buffer, `__restrict__` unless another

@@ -337,6 +337,23 @@ impl Builder<'_> {
         }
     }
 
+    /// Attention `id` (kernel `k`) computes its mask where the mask is a few pointwise ops
+    /// on graph inputs and constants that nothing else reads ([`crate::passes::mask_prologue`]).
+    fn mask_prologue(&mut self, id: NodeId, k: usize) {
+        let Some(prologue) = crate::passes::mask_prologue(self.graph, id) else { return };
+        let inside: HashSet<NodeId> = prologue.iter().copied().chain([id]).collect();
+        let own = prologue.iter().all(|&n| {
+            !self.outputs.contains(&n)
+                && !self.kernel_of.contains_key(&n)
+                && self.graph.users_of(n).iter().all(|u| inside.contains(u))
+        });
+        if own {
+            for n in prologue.into_iter().filter(|&n| self.roles[&n] == Role::Pointwise) {
+                self.kernel_of.insert(n, k);
+            }
+        }
+    }
+
     fn absorbable_cast(&self, id: NodeId) -> bool {
         matches!(self.graph.node(id).op, Op::Cast { .. }) && self.free_pointwise(id)
     }
@@ -521,7 +538,8 @@ pub fn partition(
         for &id in &order {
             match b.roles[&id] {
                 Role::Attention => {
-                    b.new_kernel(KernelKind::Attention, id);
+                    let k = b.new_kernel(KernelKind::Attention, id);
+                    b.mask_prologue(id, k);
                 }
                 Role::Row => {
                     let k = b.new_kernel(KernelKind::RowReduction { op: op_name(id) }, id);
@@ -587,7 +605,10 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
             Some(&k) => {
                 kernels[k].nodes.push(id);
                 kernels[k].covers.extend(covered(id));
-                let read_elsewhere = graph.users_of(id).iter().any(|u| b.kernel_of.get(u) != Some(&k));
+                // An attention kernel's mask prologue reads its values through views.
+                let through_views = b.kinds[k] == KernelKind::Attention;
+                let read_elsewhere =
+                    readers(&b, id, through_views).iter().any(|u| b.kernel_of.get(u) != Some(&k));
                 if read_elsewhere || b.outputs.contains(&id) {
                     kernels[k].outputs.push(id);
                 }
@@ -627,6 +648,22 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
     let kernels =
         order.into_iter().filter(|&k| !kernels[k].nodes.is_empty()).map(|k| kernels[k].clone()).collect();
     Partition { kernels, views, graph_breaks: 0 }
+}
+
+/// The nodes that read `id`; with `through_views`, those that read it through views that
+/// no kernel computes, in place of those views.
+fn readers(b: &Builder<'_>, id: NodeId, through_views: bool) -> Vec<NodeId> {
+    let mut found = Vec::new();
+    let mut stack = b.graph.users_of(id);
+    while let Some(u) = stack.pop() {
+        let free_view = b.roles[&u] == Role::View && !b.kernel_of.contains_key(&u);
+        if through_views && free_view && !b.outputs.contains(&u) {
+            stack.extend(b.graph.users_of(u));
+        } else {
+            found.push(u);
+        }
+    }
+    found
 }
 
 /// The kernel that computes `id`'s value, looking through views.

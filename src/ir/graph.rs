@@ -214,6 +214,20 @@ impl Graph {
         }
     }
 
+    /// Makes input `slot` of `consumer` read `new`.
+    pub fn set_input(&mut self, consumer: NodeId, slot: usize, new: NodeId) {
+        let old: Vec<_> = self
+            .g
+            .edges_directed(consumer, Direction::Incoming)
+            .filter(|e| *e.weight() == slot)
+            .map(|e| e.id())
+            .collect();
+        for edge in old {
+            self.g.remove_edge(edge);
+        }
+        self.g.add_edge(new, consumer, slot);
+    }
+
     /// Removes `id` and its edges. Callers make sure nothing reads it any more.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
         self.inputs.retain(|&i| i != id);

@@ -286,6 +286,25 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether the op is a view: it moves no data, readers can index through it.
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::Expand { .. }
+                | Op::Identity
+                | Op::Dropout
+        )
+    }
+
+    /// Whether each element of the op's output is computed from its inputs' elements at the
+    /// same (broadcast) coordinates, and from nothing else.
+    pub fn is_pointwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Clip { .. })
+    }
+
     /// The op's name in dumps and histograms (stable, one word).
     pub fn kind(&self) -> String {
         match self {

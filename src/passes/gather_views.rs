@@ -2,12 +2,16 @@
 //! component equal to one output coordinate, in order — by the view it is: a `Reshape` that
 //! inserts the output's other axes with size 1, then an `Expand` where they are wider. The
 //! dynamo exporter builds padding masks this way (`mask[arange(b)[:, None, None, None],
-//! arange(k)]`); as views they fuse with the mask arithmetic around them.
+//! arange(k)]`); as views they fuse with the mask arithmetic around them. Likewise a `Gather`
+//! whose constant indices are `0, 1, …, n-1` in order along an axis of size n only splits that
+//! axis: it becomes a `Reshape` (the TorchScript exporter's padding mask gathers the flattened
+//! mask at `b·seq + s`).
 
 use super::Pass;
 use crate::ir::{Graph, IrError, NodeId, Op, Tensor};
 
-/// Turns a GatherND whose constant indices only re-address its data into Reshape/Expand views.
+/// Turns a GatherND whose constant indices only re-address its data into Reshape/Expand views,
+/// and a Gather of every position of an axis in order into a Reshape.
 pub struct GatherNdViews;
 
 /// Index tensors larger than this are not inspected (real masks are far smaller).
@@ -42,6 +46,31 @@ fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
     Some(axes)
 }
 
+/// Whether `indices` are 0, 1, …, `size` - 1 in row-major order (negative ones counted from
+/// the end).
+fn in_order(indices: &Tensor, size: usize) -> bool {
+    indices.len() == size
+        && size <= MOST_INDICES
+        && indices.to_i64_vec().iter().enumerate().all(|(p, &v)| {
+            let v = if v < 0 { v + size as i64 } else { v };
+            v == p as i64
+        })
+}
+
+/// Replaces `id` by `Reshape(data)` to its own shape, then `Expand` to `out_shape` where
+/// `reshaped` differs from it.
+fn replace_by_view(graph: &mut Graph, id: NodeId, data: NodeId, reshaped: Vec<usize>) -> Result<(), IrError> {
+    let node = graph.node(id);
+    let (out_shape, name, origin) = (node.ty.shape.clone(), node.name.clone(), node.origin.clone());
+    let mut view = graph.add_op(Op::Reshape { shape: reshaped.clone() }, &[data], &name, origin.clone())?;
+    if reshaped != out_shape {
+        view = graph.add_op(Op::Expand { shape: out_shape }, &[view], &name, origin)?;
+    }
+    graph.replace_uses(id, view);
+    graph.remove_node(id);
+    Ok(())
+}
+
 impl Pass for GatherNdViews {
     fn name(&self) -> &'static str {
         "gathernd-views"
@@ -50,25 +79,31 @@ impl Pass for GatherNdViews {
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         let mut changed = 0;
         for id in graph.topo_order()? {
-            let Op::GatherNd { batch_dims: 0 } = graph.node(id).op else { continue };
             let inputs: Vec<NodeId> = graph.inputs_of(id);
             let [data, indices] = inputs[..] else { continue };
             let Some(index_values) = graph.constant(indices).cloned() else { continue };
             let data_shape = graph.node(data).ty.shape.clone();
-            let Some(axes) = copied_axes(&index_values, &data_shape) else { continue };
-            let node = graph.node(id);
-            let (out_shape, name, origin) = (node.ty.shape.clone(), node.name.clone(), node.origin.clone());
-            let rows = index_values.shape().len() - 1;
-            let mut reshaped: Vec<usize> =
-                (0..rows).map(|r| axes.iter().position(|&a| a == r).map_or(1, |t| data_shape[t])).collect();
-            reshaped.extend_from_slice(&data_shape[axes.len()..]);
-            let mut view =
-                graph.add_op(Op::Reshape { shape: reshaped.clone() }, &[data], &name, origin.clone())?;
-            if reshaped != out_shape {
-                view = graph.add_op(Op::Expand { shape: out_shape }, &[view], &name, origin)?;
-            }
-            graph.replace_uses(id, view);
-            graph.remove_node(id);
+            let reshaped = match graph.node(id).op {
+                Op::GatherNd { batch_dims: 0 } => {
+                    let Some(axes) = copied_axes(&index_values, &data_shape) else { continue };
+                    let rows = index_values.shape().len() - 1;
+                    let mut reshaped: Vec<usize> = (0..rows)
+                        .map(|r| axes.iter().position(|&a| a == r).map_or(1, |t| data_shape[t]))
+                        .collect();
+                    reshaped.extend_from_slice(&data_shape[axes.len()..]);
+                    reshaped
+                }
+                Op::Gather { axis }
+                    if axis < data_shape.len() && in_order(&index_values, data_shape[axis]) =>
+                {
+                    let mut reshaped = data_shape[..axis].to_vec();
+                    reshaped.extend_from_slice(index_values.shape());
+                    reshaped.extend_from_slice(&data_shape[axis + 1..]);
+                    reshaped
+                }
+                _ => continue,
+            };
+            replace_by_view(graph, id, data, reshaped)?;
             changed += 1;
         }
         Ok(changed)

@@ -1,6 +1,7 @@
 //! Graph-to-graph passes, one file per pass. [`run_passes`] runs a list of them in order and
 //! verifies the graph after each; [`standard`] is the list compilation uses.
 
+mod attention_masks;
 mod const_fold;
 mod cse;
 mod dce;
@@ -9,6 +10,7 @@ mod merge_matmuls;
 mod noop;
 mod precision;
 
+pub use attention_masks::{mask_prologue, own_attention_masks};
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;

@@ -111,15 +111,10 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
         if stored(id) {
             return Some(id);
         }
-        match graph.node(id).op {
-            Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Expand { .. }
-            | Op::Identity
-            | Op::Dropout => id = graph.inputs_of(id)[0],
-            _ => return None,
+        if !graph.node(id).op.is_view() {
+            return None;
         }
+        id = graph.inputs_of(id)[0];
     }
 }
 
@@ -189,9 +184,14 @@ impl Plan {
                     if kernel.nodes.contains(&input) {
                         continue;
                     }
-                    let source = stored_value(&graph, input, &is_stored)
+                    // A value the kernel computes itself, read through views (an attention
+                    // kernel's mask prologue), is not read from memory.
+                    let here_or_stored = |n: NodeId| kernel.nodes.contains(&n) || is_stored(n);
+                    let source = stored_value(&graph, input, &here_or_stored)
                         .ok_or_else(|| PlanError::Unmaterialised(name(input)))?;
-                    last_read.insert(source, k);
+                    if !kernel.nodes.contains(&source) {
+                        last_read.insert(source, k);
+                    }
                 }
             }
         }

@@ -43,13 +43,6 @@ pub fn has_seq(file: &str) -> bool {
     ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p))
 }
 
-/// Whether a bundle for a range of `seq` cannot be made of a fixture: its TorchScript export
-/// folds the padding mask's index grid (`b·seq + s`) into a constant whose values change with
-/// the sequence length.
-pub fn seq_fixed(file: &str) -> bool {
-    file.ends_with("_mask_ts.onnx")
-}
-
 /// The dims of a fixture at `batch` and `seq` (each a size or a range `LO..HI`); `seq` only
 /// where the model has one.
 pub fn dims_at(file: &str, batch: &str, seq: &str) -> ImportOptions {
