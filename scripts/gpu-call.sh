@@ -5,6 +5,10 @@
 #   compile   fusec compile -v of bert_base fp16 (cold NVRTC cache, then cached) and fp32
 #   ranges    bert_base fp16 for batch=1..32 x seq=1..512: compile times against a static
 #             bundle, then bench --sizes $SHAPES against bundles for each shape alone
+#   mask      the masked exports (bert_base_mask, gpt2_small_mask) in fp16 at $MASK_SHAPES
+#             (default 8x128 32x512): .gpu/fusec-old (staged by hand) against .gpu/fusec, each
+#             fused against unfused with a profile; then one bert_base_mask bundle for
+#             batch=1..32 x seq=1..512 at $SHAPES beside bundles for each shape alone
 #   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
 #   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
 #   micro     the pointwise chains (f32): fusec and torch, side by side
@@ -81,6 +85,20 @@ for part in "$@"; do
         done
       done
       .gpu/fusec bench $B --dim batch=1..32 --dim seq=1..512 --precision fp16 --sizes "${SHAPES:-1x128,8x128,32x128,8x384}" --iters 300 --json "$OUT/res/sizes-bert_base.json"
+      ;;
+    mask)
+      export_models bert_base_mask gpt2_small_mask
+      for m in bert_base_mask gpt2_small_mask; do
+        for shape in ${MASK_SHAPES:-8x128 32x512}; do
+          for build in old new; do
+            bin=.gpu/fusec; [ $build = old ] && bin=.gpu/fusec-old
+            echo "--- $build: $m $shape fp16"
+            FUSEC_CACHE_DIR=/tmp/cache-$build timeout 150 $bin bench .bench-work/$m.onnx --dim batch=${shape%x*} --dim seq=${shape#*x} \
+              --precision fp16 --iters 100 --warmup 10 --profile --json "$OUT/res/mask-$build-$m-$shape.json" | grep -E "^fused|^unfused|speedup|attention|pointwise|gather" | head -9
+          done
+        done
+      done
+      timeout 200 .gpu/fusec bench .bench-work/bert_base_mask.onnx --dim batch=1..32 --dim seq=1..512 --precision fp16 --sizes "${SHAPES:-1x128,8x128,32x128,8x384}" --iters 200 --json "$OUT/res/sizes-bert_base_mask.json"
       ;;
     variants)
       export_models bert_base
