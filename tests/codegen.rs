@@ -61,10 +61,14 @@ fn f32_programs() -> Vec<(String, bool, Vec<Step>)> {
         let mut graph = model.graph.clone();
         run_passes(&mut graph, &standard()).unwrap();
         let fused = fusion::fuse(&graph, &FusionLimits::default()).unwrap();
-        for (is_fused, graph, covers, mode) in [
+        for (is_fused, mut graph, mut covers, mode) in [
             (true, fused.graph.clone(), fused.covers.clone(), Mode::Fused),
             (false, model.graph.clone(), HashMap::new(), Mode::OneKernelPerNode),
         ] {
+            // As compilation does: each attention node computes its own mask.
+            if is_fused {
+                fusec::passes::own_attention_masks(&mut graph, &mut covers).unwrap();
+            }
             let part = partition(&graph, &covers, mode).unwrap();
             let plan = Plan::new(graph, part).unwrap_or_else(|e| panic!("{file} fused={is_fused}: {e}"));
             let steps = codegen::generate(&plan).unwrap_or_else(|e| panic!("{file} fused={is_fused}: {e}"));
@@ -344,6 +348,41 @@ fn identical_layers_share_one_function() {
                 sources.len(),
                 functions.len()
             );
+        }
+    }
+}
+
+/// The masked exports' attention kernels evaluate the mask from the `[b, k]` input at each
+/// score (`mask_at`), in f32 and in half types (the two templates); GPT-2's causal matrix is a
+/// comparison of the coordinates, BERT's all-true one and the `where`'s scalars literals, so
+/// the one load a score is of the input.
+#[test]
+fn attention_kernels_evaluate_padding_masks() {
+    for (file, fused, steps) in programs() {
+        if !fused || !file.contains("_mask_") {
+            continue;
+        }
+        let attention: Vec<_> =
+            steps.iter().flat_map(|s| s.sources()).filter(|s| s.name.contains("attention")).collect();
+        assert!(!attention.is_empty(), "{file}");
+        for source in attention {
+            let text = &source.source;
+            let lambda = text
+                .lines()
+                .find(|l| l.contains("auto mask_at = "))
+                .unwrap_or_else(|| panic!("{file}: {text}"));
+            assert!(text.contains("mask_at(s, t)"), "{file}");
+            // Buffer parameters are `in<N>`: a load is `in<N>[`.
+            let loads = lambda
+                .match_indices("in")
+                .filter(|(at, _)| {
+                    let rest = &lambda[at + 2..];
+                    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+                    digits > 0 && rest[digits..].starts_with('[')
+                })
+                .count();
+            assert_eq!(loads, 1, "{file}: {lambda}");
+            assert_eq!(lambda.contains("(t) - (s) <= 0LL"), file.starts_with("gpt2"), "{file}: {lambda}");
         }
     }
 }

@@ -319,7 +319,12 @@ impl<'a> Body<'a> {
             .ok_or_else(|| format!("'{}' is neither computed here nor stored", graph.node(id).name))?;
         let here = computed(source);
         if !here {
-            return self.read(source, at);
+            // A constant of one value, or of one value on and below a diagonal and another
+            // above it (a causal mask), is an expression of the coordinates: no memory read.
+            return match self.plan.constant_value(source, MOST_PATTERN_ELEMENTS).and_then(|v| pattern(&v)) {
+                Some(pattern) => Ok(pattern.expression(&at, graph.node(source).ty.dtype)),
+                None => self.read(source, at),
+            };
         }
         if let Some(name) = seen.get(&(source, at.clone())) {
             return Ok(name.clone());
@@ -665,6 +670,60 @@ impl<'a> Body<'a> {
     }
 }
 
+/// Constants larger than this are not searched for a [`Pattern`].
+const MOST_PATTERN_ELEMENTS: usize = 1 << 20;
+
+/// What the values of a constant follow.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Pattern {
+    /// Every element is this.
+    Uniform(f64),
+    /// `inside` where the last coordinate minus the one before is at most `k`, `outside`
+    /// elsewhere, alike in every matrix of the leading axes (`tril(ones, k)`, a causal mask).
+    Lower { k: i64, inside: f64, outside: f64 },
+}
+
+impl Pattern {
+    /// The element at `coords` (of the constant's shape) as a C expression of `dtype`.
+    fn expression(&self, coords: &[String], dtype: DType) -> String {
+        match *self {
+            Pattern::Uniform(v) => literal(v, dtype),
+            Pattern::Lower { k, inside, outside } => {
+                let (row, column) = (&coords[coords.len() - 2], &coords[coords.len() - 1]);
+                let (inside, outside) = (literal(inside, dtype), literal(outside, dtype));
+                format!("((({column}) - ({row}) <= {k}LL) ? {inside} : {outside})")
+            }
+        }
+    }
+}
+
+/// The pattern `value`'s elements follow, if one does.
+fn pattern(value: &crate::ir::Tensor) -> Option<Pattern> {
+    let values = value.to_f64_vec();
+    let first = *values.first()?;
+    let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
+    let Some(&outside) = values.iter().find(|&&v| !same(v, first)) else {
+        return Some(Pattern::Uniform(first));
+    };
+    let shape = value.shape();
+    let &[.., rows, columns] = shape else { return None };
+    let matrix = &values[..rows * columns];
+    [(first, outside), (outside, first)].into_iter().find_map(|(inside, outside)| {
+        // A row with `inside` up to column i + k, and not all of it, says k.
+        let k = (0..rows).find_map(|i| {
+            let run = matrix[i * columns..(i + 1) * columns].iter().take_while(|&&v| same(v, inside)).count();
+            (run > 0 && run < columns).then(|| run as i64 - 1 - i as i64)
+        })?;
+        let follows = values.chunks_exact(rows * columns).all(|m| {
+            m.iter().enumerate().all(|(p, &v)| {
+                let (i, j) = ((p / columns) as i64, (p % columns) as i64);
+                same(v, if j - i <= k { inside } else { outside })
+            })
+        });
+        follows.then_some(Pattern::Lower { k, inside, outside })
+    })
+}
+
 /// The C expression of pointwise node `id` on its inputs' values `args`.
 fn pointwise(plan: &Plan, id: NodeId, args: &[String]) -> Result<String, String> {
     let graph = &plan.graph;
@@ -833,5 +892,46 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -
     match shape.last() {
         Some(width) if kind_fits && lanes > 1 && width.divisible_by(lanes) => lanes,
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pattern, Pattern};
+    use crate::ir::{DType, Tensor};
+
+    fn tensor(shape: &[usize], f: impl Fn(usize, usize) -> f64) -> Tensor {
+        let (rows, columns) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+        let values: Vec<f64> =
+            (0..shape.iter().product()).map(|p| f(p / columns % rows, p % columns)).collect();
+        Tensor::from_f64(ndarray::ArrayD::from_shape_vec(shape, values).unwrap(), DType::F32)
+    }
+
+    /// Causal matrices (also strict, also several of them, also upper ones) are `Lower`; one
+    /// value throughout is `Uniform`; anything else, even one element off, is no pattern.
+    #[test]
+    fn constants_that_follow_a_pattern_are_found() {
+        assert_eq!(pattern(&tensor(&[1, 4, 4], |_, _| -2.5)), Some(Pattern::Uniform(-2.5)));
+        let causal = |i: usize, j: usize| f64::from(u8::from(j <= i));
+        assert_eq!(
+            pattern(&tensor(&[2, 1, 5, 7], causal)),
+            Some(Pattern::Lower { k: 0, inside: 1.0, outside: 0.0 })
+        );
+        let strict = |i: usize, j: usize| if j < i { 0.0 } else { -1e9 };
+        assert_eq!(
+            pattern(&tensor(&[5, 5], strict)),
+            Some(Pattern::Lower { k: -1, inside: 0.0, outside: -1e9 })
+        );
+        let upper = |i: usize, j: usize| f64::from(u8::from(j >= i));
+        // The upper triangle of ones is zeros below the diagonal.
+        assert_eq!(
+            pattern(&tensor(&[5, 5], upper)),
+            Some(Pattern::Lower { k: -1, inside: 0.0, outside: 1.0 })
+        );
+        let off = |i: usize, j: usize| f64::from(u8::from(j <= i || (i, j) == (1, 4)));
+        assert_eq!(pattern(&tensor(&[5, 5], off)), None);
+        let expression = Pattern::Lower { k: 0, inside: 1.0, outside: 0.0 }
+            .expression(&["b".into(), "s".into(), "t".into()], DType::Bool);
+        assert_eq!(expression, "(((t) - (s) <= 0LL) ? true : false)");
     }
 }

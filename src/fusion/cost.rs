@@ -30,9 +30,11 @@ pub const LAUNCH_BYTES: f64 = 6.0e6;
 const BANDWIDTH: f64 = 3.0e12;
 
 /// Rates measured on the H100 (FLOP/s), f32 and half types: cuBLAS's batched GEMMs of
-/// attention's shapes, and the attention kernel.
-const GEMM_RATE: (f64, f64) = (25.0e12, 300.0e12);
-const ATTENTION_RATE: (f64, f64) = (8.0e12, 45.0e12);
+/// attention's shapes, and the attention kernel. Half types: BERT-base's 32×512 score and
+/// value products (512×512×64 and 512×64×512, 384 of each) ran at 131–135 TFLOP/s; the
+/// tensor-core kernel at about 75 TFLOP/s there (benches/NOTES.md).
+const GEMM_RATE: (f64, f64) = (25.0e12, 135.0e12);
+const ATTENTION_RATE: (f64, f64) = (8.0e12, 75.0e12);
 
 pub struct HbmCost<'a> {
     egraph: &'a FusionGraph,

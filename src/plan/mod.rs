@@ -89,6 +89,19 @@ impl Plan {
         }
     }
 
+    /// The values of constant `id`, read back from the weights, where it has at most `most`
+    /// elements.
+    pub fn constant_value(&self, id: NodeId, most: usize) -> Option<crate::ir::Tensor> {
+        let Some(&Location::Weights(offset)) = self.locations.get(&id) else { return None };
+        let ty = &self.graph.node(id).ty;
+        if ty.shape.iter().product::<usize>() > most {
+            return None;
+        }
+        let mut value = crate::ir::Tensor::full(ty, 0.0);
+        read_tensor_bytes(self.weights.get(offset..offset + ty.size_bytes())?, &mut value);
+        Some(value)
+    }
+
     /// The shape `id` is laid out in where it is stored: a constant in the weights is stored
     /// once, at the top of every range, and read there at any size (its values at a smaller
     /// size are its leading part: [`crate::symbolic::plan_symbolic`] checks it); every other
