@@ -105,7 +105,8 @@ pub fn binary(op: BinaryOp, a: &str, b: &str, dtype: DType) -> String {
         BinaryOp::LessOrEqual => format!("({a} <= {b})"),
         BinaryOp::Greater => format!("({a} > {b})"),
         BinaryOp::GreaterOrEqual => format!("({a} >= {b})"),
-        BinaryOp::And => format!("({a} && {b})"),
+        // Both operands are evaluated (no branch): they are values, not guards.
+        BinaryOp::And => format!("({a} & {b})"),
     }
 }
 
