@@ -55,15 +55,15 @@ pub fn delinearize(linear: &str, shape: &Dims) -> Coords {
 }
 
 /// Coordinates in shape `to` of the element at `coords` of shape `from` with the same linear
-/// index (a reshape); `coords` themselves when the shapes are equal. Where a size follows a
-/// range, dims are matched in groups of equal size (`[b, s, 768]` to `[b, s, 12, 64]`: only
-/// the 768 is split), so that no run-time size is divided by that need not be.
+/// index (a reshape); `coords` themselves when the shapes are equal. Dims are matched in
+/// groups of equal size (`[b, s, 768]` to `[b, s, 12, 64]`: only the 768 is split), so that
+/// no size is divided by that need not be (a run-time one, or one the compiler cannot see
+/// through: `(b·s + t) / s` is not `b` unless t < s is known).
 pub fn reshape_coords(coords: &[String], from: &Dims, to: &Dims) -> Coords {
     if from == to {
         return coords.to_vec();
     }
-    let fixed = from.iter().chain(to).all(SymDim::is_static);
-    match reshape_groups(from, to).filter(|_| !fixed) {
+    match reshape_groups(from, to) {
         Some(groups) => groups
             .into_iter()
             .flat_map(|(f, t)| delinearize(&linearize(&coords[f.clone()], &from[f]), &to[t]))
