@@ -341,13 +341,8 @@ impl Builder<'_> {
     /// on graph inputs and constants that nothing else reads ([`crate::passes::mask_prologue`]).
     fn mask_prologue(&mut self, id: NodeId, k: usize) {
         let Some(prologue) = crate::passes::mask_prologue(self.graph, id) else { return };
-        let inside: HashSet<NodeId> = prologue.iter().copied().chain([id]).collect();
-        let own = prologue.iter().all(|&n| {
-            !self.outputs.contains(&n)
-                && !self.kernel_of.contains_key(&n)
-                && self.graph.users_of(n).iter().all(|u| inside.contains(u))
-        });
-        if own {
+        let free = prologue.iter().all(|n| !self.kernel_of.contains_key(n));
+        if free && crate::passes::owns_prologue(self.graph, id, &prologue, &self.outputs) {
             for n in prologue.into_iter().filter(|&n| self.roles[&n] == Role::Pointwise) {
                 self.kernel_of.insert(n, k);
             }

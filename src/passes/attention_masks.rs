@@ -39,6 +39,18 @@ pub fn mask_prologue(graph: &Graph, attention: NodeId) -> Option<Vec<NodeId>> {
     Some(order.into_iter().filter(|n| members.contains(n)).collect())
 }
 
+/// Whether nothing but `attention` and the prologue itself reads `prologue` (the nodes
+/// [`mask_prologue`] gives), and no node of it is in `outputs`.
+pub fn owns_prologue(
+    graph: &Graph,
+    attention: NodeId,
+    prologue: &[NodeId],
+    outputs: &HashSet<NodeId>,
+) -> bool {
+    let inside: HashSet<NodeId> = prologue.iter().copied().chain([attention]).collect();
+    prologue.iter().all(|&n| !outputs.contains(&n) && graph.users_of(n).iter().all(|u| inside.contains(u)))
+}
+
 /// Copies each attention node's mask prologue ([`mask_prologue`]) where anything else reads
 /// it (another attention node, usually), so that every attention node reads a prologue of
 /// its own; the copies cover the same ONNX nodes (`covers`). Returns how many prologues were
@@ -51,11 +63,7 @@ pub fn own_attention_masks(
     let mut copied = 0;
     for attention in graph.topo_order()? {
         let Some(prologue) = mask_prologue(graph, attention) else { continue };
-        let inside: HashSet<NodeId> = prologue.iter().copied().chain([attention]).collect();
-        let owned = prologue
-            .iter()
-            .all(|&n| !outputs.contains(&n) && graph.users_of(n).iter().all(|u| inside.contains(u)));
-        if owned {
+        if owns_prologue(graph, attention, &prologue, &outputs) {
             continue;
         }
         let mut copy: HashMap<NodeId, NodeId> = HashMap::new();

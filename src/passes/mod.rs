@@ -10,7 +10,7 @@ mod merge_matmuls;
 mod noop;
 mod precision;
 
-pub use attention_masks::{mask_prologue, own_attention_masks};
+pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;
