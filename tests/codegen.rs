@@ -386,3 +386,19 @@ fn attention_kernels_evaluate_padding_masks() {
         }
     }
 }
+
+/// Attention whose mask is a constant causal matrix (the exports of GPT-2 and Llama without a
+/// mask input) skips the key tiles past each block's last query row; attention with no such
+/// mask (BERT, ViT), or a mask computed from an input (the masked exports), skips none.
+#[test]
+fn causal_attention_skips_the_tiles_past_the_diagonal() {
+    for (file, fused, steps) in programs() {
+        if !fused || !file.ends_with(".onnx") && !file.contains(".onnx ") {
+            continue;
+        }
+        let causal = (file.starts_with("gpt2") || file.starts_with("llama")) && !file.contains("_mask_");
+        for source in steps.iter().flat_map(|s| s.sources()).filter(|s| s.name.contains("attention")) {
+            assert_eq!(source.source.contains("The mask is causal"), causal, "{file} {}", source.name);
+        }
+    }
+}

@@ -187,16 +187,23 @@ impl Problem {
                 );
                 ("mask_at(s, t)".to_string(), lambda)
             }
-            Some(&m) => (body.read(m, self.input_coords(plan, 3, batch, ["s", "t"]))?, String::new()),
+            // A constant one is read, or written as an expression where its values follow a
+            // pattern (a causal mask: a comparison of s and t).
+            Some(&m) => {
+                body.patterns.clear();
+                let coords = self.input_coords(plan, 3, batch, ["s", "t"]);
+                (body.evaluate(m, coords, &mut Default::default())?, String::new())
+            }
             None => ("0.0f".into(), String::new()),
         };
+        let causal = causal_limit(&body.patterns, &mask_fn);
         body.statements.clear();
         body.statements.push(format!("const float v{} = y;", self.anchor.index()));
         let out: Coords = batch.iter().cloned().chain(["s".to_string(), "e".to_string()]).collect();
         body.store(kernel, self.anchor, &out)?;
         let store = body.statements.join(" ");
         body.statements.clear();
-        Ok(Operands { q, k, v, mask, mask_fn, store })
+        Ok(Operands { q, k, v, mask, mask_fn, causal, store })
     }
 }
 
@@ -207,7 +214,22 @@ struct Operands {
     mask: String,
     /// The definition of `mask_at(s, t)`, where the kernel computes its mask.
     mask_fn: String,
+    /// Where the mask is causal: k such that keys past query row s + k take no weight.
+    causal: Option<i64>,
     store: String,
+}
+
+/// Where attention's mask is a constant causal matrix — read at (s, t), 0 or another finite
+/// value where t - s ≤ k (k ≥ 0, so that every row keeps key 0), and -∞ or a value below
+/// -1e30 past it — the keys past the last query row of a block (+ k) take no weight (their
+/// exponentials are 0 to the last bit) and are skipped: `Some(k)`. `patterns` are the
+/// constants the mask's expression stands for; `mask_fn` is empty where the mask is such a
+/// constant alone.
+fn causal_limit(patterns: &[(Vec<String>, super::kernel::Pattern)], mask_fn: &str) -> Option<i64> {
+    let [(coords, super::kernel::Pattern::Lower { k, inside, outside })] = patterns else { return None };
+    let at_s_t = coords.len() >= 2 && coords[coords.len() - 2] == "s" && coords[coords.len() - 1] == "t";
+    (mask_fn.is_empty() && at_s_t && *k >= 0 && inside.is_finite() && *inside > -1e30 && *outside <= -1e30)
+        .then_some(*k)
 }
 
 /// What both attention templates take besides their own tiling: names, buffers, the
@@ -245,6 +267,7 @@ impl Common<'_, '_> {
             "v": operands.v,
             "mask": operands.mask,
             "mask_fn": operands.mask_fn,
+            "causal": operands.causal.map(|k| format!("{k}LL")),
             "scale": literal(f64::from(problem.scale), DType::F32),
             "scale_log2e": literal(f64::from(problem.scale) * std::f64::consts::LOG2_E, DType::F32),
             "empty_row": if problem.nan_to_zero { "0.0f" } else { "fusec::nan()" },

@@ -47,6 +47,9 @@ pub struct Body<'a> {
     /// element): a read or store there needs no index arithmetic. Only shapes with sizes that
     /// follow a range are entered, where the arithmetic would divide by run-time sizes.
     known: Vec<(Coords, Vec<SymDim>, String)>,
+    /// The constants [`Body::evaluate`] wrote as expressions: the coordinates read and the
+    /// pattern that stood in for the read.
+    pub patterns: Vec<(Coords, Pattern)>,
 }
 
 /// A pointer parameter of a kernel: `{qualifier}{ty}* name`, pointing at `location`.
@@ -111,6 +114,7 @@ impl<'a> Body<'a> {
             fresh: 0,
             lanes: None,
             known: Vec::new(),
+            patterns: Vec::new(),
         }
     }
 
@@ -322,7 +326,11 @@ impl<'a> Body<'a> {
             // A constant of one value, or of one value on and below a diagonal and another
             // above it (a causal mask), is an expression of the coordinates: no memory read.
             return match self.plan.constant_value(source, MOST_PATTERN_ELEMENTS).and_then(|v| pattern(&v)) {
-                Some(pattern) => Ok(pattern.expression(&at, graph.node(source).ty.dtype)),
+                Some(pattern) => {
+                    let expression = pattern.expression(&at, graph.node(source).ty.dtype);
+                    self.patterns.push((at, pattern));
+                    Ok(expression)
+                }
                 None => self.read(source, at),
             };
         }
@@ -670,12 +678,13 @@ impl<'a> Body<'a> {
     }
 }
 
-/// Constants larger than this are not searched for a [`Pattern`].
-const MOST_PATTERN_ELEMENTS: usize = 1 << 20;
+/// Constants larger than this are not searched for a [`Pattern`] (a causal mask expanded to
+/// batch 32 × 512 × 512 is searched).
+const MOST_PATTERN_ELEMENTS: usize = 1 << 24;
 
 /// What the values of a constant follow.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Pattern {
+pub enum Pattern {
     /// Every element is this.
     Uniform(f64),
     /// `inside` where the last coordinate minus the one before is at most `k`, `outside`
