@@ -17,7 +17,7 @@ use super::kernel::{args, coords_decl, params, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op};
-use crate::plan::Plan;
+use crate::plan::{Pattern, Plan};
 use crate::symbolic::SymDim;
 
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
@@ -174,25 +174,26 @@ impl Problem {
             body.read(self.inputs[input], self.input_coords(plan, input, batch, last2))
         };
         let (q, k, v) = (read(0, ["s", "d"])?, read(1, ["d", "t"])?, read(2, ["t", "e"])?);
-        // A mask this kernel computes (from the model's `[b, k]` mask input, say) is a function
-        // of (s, t), evaluated at each score; one in memory is read there.
+        // The mask at (s, t): computed here where the kernel computes it (from the model's
+        // `[b, k]` mask input, say) — statements, so a function `mask_at(s, t)` evaluated at
+        // each score — or read from memory, or a constant's pattern written as an expression
+        // (a causal mask: a comparison of s and t).
         let (mask, mask_fn) = match self.inputs.get(3) {
-            Some(&m) if body.members.iter().any(|&n| n != self.anchor) => {
-                body.statements.clear();
-                let coords = self.input_coords(plan, 3, batch, ["s", "t"]);
-                let value = body.evaluate(m, coords, &mut Default::default())?;
-                let lambda = format!(
-                    "auto mask_at = [&](const long long s, const long long t) -> float {{ {} return (float)({value}); }};",
-                    body.statements.join(" ")
-                );
-                ("mask_at(s, t)".to_string(), lambda)
-            }
-            // A constant one is read, or written as an expression where its values follow a
-            // pattern (a causal mask: a comparison of s and t).
             Some(&m) => {
+                body.statements.clear();
                 body.patterns.clear();
                 let coords = self.input_coords(plan, 3, batch, ["s", "t"]);
-                (body.evaluate(m, coords, &mut Default::default())?, String::new())
+                let value = body.evaluate(m, coords, &mut Default::default())?;
+                match body.statements.is_empty() {
+                    true => (value, String::new()),
+                    false => (
+                        "mask_at(s, t)".to_string(),
+                        format!(
+                            "auto mask_at = [&](const long long s, const long long t) -> float {{ {} return (float)({value}); }};",
+                            body.statements.join(" ")
+                        ),
+                    ),
+                }
             }
             None => ("0.0f".into(), String::new()),
         };
@@ -225,8 +226,8 @@ struct Operands {
 /// exponentials are 0 to the last bit) and are skipped: `Some(k)`. `patterns` are the
 /// constants the mask's expression stands for; `mask_fn` is empty where the mask is such a
 /// constant alone.
-fn causal_limit(patterns: &[(Vec<String>, super::kernel::Pattern)], mask_fn: &str) -> Option<i64> {
-    let [(coords, super::kernel::Pattern::Lower { k, inside, outside })] = patterns else { return None };
+fn causal_limit(patterns: &[(Vec<String>, Pattern)], mask_fn: &str) -> Option<i64> {
+    let [(coords, Pattern::Lower { k, inside, outside })] = patterns else { return None };
     let at_s_t = coords.len() >= 2 && coords[coords.len() - 2] == "s" && coords[coords.len() - 1] == "t";
     (mask_fn.is_empty() && at_s_t && *k >= 0 && inside.is_finite() && *inside > -1e30 && *outside <= -1e30)
         .then_some(*k)

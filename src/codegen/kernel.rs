@@ -16,7 +16,7 @@ use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward,
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{DType, NodeId, Op, ReduceOp};
-use crate::plan::{Location, Plan};
+use crate::plan::{Location, Pattern, Plan};
 use crate::symbolic::SymDim;
 
 pub const BLOCK: u32 = 256;
@@ -325,7 +325,7 @@ impl<'a> Body<'a> {
         if !here {
             // A constant of one value, or of one value on and below a diagonal and another
             // above it (a causal mask), is an expression of the coordinates: no memory read.
-            return match self.plan.constant_value(source, MOST_PATTERN_ELEMENTS).and_then(|v| pattern(&v)) {
+            return match self.plan.constant_pattern(source) {
                 Some(pattern) => {
                     let expression = pattern.expression(&at, graph.node(source).ty.dtype);
                     self.patterns.push((at, pattern));
@@ -678,20 +678,6 @@ impl<'a> Body<'a> {
     }
 }
 
-/// Constants larger than this are not searched for a [`Pattern`] (a causal mask expanded to
-/// batch 32 × 512 × 512 is searched).
-const MOST_PATTERN_ELEMENTS: usize = 1 << 24;
-
-/// What the values of a constant follow.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Pattern {
-    /// Every element is this.
-    Uniform(f64),
-    /// `inside` where the last coordinate minus the one before is at most `k`, `outside`
-    /// elsewhere, alike in every matrix of the leading axes (`tril(ones, k)`, a causal mask).
-    Lower { k: i64, inside: f64, outside: f64 },
-}
-
 impl Pattern {
     /// The element at `coords` (of the constant's shape) as a C expression of `dtype`.
     fn expression(&self, coords: &[String], dtype: DType) -> String {
@@ -704,33 +690,6 @@ impl Pattern {
             }
         }
     }
-}
-
-/// The pattern `value`'s elements follow, if one does.
-fn pattern(value: &crate::ir::Tensor) -> Option<Pattern> {
-    let values = value.to_f64_vec();
-    let first = *values.first()?;
-    let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
-    let Some(&outside) = values.iter().find(|&&v| !same(v, first)) else {
-        return Some(Pattern::Uniform(first));
-    };
-    let shape = value.shape();
-    let &[.., rows, columns] = shape else { return None };
-    let matrix = &values[..rows * columns];
-    [(first, outside), (outside, first)].into_iter().find_map(|(inside, outside)| {
-        // A row with `inside` up to column i + k, and not all of it, says k.
-        let k = (0..rows).find_map(|i| {
-            let run = matrix[i * columns..(i + 1) * columns].iter().take_while(|&&v| same(v, inside)).count();
-            (run > 0 && run < columns).then(|| run as i64 - 1 - i as i64)
-        })?;
-        let follows = values.chunks_exact(rows * columns).all(|m| {
-            m.iter().enumerate().all(|(p, &v)| {
-                let (i, j) = ((p / columns) as i64, (p % columns) as i64);
-                same(v, if j - i <= k { inside } else { outside })
-            })
-        });
-        follows.then_some(Pattern::Lower { k, inside, outside })
-    })
 }
 
 /// The C expression of pointwise node `id` on its inputs' values `args`.
@@ -906,8 +865,8 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -
 
 #[cfg(test)]
 mod tests {
-    use super::{pattern, Pattern};
     use crate::ir::{DType, Tensor};
+    use crate::plan::{pattern, Pattern};
 
     fn tensor(shape: &[usize], f: impl Fn(usize, usize) -> f64) -> Tensor {
         let (rows, columns) = (shape[shape.len() - 2], shape[shape.len() - 1]);

@@ -131,8 +131,7 @@ fn role(graph: &Graph, id: NodeId) -> Role {
     let last_axis = |axis: usize| axis + 1 == node.ty.rank();
     match &node.op {
         Op::Input { .. } | Op::Constant(_) => Role::None,
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } | Op::Expand { .. } => Role::View,
-        Op::Identity | Op::Dropout => Role::View,
+        op if op.is_view() => Role::View,
         Op::MatMul | Op::Gemm { .. } => Role::Gemm,
         Op::Attention { .. } => Role::Attention,
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => Role::Row,
@@ -142,9 +141,8 @@ fn role(graph: &Graph, id: NodeId) -> Role {
         {
             Role::Row
         }
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast { .. } | Op::Clip { .. } | Op::RotateHalf => {
-            Role::Pointwise
-        }
+        op if op.is_pointwise() => Role::Pointwise,
+        Op::RotateHalf => Role::Pointwise,
         Op::Gather { .. } => Role::Gather,
         Op::Conv { .. } => Role::Conv,
         _ => Role::Single,

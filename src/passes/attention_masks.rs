@@ -20,23 +20,32 @@ pub fn mask_prologue(graph: &Graph, attention: NodeId) -> Option<Vec<NodeId>> {
         return None;
     }
     let mask = *graph.inputs_of(attention).get(3)?;
-    let mut members = HashSet::new();
-    let mut stack = vec![mask];
-    while let Some(n) = stack.pop() {
-        let op = &graph.node(n).op;
-        if matches!(op, Op::Input { .. } | Op::Constant(_)) || !members.insert(n) {
-            continue;
-        }
-        if !(op.is_pointwise() || op.is_view()) || members.len() > MOST_NODES {
-            return None;
-        }
-        stack.extend(graph.inputs_of(n));
+    let (mut order, mut seen) = (Vec::new(), HashSet::new());
+    gather_prologue(graph, mask, &mut order, &mut seen)?;
+    order.iter().any(|&n| graph.node(n).op.is_pointwise()).then_some(order)
+}
+
+/// Adds `n` and the nodes it is computed from (up to graph inputs and constants) to `order`
+/// after their inputs (depth first, so in topological order); `None` at anything but a
+/// pointwise op or a view, or past [`MOST_NODES`].
+fn gather_prologue(
+    graph: &Graph,
+    n: NodeId,
+    order: &mut Vec<NodeId>,
+    seen: &mut HashSet<NodeId>,
+) -> Option<()> {
+    let op = &graph.node(n).op;
+    if matches!(op, Op::Input { .. } | Op::Constant(_)) || !seen.insert(n) {
+        return Some(());
     }
-    if !members.iter().any(|&n| graph.node(n).op.is_pointwise()) {
+    if !(op.is_pointwise() || op.is_view()) || seen.len() > MOST_NODES {
         return None;
     }
-    let order = graph.topo_order().ok()?;
-    Some(order.into_iter().filter(|n| members.contains(n)).collect())
+    for input in graph.inputs_of(n) {
+        gather_prologue(graph, input, order, seen)?;
+    }
+    order.push(n);
+    Some(())
 }
 
 /// Whether nothing but `attention` and the prologue itself reads `prologue` (the nodes

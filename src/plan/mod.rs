@@ -14,6 +14,55 @@ use crate::ir::{Graph, IrError, NodeId, Op};
 /// Every buffer starts on this boundary (bytes), so vector loads are aligned.
 pub const ALIGN: usize = 256;
 
+/// Constants larger than this are not searched for a [`Pattern`] (a causal mask expanded to
+/// batch 32 × 512 × 512 is searched).
+const MOST_PATTERN_ELEMENTS: usize = 1 << 24;
+
+/// What the values of a constant follow (code generation writes such a constant as an
+/// expression of the coordinates instead of reading it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pattern {
+    /// Every element is this.
+    Uniform(f64),
+    /// `inside` where the last coordinate minus the one before is at most `k`, `outside`
+    /// elsewhere, alike in every matrix of the leading axes (`tril(ones, k)`, a causal mask).
+    Lower {
+        /// The last diagonal inside (0: the main one).
+        k: i64,
+        /// The value on and below it.
+        inside: f64,
+        /// The value above it.
+        outside: f64,
+    },
+}
+
+/// The pattern `value`'s elements follow, if one does.
+pub(crate) fn pattern(value: &crate::ir::Tensor) -> Option<Pattern> {
+    let values = value.to_f64_vec();
+    let first = *values.first()?;
+    let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
+    let Some(&outside) = values.iter().find(|&&v| !same(v, first)) else {
+        return Some(Pattern::Uniform(first));
+    };
+    let shape = value.shape();
+    let &[.., rows, columns] = shape else { return None };
+    let matrix = &values[..rows * columns];
+    [(first, outside), (outside, first)].into_iter().find_map(|(inside, outside)| {
+        // A row with `inside` up to column i + k, and not all of it, says k.
+        let k = (0..rows).find_map(|i| {
+            let run = matrix[i * columns..(i + 1) * columns].iter().take_while(|&&v| same(v, inside)).count();
+            (run > 0 && run < columns).then(|| run as i64 - 1 - i as i64)
+        })?;
+        let follows = values.chunks_exact(rows * columns).all(|m| {
+            m.iter().enumerate().all(|(p, &v)| {
+                let (i, j) = ((p / columns) as i64, (p % columns) as i64);
+                same(v, if j - i <= k { inside } else { outside })
+            })
+        });
+        follows.then_some(Pattern::Lower { k, inside, outside })
+    })
+}
+
 /// Why memory could not be planned.
 #[derive(Debug, Error)]
 pub enum PlanError {
@@ -70,6 +119,8 @@ pub struct Plan {
     /// an expression of them (`None`: one size). The shapes of the graph are those at the top
     /// of every range, and memory is planned for them.
     pub symbolic: Option<crate::symbolic::SymbolicShapes>,
+    /// The patterns of the constants [`Plan::constant_pattern`] was asked for.
+    patterns: std::sync::Mutex<HashMap<NodeId, Option<Pattern>>>,
 }
 
 impl Plan {
@@ -89,17 +140,21 @@ impl Plan {
         }
     }
 
-    /// The values of constant `id`, read back from the weights, where it has at most `most`
-    /// elements.
-    pub fn constant_value(&self, id: NodeId, most: usize) -> Option<crate::ir::Tensor> {
-        let Some(&Location::Weights(offset)) = self.locations.get(&id) else { return None };
-        let ty = &self.graph.node(id).ty;
-        if ty.shape.iter().product::<usize>() > most {
-            return None;
-        }
-        let mut value = crate::ir::Tensor::full(ty, 0.0);
-        read_tensor_bytes(self.weights.get(offset..offset + ty.size_bytes())?, &mut value);
-        Some(value)
+    /// The pattern constant `id`'s values follow, if one does: read back from the weights the
+    /// first time it is asked for (constants of at most 2^24 elements), then
+    /// remembered, since every attention kernel of a model may ask for the same mask.
+    pub fn constant_pattern(&self, id: NodeId) -> Option<Pattern> {
+        let mut known = self.patterns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *known.entry(id).or_insert_with(|| {
+            let Some(&Location::Weights(offset)) = self.locations.get(&id) else { return None };
+            let ty = &self.graph.node(id).ty;
+            if ty.shape.iter().product::<usize>() > MOST_PATTERN_ELEMENTS {
+                return None;
+            }
+            let mut value = crate::ir::Tensor::full(ty, 0.0);
+            read_tensor_bytes(self.weights.get(offset..offset + ty.size_bytes())?, &mut value);
+            pattern(&value)
+        })
     }
 
     /// The shape `id` is laid out in where it is stored: a constant in the weights is stored
@@ -288,6 +343,7 @@ impl Plan {
             outputs,
             graph_breaks,
             symbolic: None,
+            patterns: Default::default(),
         })
     }
 
