@@ -10,10 +10,12 @@
 #![warn(missing_docs)]
 
 pub mod bundle;
+pub mod checksum;
 pub mod codegen;
 pub mod fusion;
 pub mod import;
 pub mod ir;
+pub mod nvrtc;
 mod parallel;
 pub mod passes;
 pub mod picture;
@@ -21,7 +23,6 @@ pub mod pipeline;
 pub mod plan;
 pub mod runtime;
 pub mod suggest;
-pub mod symbolic;
 pub mod tensor_io;
 
 pub use bundle::Bundle;

@@ -16,7 +16,7 @@ fn long_version() -> String {
         "{}\nbundle format {}\nNVRTC {}\nCUDA driver {}",
         env!("CARGO_PKG_VERSION"),
         fusec::bundle::FORMAT_VERSION,
-        found(fusec::runtime::nvrtc::version()),
+        found(fusec::nvrtc::version()),
         found(fusec::runtime::driver_version()),
     )
 }

@@ -7,7 +7,6 @@ use prost::Message;
 use thiserror::Error;
 
 use crate::ir::{DType, Tensor};
-use crate::plan::tensor_bytes;
 
 /// A tensor file that cannot be read or written.
 #[derive(Debug, Error)]
@@ -92,7 +91,7 @@ fn parse_npy(bytes: &[u8]) -> Result<Tensor, String> {
     if data.len() != count * dtype.size_bytes() {
         return Err(format!("{} data bytes for shape {shape:?} of {dtype}", data.len()));
     }
-    crate::runtime::tensor_from_bytes(data, &shape, dtype).map_err(|e| e.to_string())
+    Tensor::from_le_bytes(data, &shape, dtype).ok_or_else(|| format!("bad .npy data for shape {shape:?}"))
 }
 
 /// Writes `tensor` as a `.npy` file.
@@ -111,7 +110,7 @@ pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<(), TensorFileError> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&tensor_bytes(tensor));
+    tensor.append_le_bytes(&mut out);
     std::fs::write(path, out).map_err(|e| fail(path, format!("cannot write: {e}")))
 }
 

@@ -80,8 +80,8 @@ fn range(low: usize, high: usize) -> fusec::bundle::BundleRange {
 /// is an error naming the tensor before anything touches a GPU (with or without a driver).
 #[test]
 fn inputs_and_outputs_outside_the_bundles_memory_are_errors() {
+    use fusec::ir::SymDim;
     use fusec::plan::Location;
-    use fusec::symbolic::SymDim;
     let good = bundle();
     let arena = good.header.arena_bytes;
     type Damage = Box<dyn Fn(&mut Bundle)>;

@@ -321,7 +321,7 @@ fn version_names_the_bundle_format_and_cuda() {
     assert!(stdout.contains(&format!("bundle format {}", fusec::bundle::FORMAT_VERSION)), "{stdout}");
     let line = |prefix: &str| stdout.lines().find(|l| l.starts_with(prefix)).map(str::to_string);
     let nvrtc = line("NVRTC ").unwrap_or_else(|| panic!("no NVRTC line: {stdout}"));
-    assert_eq!(nvrtc == "NVRTC not found", !fusec::runtime::nvrtc::available(), "{nvrtc}");
+    assert_eq!(nvrtc == "NVRTC not found", !fusec::nvrtc::available(), "{nvrtc}");
     assert!(line("CUDA driver ").is_some(), "{stdout}");
 }
 
@@ -352,7 +352,7 @@ fn misspelled_names_get_a_suggestion() {
 /// (rather than passing on NVRTC's "could not open source file").
 #[test]
 fn missing_cuda_headers_name_the_variable() {
-    if !fusec::runtime::nvrtc::available() {
+    if !fusec::nvrtc::available() {
         println!("skipped: NVRTC not found");
         return;
     }

@@ -88,12 +88,12 @@ fn every_fixture_generates() {
 /// Every generated kernel compiles with NVRTC for sm_90, and ptxas reports no spills.
 #[test]
 fn every_kernel_compiles_for_sm90_without_spills() {
-    if !fusec::runtime::nvrtc::available() {
+    if !fusec::nvrtc::available() {
         println!("skipped: NVRTC not found (set LD_LIBRARY_PATH to a CUDA 13 lib/ with libnvrtc.so.13)");
         return;
     }
     assert!(
-        fusec::runtime::nvrtc::cuda_include_dir().is_some(),
+        fusec::nvrtc::cuda_include_dir().is_some(),
         "NVRTC is here but cuda_fp16.h is not: set FUSEC_CUDA_INCLUDE"
     );
     let ptxas = common::ptxas();
@@ -105,7 +105,7 @@ fn every_kernel_compiles_for_sm90_without_spills() {
             if !seen.insert(source.source.clone()) {
                 continue;
             }
-            let ptx = fusec::runtime::nvrtc::compile(source, "sm_90")
+            let ptx = fusec::nvrtc::compile(source, "sm_90")
                 .unwrap_or_else(|e| panic!("{file} fused={fused}: {e}"));
             compiled += 1;
             let Some(ptxas) = &ptxas else { continue };
@@ -136,7 +136,7 @@ fn every_kernel_compiles_for_sm90_without_spills() {
 /// Kernels compiled once are read back from the cache, keyed by source, arch and NVRTC version.
 #[test]
 fn nvrtc_cache_is_reused() {
-    if !fusec::runtime::nvrtc::available() {
+    if !fusec::nvrtc::available() {
         println!("skipped: NVRTC not found");
         return;
     }
@@ -144,13 +144,13 @@ fn nvrtc_cache_is_reused() {
     std::env::set_var("FUSEC_CACHE_DIR", dir.path());
     let (_, _, steps) = programs().into_iter().find(|(f, fused, _)| f == "mlp_block.onnx" && *fused).unwrap();
     let source = steps.iter().flat_map(|s| s.sources()).next().unwrap().clone();
-    let first = fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap();
+    let first = fusec::nvrtc::compile_cached(&source, "sm_90").unwrap();
     let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(files.len(), 1);
-    let again = fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap();
+    let again = fusec::nvrtc::compile_cached(&source, "sm_90").unwrap();
     assert_eq!(first, again);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-    let other_arch = fusec::runtime::nvrtc::compile_cached(&source, "sm_80").unwrap();
+    let other_arch = fusec::nvrtc::compile_cached(&source, "sm_80").unwrap();
     assert_ne!(other_arch, first);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     // An entry cut short, another kernel's PTX under this key, or one changed byte of the PTX
@@ -165,7 +165,7 @@ fn nvrtc_cache_is_reused() {
     for bad in [whole[..whole.len() / 2].to_string(), whole.replace(&source.function, "fusec_other"), flipped]
     {
         std::fs::write(&entry, bad).unwrap();
-        assert_eq!(fusec::runtime::nvrtc::compile_cached(&source, "sm_90").unwrap(), first);
+        assert_eq!(fusec::nvrtc::compile_cached(&source, "sm_90").unwrap(), first);
         assert_eq!(std::fs::read_to_string(&entry).unwrap(), whole);
     }
 }
@@ -302,9 +302,9 @@ fn rotate_half_reads_its_input_from_memory() {
     for k in &sources {
         assert!(k.source.contains("< 4) ? -(") || k.source.contains("< 4LL) ? -("), "{}", k.source);
     }
-    if fusec::runtime::nvrtc::available() {
+    if fusec::nvrtc::available() {
         for k in sources {
-            fusec::runtime::nvrtc::compile(k, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+            fusec::nvrtc::compile(k, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         }
     } else {
         println!("NVRTC not found: the rotate-half kernels were generated but not compiled");

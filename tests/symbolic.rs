@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use fusec::codegen::Step;
 use fusec::import::{DimSpec, ImportOptions};
-use fusec::symbolic::plan_symbolic;
+use fusec::pipeline::plan_symbolic;
 use fusec::CompileOptions;
 
 /// The ranges each fixture is planned for: batch and, for the text models, seq (the tiny
@@ -129,7 +129,7 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
                 let values: Vec<usize> =
                     if common::has_seq(&file) && seq_range { vec![b, s] } else { vec![b] };
                 let graph =
-                    symbolic.instantiate(&plan, &values).unwrap_or_else(|e| panic!("{file} {b}x{s}: {e}"));
+                    plan.instantiate(symbolic, &values).unwrap_or_else(|e| panic!("{file} {b}x{s}: {e}"));
                 let model =
                     fusec::import::import(&path, &common::dims_at(&file, &b.to_string(), &s.to_string()))
                         .unwrap();

@@ -15,10 +15,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::checksum::{self, words_checksum};
 use crate::codegen::Step;
+use crate::ir::SymDim;
 use crate::ir::{DType, TensorType};
 use crate::plan::Location;
-use crate::symbolic::SymDim;
 
 /// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
@@ -241,7 +242,7 @@ pub fn input_point(
 }
 
 /// The range of sizes of one dim a bundle runs.
-pub type BundleRange = crate::symbolic::DimRange;
+pub type BundleRange = crate::ir::DimRange;
 
 /// Everything in a bundle but the weights: the program and what it takes and gives.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -297,36 +298,11 @@ pub struct Bundle {
     pub weights: Vec<u8>,
 }
 
-const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0100_0000_01b3;
-
-/// FNV-1a, 64 bit, a byte at a time: the NVRTC cache key.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_BASIS, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
-}
-
-/// FNV-1a's step over 8-byte little-endian words in four interleaved lanes, the lanes and the
-/// length folded at the end: a byte at a time, a bundle's hundreds of MB of weights took
-/// most of a second. Each step is a bijection of the lane's state, so changing any one word
-/// changes the result.
-fn words_checksum(bytes: &[u8]) -> u64 {
-    let mut lanes = [FNV_BASIS, FNV_BASIS ^ 1, FNV_BASIS ^ 2, FNV_BASIS ^ 3];
-    let mut chunks = bytes.chunks_exact(32);
-    for chunk in &mut chunks {
-        for (lane, word) in lanes.iter_mut().zip(chunk.chunks_exact(8)) {
-            *lane = (*lane ^ u64::from_le_bytes(word.try_into().unwrap_or_default())).wrapping_mul(FNV_PRIME);
-        }
-    }
-    let tail = chunks.remainder().iter().fold(lanes[0], |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME));
-    lanes[0] = tail;
-    let h = lanes.iter().fold(FNV_BASIS, |h, &l| (h ^ l).wrapping_mul(FNV_PRIME));
-    (h ^ bytes.len() as u64).wrapping_mul(FNV_PRIME)
-}
-
 /// The checksum a bundle ends with: of the bytes before the weights (magic, version,
 /// header, lengths) and of the weights.
 pub fn bundle_checksum(before_weights: &[u8], weights: &[u8]) -> u64 {
-    (words_checksum(before_weights).rotate_left(17) ^ words_checksum(weights)).wrapping_mul(FNV_PRIME)
+    (words_checksum(before_weights).rotate_left(17) ^ words_checksum(weights))
+        .wrapping_mul(checksum::FNV_PRIME)
 }
 
 impl Bundle {

@@ -243,7 +243,7 @@ impl Bench {
         }
         let points: Vec<Vec<usize>> =
             self.sizes.iter().map(|p| parse_point(p, &ranges)).collect::<anyhow::Result<_>>()?;
-        let top = fusec::symbolic::tops(&ranges);
+        let top = fusec::ir::tops(&ranges);
         let progress = Progress::new(self.quiet, "loading the bundle for the ranges");
         let options = SessionOptions { tune_gemms: !self.no_gemm_tuning, ..Default::default() };
         let mut session = Session::with_options(ranged, self.device, options)?;

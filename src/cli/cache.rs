@@ -58,7 +58,7 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<(&'static str, std::path::PathBuf, 
 
 impl Cache {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        let dir = fusec::runtime::nvrtc::cache_dir().context(
+        let dir = fusec::nvrtc::cache_dir().context(
             "no cache directory: set FUSEC_CACHE_DIR (this platform's cache directory was not found)",
         )?;
         let found = entries(&dir)?;

@@ -281,7 +281,7 @@ impl Inspect {
                 precision: precision(&self.precision),
                 ..Default::default()
             };
-            let (plan, symbolic) = fusec::symbolic::plan_symbolic(&self.model, &options)?;
+            let (plan, symbolic) = fusec::pipeline::plan_symbolic(&self.model, &options)?;
             say(format!(
                 "ranges      {}: one program for every size; {} of {} values have sizes that follow them",
                 symbolic.ranges(),

@@ -35,7 +35,7 @@ pub fn io_json(
 }
 
 /// Ranges of sizes as JSON: [{`name`, `low`, `high`}].
-pub fn ranges_json(ranges: &[fusec::symbolic::DimRange]) -> serde_json::Value {
+pub fn ranges_json(ranges: &[fusec::ir::DimRange]) -> serde_json::Value {
     ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect()
 }
 

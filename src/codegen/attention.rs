@@ -16,9 +16,9 @@ use super::index::{broadcast, Coords};
 use super::kernel::{args, coords_decl, params, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
+use crate::ir::SymDim;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Pattern, Plan};
-use crate::symbolic::SymDim;
 
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
 /// the largest block that still gives every multiprocessor a block.
@@ -337,7 +337,7 @@ pub fn generate(
 
 /// Points of the ranges to sample the attention tilings at: every combination of each
 /// range's bottom, top and the powers of two between.
-fn sample_points(ranges: &[crate::symbolic::DimRange]) -> Vec<Vec<usize>> {
+fn sample_points(ranges: &[crate::ir::DimRange]) -> Vec<Vec<usize>> {
     let mut points = vec![Vec::new()];
     for r in ranges {
         let mut values = vec![r.low, r.high];

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::kernel;
 use super::Step;
 use crate::fusion::Kernel;
+use crate::ir::SymDim;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Location, Plan};
-use crate::symbolic::SymDim;
 
 /// One operand: a row-major matrix (or batch of them) in memory.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -184,7 +184,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     };
     let a_transposed = a_t ^ flag_a;
     let b_transposed = b_t ^ flag_b;
-    let top_values = plan.symbolic.as_ref().map(|s| crate::symbolic::tops(&s.symbols)).unwrap_or_default();
+    let top_values = plan.symbolic.as_ref().map(|s| crate::ir::tops(&s.symbols)).unwrap_or_default();
     let top = |d: &SymDim| d.eval(&top_values).unwrap_or(0);
     // A shared right operand and a plain left one: fold the batch into M, one GEMM.
     let dims = if b_total == k.mul(&n) && !a_transposed && !batch.is_one() {
@@ -292,5 +292,11 @@ fn epilogue(
         Op::Gemm { beta, .. } if beta != 0.0 && plan.graph.inputs_of(gemm).len() == 3 => Some(beta),
         _ => None,
     };
-    kernel::elementwise(plan, kernel, name, hb, Some(kernel::GemmRaw { node: gemm, location: out, beta_c }))
+    super::elementwise::elementwise(
+        plan,
+        kernel,
+        name,
+        hb,
+        Some(kernel::GemmRaw { node: gemm, location: out, beta_c }),
+    )
 }

@@ -4,8 +4,8 @@
 //! literals the compiler folds; in a program for ranges of sizes, a size that follows a range
 //! is an expression of the kernel's `fusec_d<i>` parameters ([`SymDim::c`]).
 
+use crate::ir::SymDim;
 use crate::ir::{Graph, NodeId, Op};
-use crate::symbolic::SymDim;
 
 /// The shape of each value as index arithmetic sees it.
 pub type ShapeOf<'a> = &'a dyn Fn(NodeId) -> Vec<SymDim>;

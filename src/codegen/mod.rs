@@ -6,6 +6,7 @@
 //! Knows nothing of cudarc.
 
 mod attention;
+mod elementwise;
 mod expr;
 mod gemm;
 pub mod index;
@@ -19,8 +20,8 @@ use thiserror::Error;
 pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
+use crate::ir::SymDim;
 use crate::plan::{Location, Plan};
-use crate::symbolic::SymDim;
 
 /// The shared device code every kernel includes as `fusec.cuh`.
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
@@ -212,7 +213,7 @@ pub(crate) fn with_limit(plan: &Plan, params: String, bound: bool) -> String {
         params.push_str(", long long fusec_limit");
     }
     for i in 0..symbolic.symbols.len() {
-        params.push_str(&format!(", long long {}", crate::symbolic::symbol_param(i)));
+        params.push_str(&format!(", long long {}", crate::ir::symbol_param(i)));
     }
     params
 }
@@ -277,7 +278,7 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let name = format!("fusec_k{k}_{kind}");
             let mut step = match &kernel.kind {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
-                _ => kernel::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
+                _ => elementwise::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
             if plan.scaled() {
                 follows_ranges(&step).map_err(fail)?;
@@ -323,7 +324,7 @@ const PLACEHOLDER: &str = "FUSEC_FUNCTION";
 /// suffix, never the other's code.
 fn share(kernel: &mut KernelSource, kind: &str, functions: &mut std::collections::HashMap<String, String>) {
     let body = canonical_names(&kernel.source.replace(&kernel.name, PLACEHOLDER));
-    let hash = crate::bundle::checksum(body.as_bytes());
+    let hash = crate::checksum::checksum(body.as_bytes());
     let mut function = format!("fusec_{kind}_{:012x}", hash >> 16);
     let mut n = 1;
     while let Some(existing) = functions.get(&function) {

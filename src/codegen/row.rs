@@ -15,9 +15,9 @@ use super::index::{delinearize, reshape_coords, Coords};
 use super::kernel::{args, coords_decl, params, render, Body};
 use super::KernelSource;
 use crate::fusion::Kernel;
+use crate::ir::SymDim;
 use crate::ir::{DType, NodeId, Op, ReduceOp};
 use crate::plan::Plan;
-use crate::symbolic::SymDim;
 
 /// Threads of a block-per-row kernel.
 const ROW_BLOCK: u32 = 256;

@@ -9,6 +9,7 @@ mod graph;
 mod op;
 pub(crate) mod ops;
 mod random;
+mod sym;
 mod tensor;
 mod verify;
 
@@ -19,5 +20,6 @@ pub use eval::evaluate;
 pub use graph::{Graph, Node, NodeId, Origin};
 pub use op::{BinaryOp, Op, ReduceOp, SliceAxis, UnaryOp};
 pub use random::{random_input, random_tensor};
+pub use sym::{ranges_text, symbol_param, tops, DimRange, SymDim, SymbolicShapes};
 pub use tensor::{max_abs_diff, rel_l2, Element, Tensor};
 pub use verify::verify;

@@ -275,6 +275,104 @@ impl Tensor {
     }
 }
 
+/// An element type's little-endian bytes: the layout of the weights blob, of staged inputs
+/// and outputs, and of `.npy` data. Each type is written once here; every byte codec of the
+/// crate goes through it.
+trait LeBytes: Copy {
+    /// Bytes per element.
+    const SIZE: usize;
+    fn put(self, out: &mut [u8]);
+    fn get(bytes: &[u8]) -> Self;
+}
+
+macro_rules! le_bytes {
+    ($($ty:ty),*) => {$(
+        impl LeBytes for $ty {
+            const SIZE: usize = std::mem::size_of::<$ty>();
+            fn put(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+            fn get(bytes: &[u8]) -> Self {
+                <$ty>::from_le_bytes(bytes.try_into().unwrap_or_default())
+            }
+        }
+    )*};
+}
+
+le_bytes!(f32, f16, bf16, f64, i64, i32);
+
+impl LeBytes for bool {
+    const SIZE: usize = 1;
+    fn put(self, out: &mut [u8]) {
+        out[0] = u8::from(self);
+    }
+    fn get(bytes: &[u8]) -> Self {
+        bytes[0] != 0
+    }
+}
+
+fn write_elements<T: LeBytes>(out: &mut [u8], a: &ArrayD<T>) {
+    match a.as_slice() {
+        // Contiguous: a slice walk, which the compiler turns into plain copies.
+        Some(values) => {
+            for (to, &v) in out.chunks_exact_mut(T::SIZE).zip(values) {
+                v.put(to);
+            }
+        }
+        None => {
+            for (to, &v) in out.chunks_exact_mut(T::SIZE).zip(a.iter()) {
+                v.put(to);
+            }
+        }
+    }
+}
+
+fn read_elements<T: LeBytes>(bytes: &[u8], a: &mut ArrayD<T>) {
+    for (to, b) in a.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+        *to = T::get(b);
+    }
+}
+
+impl Tensor {
+    /// The raw little-endian bytes of the elements, row-major.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.size_bytes());
+        self.append_le_bytes(&mut out);
+        out
+    }
+
+    /// Appends the elements to `out` as [`Tensor::to_le_bytes`] lays them out.
+    pub fn append_le_bytes(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + self.size_bytes(), 0);
+        self.write_le_bytes(&mut out[start..]);
+    }
+
+    /// Writes the elements into the start of `out` as [`Tensor::to_le_bytes`] lays them out
+    /// (as many as fit).
+    pub fn write_le_bytes(&self, out: &mut [u8]) {
+        with_array!(self, a => write_elements(out, a))
+    }
+
+    /// Fills the tensor (its shape and type unchanged) from little-endian element bytes;
+    /// elements past the end of `bytes` are left as they were.
+    pub fn read_le_bytes(&mut self, bytes: &[u8]) {
+        with_array!(self, a => read_elements(bytes, a))
+    }
+
+    /// A tensor of `shape` and `dtype` from exactly its little-endian element bytes; `None`
+    /// where `bytes` holds another number of elements.
+    pub fn from_le_bytes(bytes: &[u8], shape: &[usize], dtype: DType) -> Option<Tensor> {
+        let count = super::dtype::element_count(shape)?;
+        if bytes.len() / dtype.size_bytes().max(1) != count {
+            return None;
+        }
+        let mut tensor = Tensor::full(&TensorType::new(dtype, shape.to_vec()), 0.0);
+        tensor.read_le_bytes(bytes);
+        Some(tensor)
+    }
+}
+
 /// Relative L2 error `‖a − b‖ / ‖b‖` (with `b` the reference). NaN anywhere gives NaN, so a
 /// comparison `≤ tol` fails; mismatched lengths give infinity.
 pub fn rel_l2(actual: &Tensor, reference: &Tensor) -> f64 {

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use thiserror::Error;
 
+mod instance;
+
 use crate::fusion::{Kernel, Partition};
 use crate::ir::{Graph, IrError, NodeId, Op};
 
@@ -118,7 +120,7 @@ pub struct Plan {
     /// For a program that runs ranges of sizes: the ranges, and the size of every value as
     /// an expression of them (`None`: one size). The shapes of the graph are those at the top
     /// of every range, and memory is planned for them.
-    pub symbolic: Option<crate::symbolic::SymbolicShapes>,
+    pub symbolic: Option<crate::ir::SymbolicShapes>,
     /// The patterns of the constants [`Plan::constant_pattern`] was asked for.
     patterns: std::sync::Mutex<HashMap<NodeId, Option<Pattern>>>,
 }
@@ -131,12 +133,12 @@ impl Plan {
     }
 
     /// The shape of `id`, with the sizes that follow a range as expressions of it.
-    pub fn dims(&self, id: NodeId) -> Vec<crate::symbolic::SymDim> {
+    pub fn dims(&self, id: NodeId) -> Vec<crate::ir::SymDim> {
         match &self.symbolic {
             Some(symbolic) if !symbolic.shape(id).is_empty() || self.graph.node(id).ty.rank() == 0 => {
                 symbolic.shape(id).to_vec()
             }
-            _ => crate::symbolic::SymDim::lits(&self.graph.node(id).ty.shape),
+            _ => crate::ir::SymDim::lits(&self.graph.node(id).ty.shape),
         }
     }
 
@@ -159,11 +161,11 @@ impl Plan {
 
     /// The shape `id` is laid out in where it is stored: a constant in the weights is stored
     /// once, at the top of every range, and read there at any size (its values at a smaller
-    /// size are its leading part: [`crate::symbolic::plan_symbolic`] checks it); every other
+    /// size are its leading part: [`crate::pipeline::plan_symbolic`] checks it); every other
     /// value is laid out at the size the program runs.
-    pub fn stored_dims(&self, id: NodeId) -> Vec<crate::symbolic::SymDim> {
+    pub fn stored_dims(&self, id: NodeId) -> Vec<crate::ir::SymDim> {
         match self.locations.get(&id) {
-            Some(Location::Weights(_)) => crate::symbolic::SymDim::lits(&self.graph.node(id).ty.shape),
+            Some(Location::Weights(_)) => crate::ir::SymDim::lits(&self.graph.node(id).ty.shape),
             _ => self.dims(id),
         }
     }
@@ -407,68 +409,25 @@ impl Plan {
     }
 }
 
-/// The raw little-endian bytes of a tensor's elements, row-major.
+/// The raw little-endian bytes of a tensor's elements, row-major
+/// ([`crate::ir::Tensor::to_le_bytes`]).
 pub fn tensor_bytes(t: &crate::ir::Tensor) -> Vec<u8> {
-    let mut out = Vec::with_capacity(t.size_bytes());
-    append_tensor_bytes(&mut out, t);
-    out
+    t.to_le_bytes()
 }
 
 /// Appends `t`'s elements to `out` as [`tensor_bytes`] lays them out.
 pub fn append_tensor_bytes(out: &mut Vec<u8>, t: &crate::ir::Tensor) {
-    let start = out.len();
-    out.resize(start + t.size_bytes(), 0);
-    write_tensor_bytes(&mut out[start..], t);
+    t.append_le_bytes(out)
 }
 
 /// Writes `t`'s elements into the start of `out` as [`tensor_bytes`] lays them out (as many
 /// as fit).
 pub fn write_tensor_bytes(out: &mut [u8], t: &crate::ir::Tensor) {
-    use crate::ir::Tensor;
-    fn put<T: Copy, const N: usize>(out: &mut [u8], a: &ndarray::ArrayD<T>, le: impl Fn(T) -> [u8; N]) {
-        match a.as_slice() {
-            // Contiguous: a slice walk, which the compiler turns into plain copies.
-            Some(values) => {
-                for (to, &v) in out.chunks_exact_mut(N).zip(values) {
-                    to.copy_from_slice(&le(v));
-                }
-            }
-            None => {
-                for (to, &v) in out.chunks_exact_mut(N).zip(a.iter()) {
-                    to.copy_from_slice(&le(v));
-                }
-            }
-        }
-    }
-    match t {
-        Tensor::F32(a) => put(out, a, f32::to_le_bytes),
-        Tensor::F16(a) => put(out, a, half::f16::to_le_bytes),
-        Tensor::BF16(a) => put(out, a, half::bf16::to_le_bytes),
-        Tensor::F64(a) => put(out, a, f64::to_le_bytes),
-        Tensor::I64(a) => put(out, a, i64::to_le_bytes),
-        Tensor::I32(a) => put(out, a, i32::to_le_bytes),
-        Tensor::Bool(a) => put(out, a, |v| [u8::from(v)]),
-    }
+    t.write_le_bytes(out)
 }
 
 /// Fills `t` (its shape and type unchanged) from little-endian element bytes, the layout
 /// [`write_tensor_bytes`] writes; elements past the end of `bytes` are left as they were.
 pub fn read_tensor_bytes(bytes: &[u8], t: &mut crate::ir::Tensor) {
-    use crate::ir::Tensor;
-    fn get<T, const N: usize>(bytes: &[u8], a: &mut ndarray::ArrayD<T>, from: impl Fn([u8; N]) -> T) {
-        for (to, b) in a.iter_mut().zip(bytes.chunks_exact(N)) {
-            if let Ok(b) = b.try_into() {
-                *to = from(b);
-            }
-        }
-    }
-    match t {
-        Tensor::F32(a) => get(bytes, a, f32::from_le_bytes),
-        Tensor::F16(a) => get(bytes, a, half::f16::from_le_bytes),
-        Tensor::BF16(a) => get(bytes, a, half::bf16::from_le_bytes),
-        Tensor::F64(a) => get(bytes, a, f64::from_le_bytes),
-        Tensor::I64(a) => get(bytes, a, i64::from_le_bytes),
-        Tensor::I32(a) => get(bytes, a, i32::from_le_bytes),
-        Tensor::Bool(a) => get(bytes, a, |b: [u8; 1]| b[0] != 0),
-    }
+    t.read_le_bytes(bytes)
 }

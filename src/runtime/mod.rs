@@ -4,7 +4,6 @@
 
 mod blas;
 mod lt;
-pub mod nvrtc;
 mod rates;
 mod session;
 
@@ -86,7 +85,6 @@ pub(crate) fn library_present(key: Library, check: unsafe fn() -> bool) -> bool 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Library {
     Driver,
-    Nvrtc,
     Cublas,
     CublasLt,
 }
@@ -103,9 +101,6 @@ pub fn device_memory(device: usize) -> Result<(usize, usize), RuntimeError> {
 /// about (the kernel, the input, the library) and, where there is one, what to do.
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    /// libnvrtc could not be loaded (a bundle without PTX for this GPU needs it).
-    #[error("NVRTC is not available: libnvrtc.so.13 was not found (install CUDA 13 or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH)")]
-    NoNvrtc,
     /// libcuda could not be loaded: no NVIDIA driver on this machine.
     #[error("no CUDA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU and driver?)")]
     NoDriver,
@@ -135,22 +130,7 @@ pub enum RuntimeError {
         /// The GPU's memory in bytes.
         total: usize,
     },
-    /// A kernel's source includes a CUDA header that no include directory has.
-    #[error("kernel {kernel} includes {header}, but no CUDA include directory has it: set FUSEC_CUDA_INCLUDE to one (e.g. /usr/local/cuda/include, or the include/ of the nvidia-cuda-runtime wheel), or CUDA_HOME")]
-    NoCudaHeaders {
-        /// The kernel's name.
-        kernel: String,
-        /// The header it includes (`cuda_fp16.h`).
-        header: String,
-    },
-    /// NVRTC rejected a kernel.
-    #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]
-    Compile {
-        /// The kernel's name.
-        kernel: String,
-        /// Where its source was written, to read beside the log.
-        source_path: String,
-        /// NVRTC's log.
-        log: String,
-    },
+    /// NVRTC could not compile a kernel the bundle has no PTX for.
+    #[error(transparent)]
+    Nvrtc(#[from] crate::nvrtc::NvrtcError),
 }

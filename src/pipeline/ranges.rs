@@ -1,5 +1,4 @@
-//! Symbolic sizes: how the sizes of a program depend on the dims given a range
-//! (`--dim batch=1..32 --dim seq=1..512`).
+//! The planner for ranges of sizes (`--dim batch=1..32 --dim seq=1..512`).
 //!
 //! The program is planned at the top of every range, then again with one dim at a time moved
 //! to half its top, and once with every dim a third of the way up its range. The
@@ -16,169 +15,13 @@
 //! fit sees what the program it made does with sizes, and checks it at sizes it did not fit.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::path::Path;
 
 use thiserror::Error;
 
-use crate::ir::{NodeId, Tensor};
-use crate::pipeline::{plan_model, CompileError, CompileOptions};
-use crate::plan::{Location, Plan};
-
-/// A dimension given a range of sizes.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DimRange {
-    /// Its name (`seq`).
-    pub symbol: String,
-    /// The smallest size.
-    pub low: usize,
-    /// The largest size: what the program is planned (and memory sized) for.
-    pub high: usize,
-}
-
-/// A size as `factor × Π symbolᵢ^powers[i]` (powers by position in
-/// [`SymbolicShapes::symbols`]); a static size has every power 0. Powers are kept without
-/// trailing zeros ([`SymDim::new`]), so that equal sizes compare equal.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct SymDim {
-    /// The whole-number factor.
-    pub factor: usize,
-    /// The power of each symbol.
-    pub powers: Vec<u32>,
-}
-
-/// The top of each range, in order: the point a program for ranges is planned (and its
-/// memory sized) at.
-pub fn tops(ranges: &[DimRange]) -> Vec<usize> {
-    ranges.iter().map(|r| r.high).collect()
-}
-
-/// The C name of symbol `i`'s value in a kernel of a program for ranges of sizes: a
-/// `long long` parameter.
-pub fn symbol_param(i: usize) -> String {
-    format!("fusec_d{i}")
-}
-
-impl SymDim {
-    /// `factor × Π symbolᵢ^powers[i]`.
-    pub fn new(factor: usize, mut powers: Vec<u32>) -> Self {
-        while powers.last() == Some(&0) {
-            powers.pop();
-        }
-        SymDim { factor, powers }
-    }
-
-    /// A static size.
-    pub fn lit(n: usize) -> Self {
-        SymDim { factor: n, powers: Vec::new() }
-    }
-
-    /// Static sizes.
-    pub fn lits(shape: &[usize]) -> Vec<Self> {
-        shape.iter().map(|&n| Self::lit(n)).collect()
-    }
-
-    /// Whether it is one size whatever the symbols are.
-    pub fn is_static(&self) -> bool {
-        self.powers.iter().all(|&p| p == 0)
-    }
-
-    /// Its size when static.
-    pub fn value(&self) -> Option<usize> {
-        self.is_static().then_some(self.factor)
-    }
-
-    /// Whether it is 1 whatever the symbols are.
-    pub fn is_one(&self) -> bool {
-        self.value() == Some(1)
-    }
-
-    /// Whether it is a multiple of `n` whatever the symbols are (a static multiple).
-    pub fn divisible_by(&self, n: usize) -> bool {
-        self.factor % n.max(1) == 0
-    }
-
-    /// The symbol it is alone, to the power 1, times a whole number (`seq`, `16*batch`): an
-    /// axis the symbol's size can be read from.
-    pub fn alone(&self) -> Option<usize> {
-        let mut symbols = self.powers.iter().enumerate().filter(|(_, &p)| p > 0);
-        match (symbols.next(), symbols.next()) {
-            (Some((i, 1)), None) => Some(i),
-            _ => None,
-        }
-    }
-
-    /// The product of two sizes.
-    pub fn mul(&self, other: &SymDim) -> SymDim {
-        let len = self.powers.len().max(other.powers.len());
-        let power = |p: &[u32], i: usize| p.get(i).copied().unwrap_or(0);
-        let powers = (0..len).map(|i| power(&self.powers, i) + power(&other.powers, i)).collect();
-        SymDim::new(self.factor * other.factor, powers)
-    }
-
-    /// The product of `dims` (1 for none).
-    pub fn product<'a>(dims: impl IntoIterator<Item = &'a SymDim>) -> SymDim {
-        dims.into_iter().fold(SymDim::lit(1), |acc, d| acc.mul(d))
-    }
-
-    /// It divided by `other`, where that is whole whatever the symbols are.
-    pub fn div(&self, other: &SymDim) -> Option<SymDim> {
-        if other.factor == 0 || self.factor % other.factor != 0 {
-            return None;
-        }
-        let power = |p: &[u32], i: usize| p.get(i).copied().unwrap_or(0);
-        let len = self.powers.len().max(other.powers.len());
-        let powers = (0..len)
-            .map(|i| power(&self.powers, i).checked_sub(power(&other.powers, i)))
-            .collect::<Option<Vec<u32>>>()?;
-        Some(SymDim::new(self.factor / other.factor, powers))
-    }
-
-    /// It divided by `n`, where its factor is a multiple of `n`.
-    pub fn div_exact(&self, n: usize) -> Option<SymDim> {
-        (n > 0 && self.factor % n == 0)
-            .then(|| SymDim { factor: self.factor / n, powers: self.powers.clone() })
-    }
-
-    /// A C expression of type `long long` for it: `768LL`, `fusec_d1`, `(12LL * fusec_d0 * fusec_d1)`.
-    pub fn c(&self) -> String {
-        let mut terms: Vec<String> = Vec::new();
-        if self.factor != 1 || self.is_static() {
-            terms.push(format!("{}LL", self.factor));
-        }
-        for (i, &p) in self.powers.iter().enumerate() {
-            for _ in 0..p {
-                terms.push(symbol_param(i));
-            }
-        }
-        match terms.len() {
-            1 => terms.remove(0),
-            _ => format!("({})", terms.join(" * ")),
-        }
-    }
-
-    /// Its value with the symbols at `values` (by position); `None` on overflow.
-    pub fn eval(&self, values: &[usize]) -> Option<usize> {
-        self.powers
-            .iter()
-            .zip(values)
-            .try_fold(self.factor, |acc, (&p, &v)| acc.checked_mul(v.checked_pow(p)?))
-    }
-
-    /// `batch*seq*768`, `seq`, `64` with the symbols' names.
-    pub fn display(&self, symbols: &[DimRange]) -> String {
-        let mut terms: Vec<String> = Vec::new();
-        for (p, range) in self.powers.iter().zip(symbols) {
-            for _ in 0..*p {
-                terms.push(range.symbol.clone());
-            }
-        }
-        if self.factor != 1 || terms.is_empty() {
-            terms.push(self.factor.to_string());
-        }
-        terms.join("*")
-    }
-}
+use super::{plan_model, CompileError, CompileOptions};
+use crate::ir::{ranges_text, tops, DimRange, NodeId, SymDim, SymbolicShapes};
+use crate::plan::Plan;
 
 /// Why a program cannot serve a range of sizes.
 #[derive(Debug, Error)]
@@ -227,98 +70,7 @@ pub enum SymbolicError {
     },
 }
 
-/// The symbolic shape of every value of a program planned at the top of its ranges.
-#[derive(Clone, Debug)]
-pub struct SymbolicShapes {
-    /// The dims given ranges, in name order.
-    pub symbols: Vec<DimRange>,
-    /// The cost model's choices at the top of the ranges, which the program keeps at every
-    /// size ([`CompileOptions::attention`]).
-    pub attention: Option<Vec<bool>>,
-    shapes: HashMap<NodeId, Vec<SymDim>>,
-}
-
-impl SymbolicShapes {
-    /// The symbolic shape of `id` (empty for a node the plan does not have).
-    pub fn shape(&self, id: NodeId) -> &[SymDim] {
-        self.shapes.get(&id).map(Vec::as_slice).unwrap_or_default()
-    }
-
-    /// `[batch, seq, 768]`.
-    pub fn display(&self, id: NodeId) -> String {
-        let dims: Vec<String> = self.shape(id).iter().map(|d| d.display(&self.symbols)).collect();
-        format!("[{}]", dims.join(", "))
-    }
-
-    /// The concrete shape of `id` with the symbols at `values` (by position).
-    pub fn eval(&self, id: NodeId, values: &[usize]) -> Option<Vec<usize>> {
-        self.shape(id).iter().map(|d| d.eval(values)).collect()
-    }
-
-    /// Nodes with at least one size that depends on a symbol.
-    pub fn symbolic_nodes(&self) -> usize {
-        self.shapes.values().filter(|s| s.iter().any(|d| !d.is_static())).count()
-    }
-
-    /// `batch=1..32, seq=1..512`.
-    pub fn ranges(&self) -> String {
-        ranges_text(&self.symbols)
-    }
-
-    /// The program of `plan` (planned at the top of the ranges) with the symbols at `values`:
-    /// every shape evaluated, the shapes ops carry (reshape and expand targets, slice lengths,
-    /// tile counts) set to match, and each constant cut to its leading part there — what a
-    /// bundle for the ranges computes at that point, for the CPU reference evaluator
-    /// ([`crate::ir::evaluate`]) to run. The error names the first node that cannot be.
-    pub fn instantiate(&self, plan: &Plan, values: &[usize]) -> Result<crate::ir::Graph, String> {
-        use crate::ir::Op;
-        let mut graph = plan.graph.clone();
-        let ids: Vec<NodeId> = graph.node_ids().collect();
-        for id in ids {
-            let name = graph.node(id).name.clone();
-            let shape = self.eval(id, values).ok_or_else(|| format!("'{name}': its shape overflows"))?;
-            if shape.len() != graph.node(id).ty.rank() {
-                return Err(format!("'{name}' has no symbolic shape"));
-            }
-            let input_shape = graph.inputs_of(id).first().and_then(|&i| self.eval(i, values));
-            let constant = match graph.node(id).op {
-                Op::Constant(_) => Some(
-                    constant_value(plan, id)
-                        .and_then(|top| top.leading_part(&shape))
-                        .ok_or_else(|| format!("constant '{name}' has no leading part of shape {shape:?}"))?,
-                ),
-                _ => None,
-            };
-            let node = graph.node_mut(id);
-            match &mut node.op {
-                Op::Reshape { shape: to } | Op::Expand { shape: to } => *to = shape.clone(),
-                Op::Slice { axes } => {
-                    for (a, d) in axes.iter_mut().zip(&shape) {
-                        a.len = *d;
-                    }
-                }
-                Op::Tile { repeats } => {
-                    let input = input_shape.ok_or_else(|| format!("'{name}': a tile without an input"))?;
-                    *repeats = shape.iter().zip(&input).map(|(o, i)| o / (*i).max(1)).collect();
-                }
-                Op::Constant(value) => {
-                    if let Some(c) = constant {
-                        *value = std::sync::Arc::new(c);
-                    }
-                }
-                _ => {}
-            }
-            node.ty.shape = shape;
-        }
-        Ok(graph)
-    }
-}
-
-fn ranges_text(symbols: &[DimRange]) -> String {
-    symbols.iter().map(|r| format!("{}={}..{}", r.symbol, r.low, r.high)).collect::<Vec<_>>().join(", ")
-}
-
-/// The program of [`crate::pipeline::plan_reporting`] for the top of every range in
+/// The program of [`super::plan_reporting`] for the top of every range in
 /// `options.import`, and the symbolic shape of each of its values. With no ranges, every
 /// shape is static.
 pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, SymbolicShapes), CompileError> {
@@ -427,7 +179,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     let others_planned = clock.elapsed().as_secs_f64();
     let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, p, _)| p).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
-    let symbolic = SymbolicShapes { symbols: symbols.clone(), attention: decided.clone(), shapes };
+    let symbolic = SymbolicShapes::new(symbols.clone(), decided.clone(), shapes);
     for (values, plan, by_name) in &checks {
         let check = Check { base: &base, symbolic: &symbolic, values, plan, by_name: by_name.as_ref() };
         check.shapes()?;
@@ -612,25 +364,6 @@ fn not_a_product(
     SymbolicError::NotAProduct { node, axis, seen, ranges: ranges_text(symbols) }
 }
 
-/// A constant's bytes where `plan` stores it in the weights.
-fn stored_bytes(plan: &Plan, id: NodeId) -> Option<&[u8]> {
-    let Location::Weights(offset) = *plan.locations.get(&id)? else { return None };
-    plan.weights.get(offset..offset + plan.graph.node(id).ty.size_bytes())
-}
-
-/// A constant's values as stored in `plan` (in the weights, or still in the graph).
-fn constant_value(plan: &Plan, id: NodeId) -> Option<Tensor> {
-    if let Some(value) =
-        plan.graph.constant(id).filter(|t| !t.is_empty() || plan.graph.node(id).ty.is_empty())
-    {
-        return Some((**value).clone());
-    }
-    let ty = &plan.graph.node(id).ty;
-    let Location::Weights(offset) = *plan.locations.get(&id)? else { return None };
-    let bytes = plan.weights.get(offset..offset + ty.size_bytes())?;
-    crate::runtime::tensor_from_bytes(bytes, &ty.shape, ty.dtype).ok()
-}
-
 /// A plan at other sizes (the symbols at `values`) checked against the top's (`base`) and
 /// the sizes fitted from it (`symbolic`).
 #[derive(Clone, Copy)]
@@ -686,12 +419,12 @@ impl Check<'_> {
             }
             let Some(twin) = self.twin(id) else { continue };
             // Same shape and the same bytes (every weight): equal, without building tensors.
-            if let (Some(a), Some(b)) = (stored_bytes(base, id), stored_bytes(plan, twin)) {
+            if let (Some(a), Some(b)) = (base.stored_bytes(id), plan.stored_bytes(twin)) {
                 if a == b && base.graph.node(id).ty == plan.graph.node(twin).ty {
                     continue;
                 }
             }
-            let (Some(top), Some(here)) = (constant_value(base, id), constant_value(plan, twin)) else {
+            let (Some(top), Some(here)) = (base.constant_value(id), plan.constant_value(twin)) else {
                 continue;
             };
             let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());
@@ -717,11 +450,5 @@ impl Check<'_> {
             }
         }
         Ok(())
-    }
-}
-
-impl fmt::Display for DimRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}..{}", self.symbol, self.low, self.high)
     }
 }

@@ -1,15 +1,47 @@
-//! Compiling generated kernels to PTX with NVRTC.
+//! Compiling generated kernels to PTX with NVRTC, and the cache of what it compiled. A
+//! compiler, on the compile side: `compile` puts PTX in bundles with it, and the runtime
+//! compiles a bundle's sources at load with it where the bundle has no PTX for the GPU.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+use thiserror::Error;
 
-use super::RuntimeError;
 use crate::codegen::{KernelSource, DEVICE_HEADER};
 
-/// Whether libnvrtc can be loaded (cudarc would panic on first use otherwise).
+/// Why NVRTC did not give a kernel's PTX.
+#[derive(Debug, Error)]
+pub enum NvrtcError {
+    /// libnvrtc could not be loaded (a bundle without PTX for this GPU needs it).
+    #[error("NVRTC is not available: libnvrtc.so.13 was not found (install CUDA 13 or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH)")]
+    NoNvrtc,
+    /// A kernel's source includes a CUDA header that no include directory has.
+    #[error("kernel {kernel} includes {header}, but no CUDA include directory has it: set FUSEC_CUDA_INCLUDE to one (e.g. /usr/local/cuda/include, or the include/ of the nvidia-cuda-runtime wheel), or CUDA_HOME")]
+    NoCudaHeaders {
+        /// The kernel's name.
+        kernel: String,
+        /// The header it includes (`cuda_fp16.h`).
+        header: String,
+    },
+    /// NVRTC rejected a kernel.
+    #[error("NVRTC failed on kernel {kernel} (source written to {source_path}):\n{log}")]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// Where its source was written, to read beside the log.
+        source_path: String,
+        /// NVRTC's log.
+        log: String,
+    },
+}
+
+/// Whether libnvrtc can be loaded (cudarc would panic on first use otherwise), asked once
+/// per process: cudarc's check opens and closes the library each time.
 pub fn available() -> bool {
-    super::library_present(super::Library::Nvrtc, cudarc::nvrtc::sys::is_culib_present)
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: cudarc's presence check only tries to dlopen the library; no call is made.
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
 }
 
 /// The kernel's source as NVRTC compiles it: the shared header inlined (NVRTC has no file
@@ -41,9 +73,9 @@ fn arch_name(arch: &str) -> &'static str {
 
 /// Compiles `kernel` to PTX for `arch`. On failure the error holds NVRTC's log and the path
 /// where the source was written.
-pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError> {
+pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, NvrtcError> {
     if !available() {
-        return Err(RuntimeError::NoNvrtc);
+        return Err(NvrtcError::NoNvrtc);
     }
     let source = full_source(kernel);
     let include_dir = cuda_include_dir();
@@ -51,10 +83,7 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
         let needed =
             ["cuda_fp16.h", "cuda_bf16.h"].into_iter().find(|h| source.contains(&format!("#include <{h}>")));
         if let Some(header) = needed {
-            return Err(RuntimeError::NoCudaHeaders {
-                kernel: kernel.function.clone(),
-                header: header.into(),
-            });
+            return Err(NvrtcError::NoCudaHeaders { kernel: kernel.function.clone(), header: header.into() });
         }
     }
     let options = CompileOptions {
@@ -70,7 +99,7 @@ pub fn compile(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
             other => format!("{other:?}"),
         };
-        RuntimeError::Compile {
+        NvrtcError::Compile {
             kernel: format!("{} ({})", kernel.function, kernel.name),
             source_path: written.unwrap_or_else(|e| format!("<could not write: {e}>")),
             log,
@@ -102,19 +131,19 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// Every cache entry ends with this line and the FNV-1a checksum of the PTX before it
-/// ([`crate::bundle::checksum`], 16 hex digits): an entry cut short, changed in any byte, or not
+/// ([`crate::checksum::checksum`], 16 hex digits): an entry cut short, changed in any byte, or not
 /// written by fusec is compiled again, never loaded.
 const CACHE_END: &str = "// fusec nvrtc cache entry, checksum ";
 
 /// A cache entry's text: the PTX and its end line.
 fn cache_text(ptx: &str) -> String {
-    format!("{ptx}{CACHE_END}{:016x}\n", crate::bundle::checksum(ptx.as_bytes()))
+    format!("{ptx}{CACHE_END}{:016x}\n", crate::checksum::checksum(ptx.as_bytes()))
 }
 
 /// The PTX of a cache entry, if it is whole, unchanged and defines `function`.
 fn cache_entry(text: String, function: &str) -> Option<String> {
     let (ptx, sum) = text.strip_suffix('\n')?.rsplit_once(CACHE_END)?;
-    let whole = u64::from_str_radix(sum, 16).ok() == Some(crate::bundle::checksum(ptx.as_bytes()));
+    let whole = u64::from_str_radix(sum, 16).ok() == Some(crate::checksum::checksum(ptx.as_bytes()));
     (whole && ptx.contains(&format!(".entry {function}("))).then(|| ptx.to_string())
 }
 
@@ -122,14 +151,15 @@ fn cache_entry(text: String, function: &str) -> Option<String> {
 /// version. A cache that cannot be read or written is skipped, never an error. Entries are
 /// written to a file of their own (unique to the process, thread and write) and renamed into
 /// place, so a reader never sees one half written.
-pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, RuntimeError> {
+pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, NvrtcError> {
     static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     if !available() {
-        return Err(RuntimeError::NoNvrtc);
+        return Err(NvrtcError::NoNvrtc);
     }
     let (major, minor) = nvrtc_version();
-    let key =
-        crate::bundle::checksum(format!("{arch}\0nvrtc {major}.{minor}\0{}", full_source(kernel)).as_bytes());
+    let key = crate::checksum::checksum(
+        format!("{arch}\0nvrtc {major}.{minor}\0{}", full_source(kernel)).as_bytes(),
+    );
     let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", kernel.function)));
     let cached = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
     if let Some(ptx) = cached.and_then(|text| cache_entry(text, &kernel.function)) {
@@ -155,7 +185,7 @@ pub fn compile_cached(kernel: &KernelSource, arch: &str) -> Result<String, Runti
 pub fn compile_all_cached(
     kernels: &[&KernelSource],
     arch: &str,
-) -> Result<std::collections::HashMap<String, String>, RuntimeError> {
+) -> Result<std::collections::HashMap<String, String>, NvrtcError> {
     let mut seen = std::collections::HashSet::new();
     let distinct: Vec<&KernelSource> = kernels.iter().copied().filter(|k| seen.insert(&k.function)).collect();
     tracing::info!("NVRTC: {} kernels, {} distinct functions, for {arch}", kernels.len(), distinct.len());

@@ -9,9 +9,13 @@ use crate::codegen::{self, CodegenError};
 use crate::fusion::{self, FusionError, FusionLimits, Mode};
 use crate::import::{self, ImportError, ImportOptions};
 use crate::ir::DType;
+use crate::nvrtc::{self, NvrtcError};
 use crate::passes::{self, PassError};
 use crate::plan::{Plan, PlanError};
-use crate::runtime::{nvrtc, RuntimeError};
+
+mod ranges;
+
+pub use ranges::{plan_symbolic, SymbolicError};
 
 /// Why a compile stopped, by the stage that stopped it.
 #[derive(Debug, Error)]
@@ -36,10 +40,10 @@ pub enum CompileError {
     Codegen(#[from] CodegenError),
     /// NVRTC compiling the generated kernels.
     #[error(transparent)]
-    Nvrtc(#[from] RuntimeError),
+    Nvrtc(#[from] NvrtcError),
     /// Sizes that do not follow the dims given ranges.
     #[error(transparent)]
-    Symbolic(#[from] crate::symbolic::SymbolicError),
+    Symbolic(#[from] SymbolicError),
     /// A storage precision other than f32, f16 and bf16.
     #[error("precision {0} is not supported: use f32, f16 or bf16")]
     Precision(DType),
@@ -164,17 +168,17 @@ pub fn compile_reporting(
     Ok(Bundle { header, weights: plan.weights })
 }
 
-/// The program for the ranges of `options.import` ([`crate::symbolic::plan_symbolic`]), planned
+/// The program for the ranges of `options.import` ([`plan_symbolic`]), planned
 /// at their top, with the size of every value as an expression of them.
 pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, CompileError> {
-    let (mut plan, symbolic) = crate::symbolic::plan_symbolic(path, options)?;
+    let (mut plan, symbolic) = plan_symbolic(path, options)?;
     // A session reads each range's size from an input axis that is that dim alone (times a
     // whole number): one must exist.
     for (i, range) in symbolic.symbols.iter().enumerate() {
         if !plan.inputs.iter().any(|b| symbolic.shape(b.value).iter().any(|d| d.alone() == Some(i))) {
             let inputs: Vec<String> =
                 plan.inputs.iter().map(|b| format!("{} {}", b.name, symbolic.display(b.value))).collect();
-            return Err(crate::symbolic::SymbolicError::Unreadable {
+            return Err(SymbolicError::Unreadable {
                 symbol: range.symbol.clone(),
                 inputs: inputs.join(", "),
             }

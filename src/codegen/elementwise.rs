@@ -1,0 +1,129 @@
+//! Elementwise kernels: one thread per element of the kernel's last node (several
+//! consecutive elements where the last axis splits into 16-byte packs), and the choice of
+//! template for every generated kernel.
+
+use handlebars::Handlebars;
+use serde_json::json;
+
+use super::index::{delinearize, Dims};
+use super::kernel::{args, coords_decl, params, render, Body, GemmRaw, BLOCK, LANE};
+use super::KernelSource;
+use crate::fusion::{Kernel, KernelKind};
+use crate::ir::{NodeId, SymDim};
+use crate::plan::Plan;
+
+pub fn generate(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<KernelSource, String> {
+    match kernel.kind {
+        KernelKind::RowReduction { .. } => super::row::generate(plan, kernel, name, hb),
+        KernelKind::Attention => super::attention::generate(plan, kernel, name, hb),
+        _ => elementwise(plan, kernel, name, hb, None),
+    }
+}
+
+/// One thread per element of the kernel's last node; every node of the kernel has its shape.
+pub fn elementwise(
+    plan: &Plan,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+    gemm: Option<GemmRaw>,
+) -> Result<KernelSource, String> {
+    let graph = &plan.graph;
+    let mut body = Body::new(plan, kernel);
+    body.gemm = gemm;
+    let computed: Vec<NodeId> = kernel.nodes.iter().copied().filter(|&n| body.computes(n)).collect();
+    let last = *kernel.nodes.last().ok_or("an empty kernel")?;
+    let shape = plan.dims(last);
+    let count = graph.node(last).ty.len();
+    let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
+    let (coord_decls, mut coords) = coords_decl("c", "i", &shape);
+    body.know(&coords, &shape, "i");
+    let mut linear = "i".to_string();
+    let mut base = String::new();
+    if lanes > 1 {
+        base = coords.pop().ok_or("lanes over no axis")?;
+        coords.push(LANE.into());
+        linear = "(i + j)".into();
+        body.begin_lanes(lanes, shape.last().cloned().ok_or("lanes over no axis")?, &base);
+        body.know(&coords, &shape, &linear);
+    }
+    // Nodes of another shape with as many elements (behind a reshape) share the linear index.
+    let coords_of = |n: NodeId| {
+        let s = plan.dims(n);
+        if s == shape {
+            coords.clone()
+        } else if s.iter().chain(&shape).all(SymDim::is_static) {
+            delinearize(&linear, &s)
+        } else {
+            super::index::reshape_coords(&coords, &shape, &s)
+        }
+    };
+    for &n in &computed {
+        if graph.node(n).ty.len() != count {
+            return Err(format!(
+                "'{}' is {} in a kernel over {:?}",
+                graph.node(n).name,
+                graph.node(n).ty,
+                graph.node(last).ty.shape
+            ));
+        }
+        body.compute(n, &coords_of(n))?;
+    }
+    for &o in &kernel.outputs {
+        body.store(kernel, o, &coords_of(o))?;
+    }
+    let (before, after) = body.end_lanes();
+    let threads = count / lanes;
+    let units = SymDim::product(&shape).div_exact(lanes).ok_or("lanes that do not divide the kernel")?;
+    let scaled = plan.scaled();
+    let data = json!({
+        "name": name,
+        "headers": body.headers.iter().collect::<Vec<_>>(),
+        "about": kernel.kind.name(),
+        "block": BLOCK,
+        "limit": super::limit(threads, scaled),
+        "lanes": lanes,
+        "vector": lanes > 1,
+        "lane": LANE,
+        "base": base,
+        "params": super::with_limit(plan, params(&body), true),
+        "coords": coord_decls,
+        "before": before,
+        "statements": body.statements,
+        "after": after,
+    });
+    let mut source = KernelSource::new(
+        name,
+        render(hb, "elementwise", &data)?,
+        threads.div_ceil(BLOCK as usize).max(1) as u32,
+        BLOCK,
+        args(&body),
+    );
+    if scaled {
+        source.scale = Some(super::LaunchScale::new(units, u64::from(BLOCK), true));
+    }
+    Ok(source)
+}
+
+/// How many consecutive elements of the last axis each thread of an elementwise kernel
+/// computes: enough for 16-byte stores of its widest output type, when the last axis
+/// splits evenly (buffers start 256-byte aligned, so every such access is aligned); 1 for
+/// kinds whose per-element work is a loop.
+fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -> usize {
+    let graph = &plan.graph;
+    let kind_fits =
+        gemm_epilogue || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
+    // Packs of wider inputs span several 16-byte accesses, still aligned: a pack's first
+    // element is a multiple of `lanes` into a 256-byte-aligned buffer.
+    let widest = kernel.outputs.iter().map(|&n| graph.node(n).ty.dtype.size_bytes()).max().unwrap_or(16);
+    let lanes = 16 / widest.clamp(1, 16);
+    match shape.last() {
+        Some(width) if kind_fits && lanes > 1 && width.divisible_by(lanes) => lanes,
+        _ => 1,
+    }
+}

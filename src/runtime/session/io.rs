@@ -1,0 +1,171 @@
+//! Inputs in and outputs out: host tensors staged through page-locked buffers, and the
+//! device addresses of inputs and outputs for callers that keep data on the GPU.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, HostSlice, PinnedHostSlice, SyncOnDrop};
+
+use super::{driver, tensor_from_bytes, RuntimeError, Session};
+use crate::bundle::IoSpec;
+use crate::ir::{DType, Tensor, TensorType};
+use crate::plan::Location;
+
+impl Session {
+    /// An error naming the first of `outputs` that is not the type and shape of its output.
+    pub(super) fn check_outputs(&self, outputs: &[Tensor]) -> Result<(), RuntimeError> {
+        if outputs.len() != self.outputs.len() {
+            return Err(RuntimeError::Input(format!(
+                "{} output tensors given, the model has {} ({})",
+                outputs.len(),
+                self.outputs.len(),
+                self.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        for (spec, given) in self.outputs.iter().zip(outputs) {
+            let shape = spec.shape_at(&self.point);
+            if given.dtype().name() != spec.dtype || given.shape() != shape.as_slice() {
+                return Err(RuntimeError::Input(format!(
+                    "the tensor given for output '{}' is {}{:?}, the output is {}{:?}",
+                    spec.name,
+                    given.dtype(),
+                    given.shape(),
+                    spec.dtype,
+                    shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies host inputs to where the plan reads them (in stream order), through the
+    /// session's page-locked buffers.
+    pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
+        let point = self.check_inputs(inputs)?;
+        self.select(&point)?;
+        for (spec, staging) in self.inputs.iter().zip(self.staging_in.iter_mut()) {
+            let (_, tensor) = inputs
+                .iter()
+                .find(|(n, _)| *n == spec.name)
+                .ok_or_else(|| RuntimeError::Input(spec.name.clone()))?;
+            let Location::Arena(offset) = spec.location else { continue };
+            let bytes = tensor.size_bytes();
+            if bytes == 0 {
+                continue;
+            }
+            // Waits for the buffer's last copy (the previous run's) before writing it.
+            let host = staging.as_mut_slice().map_err(driver)?;
+            let host = host.get_mut(..bytes).ok_or_else(|| {
+                RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", spec.name))
+            })?;
+            crate::plan::write_tensor_bytes(host, tensor);
+            let mut view = self.arena.slice_mut(offset..offset + bytes);
+            // The buffer is sized for the top of a range; the copy takes what this size fills.
+            self.stream.memcpy_htod(&Prefix { inner: staging, len: bytes }, &mut view).map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every output into its page-locked buffer, then waits once; returns the
+    /// outputs' types.
+    pub(super) fn copy_out(&mut self) -> Result<Vec<TensorType>, RuntimeError> {
+        let mut types = Vec::with_capacity(self.outputs.len());
+        for (spec, staging) in self.outputs.iter().zip(self.staging_out.iter_mut()) {
+            let dtype = DType::from_name(&spec.dtype).ok_or_else(|| {
+                RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype))
+            })?;
+            let ty = TensorType::new(dtype, spec.shape_at(&self.point));
+            let bytes = ty.size_bytes();
+            if bytes > 0 {
+                let source = match spec.location {
+                    Location::Arena(o) => self.arena.slice(o..o + bytes),
+                    Location::Weights(o) => self._weights.slice(o..o + bytes),
+                };
+                self.stream.memcpy_dtoh(&source, staging).map_err(driver)?;
+            }
+            types.push(ty);
+        }
+        self.stream.synchronize().map_err(driver)?;
+        Ok(types)
+    }
+
+    /// The outputs, copied to the host through the session's page-locked buffers: every copy
+    /// issued, then one wait.
+    pub(super) fn download(&mut self) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+        let types = self.copy_out()?;
+        self.outputs
+            .iter()
+            .zip(&self.staging_out)
+            .zip(types)
+            .map(|((spec, staging), ty)| {
+                let host = staging.as_slice().map_err(driver)?;
+                let host = host.get(..ty.size_bytes()).unwrap_or_default();
+                Ok((spec.name.clone(), tensor_from_bytes(host, &ty.shape, ty.dtype)?))
+            })
+            .collect()
+    }
+
+    /// Device address and size of input `name`, for callers that keep data on the GPU: write
+    /// the input there (on any stream, finished before the next call), then `execute_all`.
+    pub fn input_device_ptr(&self, name: &str) -> Option<(u64, usize)> {
+        self.device_ptr(&self.inputs, name)
+    }
+
+    /// Device address and size of output `name`, valid after `execute_all` until the next run.
+    pub fn output_device_ptr(&self, name: &str) -> Option<(u64, usize)> {
+        self.device_ptr(&self.outputs, name)
+    }
+
+    pub(super) fn device_ptr(&self, list: &[IoSpec], name: &str) -> Option<(u64, usize)> {
+        let spec = list.iter().find(|s| s.name == name)?;
+        Some((self.address(spec.location), spec.tensor_type()?.size_bytes()))
+    }
+}
+
+/// One page-locked host buffer per input or output in `specs`, of its size (at least one byte),
+/// allocated with cuMemHostAlloc `flags` (write-combined for what the host only writes).
+pub(super) fn staging(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    specs: &[IoSpec],
+    flags: u32,
+) -> Result<Vec<PinnedHostSlice<u8>>, RuntimeError> {
+    specs
+        .iter()
+        .map(|spec| {
+            let bytes = spec.tensor_type().map_or(0, |t| t.size_bytes()).max(1);
+            // SAFETY: page-locked host memory of `bytes` bytes; every byte a run reads from it
+            // was written before (by the host, or by a copy from the device it waited for).
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }.map_err(|e| {
+                RuntimeError::Driver(format!("page-locked buffer for '{}' ({bytes} bytes): {e:?}", spec.name))
+            })
+        })
+        .collect()
+}
+
+/// The first `len` elements of a page-locked buffer, as a copy's source or destination.
+struct Prefix<'s> {
+    inner: &'s mut PinnedHostSlice<u8>,
+    len: usize,
+}
+
+impl HostSlice<u8> for Prefix<'_> {
+    fn len(&self) -> usize {
+        self.len.min(self.inner.len())
+    }
+
+    unsafe fn stream_synced_slice<'a>(&'a self, stream: &'a CudaStream) -> (&'a [u8], SyncOnDrop<'a>) {
+        // SAFETY: as the caller's contract: the slice is used with `stream` only.
+        let (slice, sync) = unsafe { self.inner.stream_synced_slice(stream) };
+        (&slice[..self.len.min(slice.len())], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (&'a mut [u8], SyncOnDrop<'a>) {
+        let len = self.len;
+        // SAFETY: as the caller's contract: the slice is used with `stream` only.
+        let (slice, sync) = unsafe { self.inner.stream_synced_mut_slice(stream) };
+        let end = len.min(slice.len());
+        (&mut slice[..end], sync)
+    }
+}

@@ -1,0 +1,213 @@
+//! Launching one step: a generated kernel (plainly or with programmatic dependent launch)
+//! or a GEMM on cuBLAS/cuBLASLt with its epilogue kernel.
+
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+
+use super::super::blas;
+use super::{lt, RuntimeError, Session};
+use crate::codegen::{GemmSpec, KernelSource};
+use crate::plan::Location;
+
+#[derive(Clone)]
+pub(super) struct Launch {
+    pub(super) name: String,
+    pub(super) function: CudaFunction,
+    pub(super) config: LaunchConfig,
+    /// Device pointers, one per pointer parameter of the kernel; then, for a kernel of a
+    /// bundle with ranges, its units of work (when bound) and the size of each range.
+    pub(super) args: Vec<u64>,
+    /// How many of `args` are pointers.
+    pub(super) pointers: usize,
+    /// Launched with programmatic stream serialization: the kernel waits for the one before
+    /// it itself (`fusec::grid_begin`), so it may be scheduled while that one finishes.
+    pub(super) programmatic: bool,
+    /// How the launch follows the bundle's ranges.
+    pub(super) scale: Option<crate::codegen::LaunchScale>,
+    /// The kernel tiled for other points of the ranges, by tiling, and the sizes that choose
+    /// among them ([`crate::codegen::KernelSource::variants`]).
+    pub(super) variants: Vec<(crate::codegen::Tiling, Launch)>,
+    pub(super) attention: Option<Box<crate::codegen::AttentionDims>>,
+}
+
+impl Launch {
+    /// The launch at the point `values` of the bundle's ranges: of the variant tiled for it,
+    /// where there is one.
+    pub(super) fn at(&self, values: &[usize]) -> Result<Launch, RuntimeError> {
+        let tiling = self.attention.as_ref().and_then(|a| a.tiling_at(values));
+        if let Some((_, variant)) = self.variants.iter().find(|(t, _)| Some(*t) == tiling) {
+            let mut launch = variant.at(values)?;
+            // The variants stay with the launch, for the next point.
+            launch.variants = self.variants.clone();
+            launch.attention = self.attention.clone();
+            return Ok(launch);
+        }
+        let mut launch = self.clone();
+        if let Some(scale) = &self.scale {
+            let (units, blocks) = scale.at(values).ok_or_else(|| {
+                RuntimeError::Input(format!("kernel {}: its launch at {values:?} overflows", self.name))
+            })?;
+            launch.config.grid_dim.0 = blocks;
+            launch.args.truncate(self.pointers);
+            if scale.bound {
+                launch.args.push(units);
+            }
+            launch.args.extend(values.iter().map(|&v| v as u64));
+        }
+        Ok(launch)
+    }
+}
+
+/// Whether a session's kernels may be launched with programmatic dependent launch on a GPU of
+/// compute capability `major`: only when `FUSEC_PDL=1` asks for it, on sm_90 and later (each
+/// kernel also has to start with the wait for its predecessor: [`waits_for_predecessor`]).
+/// Off by default: on the H100 it made step-by-step runs (no CUDA graph) 10–25 % faster, but
+/// CUDA-graph replays — how sessions run by default — no faster, and the Llama-style decoder
+/// at 8×128 fp16 9 % slower (`benches/NOTES.md`).
+pub(super) fn programmatic_launch_wanted(major: i32) -> bool {
+    major >= 9 && std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Whether kernel `source` begins with the wait for its predecessor (bundles written before
+/// the wait was added do not).
+pub(super) fn waits_for_predecessor(source: &KernelSource) -> bool {
+    source.source.contains("fusec::grid_begin();")
+}
+
+pub(super) enum Loaded {
+    Kernel(Launch),
+    /// A cuBLAS or (`lt`) cuBLASLt GEMM, and its epilogue kernel unless cuBLASLt runs the
+    /// epilogue inside the GEMM.
+    Gemm {
+        gemm: GemmSpec,
+        epilogue: Option<Launch>,
+        /// Runs on cuBLAS even though `lt` is prepared (a GEMM with no epilogue cuBLASLt
+        /// runs, for which cuBLAS was measured faster or nothing was measured).
+        on_cublas: bool,
+        lt: Option<Box<lt::LtGemm>>,
+    },
+}
+
+impl Loaded {
+    /// What the step runs, as profiles name it.
+    pub(super) fn name(&self) -> String {
+        match self {
+            Loaded::Kernel(launch) => launch.name.clone(),
+            Loaded::Gemm { gemm, epilogue, on_cublas, lt } => {
+                let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
+                let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
+                let library = if lt.is_some() && !on_cublas { "cuBLASLt" } else { "cuBLAS" };
+                match epilogue {
+                    None if gemm.lt_epilogue.is_some() && lt.is_some() => {
+                        format!("cuBLASLt gemm+bias {shape}")
+                    }
+                    Some(e) => format!("{library} gemm {shape}{batch} + {}", e.name),
+                    None => format!("{library} gemm {shape}{batch}"),
+                }
+            }
+        }
+    }
+}
+
+impl Session {
+    pub(super) fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
+        {
+            match step {
+                Loaded::Kernel(launch) => self.launch(launch)?,
+                Loaded::Gemm { gemm, epilogue, lt: Some(prepared), on_cublas: false } => {
+                    let lt =
+                        self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                    let addresses =
+                        (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
+                    lt.run(prepared, gemm, addresses, &self.stream)?;
+                    if let Some(launch) = epilogue {
+                        self.launch(launch)?;
+                    }
+                }
+                Loaded::Gemm { gemm, epilogue, .. } => {
+                    self.gemm(gemm)?;
+                    if let Some(launch) = epilogue {
+                        self.launch(launch)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn launch(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        if launch.programmatic {
+            return self.launch_programmatic(launch);
+        }
+        let mut args = self.stream.launch_builder(&launch.function);
+        for pointer in &launch.args {
+            args.arg(pointer);
+        }
+        // SAFETY: every generated kernel takes one device pointer per buffer it touches,
+        // each checked at load to start inside the arena or the weights, and touches only
+        // the bytes the plan gave that buffer.
+        unsafe { args.launch(launch.config) }.map_err(|e| launch_failed(launch, e))?;
+        Ok(())
+    }
+
+    /// [`Session::launch`] through `cuLaunchKernelEx` with programmatic stream serialization
+    /// allowed (captured into the graph as a programmatic edge).
+    pub(super) fn launch_programmatic(&self, launch: &Launch) -> Result<(), RuntimeError> {
+        use cudarc::driver::sys;
+        // SAFETY: a plain C struct (an id and a union of plain values); zero is valid.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let (grid, block) = (launch.config.grid_dim, launch.config.block_dim);
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: launch.config.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let mut params: Vec<*mut std::ffi::c_void> =
+            launch.args.iter().map(|a| (a as *const u64).cast_mut().cast()).collect();
+        // SAFETY: as in `launch`: one device pointer per kernel parameter, each inside the
+        // session's memory; `params` points at them and outlives the call, which copies them.
+        // The kernel begins with `fusec::grid_begin`, so it touches no memory before the
+        // kernel before it has completed.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                launch.function.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| launch_failed(launch, e))
+    }
+
+    pub(super) fn address(&self, location: Location) -> u64 {
+        device_address(location, self.arena_ptr, self.weights_ptr)
+    }
+
+    pub(super) fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {
+        let addresses = (self.address(g.a.location), self.address(g.b.location), self.address(g.c));
+        blas::gemm(self.blas.handle()?, g, addresses)
+    }
+}
+
+/// A launch the driver refused, named by its kernel.
+pub(super) fn launch_failed(launch: &Launch, e: cudarc::driver::DriverError) -> RuntimeError {
+    let ((grid, ..), (block, ..)) = (launch.config.grid_dim, launch.config.block_dim);
+    RuntimeError::Driver(format!("launching kernel {} (grid {grid}, block {block}): {e:?}", launch.name))
+}
+
+/// The device address of `location` given where the arena and the weights start.
+pub(super) fn device_address(location: Location, arena_ptr: u64, weights_ptr: u64) -> u64 {
+    match location {
+        Location::Arena(o) => arena_ptr + o as u64,
+        Location::Weights(o) => weights_ptr + o as u64,
+    }
+}

@@ -1,0 +1,279 @@
+//! Loading a bundle on a GPU: its kernels (PTX from the bundle or compiled now), weights,
+//! arena, cuBLAS/cuBLASLt handles and staging buffers; the header checked first.
+
+use std::collections::HashMap;
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
+use cudarc::nvrtc::Ptx;
+
+use super::io::staging;
+use super::launch::{device_address, programmatic_launch_wanted, waits_for_predecessor, Launch, Loaded};
+use super::{blas, driver, driver_available, lt, RuntimeError, Session, SessionOptions};
+use crate::bundle::Bundle;
+use crate::codegen::{KernelSource, Step};
+use crate::nvrtc;
+use crate::plan::Location;
+
+impl Session {
+    /// [`Session::new`] with the CUDA graph and GEMM timing choices of `options`.
+    pub fn with_options(
+        bundle: &Bundle,
+        device: usize,
+        options: SessionOptions,
+    ) -> Result<Session, RuntimeError> {
+        // The bundle first: a damaged one is the same error with or without a GPU.
+        check_io(&bundle.header, bundle.weights.len())?;
+        if !driver_available() {
+            return Err(RuntimeError::NoDriver);
+        }
+        if !super::super::library_present(
+            super::super::Library::Cublas,
+            cudarc::cublas::sys::is_culib_present,
+        ) {
+            return Err(RuntimeError::NoCublas);
+        }
+        let ctx = super::super::context(device)?;
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let arch = format!("sm_{major}{minor}");
+        let device_name = ctx.name().unwrap_or_else(|_| format!("GPU {device}"));
+        // Not the legacy default stream: that one cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(driver)?;
+        let header = &bundle.header;
+        let ptx_fits = header.arch.as_deref() == Some(arch.as_str());
+        let missing: Vec<&KernelSource> = header
+            .steps
+            .iter()
+            .flat_map(Step::sources)
+            .filter(|s| !ptx_fits || !header.ptx.contains_key(&s.function))
+            .collect();
+        // PTX by kernel name: the bundle's where it fits this GPU, the rest compiled now.
+        let mut ptx_of =
+            if missing.is_empty() { Default::default() } else { nvrtc::compile_all_cached(&missing, &arch)? };
+        if ptx_fits {
+            ptx_of.extend(header.ptx.iter().map(|(name, ptx)| (name.clone(), ptx.clone())));
+        }
+        let memory = |what: &str, needed: usize, e: cudarc::driver::DriverError| {
+            out_of_memory(&ctx, &device_name, what, needed, e)
+        };
+        let arena_bytes = header.arena_bytes.max(1);
+        let arena = stream
+            .alloc_zeros::<u8>(arena_bytes)
+            .map_err(|e| memory("the activation arena", arena_bytes, e))?;
+        let weights = if bundle.weights.is_empty() {
+            stream.alloc_zeros::<u8>(1).map_err(driver)?
+        } else {
+            let needed = bundle.weights.len();
+            stream.clone_htod(&bundle.weights).map_err(|e| memory("the weights", needed, e))?
+        };
+        let arena_ptr = arena.device_ptr(&stream).0;
+        let weights_ptr = weights.device_ptr(&stream).0;
+        // One module per function, however many steps run it.
+        let mut functions: HashMap<String, CudaFunction> = HashMap::new();
+        let pdl = programmatic_launch_wanted(major);
+        let top = crate::ir::tops(&header.ranges);
+        let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
+            let function = match functions.get(&source.function) {
+                Some(f) => f.clone(),
+                None => {
+                    let ptx = ptx_of.get(&source.function).cloned().ok_or_else(|| {
+                        RuntimeError::Driver(format!("no PTX for kernel {}", source.function))
+                    })?;
+                    let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
+                    let f = module.load_function(&source.function).map_err(driver)?;
+                    functions.insert(source.function.clone(), f.clone());
+                    f
+                }
+            };
+            let args = source
+                .args
+                .iter()
+                .map(|&location| {
+                    let inside = match location {
+                        Location::Arena(o) => o < header.arena_bytes.max(1),
+                        Location::Weights(o) => o < bundle.weights.len().max(1),
+                    };
+                    inside.then(|| device_address(location, arena_ptr, weights_ptr)).ok_or_else(|| {
+                        RuntimeError::Driver(format!(
+                            "kernel {}: argument {location:?} lies outside the bundle's memory",
+                            source.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            let config = LaunchConfig {
+                grid_dim: (source.grid, 1, 1),
+                block_dim: (source.block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let programmatic = pdl && waits_for_predecessor(source);
+            let pointers = args.len();
+            Ok(Launch {
+                name: source.name.clone(),
+                function,
+                config,
+                args,
+                pointers,
+                programmatic,
+                scale: source.scale.clone(),
+                variants: Vec::new(),
+                attention: None,
+            })
+        };
+        // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
+        // every single GEMM when their algorithms may be chosen by timing.
+        let wants_lt = header.steps.iter().any(|s| {
+            matches!(s, Step::Gemm { gemm, .. }
+                if gemm.lt_epilogue.is_some() || (options.tune_gemms && gemm.batch == 1))
+        });
+        let lt = if wants_lt { lt::Lt::new(device, &stream)? } else { None };
+        let blas = blas::Blas::new(device, &stream)?;
+        // Algorithms are chosen by timing the program as a CUDA graph. Without graphs (the
+        // unfused baseline) nothing is timed: choices already cached apply, and every other
+        // GEMM keeps its reference (cuBLAS, or cuBLASLt's first algorithm where cuBLASLt runs
+        // the epilogue), so a session with and one without graphs compute alike.
+        let tune = options.tune_gemms && lt.is_some();
+        let mut steps = Vec::with_capacity(header.steps.len());
+        for step in &header.steps {
+            steps.push(match step {
+                Step::Launch(source) => {
+                    let mut launch = load(source)?;
+                    for variant in &source.variants {
+                        let tiling = variant.tiling.ok_or_else(|| {
+                            RuntimeError::Driver(format!(
+                                "kernel {}: a variant without its tiling",
+                                source.name
+                            ))
+                        })?;
+                        launch.variants.push((tiling, load(variant)?));
+                    }
+                    launch.attention = source.attention.clone();
+                    Loaded::Kernel(launch.at(&top)?)
+                }
+                Step::Gemm { gemm, epilogue } => {
+                    let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
+                    let plain = gemm.lt_epilogue.is_none();
+                    let prepared = lt
+                        .as_ref()
+                        .filter(|_| tune || !plain)
+                        .and_then(|lt| lt.prepare(gemm, bias))
+                        .map(Box::new);
+                    // With cuBLASLt running the epilogue, the kernel is not needed.
+                    let epilogue = match (&prepared, plain) {
+                        (Some(_), false) => None,
+                        _ => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
+                    };
+                    Loaded::Gemm { gemm: gemm.clone(), epilogue, on_cublas: plain, lt: prepared }
+                }
+            });
+        }
+        stream.synchronize().map_err(driver)?;
+        let mut session = Session {
+            stream,
+            blas,
+            steps,
+            lt,
+            arena,
+            _weights: weights,
+            arena_ptr,
+            weights_ptr,
+            inputs: header.inputs.clone(),
+            outputs: header.outputs.clone(),
+            use_graph: options.cuda_graph,
+            graph: None,
+            runs: 0,
+            ranges: header.ranges.clone(),
+            point: top.clone(),
+            sizes: Vec::new(),
+            sizes_kept: options.sizes_kept.max(1),
+            tune: tune && options.cuda_graph,
+            point_runs: 0,
+            point_tuned: true,
+            tuned: Vec::new(),
+            arch,
+            device_name,
+            gemm_choices: Vec::new(),
+            staging_in: staging(&ctx, &header.inputs, sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
+            staging_out: staging(&ctx, &header.outputs, 0)?,
+        };
+        if tune {
+            let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
+            session.gemm_choices = session.tune_gemms(&mut cache, options.cuda_graph)?;
+            cache.save();
+        }
+        Ok(session)
+    }
+}
+
+/// Every input and output of the bundle lies inside its memory (the arena, or for an output
+/// the weights), with a size that fits in memory: a damaged or hostile header is an error
+/// here, not a copy out of bounds later.
+pub(super) fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), RuntimeError> {
+    for r in &header.ranges {
+        if r.low == 0 || r.low > r.high {
+            return Err(RuntimeError::Driver(format!(
+                "the bundle's range {}={}..{} is not a range of sizes",
+                r.symbol, r.low, r.high
+            )));
+        }
+    }
+    let top = crate::ir::tops(&header.ranges);
+    for (spec, kind) in
+        header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
+    {
+        let bad = |why: &str| RuntimeError::Driver(format!("the bundle's {kind} '{}' {why}", spec.name));
+        if let Some(dims) = &spec.dims {
+            if dims.len() != spec.shape.len() {
+                return Err(bad(&format!(
+                    "has {} sizes for a shape of rank {}",
+                    dims.len(),
+                    spec.shape.len()
+                )));
+            }
+            if dims.iter().any(|d| d.powers.len() > header.ranges.len()) {
+                return Err(bad("follows a range the bundle does not have"));
+            }
+            // Memory is for the top of every range: the shape there must be the one given.
+            let at_top: Option<Vec<usize>> = dims.iter().map(|d| d.eval(&top)).collect();
+            if at_top.as_deref() != Some(spec.shape.as_slice()) {
+                return Err(bad(&format!(
+                    "follows the ranges as {}, which is not its shape {:?} at their top",
+                    spec.shape_text(&header.ranges),
+                    spec.shape
+                )));
+            }
+        }
+        let ty = spec.tensor_type().ok_or_else(|| bad(&format!("has unknown type {}", spec.dtype)))?;
+        let bytes = ty
+            .checked_size_bytes()
+            .ok_or_else(|| bad(&format!("has a size that overflows ({:?})", ty.shape)))?;
+        let (offset, limit) = match spec.location {
+            Location::Arena(o) => (o, header.arena_bytes),
+            Location::Weights(o) if kind == "output" => (o, weights_bytes),
+            Location::Weights(_) => return Err(bad("is placed in the weights")),
+        };
+        if offset.checked_add(bytes).is_none_or(|end| end > limit) {
+            return Err(bad(&format!(
+                "({bytes} bytes at {offset}) lies outside the bundle's memory ({limit} bytes)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// An allocation's failure: out of memory with the bytes needed and free, else the driver's
+/// error as it is.
+pub(super) fn out_of_memory(
+    ctx: &cudarc::driver::CudaContext,
+    device: &str,
+    what: &str,
+    needed: usize,
+    e: cudarc::driver::DriverError,
+) -> RuntimeError {
+    if e.0 != cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        return RuntimeError::Driver(format!("allocating {what} ({needed} bytes): {e:?}"));
+    }
+    let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
+    RuntimeError::OutOfMemory { device: device.to_string(), what: what.to_string(), needed, free, total }
+}

@@ -1,0 +1,138 @@
+//! Timing: runs with CUDA events, and each step's GPU time alone and repeated in a graph.
+
+use cudarc::driver::CudaEvent;
+
+use super::{driver, RuntimeError, Session};
+use crate::ir::Tensor;
+
+/// How many times [`Session::profile`] repeats a step in a graph to time it without launches.
+pub const PROFILE_REPEAT: usize = 20;
+
+/// One step's GPU time from [`Session::profile`], medians in milliseconds.
+#[derive(Clone, Debug)]
+pub struct StepProfile {
+    /// The kernel's name, or the GEMM's description.
+    pub name: String,
+    /// Issued alone between two events, no graph: its launch included.
+    pub alone_ms: f64,
+    /// Repeated back to back in a CUDA graph, per repeat (sessions with graphs only): the
+    /// step's GPU time without its launch.
+    pub repeated_ms: Option<f64>,
+}
+
+/// The middle value of `times` (0 when empty).
+pub(super) fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
+}
+
+impl Session {
+    /// GPU time of `iterations` runs in milliseconds, measured with CUDA events around each
+    /// run after `warmup` untimed ones; the input sets rotate (uploaded outside the timing).
+    pub fn time_runs(
+        &mut self,
+        input_sets: &[Vec<(String, Tensor)>],
+        warmup: usize,
+        iterations: usize,
+    ) -> Result<Vec<f64>, RuntimeError> {
+        if input_sets.is_empty() {
+            return Err(RuntimeError::Input("no input sets to time".into()));
+        }
+        let events = self.timing_events(2)?;
+        let (start, end) = (&events[0], &events[1]);
+        let mut times = Vec::with_capacity(iterations);
+        for i in 0..warmup.max(1) + iterations {
+            if i < input_sets.len() || input_sets.len() > 1 {
+                self.upload(&input_sets[i % input_sets.len()])?;
+            }
+            if self.graph.is_none() && self.use_graph {
+                // The first run captures the graph; it is not timed.
+                self.execute_all()?;
+                continue;
+            }
+            let ms = self.timed_run(start, end)?;
+            if i >= warmup.max(1) {
+                times.push(ms);
+            }
+        }
+        Ok(times)
+    }
+
+    /// GPU time of each step (a kernel, or a GEMM with its epilogue) on `inputs`, median of
+    /// `iterations` runs after one warm-up, in program order. Each step is timed two ways:
+    /// alone (issued step by step with CUDA events between the steps, no graph: its launch
+    /// included) and, where the session uses CUDA graphs, repeated back to back in a graph
+    /// (its GPU time without the launch; see `profile_repeated`). Event record nodes between
+    /// the steps of the program's graph were tried: each added ~2.5 µs to every step.
+    pub fn profile(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        iterations: usize,
+    ) -> Result<Vec<StepProfile>, RuntimeError> {
+        self.upload(inputs)?;
+        let events = self.timing_events(self.steps.len() + 1)?;
+        let mut times = vec![Vec::with_capacity(iterations); self.steps.len()];
+        // The first pass warms up.
+        for i in 0..iterations + 1 {
+            events[0].record(&self.stream).map_err(driver)?;
+            for (s, step) in self.steps.iter().enumerate() {
+                self.execute_step(step)?;
+                events[s + 1].record(&self.stream).map_err(driver)?;
+            }
+            self.stream.synchronize().map_err(driver)?;
+            for (s, t) in times.iter_mut().enumerate().filter(|_| i > 0) {
+                t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
+            }
+        }
+        let repeated = match self.use_graph {
+            true => Some(self.profile_repeated(iterations)?),
+            false => None,
+        };
+        Ok(self
+            .steps
+            .iter()
+            .zip(times)
+            .enumerate()
+            .map(|(s, (step, t))| StepProfile {
+                name: step.name(),
+                alone_ms: median(t),
+                repeated_ms: repeated.as_ref().map(|r| r[s]),
+            })
+            .collect())
+    }
+
+    /// `count` events that record timing.
+    pub(super) fn timing_events(&self, count: usize) -> Result<Vec<CudaEvent>, RuntimeError> {
+        use cudarc::driver::sys::CUevent_flags;
+        let ctx = self.stream.context().clone();
+        (0..count)
+            .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(driver)
+    }
+
+    /// Each step's GPU time without its launch: the step captured [`PROFILE_REPEAT`] times back
+    /// to back in a CUDA graph, the graph's median time over `iterations` replays (after one)
+    /// divided by the repeat count. Inputs are warm in L2, as in the program, where each
+    /// step's inputs were just written; a GEMM's weights are too, unlike in the program.
+    pub(super) fn profile_repeated(&mut self, iterations: usize) -> Result<Vec<f64>, RuntimeError> {
+        let events = self.timing_events(2)?;
+        let mut times = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            let graph =
+                self.capture(|session| (0..PROFILE_REPEAT).try_for_each(|_| session.execute_step(step)))?;
+            let mut runs = Vec::with_capacity(iterations);
+            for i in 0..iterations + 1 {
+                events[0].record(&self.stream).map_err(driver)?;
+                graph.launch().map_err(driver)?;
+                events[1].record(&self.stream).map_err(driver)?;
+                let ms = f64::from(events[0].elapsed_ms(&events[1]).map_err(driver)?);
+                if i > 0 {
+                    runs.push(ms / PROFILE_REPEAT as f64);
+                }
+            }
+            times.push(median(runs));
+        }
+        Ok(times)
+    }
+}

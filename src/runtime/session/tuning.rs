@@ -1,0 +1,198 @@
+//! Choosing GEMM algorithms by timing the whole program as a CUDA graph, and the cache of
+//! those choices.
+
+use cudarc::driver::CudaEvent;
+
+use super::launch::Loaded;
+use super::profile::median;
+use super::{driver, lt, GemmChoice, RuntimeError, Session};
+use crate::nvrtc;
+
+/// Runs at a point of a bundle's ranges after which its GEMM algorithms are timed
+/// ([`Session::tune_point`]); before, they are the heuristic's first (or cached) choices.
+pub const TUNE_AFTER_RUNS: usize = 8;
+
+impl Session {
+    /// Times the GEMM algorithms of the current point of the ranges (one that has run
+    /// [`TUNE_AFTER_RUNS`] times), as a session does at the top when it loads: each GEMM
+    /// prepared with the heuristic's candidates, the program timed with each, the choices
+    /// cached on disk (a point set up later, in this session or another, takes them at once).
+    pub(super) fn tune_point(&mut self) -> Result<(), RuntimeError> {
+        self.point_tuned = true;
+        self.tuned.push(self.point.clone());
+        let Some(lt) = self.lt.as_ref() else { return Ok(()) };
+        let mut prepared = Vec::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Loaded::Gemm { gemm, .. } = step {
+                let bias = gemm.lt_epilogue.map(|e| self.address(e.bias));
+                prepared.push((i, lt.prepare(gemm, bias).map(Box::new)));
+            }
+        }
+        for (i, p) in prepared {
+            if let (Some(Loaded::Gemm { lt, on_cublas, gemm, .. }), Some(p)) = (self.steps.get_mut(i), p) {
+                // A plain GEMM starts on cuBLAS, the reference it is timed against.
+                *on_cublas = gemm.lt_epilogue.is_none();
+                *lt = Some(p);
+            }
+        }
+        let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &self.device_name);
+        let runs = self.runs;
+        let choices = self.tune_gemms(&mut cache, true)?;
+        cache.save();
+        self.runs = runs;
+        tracing::debug!("GEMMs at {:?} timed: {} choices", self.point, choices.len());
+        Ok(())
+    }
+
+    /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
+    /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
+    /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
+    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
+    /// called back to back, is a poor guide: in a model its weights come from HBM and its
+    /// neighbours share the GPU. Choices in `cache` are applied without timing; without
+    /// `time`, only they are.
+    pub(super) fn tune_gemms(
+        &mut self,
+        cache: &mut lt::AlgoCache,
+        time: bool,
+    ) -> Result<Vec<GemmChoice>, RuntimeError> {
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Loaded::Gemm { gemm, lt: Some(_), .. } = step {
+                let key = lt::gemm_key(gemm);
+                match groups.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, members)) => members.push(i),
+                    None => groups.push((key, vec![i])),
+                }
+            }
+        }
+        let mut choices = Vec::new();
+        let mut untimed = Vec::new();
+        for (key, members) in groups {
+            match cache.get(&key).cloned() {
+                Some(cached) if self.restore(&members, &cached) => {
+                    choices.push(GemmChoice {
+                        cached: true,
+                        config: self.gemm_config(members[0]),
+                        ..cached.choice
+                    });
+                }
+                _ => untimed.push((key, members)),
+            }
+        }
+        if untimed.is_empty() || !time {
+            return Ok(choices);
+        }
+        let mut best = self.time_program()?;
+        for (key, members) in untimed {
+            let Some(Loaded::Gemm { gemm, lt: Some(prepared), .. }) = self.steps.get(members[0]) else {
+                continue;
+            };
+            let plain = gemm.lt_epilogue.is_none();
+            // `None`: cuBLAS; `Some(r)`: the heuristic's algorithm of rank `r`.
+            let options: Vec<Option<usize>> = plain
+                .then_some(None)
+                .into_iter()
+                .chain((0..lt::Lt::candidates(prepared)).map(Some))
+                .collect();
+            let heuristic = lt::Lt::heuristic(prepared);
+            let reference_ms = best;
+            let mut kept = 0;
+            for (i, &option) in options.iter().enumerate().skip(1) {
+                self.apply(&members, option);
+                let ms = self.time_program()?;
+                tracing::debug!(gemm = %key, candidate = i, config = %self.gemm_config(members[0]), ms, "GEMM candidate timed");
+                if ms < lt::MARGIN * best {
+                    best = ms;
+                    kept = i;
+                }
+            }
+            self.apply(&members, options[kept]);
+            let choice = GemmChoice {
+                gemm: key.clone(),
+                reference: if plain { lt::Reference::Cublas } else { lt::Reference::HeuristicFirst },
+                candidates: options.len(),
+                heuristic: usize::from(plain) + heuristic,
+                chosen: kept,
+                first_us: 1e3 * reference_ms,
+                chosen_us: 1e3 * best,
+                cached: false,
+                config: self.gemm_config(members[0]),
+            };
+            if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
+                cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
+            }
+            choices.push(choice);
+        }
+        // The next run captures the graph of the chosen algorithms.
+        self.graph = None;
+        self.runs = 0;
+        Ok(choices)
+    }
+
+    /// The configuration GEMM step `i` runs with: `cuBLAS`, or its cuBLASLt algorithm's.
+    pub(super) fn gemm_config(&self, i: usize) -> String {
+        match self.steps.get(i) {
+            Some(Loaded::Gemm { on_cublas: true, .. }) => "cuBLAS".to_string(),
+            Some(Loaded::Gemm { lt: Some(prepared), .. }) => lt::Lt::config(prepared),
+            _ => String::new(),
+        }
+    }
+
+    /// Runs the GEMM steps `members` on cuBLAS (`None`) or on the cuBLASLt heuristic's
+    /// algorithm of rank `r` (`Some(r)`).
+    pub(super) fn apply(&mut self, members: &[usize], option: Option<usize>) {
+        for &i in members {
+            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+                *on_cublas = option.is_none();
+                if let Some(rank) = option {
+                    lt::Lt::select(prepared, rank);
+                }
+            }
+        }
+    }
+
+    /// Applies a cached choice to `members`; false when it no longer fits.
+    pub(super) fn restore(&mut self, members: &[usize], cached: &lt::CachedAlgo) -> bool {
+        let Some(lt) = self.lt.as_ref() else { return false };
+        for &i in members {
+            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+                *on_cublas = cached.choice.cublas();
+                if !*on_cublas && !lt.restore(prepared, cached) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// One run (the graph's replay, or the steps one by one) between `start` and `end`, in
+    /// milliseconds, waited for.
+    pub(super) fn timed_run(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, RuntimeError> {
+        start.record(&self.stream).map_err(driver)?;
+        match &self.graph {
+            Some(graph) => graph.launch().map_err(driver)?,
+            None => self.execute()?,
+        }
+        end.record(&self.stream).map_err(driver)?;
+        end.synchronize().map_err(driver)?;
+        Ok(f64::from(start.elapsed_ms(end).map_err(driver)?))
+    }
+
+    /// Median milliseconds of the program as a CUDA graph (captured anew), over
+    /// `lt::TIMED_RUNS` replays after three untimed ones.
+    pub(super) fn time_program(&mut self) -> Result<f64, RuntimeError> {
+        self.graph = None;
+        self.execute_all()?;
+        let events = self.timing_events(2)?;
+        let mut times = Vec::with_capacity(lt::TIMED_RUNS);
+        for i in 0..3 + lt::TIMED_RUNS {
+            let ms = self.timed_run(&events[0], &events[1])?;
+            if i >= 3 {
+                times.push(ms);
+            }
+        }
+        Ok(median(times))
+    }
+}
