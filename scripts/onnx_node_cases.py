@@ -27,6 +27,8 @@ Softmax LogSoftmax LayerNormalization ReduceMean ReduceSum ReduceMax Dropout Ide
 Reshape Transpose Squeeze Unsqueeze Flatten Concat Split Slice Gather GatherElements GatherND Expand
 Tile
 Shape Size ConstantOfShape Range Trilu CumSum
+MaxPool AveragePool GlobalAveragePool GlobalMaxPool BatchNormalization HardSigmoid HardSwish
+Softplus Mish
 """.split())
 
 

@@ -62,6 +62,10 @@ pub struct Bench {
     /// one number for a bundle with one range.
     #[arg(long, visible_alias = "shapes", value_delimiter = ',', value_name = "AxB,...")]
     sizes: Vec<String>,
+    /// Exit with status 1 when the fused build's median is slower than the unfused one's (a
+    /// warning is printed either way): a fused build must never be slower.
+    #[arg(long)]
+    strict: bool,
 }
 
 /// `8x384` as sizes of `ranges` (in order); an error names the point and the ranges.
@@ -440,6 +444,15 @@ impl Bench {
         };
         drop(progress);
         let speedup = rows[0].median / rows[1].median;
+        let fused_slower = rows[1].median > rows[0].median;
+        if fused_slower {
+            eprintln!(
+                "warning: {}: the fused build is slower than the unfused one ({:.4} ms against {:.4} ms median)",
+                onnx.display(),
+                rows[1].median,
+                rows[0].median
+            );
+        }
         // With `--json -` standard output carries only the JSON.
         if !super::shapes::json_to_stdout(self.json.as_deref()) {
             println!(
@@ -535,6 +548,7 @@ impl Bench {
                 "rates": rates,
                 "flops": fused.header.flops,
                 "speedup": speedup,
+                "fused_slower": fused_slower,
                 "variants": rows.iter().map(|r| serde_json::json!({
                     "variant": r.label, "median_ms": r.median, "p10_ms": r.p10, "p90_ms": r.p90,
                     "kernels": r.header.kernels, "launches": r.launches, "gemm_calls": r.header.gemm_calls,
@@ -547,6 +561,9 @@ impl Bench {
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms})).collect::<Vec<_>>()),
             });
             super::shapes::write_json(path, &json)?;
+        }
+        if fused_slower && self.strict {
+            return Ok(ExitCode::FAILURE);
         }
         Ok(ExitCode::SUCCESS)
     }

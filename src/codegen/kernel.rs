@@ -351,7 +351,7 @@ impl<'a> Body<'a> {
         Ok(name)
     }
 
-    fn fresh(&mut self, prefix: &str) -> String {
+    pub(super) fn fresh(&mut self, prefix: &str) -> String {
         self.fresh += 1;
         format!("{prefix}{}", self.fresh)
     }
@@ -519,6 +519,7 @@ impl<'a> Body<'a> {
             Op::Conv { strides, pads, dilations, group } => {
                 self.conv_loop(id, coords, *strides, *pads, *dilations, *group)?
             }
+            Op::Pool { kind, window } => self.pool_loop(id, coords, *kind, window)?,
             Op::MatMul | Op::Gemm { .. } => {
                 let gemm = self.gemm.filter(|g| g.node == id).ok_or("a GEMM inside an elementwise kernel")?;
                 let raw = format!("raw{}", id.index());

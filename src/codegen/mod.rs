@@ -11,6 +11,7 @@ mod expr;
 mod gemm;
 pub mod index;
 mod kernel;
+mod pool;
 mod row;
 
 use handlebars::Handlebars;

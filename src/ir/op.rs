@@ -104,6 +104,35 @@ pub enum ReduceOp {
     Max,
 }
 
+/// How a `Pool` combines the elements of a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// The largest element inside the input (padding never counts).
+    Max,
+    /// The mean: of the elements inside the input, or (`count_include_pad`) of those inside
+    /// the explicitly padded input, padding counting as zeros.
+    Average {
+        /// Padding counts in the divisor.
+        count_include_pad: bool,
+    },
+}
+
+/// The windows of a 2-D `Pool` over NCHW.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolWindow {
+    /// Window height and width.
+    pub kernel: [usize; 2],
+    /// Strides along height and width.
+    pub strides: [usize; 2],
+    /// Padding: top, left, bottom, right.
+    pub pads: [usize; 4],
+    /// Dilations along height and width.
+    pub dilations: [usize; 2],
+    /// Output extents round up (a last window that starts in the input or its start
+    /// padding is kept), not down.
+    pub ceil_mode: bool,
+}
+
 /// One axis of a `Slice`: the output takes `len` elements, `start`, `start + step`, ….
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SliceAxis {
@@ -170,6 +199,13 @@ pub enum Op {
         dilations: [usize; 2],
         /// Groups the channels are split into.
         group: usize,
+    },
+    /// 2-D pooling (max or average) over windows of NCHW.
+    Pool {
+        /// How a window's elements combine.
+        kind: PoolKind,
+        /// The windows.
+        window: PoolWindow,
     },
     /// Softmax along `axis`.
     Softmax {
@@ -320,6 +356,8 @@ impl Op {
             Op::MatMul => "MatMul".into(),
             Op::Gemm { .. } => "Gemm".into(),
             Op::Conv { .. } => "Conv".into(),
+            Op::Pool { kind: PoolKind::Max, .. } => "MaxPool".into(),
+            Op::Pool { kind: PoolKind::Average { .. }, .. } => "AveragePool".into(),
             Op::Softmax { .. } => "Softmax".into(),
             Op::LogSoftmax { .. } => "LogSoftmax".into(),
             Op::LayerNorm { .. } => "LayerNorm".into(),
@@ -376,6 +414,20 @@ impl fmt::Display for Op {
                 f,
                 "{kind}<strides={strides:?}, pads={pads:?}, dilations={dilations:?}, group={group}>"
             ),
+            Op::Pool { kind, window } => {
+                let PoolWindow { kernel, strides, pads, dilations, ceil_mode } = window;
+                let include = match kind {
+                    PoolKind::Average { count_include_pad } => {
+                        format!(", count_include_pad={count_include_pad}")
+                    }
+                    PoolKind::Max => String::new(),
+                };
+                write!(
+                    f,
+                    "{kind}<kernel={kernel:?}, strides={strides:?}, pads={pads:?}, dilations={dilations:?}, ceil={ceil_mode}{include}>",
+                    kind = self.kind()
+                )
+            }
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 write!(f, "{kind}<axis={axis}>")
             }

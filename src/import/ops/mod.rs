@@ -10,6 +10,7 @@ mod layout;
 mod linalg;
 mod reduce;
 mod shape;
+mod vision;
 
 pub(crate) type Translate = fn(&mut NodeCtx) -> Translated;
 pub(crate) type Registry = HashMap<&'static str, Translate>;
@@ -24,6 +25,7 @@ pub(crate) fn registry() -> &'static Registry {
         reduce::register(&mut reg);
         layout::register(&mut reg);
         shape::register(&mut reg);
+        vision::register(&mut reg);
         reg
     })
 }

@@ -4,6 +4,7 @@
 pub mod elementwise;
 pub mod layout;
 pub mod linalg;
+pub mod pool;
 pub mod reduce;
 
 use super::dtype::TensorType;
@@ -39,6 +40,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> OpResult<TensorType> {
         Op::Conv { strides, pads, dilations, group } => {
             linalg::infer_conv(inputs, *strides, *pads, *dilations, *group)
         }
+        Op::Pool { window, .. } => pool::infer_pool(x(), window),
         Op::Softmax { axis } | Op::LogSoftmax { axis } => reduce::infer_softmax(x(), *axis),
         Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => reduce::infer_layer_norm(inputs, *axis),
         Op::Attention { .. } => linalg::infer_attention(inputs),
@@ -78,6 +80,7 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Conv { strides, pads, dilations, group } => {
             linalg::eval_conv(inputs, *strides, *pads, *dilations, *group)
         }
+        Op::Pool { kind, window } => pool::eval_pool(x(), *kind, window),
         Op::Softmax { axis } => reduce::eval_softmax(x(), *axis, false),
         Op::LogSoftmax { axis } => reduce::eval_softmax(x(), *axis, true),
         Op::LayerNorm { axis, epsilon } => reduce::eval_layer_norm(inputs, *axis, *epsilon),

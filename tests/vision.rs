@@ -1,0 +1,290 @@
+//! The convolutional-network ops (pooling, BatchNormalization, the hard activations, Mish)
+//! at awkward shapes — odd sizes, asymmetric pads, ceil_mode, dilation — against tract on
+//! the CPU: imported, through the passes and fusion, and every kernel they become compiled
+//! with NVRTC where it is found.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use fusec::fusion::{self, FusionLimits};
+use fusec::import::{import, run_tract, ImportOptions};
+use fusec::ir::{self, rel_l2, DType};
+use fusec::passes::{run_passes, standard};
+use fusec::pipeline::{plan_reporting, CompileOptions};
+use prost::Message;
+use tract_onnx::pb::{
+    attribute_proto::AttributeType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+
+const TOLERANCE: f64 = 1e-5;
+
+fn ints(name: &str, values: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: values.to_vec(),
+        r#type: AttributeType::Ints as i32,
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, value: i64) -> AttributeProto {
+    AttributeProto { name: name.into(), i: value, r#type: AttributeType::Int as i32, ..Default::default() }
+}
+
+fn float(name: &str, value: f32) -> AttributeProto {
+    AttributeProto { name: name.into(), f: value, r#type: AttributeType::Float as i32, ..Default::default() }
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attributes: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        name: format!("{op}_{output}"),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute: attributes,
+        ..Default::default()
+    }
+}
+
+/// An f32 initializer of `dims` with seeded values in [lo, lo + span).
+fn weight(name: &str, dims: &[i64], seed: u64, lo: f32, span: f32) -> TensorProto {
+    let mut next = common::xorshift(seed);
+    let count: i64 = dims.iter().product();
+    let values: Vec<f32> = (0..count).map(|_| lo + span * (next() % 10_000) as f32 / 10_000.0).collect();
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ..Default::default()
+    }
+}
+
+fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
+    let dim = |d: i64| tensor_shape_proto::Dimension {
+        value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+        ..Default::default()
+    };
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(TensorShapeProto { dim: dims.iter().map(|&d| dim(d)).collect() }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn write_model(
+    dir: &Path,
+    name: &str,
+    input: &[i64],
+    nodes: Vec<NodeProto>,
+    init: Vec<TensorProto>,
+) -> std::path::PathBuf {
+    let output = nodes.last().unwrap().output[0].clone();
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 18 }],
+        graph: Some(GraphProto {
+            name: name.into(),
+            node: nodes,
+            initializer: init,
+            input: vec![value_info("x", input)],
+            output: vec![ValueInfoProto { name: output, ..Default::default() }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = dir.join(format!("{name}.onnx"));
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    path
+}
+
+/// A block of a small CNN: convolution (asymmetric pads, stride 2), BatchNormalization,
+/// HardSwish, a ceil-mode max pool with padding, an average pool counting its padding,
+/// HardSigmoid, Mish and a global average pool.
+fn cnn_block(dir: &Path) -> std::path::PathBuf {
+    let nodes = vec![
+        node("Conv", &["x", "w", "b"], "conv", vec![ints("pads", &[1, 0, 2, 1]), ints("strides", &[2, 1])]),
+        node(
+            "BatchNormalization",
+            &["conv", "scale", "shift", "mean", "var"],
+            "bn",
+            vec![float("epsilon", 1e-3)],
+        ),
+        node("HardSwish", &["bn"], "hswish", vec![]),
+        node(
+            "MaxPool",
+            &["hswish"],
+            "maxpool",
+            vec![
+                ints("kernel_shape", &[3, 2]),
+                ints("strides", &[2, 2]),
+                ints("pads", &[1, 0, 1, 1]),
+                int("ceil_mode", 1),
+            ],
+        ),
+        node(
+            "AveragePool",
+            &["maxpool"],
+            "avgpool",
+            vec![ints("kernel_shape", &[2, 3]), ints("pads", &[0, 1, 1, 1]), int("count_include_pad", 1)],
+        ),
+        node("HardSigmoid", &["avgpool"], "hsig", vec![float("alpha", 0.3), float("beta", 0.4)]),
+        node("Mish", &["hsig"], "mish", vec![]),
+        node("GlobalAveragePool", &["mish"], "y", vec![]),
+    ];
+    let init = vec![
+        weight("w", &[5, 3, 3, 2], 1, -0.5, 1.0),
+        weight("b", &[5], 2, -0.2, 0.4),
+        weight("scale", &[5], 3, 0.5, 1.0),
+        weight("shift", &[5], 4, -0.3, 0.6),
+        weight("mean", &[5], 5, -0.2, 0.4),
+        weight("var", &[5], 6, 0.2, 1.5),
+    ];
+    write_model(dir, "cnn_block", &[2, 3, 11, 13], nodes, init)
+}
+
+/// Pools alone: average excluding padding in ceil mode, and a dilated max pool with
+/// `SAME_LOWER` padding, then the global max.
+fn pools(dir: &Path) -> std::path::PathBuf {
+    let nodes = vec![
+        node(
+            "AveragePool",
+            &["x"],
+            "avg",
+            vec![
+                ints("kernel_shape", &[3, 3]),
+                ints("strides", &[2, 3]),
+                ints("pads", &[1, 2, 0, 1]),
+                int("ceil_mode", 1),
+            ],
+        ),
+        node(
+            "MaxPool",
+            &["avg"],
+            "max",
+            vec![
+                ints("kernel_shape", &[2, 2]),
+                ints("dilations", &[2, 1]),
+                AttributeProto {
+                    name: "auto_pad".into(),
+                    s: b"SAME_LOWER".to_vec(),
+                    r#type: AttributeType::String as i32,
+                    ..Default::default()
+                },
+            ],
+        ),
+        node("Softplus", &["max"], "soft", vec![]),
+        node("GlobalMaxPool", &["soft"], "y", vec![]),
+    ];
+    write_model(dir, "pools", &[3, 4, 13, 17], nodes, vec![])
+}
+
+fn random_feeds(
+    path: &Path,
+    seed: u64,
+) -> (fusec::import::Model, HashMap<String, ir::Tensor>, Vec<ir::Tensor>) {
+    let model = import(path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, seed);
+    let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
+    let values = inputs.into_iter().map(|(_, t)| t).collect();
+    (model, feeds, values)
+}
+
+fn check(path: &Path) {
+    let (model, feeds, values) = random_feeds(path, 7);
+    let theirs = run_tract(path, &values).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        theirs[0].to_f64_vec().iter().any(|&v| v != 0.0),
+        "{}: the reference is all zeros",
+        path.display()
+    );
+    let ours = ir::evaluate(&model.graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= TOLERANCE, "{}: imported, rel-L2 {err:e}", path.display());
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    let fused = fusion::fuse(&graph, &FusionLimits::default()).unwrap_or_else(|e| panic!("{e}"));
+    let after = ir::evaluate(&fused.graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&after[0].1, &theirs[0]);
+    assert!(err <= TOLERANCE, "{}: fused, rel-L2 {err:e}", path.display());
+    for no_fuse in [false, true] {
+        let options = CompileOptions { no_fuse, ..Default::default() };
+        plan_reporting(path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn a_cnn_block_matches_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    check(&cnn_block(dir.path()));
+}
+
+#[test]
+fn pools_at_awkward_shapes_match_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    check(&pools(dir.path()));
+}
+
+/// BatchNormalization's statistics fold into one scale and one shift per channel: the
+/// imported graph of a convolution and its normalisation has no Sqrt or Div left.
+#[test]
+fn batch_norm_folds_to_a_scale_and_a_shift() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _, _) = random_feeds(&cnn_block(dir.path()), 1);
+    let ops = model.graph.op_histogram();
+    assert!(!ops.contains_key("Sqrt") && !ops.contains_key("Div"), "{ops:?}");
+}
+
+/// A second output of MaxPool (the indices) and training-mode BatchNormalization are refused
+/// with the node named, not computed wrongly.
+#[test]
+fn outputs_the_ops_cannot_give_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut with_indices = node("MaxPool", &["x"], "y", vec![ints("kernel_shape", &[2, 2])]);
+    with_indices.output.push("indices".into());
+    let path = write_model(dir.path(), "indices", &[1, 2, 5, 5], vec![with_indices], vec![]);
+    let err = import(&path, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("MaxPool_y") && err.contains("Indices"), "{err}");
+    let training = node("BatchNormalization", &["x", "s", "s", "s", "s"], "y", vec![int("training_mode", 1)]);
+    let path = write_model(
+        dir.path(),
+        "training",
+        &[1, 2, 5, 5],
+        vec![training],
+        vec![weight("s", &[2], 1, 0.5, 1.0)],
+    );
+    let err = import(&path, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("BatchNormalization_y") && err.contains("training_mode"), "{err}");
+}
+
+/// Every kernel of both models, fused and unfused, in f32 and f16, compiles with NVRTC.
+#[test]
+fn every_kernel_compiles_with_nvrtc() {
+    if !fusec::nvrtc::available() {
+        println!("skipped: NVRTC not found (the kernels were generated by the other tests but not compiled)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for path in [cnn_block(dir.path()), pools(dir.path())] {
+        for (no_fuse, precision) in [(false, DType::F32), (true, DType::F32), (false, DType::F16)] {
+            let options = CompileOptions { no_fuse, precision, ..Default::default() };
+            let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
+            let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
+            let sources: Vec<_> = steps.iter().flat_map(fusec::codegen::Step::sources).collect();
+            assert!(!sources.is_empty());
+            for source in sources {
+                fusec::nvrtc::compile(source, "sm_90")
+                    .unwrap_or_else(|e| panic!("{} {precision} no_fuse={no_fuse}: {e}", path.display()));
+            }
+        }
+    }
+}
