@@ -244,6 +244,28 @@ fn batch_norm_folds_to_a_scale_and_a_shift() {
     assert!(!ops.contains_key("Sqrt") && !ops.contains_key("Div"), "{ops:?}");
 }
 
+/// The convolution and its BatchNormalization become one convolution (new weights and
+/// bias) in the passes, and the model keeps its meaning ([`check`] runs the passes).
+#[test]
+fn batch_norm_folds_into_the_convolution() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _, _) = random_feeds(&cnn_block(dir.path()), 1);
+    let mut graph = model.graph.clone();
+    let report = run_passes(&mut graph, &standard()).unwrap();
+    assert!(report.contains(&("fold-conv-affine", 2)), "{report:?}");
+    let conv = graph.node_ids().find(|&id| graph.node(id).op.kind() == "Conv").unwrap();
+    for user in graph.users_of(conv) {
+        let op = &graph.node(user).op;
+        let per_channel =
+            graph.inputs_of(user).iter().any(|&i| graph.constant(i).is_some_and(|c| c.len() > 1));
+        assert!(
+            !(op.is_pointwise() && per_channel),
+            "a per-channel {} is left after the convolution",
+            op.kind()
+        );
+    }
+}
+
 /// A second output of MaxPool (the indices) and training-mode BatchNormalization are refused
 /// with the node named, not computed wrongly.
 #[test]

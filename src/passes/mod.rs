@@ -5,6 +5,7 @@ mod attention_masks;
 mod const_fold;
 mod cse;
 mod dce;
+mod fold_conv_affine;
 mod gather_views;
 mod merge_matmuls;
 mod noop;
@@ -14,6 +15,7 @@ pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use fold_conv_affine::FoldConvAffine;
 pub use gather_views::GatherNdViews;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
@@ -45,6 +47,7 @@ pub struct PassError {
 pub fn standard() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(ConstFold),
+        Box::new(FoldConvAffine),
         Box::new(GatherNdViews),
         Box::new(RemoveNoops),
         Box::new(Cse),
