@@ -39,6 +39,9 @@
 #             memcheck over the GPU test suite (cut off after $SANITIZE_SECS, default 300)
 #   racecheck compute-sanitizer racecheck over the GPU tests: every fixture on its own, then
 #             each other test ($RACE_SECS each, default 90)
+#   cnn       torchvision classifiers (benches/export_cnn.py, TorchScript exporter, random
+#             weights) as a new user brings them: inspect, run --check against tract at batch 1
+#             (fp32), then bench --strict fused against unfused at batch 8 (fp32 and fp16)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -99,6 +102,20 @@ for part in "$@"; do
         done
       done
       timeout 200 .gpu/fusec bench .bench-work/bert_base_mask.onnx --dim batch=1..32 --dim seq=1..512 --precision fp16 --sizes "${SHAPES:-1x128,8x128,32x128,8x384}" --iters 200 --json "$OUT/res/sizes-bert_base_mask.json"
+      ;;
+    cnn)
+      C=.bench-work/cnn
+      timeout 300 python3 benches/export_cnn.py $C ${CNN_MODELS:-resnet50 mobilenet_v3_large} 2>&1 | grep -v Warning | tail -4
+      for m in ${CNN_MODELS:-resnet50 mobilenet_v3_large}; do
+        echo "--- $m"
+        .gpu/fusec inspect $C/$m.onnx --dim batch=1 2>&1 | grep -E "unsupported|ONNX nodes" | cut -c1-300
+        timeout 240 .gpu/fusec run $C/$m.onnx --input x=$C/x_1.npy --check 2>&1 | tail -3
+        for p in fp32 fp16; do
+          timeout 200 .gpu/fusec bench $C/$m.onnx --dim batch=8 --precision $p --iters 30 --warmup 5 --strict \
+            --json "$OUT/res/cnn-$m-$p.json" 2>&1 | grep -E "^fused|^unfused|speedup|warning|error"
+          echo "bench --strict exit: ${PIPESTATUS[0]}"
+        done
+      done
       ;;
     variants)
       export_models bert_base
