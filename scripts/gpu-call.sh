@@ -64,7 +64,11 @@ export_models() {
 for part in "$@"; do
   echo "=== $part ($(date -u +%H:%M:%S))"
   case "$part" in
-    tests) timeout 420 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped" ;;
+    tests)
+      # The fixtures and the node cases where this checkout has them, wherever the tests were built.
+      [ -d /tmp/fusec-node-cases ] || python3 scripts/onnx_node_cases.py /tmp/fusec-node-cases | tail -1
+      FUSEC_MODELS_DIR="$PWD/models" FUSEC_ONNX_NODE_CASES=/tmp/fusec-node-cases FUSEC_GPU_RESULTS="$OUT/res/gpu_results.md" \
+        FUSEC_GPU_NODE_RESULTS="$OUT/res/node_results.md" timeout 420 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped|node cases" ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx

@@ -310,3 +310,33 @@ fn every_kernel_compiles_with_nvrtc() {
         }
     }
 }
+
+/// A convolution of static shape with symmetric padding in f32 or f16 is a cuDNN call with
+/// an epilogue kernel for its bias (the ViT fixture's patch embedding); one with asymmetric
+/// padding, or in bf16, stays a generated loop.
+#[test]
+fn convolutions_go_to_cudnn_where_it_takes_them() {
+    use fusec::codegen::Step;
+    let vit = common::model_path("vit_ts.onnx");
+    let import = ImportOptions::default().dim("batch", 2);
+    for (precision, library) in [(DType::F32, true), (DType::F16, true), (DType::BF16, false)] {
+        let options = CompileOptions { import: import.clone(), precision, ..Default::default() };
+        let (plan, _) = plan_reporting(&vit, &options, &mut |_| {}).unwrap();
+        let steps = fusec::codegen::generate(&plan).unwrap();
+        let convs: Vec<_> = steps.iter().filter(|s| matches!(s, Step::Conv { .. })).collect();
+        assert_eq!(convs.len(), usize::from(library), "{precision}");
+        if let Some(Step::Conv { conv, epilogue }) = convs.first() {
+            // Patches: the stride is the kernel's size.
+            assert_eq!(
+                (conv.strides, conv.pads, conv.group),
+                ([conv.w_shape[2], conv.w_shape[3]], [0, 0], 1)
+            );
+            assert_eq!(conv.dtype, precision);
+            assert!(epilogue.is_some(), "the bias runs in an epilogue kernel");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, _) = plan_reporting(&cnn_block(dir.path()), &CompileOptions::default(), &mut |_| {}).unwrap();
+    let steps = fusec::codegen::generate(&plan).unwrap();
+    assert!(!steps.iter().any(|s| matches!(s, Step::Conv { .. })), "asymmetric padding stays a loop");
+}

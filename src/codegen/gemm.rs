@@ -297,6 +297,6 @@ fn epilogue(
         kernel,
         name,
         hb,
-        Some(kernel::GemmRaw { node: gemm, location: out, beta_c }),
+        Some(kernel::GemmRaw { node: gemm, location: out, beta_c, finished: beta_c.is_none() }),
     )
 }

@@ -20,13 +20,17 @@ use crate::plan::{Location, Pattern, Plan};
 
 pub const BLOCK: u32 = 256;
 
-/// A GEMM epilogue's view of the GEMM: its raw product `alpha·A·B` is in `location`; the
-/// GEMM node's value is that product, plus `beta·C` for an ONNX Gemm with C.
+/// A library call's epilogue view of its result. A GEMM's raw product `alpha·A·B` is in
+/// `location`; the GEMM node's value is that product, plus `beta·C` for an ONNX Gemm with C.
+/// A convolution's result without its bias is there; the node's value adds the bias.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmRaw {
     pub node: NodeId,
     pub location: Location,
     pub beta_c: Option<f32>,
+    /// The raw result is the node's value (no `beta·C`, no bias to add): it is read, not
+    /// computed.
+    pub finished: bool,
 }
 
 /// What a kernel body is built from: buffers it touches and statements in order.
@@ -173,7 +177,7 @@ impl<'a> Body<'a> {
 
     /// The element at `coords` of a tensor of `shape` at `pointer`, widened to its register
     /// type; in a lane loop, from a vector load where the lanes read consecutive elements.
-    fn element(
+    pub(super) fn element(
         &mut self,
         pointer: &str,
         coords: &[String],
@@ -204,7 +208,7 @@ impl<'a> Body<'a> {
 
     fn location(&self, id: NodeId) -> Option<Location> {
         match self.gemm {
-            Some(g) if g.node == id && g.beta_c.is_none() => Some(g.location),
+            Some(g) if g.node == id && g.finished => Some(g.location),
             // A value this kernel computes is never read back from memory.
             _ if self.members.contains(&id) => None,
             _ => self.plan.locations.get(&id).copied(),
@@ -226,7 +230,7 @@ impl<'a> Body<'a> {
         Ok(name)
     }
 
-    fn declare(
+    pub(super) fn declare(
         &mut self,
         name: &str,
         location: Location,
@@ -516,6 +520,11 @@ impl<'a> Body<'a> {
                     format!("(expf({own} - {mx}) / {sum})")
                 }
             }
+            // A library convolution wrote its result without the bias, at the element's own
+            // linear index.
+            Op::Conv { .. } if self.gemm.is_some_and(|g| g.node == id) => {
+                self.library_conv_value(id, coords)?
+            }
             Op::Conv { strides, pads, dilations, group } => {
                 self.conv_loop(id, coords, *strides, *pads, *dilations, *group)?
             }
@@ -584,39 +593,6 @@ impl<'a> Body<'a> {
             None => format!("({acc} / (float){})", count.c()),
         };
         Ok(if op == ReduceOp::Mean { mean } else { acc })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn conv_loop(
-        &mut self,
-        id: NodeId,
-        coords: &Coords,
-        strides: [usize; 2],
-        pads: [usize; 4],
-        dilations: [usize; 2],
-        group: usize,
-    ) -> Result<String, String> {
-        let graph = &self.plan.graph;
-        let inputs = graph.inputs_of(id);
-        let x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
-        let w = &graph.node(inputs[1]).ty.shape;
-        let cout_per_group = w[0] / group;
-        let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));
-        let (n, co, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
-        let channel = format!("(({co} / {cout_per_group}LL) * {}LL + {ci})", w[1]);
-        let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
-        let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
-        let xr = self.read(inputs[0], vec![n.clone(), channel, ih.clone(), iw.clone()])?;
-        let wr = self.read(inputs[1], vec![co.clone(), ci.clone(), kh.clone(), kw.clone()])?;
-        let bias = match inputs.get(2) {
-            Some(&b) => self.read(b, vec![co.clone()])?,
-            None => "0.0f".into(),
-        };
-        self.statements.push(format!(
-            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {} || {iw} < 0 || {iw} >= {}) continue; {acc} += {xr} * {wr}; }}",
-            w[1], w[2], w[3], x[2], x[3]
-        ));
-        Ok(acc)
     }
 
     /// Stores `v<id>` (at `coords` of `id`'s shape) where the plan keeps it.

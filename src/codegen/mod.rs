@@ -6,6 +6,7 @@
 //! Knows nothing of cudarc.
 
 mod attention;
+mod conv;
 mod elementwise;
 mod expr;
 mod gemm;
@@ -18,6 +19,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use conv::ConvSpec;
 pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;
@@ -231,6 +233,13 @@ pub enum Step {
         /// The kernel that runs after it on its output, unless cuBLASLt runs the epilogue.
         epilogue: Option<KernelSource>,
     },
+    /// A cuDNN convolution.
+    Conv {
+        /// The convolution.
+        conv: ConvSpec,
+        /// The kernel that runs after it on its output: the bias and the fused pointwise ops.
+        epilogue: Option<KernelSource>,
+    },
 }
 
 impl Step {
@@ -238,7 +247,7 @@ impl Step {
     pub fn sources(&self) -> impl Iterator<Item = &KernelSource> {
         let (a, b) = match self {
             Step::Launch(k) => (Some(k), None),
-            Step::Gemm { epilogue, .. } => (None, epilogue.as_ref()),
+            Step::Gemm { epilogue, .. } | Step::Conv { epilogue, .. } => (None, epilogue.as_ref()),
         };
         a.into_iter().chain(b).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
@@ -250,6 +259,7 @@ impl Step {
             Step::Gemm { gemm, epilogue } => {
                 1 + usize::from(epilogue.is_some() && gemm.lt_epilogue.is_none())
             }
+            Step::Conv { epilogue, .. } => 1 + usize::from(epilogue.is_some()),
         }
     }
 }
@@ -279,6 +289,7 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let name = format!("fusec_k{k}_{kind}");
             let mut step = match &kernel.kind {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
+                KernelKind::Conv => conv::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 _ => elementwise::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
             if plan.scaled() {
@@ -286,7 +297,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             }
             let narrow = index::fits_i32(plan, kernel);
             match &mut step {
-                Step::Launch(source) | Step::Gemm { epilogue: Some(source), .. } => {
+                Step::Launch(source)
+                | Step::Gemm { epilogue: Some(source), .. }
+                | Step::Conv { epilogue: Some(source), .. } => {
                     for variant in &mut source.variants {
                         if narrow {
                             variant.source = index::narrow(&variant.source);
@@ -298,7 +311,7 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
                     }
                     share(source, &kind, &mut functions);
                 }
-                Step::Gemm { epilogue: None, .. } => {}
+                Step::Gemm { epilogue: None, .. } | Step::Conv { epilogue: None, .. } => {}
             }
             Ok(step)
         })

@@ -3,6 +3,7 @@
 //! never a panic: presence is checked before cudarc is asked to load anything.
 
 mod blas;
+mod dnn;
 mod lt;
 mod rates;
 mod session;
@@ -86,6 +87,7 @@ pub(crate) fn library_present(key: Library, check: unsafe fn() -> bool) -> bool 
 pub(crate) enum Library {
     Driver,
     Cublas,
+    Cudnn,
     CublasLt,
 }
 
@@ -104,6 +106,9 @@ pub enum RuntimeError {
     /// libcuda could not be loaded: no NVIDIA driver on this machine.
     #[error("no CUDA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU and driver?)")]
     NoDriver,
+    /// libcudnn could not be loaded (a bundle with convolutions needs it).
+    #[error("cuDNN is not available: libcudnn.so.9 was not found (install cuDNN 9 for CUDA 13, e.g. the nvidia-cudnn-cu13 wheel or the distribution's libcudnn9 package, and add its lib/ to LD_LIBRARY_PATH)")]
+    NoCudnn,
     /// libcublas could not be loaded.
     #[error("cuBLAS is not available: libcublas.so.13 was not found")]
     NoCublas,

@@ -95,7 +95,9 @@ impl Session {
             .iter()
             .map(|s| match s {
                 Loaded::Kernel(_) => 1,
-                Loaded::Gemm { epilogue, .. } => 1 + usize::from(epilogue.is_some()),
+                Loaded::Gemm { epilogue, .. } | Loaded::Conv { epilogue, .. } => {
+                    1 + usize::from(epilogue.is_some())
+                }
             })
             .sum()
     }

@@ -3,9 +3,12 @@
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
+use std::sync::Arc;
+
 use super::super::blas;
+use super::super::dnn::ConvCall;
 use super::{lt, RuntimeError, Session};
-use crate::codegen::{GemmSpec, KernelSource};
+use crate::codegen::{ConvSpec, GemmSpec, KernelSource};
 use crate::plan::Location;
 
 #[derive(Clone)]
@@ -85,6 +88,13 @@ pub(super) enum Loaded {
         on_cublas: bool,
         lt: Option<Box<lt::LtGemm>>,
     },
+    /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops).
+    Conv {
+        spec: ConvSpec,
+        /// Descriptors and algorithm, shared by every point of a bundle's ranges.
+        call: Arc<ConvCall>,
+        epilogue: Option<Launch>,
+    },
 }
 
 impl Loaded {
@@ -92,6 +102,14 @@ impl Loaded {
     pub(super) fn name(&self) -> String {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
+            Loaded::Conv { spec, epilogue, .. } => {
+                let [_, _, r, s] = spec.w_shape;
+                let conv = format!("cuDNN conv {:?} {r}x{s} -> {:?}", spec.x_shape, spec.y_shape);
+                match epilogue {
+                    Some(e) => format!("{conv} + {}", e.name),
+                    None => conv,
+                }
+            }
             Loaded::Gemm { gemm, epilogue, on_cublas, lt } => {
                 let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
                 let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
@@ -125,6 +143,14 @@ impl Session {
                 }
                 Loaded::Gemm { gemm, epilogue, .. } => {
                     self.gemm(gemm)?;
+                    if let Some(launch) = epilogue {
+                        self.launch(launch)?;
+                    }
+                }
+                Loaded::Conv { call, epilogue, .. } => {
+                    let dnn =
+                        self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
+                    call.launch(dnn, self.conv_workspace())?;
                     if let Some(launch) = epilogue {
                         self.launch(launch)?;
                     }

@@ -2,11 +2,13 @@
 //! arena, cuBLAS/cuBLASLt handles and staging buffers; the header checked first.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, DevicePtr, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
+use super::super::dnn::{self, ConvCall, Dnn};
 use super::io::staging;
 use super::launch::{device_address, programmatic_launch_wanted, waits_for_predecessor, Launch, Loaded};
 use super::{blas, driver, driver_available, lt, RuntimeError, Session, SessionOptions};
@@ -133,6 +135,29 @@ impl Session {
         // GEMM keeps its reference (cuBLAS, or cuBLASLt's first algorithm where cuBLASLt runs
         // the epilogue), so a session with and one without graphs compute alike.
         let tune = options.tune_gemms && lt.is_some();
+        // cuDNN for the convolutions, and the scratch its algorithm search measures with,
+        // kept as their workspace (shrunk to what the chosen algorithms need).
+        let dnn = match header.steps.iter().any(|s| matches!(s, Step::Conv { .. })) {
+            true => Some(Dnn::new(device, &stream)?),
+            false => None,
+        };
+        let mut conv_workspace = match dnn {
+            Some(_) => {
+                let (free, _) = ctx.mem_get_info().map_err(driver)?;
+                let bytes = dnn::scratch_bytes(free).max(1);
+                Some(
+                    stream
+                        .alloc_zeros::<u8>(bytes)
+                        .map_err(|e| memory("the convolutions' workspace", bytes, e))?,
+                )
+            }
+            None => None,
+        };
+        let scratch = conv_workspace.as_ref().map_or((0, 0), |w| (w.device_ptr(&stream).0, w.len()));
+        let inside = |location: Location| match location {
+            Location::Arena(o) => o < header.arena_bytes.max(1),
+            Location::Weights(o) => o < bundle.weights.len().max(1),
+        };
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
@@ -165,7 +190,42 @@ impl Session {
                     };
                     Loaded::Gemm { gemm: gemm.clone(), epilogue, on_cublas: plain, lt: prepared }
                 }
+                Step::Conv { conv, epilogue } => {
+                    if ![conv.x, conv.w, conv.y].into_iter().all(inside) {
+                        return Err(RuntimeError::Driver(
+                            "a convolution's operand lies outside the bundle's memory".into(),
+                        ));
+                    }
+                    let dnn = dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
+                    let at = |l| device_address(l, arena_ptr, weights_ptr);
+                    let call = ConvCall::new(
+                        dnn,
+                        conv,
+                        (at(conv.x), at(conv.w), at(conv.y)),
+                        scratch,
+                        &device_name,
+                    )?;
+                    let epilogue = epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?;
+                    Loaded::Conv { spec: conv.clone(), call: Arc::new(call), epilogue }
+                }
             });
+        }
+        let needed = steps
+            .iter()
+            .filter_map(|s| match s {
+                Loaded::Conv { call, .. } => Some(call.workspace),
+                _ => None,
+            })
+            .max();
+        if let (Some(needed), Some(w)) = (needed, &conv_workspace) {
+            if needed < w.len() {
+                stream.synchronize().map_err(driver)?;
+                conv_workspace = Some(
+                    stream
+                        .alloc_zeros::<u8>(needed.max(1))
+                        .map_err(|e| memory("the convolutions' workspace", needed, e))?,
+                );
+            }
         }
         stream.synchronize().map_err(driver)?;
         let mut session = Session {
@@ -195,6 +255,8 @@ impl Session {
             gemm_choices: Vec::new(),
             staging_in: staging(&ctx, &header.inputs, sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
             staging_out: staging(&ctx, &header.outputs, 0)?,
+            dnn,
+            conv_workspace,
         };
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

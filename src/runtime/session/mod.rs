@@ -95,6 +95,9 @@ pub struct Session {
     /// all its outputs, rather than once per copy as copies of pageable memory do.
     staging_in: Vec<PinnedHostSlice<u8>>,
     staging_out: Vec<PinnedHostSlice<u8>>,
+    /// cuDNN, for a bundle with convolutions, and the workspace its algorithms share.
+    dnn: Option<super::dnn::Dnn>,
+    conv_workspace: Option<CudaSlice<u8>>,
 }
 
 /// How a session runs.
@@ -130,6 +133,15 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// The convolutions' workspace: device address and bytes (0 and 0 without one).
+    fn conv_workspace(&self) -> (u64, usize) {
+        use cudarc::driver::DevicePtr;
+        match &self.conv_workspace {
+            Some(w) => (w.device_ptr(&self.stream).0, w.len()),
+            None => (0, 0),
+        }
+    }
+
     /// Loads `bundle` on GPU `device`: compiles its kernels if the bundle has no PTX for this
     /// GPU, uploads the weights, allocates the arena.
     pub fn new(bundle: &Bundle, device: usize) -> Result<Session, RuntimeError> {

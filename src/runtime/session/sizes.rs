@@ -111,6 +111,11 @@ impl Session {
             .map(|step| {
                 Ok(match step {
                     Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
+                    Loaded::Conv { spec, call, epilogue } => Loaded::Conv {
+                        spec: spec.clone(),
+                        call: call.clone(),
+                        epilogue: epilogue.as_ref().map(|l| l.at(values)).transpose()?,
+                    },
                     Loaded::Gemm { gemm, epilogue, lt, .. } => {
                         let gemm = gemm.at(values).ok_or_else(|| {
                             RuntimeError::Input(format!("a GEMM's sizes at {values:?} overflow"))

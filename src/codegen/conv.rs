@@ -1,0 +1,168 @@
+//! Convolutions as library calls: a 2-D convolution of static shape in f32 or f16 with
+//! symmetric padding runs on cuDNN (its algorithm chosen by measurement when a session
+//! loads), writing its raw result into the kernel's output; the bias and the fused pointwise
+//! ops after it run as one epilogue kernel that reads that result element by element and
+//! writes over it. Any other convolution stays a generated loop (`Body::conv_loop`).
+
+use handlebars::Handlebars;
+use serde::{Deserialize, Serialize};
+
+use super::index::Coords;
+use super::kernel::{Body, GemmRaw};
+use super::Step;
+use crate::fusion::Kernel;
+use crate::ir::{DType, NodeId, Op, SymDim};
+use crate::plan::{Location, Plan};
+
+/// One cuDNN convolution forward, NCHW, `y = conv(x, w)` (no bias: the epilogue adds it).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ConvSpec {
+    /// The input `[N, C, H, W]`.
+    pub x: Location,
+    /// The filters `[K, C / group, R, S]`.
+    pub w: Location,
+    /// Where the raw result `[N, K, P, Q]` is written.
+    pub y: Location,
+    /// The input's shape.
+    pub x_shape: [usize; 4],
+    /// The filters' shape.
+    pub w_shape: [usize; 4],
+    /// The result's shape.
+    pub y_shape: [usize; 4],
+    /// Padding along height and width (the same at both ends).
+    pub pads: [usize; 2],
+    /// Strides along height and width.
+    pub strides: [usize; 2],
+    /// Dilations along height and width.
+    pub dilations: [usize; 2],
+    /// Groups the channels are split into.
+    pub group: usize,
+    /// The element type of x, w and y (f32 or f16); cuDNN accumulates in f32.
+    pub dtype: DType,
+}
+
+impl ConvSpec {
+    /// Multiply-adds times two.
+    pub fn flops(&self) -> u64 {
+        let [_, c, r, s] = self.w_shape;
+        let outputs: usize = self.y_shape.iter().product();
+        2 * (outputs * c * r * s) as u64
+    }
+}
+
+/// The spec of convolution node `conv` writing its raw result to `y`, if cuDNN takes it:
+/// static shapes (no range of sizes), f32 or f16, padding the same at both ends.
+fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
+    let graph = &plan.graph;
+    let Op::Conv { strides, pads, dilations, group } = graph.node(conv).op else { return None };
+    let inputs = graph.inputs_of(conv);
+    let four = |id: NodeId| -> Option<[usize; 4]> { graph.node(id).ty.shape.as_slice().try_into().ok() };
+    let dtype = graph.node(conv).ty.dtype;
+    let symmetric = pads[0] == pads[2] && pads[1] == pads[3];
+    let static_shapes = [inputs[0], conv].iter().all(|&id| plan.dims(id).iter().all(|d| d.is_static()));
+    if !matches!(dtype, DType::F32 | DType::F16) || !symmetric || !static_shapes {
+        return None;
+    }
+    Some(ConvSpec {
+        x: *plan.locations.get(&source(plan, inputs[0])?)?,
+        w: *plan.locations.get(&source(plan, inputs[1])?)?,
+        y,
+        x_shape: four(inputs[0])?,
+        w_shape: four(inputs[1])?,
+        y_shape: four(conv)?,
+        pads: [pads[0], pads[1]],
+        strides,
+        dilations,
+        group,
+        dtype,
+    })
+}
+
+/// The stored value `id` is read from: itself, or what a chain of free reshapes reads.
+fn source(plan: &Plan, mut id: NodeId) -> Option<NodeId> {
+    while !plan.locations.contains_key(&id) {
+        let node = plan.graph.node(id);
+        match node.op {
+            Op::Reshape { .. } | Op::Identity | Op::Dropout => id = *plan.graph.inputs_of(id).first()?,
+            _ => return None,
+        }
+    }
+    Some(id)
+}
+
+/// The step of a convolution kernel: a cuDNN call and its epilogue kernel where cuDNN takes
+/// the convolution (its raw result in the kernel's output, which must be the convolution's
+/// shape), else the generated loop.
+pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {
+    let conv = kernel.nodes[0];
+    let output = *kernel.outputs.first().ok_or("a convolution kernel with no output")?;
+    let graph = &plan.graph;
+    let fits = kernel.outputs.len() == 1 && graph.node(output).ty == graph.node(conv).ty;
+    let library = plan.locations.get(&output).copied().filter(|_| fits).and_then(|y| spec(plan, conv, y));
+    let Some(spec) = library else {
+        return super::elementwise::elementwise(plan, kernel, name, hb, None).map(Step::Launch);
+    };
+    let with_bias = graph.inputs_of(conv).len() == 3;
+    let epilogue = if kernel.nodes.len() > 1 || with_bias {
+        let raw = GemmRaw { node: conv, location: spec.y, beta_c: None, finished: !with_bias };
+        Some(super::elementwise::elementwise(plan, kernel, name, hb, Some(raw))?)
+    } else {
+        None
+    };
+    Ok(Step::Conv { conv: spec, epilogue })
+}
+
+impl Body<'_> {
+    /// The value of convolution `id` at `coords` in a library convolution's epilogue: its
+    /// result without the bias, at the element's own linear index, plus the bias.
+    pub(super) fn library_conv_value(&mut self, id: NodeId, coords: &Coords) -> Result<String, String> {
+        let raw = self.gemm.map(|g| g.location).ok_or("a convolution without its result")?;
+        let (inputs, dtype) = (self.plan.graph.inputs_of(id), self.plan.graph.node(id).ty.dtype);
+        let name = format!("raw{}", id.index());
+        self.declare(&name, raw, dtype, false)?;
+        let shape = self.dims(id);
+        let raw = self.element(&name, coords, &shape, dtype)?;
+        Ok(match inputs.get(2) {
+            Some(&bias) => {
+                let bias = self.read(bias, vec![coords[1].clone()])?;
+                format!("({raw} + {bias})")
+            }
+            None => raw,
+        })
+    }
+
+    /// The value of convolution `id` at `coords` (n, k, p, q) as a loop over its window, for
+    /// convolutions cuDNN does not take.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn conv_loop(
+        &mut self,
+        id: NodeId,
+        coords: &Coords,
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        group: usize,
+    ) -> Result<String, String> {
+        let graph = &self.plan.graph;
+        let inputs = graph.inputs_of(id);
+        let x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
+        let w = &graph.node(inputs[1]).ty.shape;
+        let cout_per_group = w[0] / group;
+        let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));
+        let (n, co, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
+        let channel = format!("(({co} / {cout_per_group}LL) * {}LL + {ci})", w[1]);
+        let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
+        let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
+        let xr = self.read(inputs[0], vec![n.clone(), channel, ih.clone(), iw.clone()])?;
+        let wr = self.read(inputs[1], vec![co.clone(), ci.clone(), kh.clone(), kw.clone()])?;
+        let bias = match inputs.get(2) {
+            Some(&b) => self.read(b, vec![co.clone()])?,
+            None => "0.0f".into(),
+        };
+        self.statements.push(format!(
+            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {} || {iw} < 0 || {iw} >= {}) continue; {acc} += {xr} * {wr}; }}",
+            w[1], w[2], w[3], x[2], x[3]
+        ));
+        Ok(acc)
+    }
+}

@@ -1,0 +1,289 @@
+//! cuDNN convolutions on raw device addresses: a handle per session (from a pool of the
+//! process, never destroyed, as for cuBLAS), the descriptors of each convolution, and the
+//! algorithm chosen by measurement (`cudnnFindConvolutionForwardAlgorithmEx`) once per shape
+//! in the process.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::cudnn::sys::{
+    self, cudnnConvolutionFwdAlgo_t, cudnnConvolutionMode_t, cudnnDataType_t, cudnnMathType_t, cudnnStatus_t,
+    cudnnTensorFormat_t,
+};
+use cudarc::driver::CudaStream;
+
+use super::RuntimeError;
+use crate::codegen::ConvSpec;
+use crate::ir::DType;
+
+/// Workspace a convolution's algorithm may use at most (the search's scratch, too).
+const WORKSPACE_LIMIT: usize = 256 << 20;
+
+fn check(what: &str, status: cudnnStatus_t) -> Result<(), RuntimeError> {
+    match status {
+        cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
+        other => Err(RuntimeError::Driver(format!("cuDNN {what}: {other:?}"))),
+    }
+}
+
+/// Whether libcudnn can be loaded.
+pub(super) fn available() -> bool {
+    super::library_present(super::Library::Cudnn, sys::is_culib_present)
+}
+
+/// A cuDNN handle waiting in the pool.
+struct PooledHandle(sys::cudnnHandle_t);
+// SAFETY: a cuDNN handle may be used from any thread, by one at a time; the pool hands each
+// to one user.
+unsafe impl Send for PooledHandle {}
+
+static HANDLES: super::DevicePool<PooledHandle> = super::DevicePool::new();
+
+/// A cuDNN handle lent to one session, on its stream.
+pub(super) struct Dnn {
+    handle: sys::cudnnHandle_t,
+    device: usize,
+}
+
+// SAFETY: the handle is used by the session that holds it, one thread at a time.
+unsafe impl Send for Dnn {}
+
+impl Dnn {
+    pub(super) fn new(device: usize, stream: &Arc<CudaStream>) -> Result<Dnn, RuntimeError> {
+        if !available() {
+            return Err(RuntimeError::NoCudnn);
+        }
+        let handle = match HANDLES.take(device) {
+            Some(PooledHandle(h)) => h,
+            None => {
+                let mut handle = std::ptr::null_mut();
+                // SAFETY: writes one handle; the library was found to load.
+                check("create", unsafe { sys::cudnnCreate(&mut handle) })?;
+                handle
+            }
+        };
+        let dnn = Dnn { handle, device };
+        // SAFETY: the handle is this session's alone until it is given back.
+        check("set stream", unsafe {
+            sys::cudnnSetStream(dnn.handle, stream.cu_stream() as sys::cudaStream_t)
+        })?;
+        Ok(dnn)
+    }
+}
+
+impl Drop for Dnn {
+    fn drop(&mut self) {
+        // Off the session's stream, which goes away, onto the default one.
+        // SAFETY: the session's work on the handle is done (its stream was synchronized).
+        unsafe { sys::cudnnSetStream(self.handle, std::ptr::null_mut()) };
+        HANDLES.give(self.device, PooledHandle(self.handle));
+    }
+}
+
+/// The descriptors of one convolution and the algorithm chosen for it.
+pub(super) struct ConvCall {
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    pub(super) algo: cudnnConvolutionFwdAlgo_t,
+    /// Workspace bytes the algorithm needs.
+    pub(super) workspace: usize,
+    /// Device addresses of x, w and y.
+    addresses: (u64, u64, u64),
+}
+
+// SAFETY: descriptors are host structures, used by the session that holds them, one thread
+// at a time.
+unsafe impl Send for ConvCall {}
+unsafe impl Sync for ConvCall {}
+
+impl Drop for ConvCall {
+    fn drop(&mut self) {
+        // SAFETY: made by `ConvCall::new` and destroyed only here.
+        unsafe {
+            sys::cudnnDestroyTensorDescriptor(self.x);
+            sys::cudnnDestroyFilterDescriptor(self.w);
+            sys::cudnnDestroyTensorDescriptor(self.y);
+            sys::cudnnDestroyConvolutionDescriptor(self.conv);
+        }
+    }
+}
+
+fn int(v: usize) -> Result<i32, RuntimeError> {
+    i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("convolution size {v} is too large")))
+}
+
+/// Algorithms chosen in this process, by the convolution's shape, type and GPU.
+static CHOSEN: Mutex<Option<HashMap<String, (cudnnConvolutionFwdAlgo_t, usize)>>> = Mutex::new(None);
+
+impl ConvCall {
+    /// The descriptors of `spec` at `addresses` (x, w, y), with its algorithm: the one chosen
+    /// before for this shape in the process, else the fastest cuDNN measures now (on the
+    /// session's buffers, with `scratch` bytes of workspace at `scratch_ptr`).
+    pub(super) fn new(
+        dnn: &Dnn,
+        spec: &ConvSpec,
+        addresses: (u64, u64, u64),
+        (scratch_ptr, scratch): (u64, usize),
+        device_name: &str,
+    ) -> Result<ConvCall, RuntimeError> {
+        let data = match spec.dtype {
+            DType::F16 => cudnnDataType_t::CUDNN_DATA_HALF,
+            _ => cudnnDataType_t::CUDNN_DATA_FLOAT,
+        };
+        let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let mut call = ConvCall {
+            x: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            algo: cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            workspace: 0,
+            addresses,
+        };
+        let [n, c, h, w] = spec.x_shape;
+        let [k, cg, r, s] = spec.w_shape;
+        let [yn, yk, p, q] = spec.y_shape;
+        // SAFETY: each call writes or sets one descriptor this call owns (destroyed on drop).
+        unsafe {
+            check("tensor descriptor", sys::cudnnCreateTensorDescriptor(&mut call.x))?;
+            check("tensor descriptor", sys::cudnnCreateTensorDescriptor(&mut call.y))?;
+            check("filter descriptor", sys::cudnnCreateFilterDescriptor(&mut call.w))?;
+            check("convolution descriptor", sys::cudnnCreateConvolutionDescriptor(&mut call.conv))?;
+            check(
+                "x",
+                sys::cudnnSetTensor4dDescriptor(call.x, nchw, data, int(n)?, int(c)?, int(h)?, int(w)?),
+            )?;
+            check(
+                "y",
+                sys::cudnnSetTensor4dDescriptor(call.y, nchw, data, int(yn)?, int(yk)?, int(p)?, int(q)?),
+            )?;
+            check(
+                "w",
+                sys::cudnnSetFilter4dDescriptor(call.w, data, nchw, int(k)?, int(cg)?, int(r)?, int(s)?),
+            )?;
+            check(
+                "convolution",
+                sys::cudnnSetConvolution2dDescriptor(
+                    call.conv,
+                    int(spec.pads[0])?,
+                    int(spec.pads[1])?,
+                    int(spec.strides[0])?,
+                    int(spec.strides[1])?,
+                    int(spec.dilations[0])?,
+                    int(spec.dilations[1])?,
+                    cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                    cudnnDataType_t::CUDNN_DATA_FLOAT,
+                ),
+            )?;
+            check("groups", sys::cudnnSetConvolutionGroupCount(call.conv, int(spec.group)?))?;
+            // Half types on tensor cores; f32 in full f32 (no TF32), as for GEMMs.
+            let math = match spec.dtype {
+                DType::F16 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                _ => cudnnMathType_t::CUDNN_FMA_MATH,
+            };
+            check("math type", sys::cudnnSetConvolutionMathType(call.conv, math))?;
+        }
+        let key = format!(
+            "{device_name} x{:?} w{:?} y{:?} pads{:?} strides{:?} dilations{:?} group{} {}",
+            spec.x_shape,
+            spec.w_shape,
+            spec.y_shape,
+            spec.pads,
+            spec.strides,
+            spec.dilations,
+            spec.group,
+            spec.dtype
+        );
+        let cached =
+            CHOSEN.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&key).copied());
+        let (algo, workspace) = match cached {
+            Some(chosen) => chosen,
+            None => {
+                let chosen = call.find(dnn, (scratch_ptr, scratch))?;
+                CHOSEN
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key, chosen);
+                chosen
+            }
+        };
+        call.algo = algo;
+        call.workspace = workspace;
+        Ok(call)
+    }
+
+    /// The fastest algorithm cuDNN measures for this convolution within the workspace.
+    fn find(
+        &self,
+        dnn: &Dnn,
+        (scratch_ptr, scratch): (u64, usize),
+    ) -> Result<(cudnnConvolutionFwdAlgo_t, usize), RuntimeError> {
+        const WANTED: usize = 8;
+        // SAFETY: all-zero bytes are a valid value of this plain C struct.
+        let mut results: [sys::cudnnConvolutionFwdAlgoPerf_t; WANTED] = unsafe { std::mem::zeroed() };
+        let mut returned = 0;
+        let (x, w, y) = self.addresses;
+        // SAFETY: the descriptors describe the buffers at these addresses (the session's
+        // arena and weights), and the scratch holds `scratch` bytes; the search writes y.
+        check("algorithm search", unsafe {
+            sys::cudnnFindConvolutionForwardAlgorithmEx(
+                dnn.handle,
+                self.x,
+                x as *const c_void,
+                self.w,
+                w as *const c_void,
+                self.conv,
+                self.y,
+                y as *mut c_void,
+                WANTED as i32,
+                &mut returned,
+                results.as_mut_ptr(),
+                scratch_ptr as *mut c_void,
+                scratch,
+            )
+        })?;
+        results[..returned.max(0) as usize]
+            .iter()
+            .find(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && r.memory <= scratch)
+            .map(|r| (r.algo, r.memory))
+            .ok_or_else(|| RuntimeError::Driver("cuDNN found no algorithm for a convolution".into()))
+    }
+
+    /// Issues the convolution on the handle's stream, with `workspace` at `workspace_ptr`.
+    pub(super) fn launch(
+        &self,
+        dnn: &Dnn,
+        (workspace_ptr, workspace): (u64, usize),
+    ) -> Result<(), RuntimeError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (x, w, y) = self.addresses;
+        // SAFETY: as in `find`; the workspace holds at least what the algorithm needs.
+        check("convolution", unsafe {
+            sys::cudnnConvolutionForward(
+                dnn.handle,
+                &alpha as *const f32 as *const c_void,
+                self.x,
+                x as *const c_void,
+                self.w,
+                w as *const c_void,
+                self.conv,
+                self.algo,
+                workspace_ptr as *mut c_void,
+                workspace,
+                &beta as *const f32 as *const c_void,
+                self.y,
+                y as *mut c_void,
+            )
+        })
+    }
+}
+
+/// The scratch a session gives the algorithm search and keeps as workspace: at most
+/// [`WORKSPACE_LIMIT`], and at most a quarter of the memory free.
+pub(super) fn scratch_bytes(free: usize) -> usize {
+    WORKSPACE_LIMIT.min(free / 4)
+}
