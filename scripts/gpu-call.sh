@@ -41,7 +41,9 @@
 #             each other test ($RACE_SECS each, default 90)
 #   cnn       torchvision classifiers (benches/export_cnn.py, TorchScript exporter, random
 #             weights) as a new user brings them: inspect, run --check against tract at batch 1
-#             (fp32), then bench --strict fused against unfused at batch 8 (fp32 and fp16)
+#             (fp32), then bench --strict fused against unfused at batch 8 (fp32 and fp16);
+#             then PyTorch eager and reduce-overhead (channels-last, fp16, batch 8) side by side
+#             (benches/compare_torch_cnn.py; CNN_TORCH= leaves it out)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -120,6 +122,8 @@ for part in "$@"; do
           echo "bench --strict exit: ${PIPESTATUS[0]}"
         done
       done
+      [ -n "${CNN_TORCH-1}" ] && timeout 300 python3 benches/compare_torch_cnn.py --json "$OUT/res/torch-cnn.json" \
+        --models "$(echo ${CNN_MODELS:-resnet50 mobilenet_v3_large} | tr ' ' ,)" 2>&1 | grep -E "median_ms|Error"
       ;;
     variants)
       export_models bert_base
