@@ -19,7 +19,7 @@ pub use fold_conv_affine::FoldConvAffine;
 pub use gather_views::GatherNdViews;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
-pub use precision::lower_precision;
+pub use precision::{lower_precision, lower_precision_sharing, SharedConversions};
 
 use thiserror::Error;
 

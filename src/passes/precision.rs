@@ -26,7 +26,35 @@ use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor};
 /// The graph is consumed so that a model's weights are not held in both precisions at once:
 /// in f16 every f32 constant is converted up front and let go as it is; in bf16 each
 /// constant is let go once the last of its readers is lowered.
-pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
+pub fn lower_precision(graph: Graph, target: DType) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
+    lower_precision_sharing(graph, target, None)
+}
+
+/// Constants converted to another type, shared by the graphs lowered with it: the planner
+/// for ranges lowers the same model at several sizes, and each weight is converted (and held)
+/// once. Keyed by the source value (held, so that its address is not reused) and the type.
+#[derive(Default)]
+pub struct SharedConversions(std::sync::Mutex<HashMap<(usize, DType), (Arc<Tensor>, Arc<Tensor>)>>);
+
+impl SharedConversions {
+    /// `value` in `dtype`, converted once.
+    fn cast(&self, value: &Arc<Tensor>, dtype: DType) -> Arc<Tensor> {
+        let key = (Arc::as_ptr(value) as usize, dtype);
+        let lock = || self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, done)) = lock().get(&key) {
+            return done.clone();
+        }
+        let done = Arc::new(value.cast(dtype));
+        lock().entry(key).or_insert_with(|| (value.clone(), done)).1.clone()
+    }
+}
+
+/// [`lower_precision`], constants converted through `shared` where given.
+pub fn lower_precision_sharing(
+    mut graph: Graph,
+    target: DType,
+    shared: Option<&SharedConversions>,
+) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
     let mixed = target == DType::BF16;
     // Readers (one per use) still to lower, per constant; graph outputs hold theirs to the end.
     let mut readers: HashMap<NodeId, usize> = HashMap::new();
@@ -47,11 +75,17 @@ pub fn lower_precision(mut graph: Graph, target: DType) -> Result<(Graph, HashMa
         let ids: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).ty.dtype == DType::F32).collect();
         let taken: Vec<(NodeId, Arc<Tensor>)> =
             ids.into_iter().filter_map(|id| Some((id, graph.take_constant(id)?))).collect();
-        halved = crate::parallel::map_owned(taken, |(id, value)| (id, Arc::new(value.cast(target))))
-            .into_iter()
-            .collect();
+        halved = crate::parallel::map_owned(taken, |(id, value)| {
+            let half = match shared {
+                Some(shared) => shared.cast(&value, target),
+                None => Arc::new(value.cast(target)),
+            };
+            (id, half)
+        })
+        .into_iter()
+        .collect();
     }
-    let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new() };
+    let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new(), shared };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
     for &input in graph.inputs() {
         let node = graph.node(input);
@@ -131,7 +165,8 @@ fn pure(op: &Op, target: DType) -> (Op, Option<DType>) {
     }
 }
 
-struct Lowering {
+struct Lowering<'s> {
+    shared: Option<&'s SharedConversions>,
     out: Graph,
     /// Each constant of the new graph, with its value before rounding.
     constants: HashMap<NodeId, Arc<Tensor>>,
@@ -139,9 +174,13 @@ struct Lowering {
     converted: HashMap<(NodeId, DType), NodeId>,
 }
 
-impl Lowering {
+impl Lowering<'_> {
     fn constant(&mut self, name: &str, value: &Arc<Tensor>, dtype: DType, origin: Origin) -> NodeId {
-        let stored = if value.dtype() == dtype { value.clone() } else { Arc::new(value.cast(dtype)) };
+        let stored = match self.shared {
+            _ if value.dtype() == dtype => value.clone(),
+            Some(shared) => shared.cast(value, dtype),
+            None => Arc::new(value.cast(dtype)),
+        };
         let id = self.out.add_constant(name, stored, origin);
         self.constants.insert(id, value.clone());
         id

@@ -208,6 +208,27 @@ pub fn plan_model(
     options: &CompileOptions,
     done: &mut dyn FnMut(&'static str),
 ) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
+    let (mut plan, report) = plan_unplaced(model, path, options, done, None)?;
+    plan.place_weights();
+    tracing::info!(
+        "plan: {} launches, {} activation bytes at peak, {} weight bytes",
+        plan.kernels.len(),
+        plan.arena_bytes,
+        plan.weights.len()
+    );
+    done("plan");
+    Ok((plan, report))
+}
+
+/// [`plan_model`] up to a plan whose constants are still in its graph
+/// ([`Plan::unplaced`]), constants converted to the precision through `shared` where given.
+pub(crate) fn plan_unplaced(
+    model: import::Model,
+    path: &Path,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+    shared: Option<&passes::SharedConversions>,
+) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
     tracing::info!(
         "imported {}: {} ONNX nodes, {} IR nodes ({} folded into constants)",
         path.display(),
@@ -235,7 +256,7 @@ pub fn plan_model(
     let (graph, covers) = match options.precision {
         DType::F32 => (graph, covers),
         DType::F16 | DType::BF16 => {
-            let (lowered, moved) = passes::lower_precision(graph, options.precision)
+            let (lowered, moved) = passes::lower_precision_sharing(graph, options.precision, shared)
                 .map_err(|source| PassError { pass: "lower-precision", source })?;
             let covers =
                 covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();
@@ -250,13 +271,5 @@ pub fn plan_model(
             .map_err(|source| PassError { pass: "attention-masks", source })?;
     }
     let partition = fusion::partition(&graph, &covers, mode)?;
-    let plan = Plan::new(graph, partition)?;
-    tracing::info!(
-        "plan: {} launches, {} activation bytes at peak, {} weight bytes",
-        plan.kernels.len(),
-        plan.arena_bytes,
-        plan.weights.len()
-    );
-    done("plan");
-    Ok((plan, report))
+    Ok((Plan::unplaced(graph, partition)?, report))
 }

@@ -19,8 +19,9 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use super::{plan_model, CompileError, CompileOptions};
+use super::{plan_unplaced, CompileError, CompileOptions};
 use crate::ir::{ranges_text, tops, DimRange, NodeId, SymDim, SymbolicShapes};
+use crate::passes::SharedConversions;
 use crate::plan::Plan;
 
 /// Why a program cannot serve a range of sizes.
@@ -116,7 +117,12 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     let mut models: Vec<Option<crate::import::Model>> = models.into_iter().map(Some).collect();
     let model =
         models[deciding].take().ok_or(crate::import::ImportError::NoGraph { path: path.to_path_buf() })?;
-    let (first, report) = plan_model(model, path, &at(&points[deciding]), &mut |_| {})?;
+    // Every size is planned with its constants still in its graph, each weight converted to
+    // the precision once for all of them (`shared`); the top's weights are written once the
+    // checks are done: the model's weights are held about once, not once per size.
+    let conversions = SharedConversions::default();
+    let shared = &conversions;
+    let (first, report) = plan_unplaced(model, path, &at(&points[deciding]), &mut |_| {}, Some(shared))?;
     let decided = report.map(|r| r.attention);
     type Planned = Result<Plan, CompileError>;
     let planned: Vec<(usize, Planned)> = std::thread::scope(|scope| {
@@ -128,7 +134,8 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
             .map(|(i, values, model)| {
                 let mut options = at(values);
                 options.attention = decided.clone();
-                (i, scope.spawn(move || plan_model(model, path, &options, &mut |_| {}).map(|(plan, _)| plan)))
+                let planned = move || plan_unplaced(model, path, &options, &mut |_| {}, Some(shared));
+                (i, scope.spawn(move || planned().map(|(plan, _)| plan)))
             })
             .collect();
         handles
@@ -193,6 +200,12 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         others_planned - top_planned,
         clock.elapsed().as_secs_f64() - others_planned
     );
+    // The other sizes' plans and the converted values they share go before the top's
+    // weights are written.
+    drop(checks);
+    drop(conversions);
+    let mut base = base;
+    base.place_weights();
     Ok((base, symbolic))
 }
 
@@ -418,7 +431,13 @@ impl Check<'_> {
                 continue;
             }
             let Some(twin) = self.twin(id) else { continue };
-            // Same shape and the same bytes (every weight): equal, without building tensors.
+            // One value, shared (every weight, converted once for every size): equal.
+            if let (Some(a), Some(b)) = (base.graph.constant(id), plan.graph.constant(twin)) {
+                if std::sync::Arc::ptr_eq(a, b) && base.graph.node(id).ty == plan.graph.node(twin).ty {
+                    continue;
+                }
+            }
+            // Same shape and the same bytes: equal, without building tensors.
             if let (Some(a), Some(b)) = (base.stored_bytes(id), plan.stored_bytes(twin)) {
                 if a == b && base.graph.node(id).ty == plan.graph.node(twin).ty {
                     continue;

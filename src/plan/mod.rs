@@ -142,6 +142,50 @@ impl Plan {
         }
     }
 
+    /// Writes every constant placed in the weights into the blob and lets its value in the
+    /// graph go. Each constant's bytes are written into its own slice of the blob on every
+    /// core; its value goes as soon as it is written, so the blob and the values not yet
+    /// written are what is in memory. Constants already written are left as they are.
+    pub fn place_weights(&mut self) {
+        let mut placed: Vec<(usize, NodeId)> = self
+            .locations
+            .iter()
+            .filter_map(|(&id, &l)| match l {
+                Location::Weights(offset)
+                    if self
+                        .graph
+                        .constant(id)
+                        .is_some_and(|t| !t.is_empty() || self.graph.node(id).ty.is_empty()) =>
+                {
+                    Some((offset, id))
+                }
+                _ => None,
+            })
+            .collect();
+        placed.sort_unstable();
+        if !self.weights.is_empty() {
+            return;
+        }
+        let total =
+            placed.last().map_or(0, |&(offset, id)| offset + aligned(self.graph.node(id).ty.size_bytes()));
+        let mut weights = vec![0u8; total];
+        let mut jobs = Vec::with_capacity(placed.len());
+        let mut rest = weights.as_mut_slice();
+        let mut at = 0;
+        for (offset, id) in placed {
+            let size = aligned(self.graph.node(id).ty.size_bytes());
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - at);
+            let (slot, tail) = tail.split_at_mut(size);
+            rest = tail;
+            at = offset + size;
+            if let Some(value) = self.graph.take_constant(id) {
+                jobs.push((slot, value));
+            }
+        }
+        crate::parallel::map_owned(jobs, |(slot, value)| write_tensor_bytes(slot, &value));
+        self.weights = weights;
+    }
+
     /// The pattern constant `id`'s values follow, if one does: read back from the weights the
     /// first time it is asked for (constants of at most 2^24 elements), then
     /// remembered, since every attention kernel of a model may ask for the same mask.
@@ -229,7 +273,16 @@ impl Arena {
 
 impl Plan {
     /// Lays out memory for running `partition` over `graph`.
-    pub fn new(mut graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
+    pub fn new(graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
+        let mut plan = Plan::unplaced(graph, partition)?;
+        plan.place_weights();
+        Ok(plan)
+    }
+
+    /// [`Plan::new`] with every constant's place in the weights decided but its value still
+    /// in the graph ([`Plan::place_weights`] writes the blob): what the planner for ranges
+    /// compares at several sizes, the values shared between them rather than copied.
+    pub fn unplaced(graph: Graph, partition: Partition) -> Result<Plan, PlanError> {
         let graph_breaks = partition.graph_breaks;
         let kernels = partition.kernels;
         let mut computed: HashMap<NodeId, usize> = HashMap::new();
@@ -282,25 +335,11 @@ impl Plan {
         constants.sort_unstable();
         constants.dedup();
         constants.retain(|&id| graph.constant(id).is_some());
-        // Each constant's bytes are written into its own slice of the blob on every core; its
-        // value goes as soon as it is written, so the blob and the values not yet written
-        // are what is in memory.
-        let total = constants.iter().map(|&id| aligned(graph.node(id).ty.size_bytes())).sum();
-        let mut weights = vec![0u8; total];
-        let mut jobs = Vec::with_capacity(constants.len());
-        let mut rest = weights.as_mut_slice();
         let mut offset = 0;
         for id in constants {
-            if let Some(value) = graph.take_constant(id) {
-                let size = aligned(graph.node(id).ty.size_bytes());
-                let (slot, tail) = std::mem::take(&mut rest).split_at_mut(size);
-                rest = tail;
-                locations.insert(id, Location::Weights(offset));
-                offset += size;
-                jobs.push((slot, value));
-            }
+            locations.insert(id, Location::Weights(offset));
+            offset += aligned(graph.node(id).ty.size_bytes());
         }
-        crate::parallel::map_owned(jobs, |(slot, value)| write_tensor_bytes(slot, &value));
         let mut arena = Arena::default();
         let bytes = |id: NodeId| graph.node(id).ty.size_bytes();
         let mut inputs = Vec::new();
@@ -340,7 +379,7 @@ impl Plan {
             kernels,
             locations,
             arena_bytes: arena.end,
-            weights,
+            weights: Vec::new(),
             inputs,
             outputs,
             graph_breaks,
