@@ -340,3 +340,95 @@ fn convolutions_go_to_cudnn_where_it_takes_them() {
     let steps = fusec::codegen::generate(&plan).unwrap();
     assert!(!steps.iter().any(|s| matches!(s, Step::Conv { .. })), "asymmetric padding stays a loop");
 }
+
+/// A stem convolution and a residual block (conv, BN, ReLU, conv, BN, add, ReLU), then the
+/// global average pool: symmetric padding throughout, so every convolution goes channels-last.
+fn residual_block(dir: &Path) -> std::path::PathBuf {
+    let conv =
+        |x: &str, w: &str, b: &str, y: &str| node("Conv", &[x, w, b], y, vec![ints("pads", &[1, 1, 1, 1])]);
+    let bn = |x: &str, p: &str, y: &str| {
+        let names: Vec<String> =
+            ["scale", "shift", "mean", "var"].iter().map(|s| format!("{p}_{s}")).collect();
+        node("BatchNormalization", &[x, &names[0], &names[1], &names[2], &names[3]], y, vec![])
+    };
+    let nodes = vec![
+        node("Conv", &["x", "w0", "b0"], "c0", vec![ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])]),
+        node("Relu", &["c0"], "r0", vec![]),
+        conv("r0", "w1", "b1", "c1"),
+        bn("c1", "bn1", "n1"),
+        node("Relu", &["n1"], "r1", vec![]),
+        conv("r1", "w2", "b2", "c2"),
+        bn("c2", "bn2", "n2"),
+        node("Add", &["n2", "r0"], "sum", vec![]),
+        node("Relu", &["sum"], "r2", vec![]),
+        node("GlobalAveragePool", &["r2"], "y", vec![]),
+    ];
+    let mut init = vec![
+        weight("w0", &[8, 3, 3, 3], 11, -0.5, 1.0),
+        weight("b0", &[8], 12, -0.2, 0.4),
+        weight("w1", &[8, 8, 3, 3], 13, -0.3, 0.6),
+        weight("b1", &[8], 14, -0.2, 0.4),
+        weight("w2", &[8, 8, 3, 3], 15, -0.3, 0.6),
+        weight("b2", &[8], 16, -0.2, 0.4),
+    ];
+    for (k, p) in ["bn1", "bn2"].iter().enumerate() {
+        let seed = 20 + 4 * k as u64;
+        init.push(weight(&format!("{p}_scale"), &[8], seed, 0.5, 1.0));
+        init.push(weight(&format!("{p}_shift"), &[8], seed + 1, -0.3, 0.6));
+        init.push(weight(&format!("{p}_mean"), &[8], seed + 2, -0.2, 0.4));
+        init.push(weight(&format!("{p}_var"), &[8], seed + 3, 0.2, 1.5));
+    }
+    write_model(dir, "residual_block", &[2, 3, 17, 15], nodes, init)
+}
+
+/// The layout pass keeps the model's meaning (against tract) and leaves no transpose between
+/// two convolutions of a residual block: the input is transposed once for the first, the
+/// last value once for the pool, and everything between stays NHWC.
+#[test]
+fn channels_last_leaves_no_transpose_between_convolutions() {
+    use fusec::passes::{ChannelsLast, Pass};
+    let dir = tempfile::tempdir().unwrap();
+    let path = residual_block(dir.path());
+    let (model, feeds, values) = random_feeds(&path, 3);
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
+    ir::verify(&graph).unwrap();
+    let ours = ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= TOLERANCE, "channels-last: rel-L2 {err:e}");
+    let kinds: Vec<(String, String)> = graph
+        .node_ids()
+        .map(|id| {
+            (
+                graph.node(id).op.to_string(),
+                graph.inputs_of(id).first().map(|&i| graph.node(i).op.kind()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let convs = kinds.iter().filter(|(op, _)| op.starts_with("Conv") && op.contains("NHWC")).count();
+    assert_eq!(convs, 3, "{kinds:?}");
+    let transposes: Vec<&(String, String)> =
+        kinds.iter().filter(|(op, _)| op.starts_with("Transpose")).collect();
+    assert_eq!(transposes.len(), 2, "{transposes:?}");
+    assert!(transposes.iter().any(|(_, input)| input == "Input"), "{transposes:?}");
+    // Compiled in f16 (where the pipeline runs the pass), every convolution is a
+    // channels-last cuDNN call and every kernel compiles.
+    let options = CompileOptions { precision: DType::F16, ..Default::default() };
+    let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
+    let steps = fusec::codegen::generate(&plan).unwrap();
+    let library: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            fusec::codegen::Step::Conv { conv, .. } => Some(conv.channels_last),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(library, [true, true, true]);
+    if fusec::nvrtc::available() {
+        for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
+            fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}

@@ -14,7 +14,8 @@ use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op, SymDim};
 use crate::plan::{Location, Plan};
 
-/// One cuDNN convolution forward, NCHW, `y = conv(x, w)` (no bias: the epilogue adds it).
+/// One cuDNN convolution forward, NCHW or NHWC, `y = conv(x, w)` (no bias: the epilogue adds
+/// it).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ConvSpec {
     /// The input `[N, C, H, W]`.
@@ -39,6 +40,8 @@ pub struct ConvSpec {
     pub group: usize,
     /// The element type of x, w and y (f32 or f16); cuDNN accumulates in f32.
     pub dtype: DType,
+    /// x and y are NHWC and w KRSC in memory (the shapes above are NCHW / KCRS all the same).
+    pub channels_last: bool,
 }
 
 impl ConvSpec {
@@ -54,9 +57,15 @@ impl ConvSpec {
 /// static shapes (no range of sizes), f32 or f16, padding the same at both ends.
 fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     let graph = &plan.graph;
-    let Op::Conv { strides, pads, dilations, group } = graph.node(conv).op else { return None };
+    let Op::Conv { strides, pads, dilations, group, channels_last } = graph.node(conv).op else {
+        return None;
+    };
     let inputs = graph.inputs_of(conv);
-    let four = |id: NodeId| -> Option<[usize; 4]> { graph.node(id).ty.shape.as_slice().try_into().ok() };
+    // Shapes as NCHW / KCRS (the descriptors' order whatever the layout).
+    let four = |id: NodeId| -> Option<[usize; 4]> {
+        let s: [usize; 4] = graph.node(id).ty.shape.as_slice().try_into().ok()?;
+        Some(if channels_last { [s[0], s[3], s[1], s[2]] } else { s })
+    };
     let dtype = graph.node(conv).ty.dtype;
     let symmetric = pads[0] == pads[2] && pads[1] == pads[3];
     let static_shapes = [inputs[0], conv].iter().all(|&id| plan.dims(id).iter().all(|d| d.is_static()));
@@ -75,6 +84,7 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
         dilations,
         group,
         dtype,
+        channels_last,
     })
 }
 
@@ -122,18 +132,19 @@ impl Body<'_> {
         self.declare(&name, raw, dtype, false)?;
         let shape = self.dims(id);
         let raw = self.element(&name, coords, &shape, dtype)?;
+        let channels_last = matches!(self.plan.graph.node(id).op, Op::Conv { channels_last: true, .. });
+        let channel = if channels_last { coords[3].clone() } else { coords[1].clone() };
         Ok(match inputs.get(2) {
             Some(&bias) => {
-                let bias = self.read(bias, vec![coords[1].clone()])?;
+                let bias = self.read(bias, vec![channel])?;
                 format!("({raw} + {bias})")
             }
             None => raw,
         })
     }
 
-    /// The value of convolution `id` at `coords` (n, k, p, q) as a loop over its window, for
-    /// convolutions cuDNN does not take.
-    #[allow(clippy::too_many_arguments)]
+    /// The value of convolution `id` at `coords` (n, k, p, q; n, p, q, k channels-last) as a
+    /// loop over its window, for convolutions cuDNN does not take.
     pub(super) fn conv_loop(
         &mut self,
         id: NodeId,
@@ -141,20 +152,38 @@ impl Body<'_> {
         strides: [usize; 2],
         pads: [usize; 4],
         dilations: [usize; 2],
-        group: usize,
+        (group, channels_last): (usize, bool),
     ) -> Result<String, String> {
         let graph = &self.plan.graph;
         let inputs = graph.inputs_of(id);
-        let x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
-        let w = &graph.node(inputs[1]).ty.shape;
+        let mut x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
+        let mut w = graph.node(inputs[1]).ty.shape.clone();
+        let mut coords = coords.clone();
+        if channels_last {
+            // Read as NCHW / KCRS names; the reads below put the axes back in their order.
+            x = vec![x[0].clone(), x[3].clone(), x[1].clone(), x[2].clone()];
+            w = vec![w[0], w[3], w[1], w[2]];
+            coords = vec![coords[0].clone(), coords[3].clone(), coords[1].clone(), coords[2].clone()];
+        }
         let cout_per_group = w[0] / group;
         let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));
         let (n, co, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
         let channel = format!("(({co} / {cout_per_group}LL) * {}LL + {ci})", w[1]);
         let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
         let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
-        let xr = self.read(inputs[0], vec![n.clone(), channel, ih.clone(), iw.clone()])?;
-        let wr = self.read(inputs[1], vec![co.clone(), ci.clone(), kh.clone(), kw.clone()])?;
+        let (x_at, w_at) = if channels_last {
+            (
+                vec![n.clone(), ih.clone(), iw.clone(), channel],
+                vec![co.clone(), kh.clone(), kw.clone(), ci.clone()],
+            )
+        } else {
+            (
+                vec![n.clone(), channel, ih.clone(), iw.clone()],
+                vec![co.clone(), ci.clone(), kh.clone(), kw.clone()],
+            )
+        };
+        let xr = self.read(inputs[0], x_at)?;
+        let wr = self.read(inputs[1], w_at)?;
         let bias = match inputs.get(2) {
             Some(&b) => self.read(b, vec![co.clone()])?,
             None => "0.0f".into(),

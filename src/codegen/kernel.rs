@@ -525,8 +525,8 @@ impl<'a> Body<'a> {
             Op::Conv { .. } if self.gemm.is_some_and(|g| g.node == id) => {
                 self.library_conv_value(id, coords)?
             }
-            Op::Conv { strides, pads, dilations, group } => {
-                self.conv_loop(id, coords, *strides, *pads, *dilations, *group)?
+            Op::Conv { strides, pads, dilations, group, channels_last } => {
+                self.conv_loop(id, coords, *strides, *pads, *dilations, (*group, *channels_last))?
             }
             Op::Pool { kind, window } => self.pool_loop(id, coords, *kind, window)?,
             Op::MatMul | Op::Gemm { .. } => {

@@ -460,7 +460,10 @@ impl Builder<'_> {
             return ViewPlan::Free;
         }
         let gemm_reader = self.graph.users_of(view).into_iter().any(|u| self.roles[&u] == Role::Gemm);
-        let needs_layout = self.outputs.contains(&view) || (gemm_reader && !self.gemm_reads_through(&chain));
+        // A convolution runs on cuDNN where it can, which reads memory in its own layout.
+        let conv_reader = self.graph.users_of(view).into_iter().any(|u| self.roles[&u] == Role::Conv);
+        let needs_layout =
+            self.outputs.contains(&view) || conv_reader || (gemm_reader && !self.gemm_reads_through(&chain));
         if !needs_layout {
             ViewPlan::Free
         } else if self.producer_stores_through(source, &chain) {

@@ -189,7 +189,8 @@ pub enum Op {
         /// B is read transposed.
         trans_b: bool,
     },
-    /// 2-D convolution, NCHW; bias is an optional third input.
+    /// 2-D convolution, NCHW (or NHWC input and output with KRSC filters, `channels_last`);
+    /// bias is an optional third input.
     Conv {
         /// Strides along height and width.
         strides: [usize; 2],
@@ -199,6 +200,9 @@ pub enum Op {
         dilations: [usize; 2],
         /// Groups the channels are split into.
         group: usize,
+        /// Input and output NHWC, filters `[K, R, S, C / group]` (the layout pass's choice for
+        /// half types).
+        channels_last: bool,
     },
     /// 2-D pooling (max or average) over windows of NCHW.
     Pool {
@@ -410,9 +414,10 @@ impl fmt::Display for Op {
             Op::Gemm { alpha, beta, trans_a, trans_b } => {
                 write!(f, "{kind}<alpha={alpha}, beta={beta}, ta={trans_a}, tb={trans_b}>")
             }
-            Op::Conv { strides, pads, dilations, group } => write!(
+            Op::Conv { strides, pads, dilations, group, channels_last } => write!(
                 f,
-                "{kind}<strides={strides:?}, pads={pads:?}, dilations={dilations:?}, group={group}>"
+                "{kind}<strides={strides:?}, pads={pads:?}, dilations={dilations:?}, group={group}{}>",
+                if *channels_last { ", NHWC" } else { "" }
             ),
             Op::Pool { kind, window } => {
                 let PoolWindow { kernel, strides, pads, dilations, ceil_mode } = window;

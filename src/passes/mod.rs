@@ -2,6 +2,7 @@
 //! verifies the graph after each; [`standard`] is the list compilation uses.
 
 mod attention_masks;
+mod channels_last;
 mod const_fold;
 mod cse;
 mod dce;
@@ -12,6 +13,7 @@ mod noop;
 mod precision;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
+pub use channels_last::ChannelsLast;
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;

@@ -34,7 +34,10 @@ pub fn lower_precision(graph: Graph, target: DType) -> Result<(Graph, HashMap<No
 /// for ranges lowers the same model at several sizes, and each weight is converted (and held)
 /// once. Keyed by the source value (held, so that its address is not reused) and the type.
 #[derive(Default)]
-pub struct SharedConversions(std::sync::Mutex<HashMap<(usize, DType), (Arc<Tensor>, Arc<Tensor>)>>);
+pub struct SharedConversions(std::sync::Mutex<HashMap<(usize, DType), Converted>>);
+
+/// A source value (held) and its conversion.
+type Converted = (Arc<Tensor>, Arc<Tensor>);
 
 impl SharedConversions {
     /// `value` in `dtype`, converted once.

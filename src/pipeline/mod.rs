@@ -266,6 +266,13 @@ pub(crate) fn plan_unplaced(
     };
     done("lower");
     let (mut graph, mut covers) = (graph, covers);
+    // Half-type convolutions run channels-last on tensor cores (the unfused baseline keeps
+    // the model's NCHW).
+    if mode == Mode::Fused && options.precision == DType::F16 {
+        use passes::Pass;
+        passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;
+    }
     if mode == Mode::Fused {
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;

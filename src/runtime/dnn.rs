@@ -133,7 +133,10 @@ impl ConvCall {
             DType::F16 => cudnnDataType_t::CUDNN_DATA_HALF,
             _ => cudnnDataType_t::CUDNN_DATA_FLOAT,
         };
-        let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let nchw = match spec.channels_last {
+            true => cudnnTensorFormat_t::CUDNN_TENSOR_NHWC,
+            false => cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+        };
         let mut call = ConvCall {
             x: std::ptr::null_mut(),
             w: std::ptr::null_mut(),
@@ -187,7 +190,7 @@ impl ConvCall {
             check("math type", sys::cudnnSetConvolutionMathType(call.conv, math))?;
         }
         let key = format!(
-            "{device_name} x{:?} w{:?} y{:?} pads{:?} strides{:?} dilations{:?} group{} {}",
+            "{device_name} x{:?} w{:?} y{:?} pads{:?} strides{:?} dilations{:?} group{} {} nhwc {}",
             spec.x_shape,
             spec.w_shape,
             spec.y_shape,
@@ -195,7 +198,8 @@ impl ConvCall {
             spec.strides,
             spec.dilations,
             spec.group,
-            spec.dtype
+            spec.dtype,
+            spec.channels_last
         );
         let cached =
             CHOSEN.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(&key).copied());

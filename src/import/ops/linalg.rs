@@ -40,5 +40,5 @@ fn conv(ctx: &mut NodeCtx) -> Translated {
     let group = ctx.attr_int("group")?.unwrap_or(1).max(1) as usize;
     let mut inputs = vec![ctx.input(0)?, ctx.input(1)?];
     inputs.extend(ctx.opt_input(2));
-    Ok(vec![ctx.add(Op::Conv { strides, pads, dilations, group }, &inputs)?])
+    Ok(vec![ctx.add(Op::Conv { strides, pads, dilations, group, channels_last: false }, &inputs)?])
 }

@@ -251,3 +251,46 @@ pub fn eval_attention(inputs: &[&Tensor], scale: f32, nan_to_zero: bool) -> OpRe
     let v = Tensor::F64(inputs[2].to_f64());
     Ok(eval_matmul(&probs, &v)?.cast(out.dtype))
 }
+
+/// NHWC to NCHW (`[0, 3, 1, 2]`), and KRSC filters to KCRS.
+const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+/// NCHW to NHWC (`[0, 2, 3, 1]`), and KCRS filters to KRSC.
+const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+
+fn permuted(t: &TensorType, perm: &[usize; 4]) -> OpResult<TensorType> {
+    if t.rank() != 4 {
+        return Err(format!("a channels-last convolution needs rank-4 operands, got {t}"));
+    }
+    Ok(TensorType::new(t.dtype, perm.iter().map(|&p| t.shape[p]).collect()))
+}
+
+/// A channels-last convolution's type: the NCHW one's, permuted.
+pub fn infer_conv_nhwc(
+    inputs: &[&TensorType],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    group: usize,
+) -> OpResult<TensorType> {
+    let (x, w) = (permuted(inputs[0], &TO_NCHW)?, permuted(inputs[1], &TO_NCHW)?);
+    let mut nchw = vec![&x, &w];
+    nchw.extend(inputs.get(2).copied());
+    permuted(&infer_conv(&nchw, strides, pads, dilations, group)?, &TO_NHWC)
+}
+
+/// A channels-last convolution: the NCHW one on the operands permuted, its result permuted
+/// back.
+pub fn eval_conv_nhwc(
+    inputs: &[&Tensor],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dilations: [usize; 2],
+    group: usize,
+) -> OpResult<Tensor> {
+    let x = super::layout::eval_transpose(inputs[0], &TO_NCHW)?;
+    let w = super::layout::eval_transpose(inputs[1], &TO_NCHW)?;
+    let mut nchw = vec![&x, &w];
+    nchw.extend(inputs.get(2).copied());
+    let y = eval_conv(&nchw, strides, pads, dilations, group)?;
+    super::layout::eval_transpose(&y, &TO_NHWC)
+}

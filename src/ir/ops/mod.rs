@@ -37,8 +37,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> OpResult<TensorType> {
         Op::Clip { .. } | Op::Dropout | Op::Identity => Ok(x().clone()),
         Op::MatMul => linalg::infer_matmul(x(), inputs[1]),
         Op::Gemm { trans_a, trans_b, .. } => linalg::infer_gemm(inputs, *trans_a, *trans_b),
-        Op::Conv { strides, pads, dilations, group } => {
+        Op::Conv { strides, pads, dilations, group, channels_last: false } => {
             linalg::infer_conv(inputs, *strides, *pads, *dilations, *group)
+        }
+        Op::Conv { strides, pads, dilations, group, channels_last: true } => {
+            linalg::infer_conv_nhwc(inputs, *strides, *pads, *dilations, *group)
         }
         Op::Pool { window, .. } => pool::infer_pool(x(), window),
         Op::Softmax { axis } | Op::LogSoftmax { axis } => reduce::infer_softmax(x(), *axis),
@@ -77,8 +80,11 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Gemm { alpha, beta, trans_a, trans_b } => {
             linalg::eval_gemm(inputs, *alpha, *beta, *trans_a, *trans_b)
         }
-        Op::Conv { strides, pads, dilations, group } => {
+        Op::Conv { strides, pads, dilations, group, channels_last: false } => {
             linalg::eval_conv(inputs, *strides, *pads, *dilations, *group)
+        }
+        Op::Conv { strides, pads, dilations, group, channels_last: true } => {
+            linalg::eval_conv_nhwc(inputs, *strides, *pads, *dilations, *group)
         }
         Op::Pool { kind, window } => pool::eval_pool(x(), *kind, window),
         Op::Softmax { axis } => reduce::eval_softmax(x(), *axis, false),
