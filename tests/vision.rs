@@ -413,9 +413,9 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         kinds.iter().filter(|(op, _)| op.starts_with("Transpose")).collect();
     assert_eq!(transposes.len(), 2, "{transposes:?}");
     assert!(transposes.iter().any(|(_, input)| input == "Input"), "{transposes:?}");
-    // Compiled in f16 (where the pipeline runs the pass), every convolution is a
-    // channels-last cuDNN call and every kernel compiles.
-    let options = CompileOptions { precision: DType::F16, ..Default::default() };
+    // Compiled in f16 with the pass asked for, every convolution is a channels-last cuDNN
+    // call and every kernel compiles.
+    let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
     let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
     let steps = fusec::codegen::generate(&plan).unwrap();
     let library: Vec<_> = steps

@@ -63,7 +63,7 @@ impl Compile {
             arch: Some(self.arch.clone()),
             emit_cuda: self.emit_cuda.clone(),
             precision,
-            attention: None,
+            ..Default::default()
         };
         let clock = std::time::Instant::now();
         let mut last = 0.0;

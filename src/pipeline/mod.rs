@@ -75,6 +75,10 @@ pub struct CompileOptions {
     /// Decisions of the cost model fixed from another compile (see
     /// [`crate::fusion::FusionLimits::attention`]); `None`: decided for this compile's sizes.
     pub attention: Option<Vec<bool>>,
+    /// Half-type convolutions channels-last (the `channels-last` layout pass, fused builds):
+    /// off unless `FUSEC_CHANNELS_LAST=1`, as it measured slower than NCHW on ResNet-50
+    /// (`benches/NOTES.md`).
+    pub channels_last: bool,
 }
 
 impl Default for CompileOptions {
@@ -86,6 +90,7 @@ impl Default for CompileOptions {
             emit_cuda: None,
             precision: DType::F32,
             attention: None,
+            channels_last: std::env::var("FUSEC_CHANNELS_LAST").is_ok_and(|v| v.trim() == "1"),
         }
     }
 }
@@ -266,9 +271,9 @@ pub(crate) fn plan_unplaced(
     };
     done("lower");
     let (mut graph, mut covers) = (graph, covers);
-    // Half-type convolutions run channels-last on tensor cores (the unfused baseline keeps
-    // the model's NCHW).
-    if mode == Mode::Fused && options.precision == DType::F16 {
+    // Half-type convolutions channels-last on tensor cores where asked (the unfused baseline
+    // keeps the model's NCHW).
+    if mode == Mode::Fused && options.precision == DType::F16 && options.channels_last {
         use passes::Pass;
         passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;
