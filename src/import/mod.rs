@@ -401,6 +401,20 @@ pub fn import(path: &Path, options: &ImportOptions) -> Result<Model, ImportError
 /// [`import`] with each of `options` (other sizes of the same model): the file is read and
 /// its weights converted once, and shared by the graphs.
 pub fn import_each(path: &Path, options: &[ImportOptions]) -> Result<Vec<Model>, ImportError> {
+    with_translator(path, |translate| {
+        // Each size translated (and its shape sub-graphs folded) on its own core.
+        crate::parallel::map(options, translate).into_iter().collect()
+    })?
+}
+
+/// Calls `work` with a translator of the model at `path` at any sizes: the file is read and
+/// its weights converted once, shared by every graph the translator makes, and each graph is
+/// made when asked for (a caller that plans one size before the next holds one size's
+/// folded constants at a time).
+pub fn with_translator<R>(
+    path: &Path,
+    work: impl FnOnce(&(dyn Fn(&ImportOptions) -> Result<Model, ImportError> + Sync)) -> R,
+) -> Result<R, ImportError> {
     let source = Source::open(path)?;
     let proto = &source.proto;
     let summary = summarize_proto(proto, path)?;
@@ -432,10 +446,7 @@ pub fn import_each(path: &Path, options: &[ImportOptions]) -> Result<Vec<Model>,
         })?;
         initializers.push((t.name.as_str(), Arc::new(value)));
     }
-    // Each size translated (and its shape sub-graphs folded) on its own core.
-    crate::parallel::map(options, |options| translate(path, onnx_graph, &summary, &initializers, options))
-        .into_iter()
-        .collect()
+    Ok(work(&|options: &ImportOptions| translate(path, onnx_graph, &summary, &initializers, options)))
 }
 
 /// The IR graph of `onnx_graph` with `options`' shapes, its initializers already converted.

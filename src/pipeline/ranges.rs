@@ -104,109 +104,135 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         }
         options
     };
-    // The file read and its weights converted once for every size.
-    let clock = std::time::Instant::now();
-    let imports: Vec<_> = points.iter().map(|v| at(v).import).collect();
-    let models = crate::import::import_each(path, &imports)?;
-    let imported = clock.elapsed().as_secs_f64();
     // The cost model's attention choices are made a third of the way up the ranges (the
-    // point planned last; the top where there is no other): at the top of a long sequence
-    // range it would take GEMM + softmax + GEMM for every size. That point is planned first,
-    // then every other side by side with its choices: one program.
+    // point planned first; the top where there is no other): at the top of a long sequence
+    // range it would take GEMM + softmax + GEMM for every size. Every other size is planned
+    // with its choices: one program.
     let deciding = if points.len() > symbols.len() + 1 { points.len() - 1 } else { 0 };
-    let mut models: Vec<Option<crate::import::Model>> = models.into_iter().map(Some).collect();
-    let model =
-        models[deciding].take().ok_or(crate::import::ImportError::NoGraph { path: path.to_path_buf() })?;
-    // Every size is planned with its constants still in its graph, each weight converted to
-    // the precision once for all of them (`shared`); the top's weights are written once the
-    // checks are done: the model's weights are held about once, not once per size.
+    let clock = std::time::Instant::now();
+    // The file is read and its weights converted once (`with_translator`), each weight
+    // converted to the precision once for every size (`shared`), and every size is planned
+    // with its constants still in its graph. A size other than the top is compared with the
+    // top's program as soon as it is planned, and its constants then let go (the shapes are
+    // what the fit needs): the weights are held about once, and one size's folded constants
+    // (masks, position ids) beside the top's at a time per core, not every size's at once.
     let conversions = SharedConversions::default();
     let shared = &conversions;
-    let (first, report) = plan_unplaced(model, path, &at(&points[deciding]), &mut |_| {}, Some(shared))?;
-    let decided = report.map(|r| r.attention);
-    type Planned = Result<Plan, CompileError>;
-    let planned: Vec<(usize, Planned)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = points
-            .iter()
-            .zip(models)
-            .enumerate()
-            .filter_map(|(i, (values, model))| Some((i, values, model?)))
-            .map(|(i, values, model)| {
-                let mut options = at(values);
-                options.attention = decided.clone();
-                let planned = move || plan_unplaced(model, path, &options, &mut |_| {}, Some(shared));
-                (i, scope.spawn(move || planned().map(|(plan, _)| plan)))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(i, h)| (i, h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
-            .collect()
-    });
-    let mut plans: Vec<Option<Planned>> = (0..points.len()).map(|_| None).collect();
-    plans[deciding] = Some(Ok(first));
-    for (i, plan) in planned {
-        plans[i] = Some(plan);
-    }
-    let mut plans = plans.into_iter().map(|p| {
-        p.unwrap_or_else(|| Err(crate::import::ImportError::NoGraph { path: path.to_path_buf() }.into()))
-    });
-    let base = plans.next().ok_or(crate::import::ImportError::NoGraph { path: path.to_path_buf() })??;
-    let top_planned = clock.elapsed().as_secs_f64();
-    let mut checks = Vec::with_capacity(points.len() - 1);
-    for (values, plan) in points[1..].iter().zip(plans) {
-        let plan = plan?;
-        let differs = |what| SymbolicError::Differs {
-            at: assignment(&symbols, values),
-            top: assignment(&symbols, &high),
-            what,
-        };
-        // The sizes the fit is made at must plan the same program. At the check point the
-        // cost model may extract another form of a few nodes (a scale folded into a weight at
-        // smaller sizes): the nodes both programs have are compared there, by name.
-        let fitting = checks.len() < symbols.len();
-        let by_name = match same_program(&base, &plan) {
-            Ok(()) => None,
-            Err(what) if fitting => return Err(differs(what).into()),
-            Err(what) => {
-                let names = counterparts(&base, &plan);
-                if names.len() * 10 < base.graph.node_count() * 9 {
-                    return Err(differs(what).into());
-                }
-                tracing::info!(
-                    "the program at {} differs from the top's ({what}); its {} nodes of the same name are checked",
-                    assignment(&symbols, values),
-                    names.len()
-                );
-                Some(names)
+    let (base, decided, mut checks) = crate::import::with_translator(path, |translate| {
+        let plan_at = |i: usize, attention: &Option<Vec<bool>>| {
+            let mut options = at(&points[i]);
+            if attention.is_some() {
+                options.attention = attention.clone();
             }
+            let model = translate(&options.import)?;
+            plan_unplaced(model, path, &options, &mut |_| {}, Some(shared))
         };
-        checks.push((values.clone(), plan, by_name));
-    }
-    let others_planned = clock.elapsed().as_secs_f64();
-    let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, p, _)| p).collect();
+        let (first, report) = plan_at(deciding, &None)?;
+        let decided = report.map(|r| r.attention);
+        let (base, first) = match deciding {
+            0 => (first, None),
+            _ => (plan_at(0, &decided)?.0, Some(first)),
+        };
+        let compare =
+            |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
+        let others: Vec<usize> = (1..points.len()).filter(|&i| i != deciding).collect();
+        let (decided_ref, compare, plan_at) = (&decided, &compare, &plan_at);
+        let planned: Vec<Result<Compared, CompileError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                others.iter().map(|&i| scope.spawn(move || compare(i, plan_at(i, decided_ref)?.0))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                .collect()
+        });
+        let mut checks: Vec<(usize, Compared)> = Vec::with_capacity(points.len() - 1);
+        for (&i, result) in others.iter().zip(planned) {
+            checks.push((i, result?));
+        }
+        if let Some(first) = first {
+            checks.push((deciding, compare(deciding, first)?));
+        }
+        checks.sort_by_key(|(i, _)| *i);
+        Ok::<_, CompileError>((base, decided, checks))
+    })??;
+    let planned = clock.elapsed().as_secs_f64();
+    let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, c)| &c.plan).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
     let symbolic = SymbolicShapes::new(symbols.clone(), decided.clone(), shapes);
-    for (values, plan, by_name) in &checks {
-        let check = Check { base: &base, symbolic: &symbolic, values, plan, by_name: by_name.as_ref() };
+    for (i, c) in &checks {
+        let check = Check {
+            base: &base,
+            symbolic: &symbolic,
+            values: &points[*i],
+            plan: &c.plan,
+            by_name: c.by_name.as_ref(),
+        };
         check.shapes()?;
-        check.constants()?;
     }
     tracing::info!(
-        "ranges {}: {} sizes imported in {imported:.2} s, planned in {:.2} s, compared in {:.2} s, checked in {:.2} s",
+        "ranges {}: {} sizes imported, planned and compared in {planned:.2} s, fitted and checked in {:.2} s",
         symbolic.ranges(),
         points.len(),
-        top_planned - imported,
-        others_planned - top_planned,
-        clock.elapsed().as_secs_f64() - others_planned
+        clock.elapsed().as_secs_f64() - planned
     );
     // The other sizes' plans and the converted values they share go before the top's
     // weights are written.
-    drop(checks);
+    checks.clear();
     drop(conversions);
     let mut base = base;
     base.place_weights();
     Ok((base, symbolic))
+}
+
+/// A size's plan compared with the top's: its constants checked and let go.
+struct Compared {
+    plan: Plan,
+    /// Where it is another program: the node of `plan` for each of the top's it has.
+    by_name: Option<HashMap<NodeId, NodeId>>,
+}
+
+/// `plan` (at `values`) compared with `base` (at `high`): the same program where the fit is
+/// made at it (`fitting`), else the nodes of the same name; its constants the leading part of
+/// the top's. Its constants are let go after.
+fn compared(
+    base: &Plan,
+    mut plan: Plan,
+    fitting: bool,
+    symbols: &[DimRange],
+    values: &[usize],
+    high: &[usize],
+) -> Result<Compared, CompileError> {
+    let differs = |what| SymbolicError::Differs {
+        at: assignment(symbols, values),
+        top: assignment(symbols, high),
+        what,
+    };
+    // The sizes the fit is made at must plan the same program. At the check point the cost
+    // model may extract another form of a few nodes (a scale folded into a weight at smaller
+    // sizes): the nodes both programs have are compared there, by name.
+    let by_name = match same_program(base, &plan) {
+        Ok(()) => None,
+        Err(what) if fitting => return Err(differs(what).into()),
+        Err(what) => {
+            let names = counterparts(base, &plan);
+            if names.len() * 10 < base.graph.node_count() * 9 {
+                return Err(differs(what).into());
+            }
+            tracing::info!(
+                "the program at {} differs from the top's ({what}); its {} nodes of the same name are checked",
+                assignment(symbols, values),
+                names.len()
+            );
+            Some(names)
+        }
+    };
+    constants_hold(base, &plan, by_name.as_ref(), symbols, values)?;
+    let constants: Vec<NodeId> =
+        plan.graph.node_ids().filter(|&id| plan.graph.constant(id).is_some()).collect();
+    for id in constants {
+        plan.graph.take_constant(id);
+    }
+    Ok(Compared { plan, by_name })
 }
 
 /// The size a dim is moved to for its fit: half the top of its range, or the bottom where
@@ -422,15 +448,28 @@ impl Check<'_> {
         }
         Ok(())
     }
+}
 
-    /// Constants of `plan` are the leading part of `base`'s: the same where the shape is static.
-    fn constants(self) -> Result<(), SymbolicError> {
-        let Check { base, symbolic, values, plan, .. } = self;
+/// Constants of `plan` are the leading part of `base`'s: the same where the shape is static.
+fn constants_hold(
+    base: &Plan,
+    plan: &Plan,
+    by_name: Option<&HashMap<NodeId, NodeId>>,
+    symbols: &[DimRange],
+    values: &[usize],
+) -> Result<(), SymbolicError> {
+    {
         for id in base.graph.node_ids() {
             if !matches!(base.graph.node(id).op, crate::ir::Op::Constant(_)) {
                 continue;
             }
-            let Some(twin) = self.twin(id) else { continue };
+            let twin = match by_name {
+                Some(names) => match names.get(&id) {
+                    Some(&t) => t,
+                    None => continue,
+                },
+                None => id,
+            };
             // One value, shared (every weight, converted once for every size): equal.
             if let (Some(a), Some(b)) = (base.graph.constant(id), plan.graph.constant(twin)) {
                 if std::sync::Arc::ptr_eq(a, b) && base.graph.node(id).ty == plan.graph.node(twin).ty {
@@ -446,11 +485,10 @@ impl Check<'_> {
             let (Some(top), Some(here)) = (base.constant_value(id), plan.constant_value(twin)) else {
                 continue;
             };
-            let symbolic_shape = symbolic.shape(id).iter().any(|d| !d.is_static());
+            let symbolic_shape = base.graph.node(id).ty.shape != plan.graph.node(twin).ty.shape;
             let leading = top.leading_part(here.shape());
             if leading.as_ref() != Some(&here) {
-                let (symbol, value) = symbolic
-                    .symbols
+                let (symbol, value) = symbols
                     .iter()
                     .zip(values)
                     .find(|(r, v)| r.high != **v)
