@@ -48,7 +48,7 @@ impl Session {
     /// Makes the session run at the point `values` of the bundle's ranges (the size of each,
     /// in order): the steps and CUDA graph of that point, set up on its first use (GEMM
     /// descriptors; the graph is captured on its first run) and kept for the
-    /// [`SessionOptions::sizes_kept`] points used last. `run` does this from its inputs'
+    /// [`super::SessionOptions::sizes_kept`] points used last. `run` does this from its inputs'
     /// shapes; callers that write inputs in device memory (`input_device_ptr`) call it
     /// themselves.
     pub fn select(&mut self, values: &[usize]) -> Result<(), RuntimeError> {
