@@ -28,7 +28,8 @@ Reshape Transpose Squeeze Unsqueeze Flatten Concat Split Slice Gather GatherElem
 Tile
 Shape Size ConstantOfShape Range Trilu CumSum
 MaxPool AveragePool GlobalAveragePool GlobalMaxPool BatchNormalization HardSigmoid HardSwish
-Softplus Mish
+Softplus Mish DepthToSpace SpaceToDepth Pad InstanceNormalization GroupNormalization
+LpNormalization ReduceL1 ReduceL2 ReduceSumSquare
 """.split())
 
 

@@ -8,6 +8,7 @@ use super::context::{NodeCtx, Translated};
 mod elementwise;
 mod layout;
 mod linalg;
+mod rearrange;
 mod reduce;
 mod shape;
 mod vision;
@@ -26,6 +27,7 @@ pub(crate) fn registry() -> &'static Registry {
         layout::register(&mut reg);
         shape::register(&mut reg);
         vision::register(&mut reg);
+        rearrange::register(&mut reg);
         reg
     })
 }
