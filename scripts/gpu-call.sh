@@ -53,7 +53,7 @@ set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT/res"
 for f in .gpu/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
-chmod +x .gpu/fusec .gpu/test-gpu
+chmod +x .gpu/*
 [ -e .gpu/fusec-old ] && chmod +x .gpu/fusec-old
 export PYTHONUNBUFFERED=1 FUSEC_CACHE_DIR="${FUSEC_CACHE_DIR:-/tmp/fusec-cache}"
 models="${FUSEC_MODELS:-bert_base gpt2_small}"
