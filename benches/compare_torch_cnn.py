@@ -10,15 +10,14 @@ TF32 stays off, as in fusec's f32 convolutions and GEMMs.
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torchvision
 
-
-def percentiles(times):
-    times = sorted(times)
-    at = lambda q: times[round((len(times) - 1) * q)]  # noqa: E731
-    return at(0.5), at(0.1), at(0.9)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import percentiles  # noqa: E402
 
 
 def time_calls(fn, x, warmup, iters):
