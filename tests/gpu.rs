@@ -509,8 +509,11 @@ fn onnx_node_cases_on_the_gpu() {
         );
         return;
     };
-    let mut cases: Vec<std::path::PathBuf> =
-        std::fs::read_dir(&dir).unwrap().filter_map(|e| Some(e.ok()?.path())).collect();
+    let mut cases: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.is_dir())
+        .collect();
     cases.sort();
     let mut passed: std::collections::BTreeMap<String, usize> = Default::default();
     let mut unsupported: std::collections::BTreeMap<String, usize> = Default::default();

@@ -18,8 +18,11 @@ fn node_cases_match_the_reference_evaluator() {
         println!("skipped: no node test cases (run scripts/onnx_node_cases.py .onnx-node-cases)");
         return;
     };
-    let mut cases: Vec<PathBuf> =
-        std::fs::read_dir(&dir).unwrap().filter_map(|e| Some(e.ok()?.path())).collect();
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.is_dir())
+        .collect();
     cases.sort();
     let (mut passed, mut failed, mut unsupported) =
         (BTreeMap::<String, usize>::new(), Vec::new(), BTreeMap::<String, Vec<String>>::new());
