@@ -53,13 +53,6 @@ impl Plan {
         Ok(graph)
     }
 
-    /// A constant's bytes where the plan stores it in the weights.
-    pub fn stored_bytes(&self, id: NodeId) -> Option<&[u8]> {
-        let plan = self;
-        let Location::Weights(offset) = *plan.locations.get(&id)? else { return None };
-        plan.weights.get(offset..offset + plan.graph.node(id).ty.size_bytes())
-    }
-
     /// A constant's values as the plan stores them (in the weights, or still in the graph).
     pub fn constant_value(&self, id: NodeId) -> Option<Tensor> {
         let plan = self;

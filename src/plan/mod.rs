@@ -147,6 +147,9 @@ impl Plan {
     /// core; its value goes as soon as it is written, so the blob and the values not yet
     /// written are what is in memory. Constants already written are left as they are.
     pub fn place_weights(&mut self) {
+        if !self.weights.is_empty() {
+            return;
+        }
         let mut placed: Vec<(usize, NodeId)> = self
             .locations
             .iter()
@@ -163,9 +166,6 @@ impl Plan {
             })
             .collect();
         placed.sort_unstable();
-        if !self.weights.is_empty() {
-            return;
-        }
         let total =
             placed.last().map_or(0, |&(offset, id)| offset + aligned(self.graph.node(id).ty.size_bytes()));
         let mut weights = vec![0u8; total];

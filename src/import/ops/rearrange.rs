@@ -205,8 +205,7 @@ fn lp_norm(ctx: &mut NodeCtx) -> Translated {
     };
     // A zero vector stays zero (not 0/0).
     let quotient = ctx.add(Op::Binary(BinaryOp::Div), &[x, norm])?;
-    let dtype = ctx.graph.node(x).ty.dtype;
-    let zero = ctx.constant(Tensor::from_f64(ArrayD::from_elem(IxDyn(&[]), 0.0), dtype));
+    let zero = super::vision::scalar(ctx, x, 0.0);
     let empty = ctx.add(Op::Binary(BinaryOp::Equal), &[norm, zero])?;
     Ok(vec![ctx.add(Op::Where, &[empty, zero, quotient])?])
 }

@@ -115,7 +115,7 @@ fn global_pool(ctx: &mut NodeCtx) -> Translated {
 }
 
 /// A scalar constant of `x`'s element type.
-fn scalar(ctx: &mut NodeCtx, x: NodeId, value: f64) -> NodeId {
+pub(super) fn scalar(ctx: &mut NodeCtx, x: NodeId, value: f64) -> NodeId {
     let dtype = ctx.graph.node(x).ty.dtype;
     ctx.constant(Tensor::from_f64(ArrayD::from_elem(IxDyn(&[]), value), dtype))
 }

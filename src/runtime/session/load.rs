@@ -74,6 +74,11 @@ impl Session {
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
         let pdl = programmatic_launch_wanted(major);
         let top = crate::ir::tops(&header.ranges);
+        // Whether an operand's location lies inside the bundle's memory.
+        let inside = |location: Location| match location {
+            Location::Arena(o) => o < header.arena_bytes.max(1),
+            Location::Weights(o) => o < bundle.weights.len().max(1),
+        };
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let function = match functions.get(&source.function) {
                 Some(f) => f.clone(),
@@ -91,16 +96,14 @@ impl Session {
                 .args
                 .iter()
                 .map(|&location| {
-                    let inside = match location {
-                        Location::Arena(o) => o < header.arena_bytes.max(1),
-                        Location::Weights(o) => o < bundle.weights.len().max(1),
-                    };
-                    inside.then(|| device_address(location, arena_ptr, weights_ptr)).ok_or_else(|| {
-                        RuntimeError::Driver(format!(
-                            "kernel {}: argument {location:?} lies outside the bundle's memory",
-                            source.name
-                        ))
-                    })
+                    inside(location).then(|| device_address(location, arena_ptr, weights_ptr)).ok_or_else(
+                        || {
+                            RuntimeError::Driver(format!(
+                                "kernel {}: argument {location:?} lies outside the bundle's memory",
+                                source.name
+                            ))
+                        },
+                    )
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
             let config = LaunchConfig {
@@ -154,10 +157,6 @@ impl Session {
             None => None,
         };
         let scratch = conv_workspace.as_ref().map_or((0, 0), |w| (w.device_ptr(&stream).0, w.len()));
-        let inside = |location: Location| match location {
-            Location::Arena(o) => o < header.arena_bytes.max(1),
-            Location::Weights(o) => o < bundle.weights.len().max(1),
-        };
         let mut steps = Vec::with_capacity(header.steps.len());
         for step in &header.steps {
             steps.push(match step {
