@@ -341,8 +341,10 @@ fn convolutions_go_to_cudnn_where_it_takes_them() {
     assert!(!steps.iter().any(|s| matches!(s, Step::Conv { .. })), "asymmetric padding stays a loop");
 }
 
-/// A stem convolution and a residual block (conv, BN, ReLU, conv, BN, add, ReLU), then the
-/// global average pool: symmetric padding throughout, so every convolution goes channels-last.
+/// A stem convolution and max pool, a residual block (conv, BN, ReLU, conv, BN, add of the skip through
+/// a 1×1 convolution, ReLU), a squeeze-and-excitation gate (global pool, 1×1 convolution,
+/// sigmoid, scale), then the global average pool: symmetric padding throughout, so every
+/// convolution goes channels-last.
 fn residual_block(dir: &Path) -> std::path::PathBuf {
     let conv =
         |x: &str, w: &str, b: &str, y: &str| node("Conv", &[x, w, b], y, vec![ints("pads", &[1, 1, 1, 1])]);
@@ -353,15 +355,26 @@ fn residual_block(dir: &Path) -> std::path::PathBuf {
     };
     let nodes = vec![
         node("Conv", &["x", "w0", "b0"], "c0", vec![ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])]),
-        node("Relu", &["c0"], "r0", vec![]),
+        node("Relu", &["c0"], "r", vec![]),
+        node(
+            "MaxPool",
+            &["r"],
+            "r0",
+            vec![ints("kernel_shape", &[3, 3]), ints("strides", &[2, 2]), ints("pads", &[1, 1, 1, 1])],
+        ),
         conv("r0", "w1", "b1", "c1"),
         bn("c1", "bn1", "n1"),
         node("Relu", &["n1"], "r1", vec![]),
         conv("r1", "w2", "b2", "c2"),
         bn("c2", "bn2", "n2"),
-        node("Add", &["n2", "r0"], "sum", vec![]),
+        node("Conv", &["r0", "w3", "b3"], "skip", vec![]),
+        node("Add", &["n2", "skip"], "sum", vec![]),
         node("Relu", &["sum"], "r2", vec![]),
-        node("GlobalAveragePool", &["r2"], "y", vec![]),
+        node("GlobalAveragePool", &["r2"], "squeezed", vec![]),
+        node("Conv", &["squeezed", "w4", "b4"], "excited", vec![]),
+        node("Sigmoid", &["excited"], "gate", vec![]),
+        node("Mul", &["r2", "gate"], "scaled", vec![]),
+        node("GlobalAveragePool", &["scaled"], "y", vec![]),
     ];
     let mut init = vec![
         weight("w0", &[8, 3, 3, 3], 11, -0.5, 1.0),
@@ -370,6 +383,10 @@ fn residual_block(dir: &Path) -> std::path::PathBuf {
         weight("b1", &[8], 14, -0.2, 0.4),
         weight("w2", &[8, 8, 3, 3], 15, -0.3, 0.6),
         weight("b2", &[8], 16, -0.2, 0.4),
+        weight("w3", &[8, 8, 1, 1], 17, -0.3, 0.6),
+        weight("b3", &[8], 18, -0.2, 0.4),
+        weight("w4", &[8, 8, 1, 1], 19, -0.3, 0.6),
+        weight("b4", &[8], 30, -0.2, 0.4),
     ];
     for (k, p) in ["bn1", "bn2"].iter().enumerate() {
         let seed = 20 + 4 * k as u64;
@@ -383,10 +400,11 @@ fn residual_block(dir: &Path) -> std::path::PathBuf {
 
 /// The layout pass keeps the model's meaning (against tract) and leaves no transpose between
 /// two convolutions of a residual block: the input is transposed once for the first, the
-/// last value once for the pool, and everything between stays NHWC.
+/// pooled result once at the end, and everything between stays NHWC (the gate's pool too);
+/// the 1×1 convolutions are GEMMs.
 #[test]
 fn channels_last_leaves_no_transpose_between_convolutions() {
-    use fusec::passes::{ChannelsLast, Pass};
+    use fusec::passes::{ChannelsLast, Pass, SplitReductions};
     let dir = tempfile::tempdir().unwrap();
     let path = residual_block(dir.path());
     let (model, feeds, values) = random_feeds(&path, 3);
@@ -394,6 +412,9 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     let mut graph = model.graph.clone();
     run_passes(&mut graph, &standard()).unwrap();
     assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
+    ir::verify(&graph).unwrap();
+    // Both global pools (over NHWC's axes 1 and 2) become one reduction per axis.
+    assert_eq!(SplitReductions.run(&mut graph).unwrap(), 2);
     ir::verify(&graph).unwrap();
     let ours = ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
     let err = rel_l2(&ours[0].1, &theirs[0]);
@@ -409,6 +430,10 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         .collect();
     let convs = kinds.iter().filter(|(op, _)| op.starts_with("Conv") && op.contains("NHWC")).count();
     assert_eq!(convs, 3, "{kinds:?}");
+    assert!(kinds.iter().any(|(op, _)| op.starts_with("MaxPool") && op.contains("NHWC")), "{kinds:?}");
+    let matmuls: Vec<&(String, String)> = kinds.iter().filter(|(op, _)| op == "MatMul").collect();
+    assert_eq!(matmuls.len(), 2, "{kinds:?}");
+    assert!(matmuls.iter().all(|(_, input)| input != "Transpose"), "{kinds:?}");
     let transposes: Vec<&(String, String)> =
         kinds.iter().filter(|(op, _)| op.starts_with("Transpose")).collect();
     assert_eq!(transposes.len(), 2, "{transposes:?}");
@@ -426,6 +451,8 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         })
         .collect();
     assert_eq!(library, [true, true, true]);
+    let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
+    assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
     if fusec::nvrtc::available() {
         for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
             fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));

@@ -139,7 +139,7 @@ struct Row {
     floor_ms: f64,
 }
 
-/// The ten steps that take longest (their GPU time repeated in a graph where the session
+/// The sixteen steps that take longest (their GPU time repeated in a graph where the session
 /// has graphs, else alone), with their share of that total, and each step's time alone.
 fn print_profile(steps: &[StepProfile]) {
     let key = |s: &StepProfile| s.repeated_ms.unwrap_or(s.alone_ms);
@@ -159,10 +159,17 @@ fn print_profile(steps: &[StepProfile]) {
             false => "no CUDA graph".to_string(),
         }
     );
-    println!("  {:>12} {:>6} {:>12}", if graph { "GPU ms" } else { "alone ms" }, "share", "alone ms");
-    for s in sorted.iter().take(10) {
+    println!(
+        "  {:>12} {:>6} {:>12} {:>12}",
+        if graph { "GPU ms" } else { "alone ms" },
+        "share",
+        "alone ms",
+        "library ms"
+    );
+    for s in sorted.iter().take(16) {
+        let library = s.library_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.4}"));
         println!(
-            "  {:>12.4} {:>5.1}% {:>12.4}  {}",
+            "  {:>12.4} {:>5.1}% {:>12.4} {library:>12}  {}",
             key(s),
             100.0 * key(s) / total.max(f64::MIN_POSITIVE),
             s.alone_ms,
@@ -405,7 +412,10 @@ impl Bench {
             self.device,
             SessionOptions { cuda_graph: false, tune_gemms, ..Default::default() },
         )?;
-        let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
+        // Two half-type builds each round differently, and a deep network's logits amplify
+        // it: ResNet-50's (random weights, calibrated statistics) differ from its f32 ones by
+        // 3e-2 in PyTorch's own fp16 (`benches/NOTES.md`). A wrong kernel gives ~1.
+        let tolerance = if fused.header.precision == DType::F32 { 1e-5 } else { 5e-2 };
         let (a, b) = (fast.run(&sets[0])?, slow.run(&sets[0])?);
         for ((name, x), (_, y)) in a.iter().zip(&b) {
             let err = rel_l2(x, y);
@@ -558,7 +568,7 @@ impl Bench {
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
                     "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
                 })).collect::<Vec<_>>(),
-                "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms})).collect::<Vec<_>>()),
+                "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
             });
             super::shapes::write_json(path, &json)?;
         }

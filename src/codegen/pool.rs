@@ -6,8 +6,8 @@ use super::kernel::Body;
 use crate::ir::{NodeId, PoolKind, PoolWindow, SymDim};
 
 impl Body<'_> {
-    /// The value of pooling node `id` at `coords` (n, c, oh, ow), as a local; the window's
-    /// loop goes into the statements.
+    /// The value of pooling node `id` at `coords` (n, c, oh, ow; n, oh, ow, c channels-last),
+    /// as a local; the window's loop goes into the statements.
     pub(super) fn pool_loop(
         &mut self,
         id: NodeId,
@@ -16,14 +16,24 @@ impl Body<'_> {
         window: &PoolWindow,
     ) -> Result<String, String> {
         let input = self.plan.graph.inputs_of(id)[0];
-        let x: Vec<String> = self.dims(input).iter().map(SymDim::c).collect();
+        let mut x: Vec<String> = self.dims(input).iter().map(SymDim::c).collect();
+        let mut coords = coords.clone();
+        if window.channels_last {
+            // Named as NCHW; the read below puts the axes back in their order.
+            x = vec![x[0].clone(), x[3].clone(), x[1].clone(), x[2].clone()];
+            coords = vec![coords[0].clone(), coords[3].clone(), coords[1].clone(), coords[2].clone()];
+        }
         let (acc, count, kh, kw) =
             (self.fresh("acc"), self.fresh("count"), self.fresh("kh"), self.fresh("kw"));
         let (n, c, oh, ow) = (&coords[0], &coords[1], &coords[2], &coords[3]);
         let PoolWindow { kernel, strides, pads, dilations, .. } = *window;
         let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
         let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
-        let value = self.read(input, vec![n.clone(), c.clone(), ih.clone(), iw.clone()])?;
+        let at = match window.channels_last {
+            true => vec![n.clone(), ih.clone(), iw.clone(), c.clone()],
+            false => vec![n.clone(), c.clone(), ih.clone(), iw.clone()],
+        };
+        let value = self.read(input, at)?;
         let loops = format!(
             "for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw})",
             kernel[0], kernel[1]

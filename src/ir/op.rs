@@ -117,7 +117,7 @@ pub enum PoolKind {
     },
 }
 
-/// The windows of a 2-D `Pool` over NCHW.
+/// The windows of a 2-D `Pool` over NCHW (or NHWC, `channels_last`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolWindow {
     /// Window height and width.
@@ -131,6 +131,8 @@ pub struct PoolWindow {
     /// Output extents round up (a last window that starts in the input or its start
     /// padding is kept), not down.
     pub ceil_mode: bool,
+    /// Input and output are NHWC (the `channels-last` pass's layout).
+    pub channels_last: bool,
 }
 
 /// One axis of a `Slice`: the output takes `len` elements, `start`, `start + step`, ….
@@ -420,7 +422,7 @@ impl fmt::Display for Op {
                 if *channels_last { ", NHWC" } else { "" }
             ),
             Op::Pool { kind, window } => {
-                let PoolWindow { kernel, strides, pads, dilations, ceil_mode } = window;
+                let PoolWindow { kernel, strides, pads, dilations, ceil_mode, channels_last } = window;
                 let include = match kind {
                     PoolKind::Average { count_include_pad } => {
                         format!(", count_include_pad={count_include_pad}")
@@ -429,7 +431,8 @@ impl fmt::Display for Op {
                 };
                 write!(
                     f,
-                    "{kind}<kernel={kernel:?}, strides={strides:?}, pads={pads:?}, dilations={dilations:?}, ceil={ceil_mode}{include}>",
+                    "{kind}<kernel={kernel:?}, strides={strides:?}, pads={pads:?}, dilations={dilations:?}, ceil={ceil_mode}{include}{}>",
+                    if *channels_last { ", NHWC" } else { "" },
                     kind = self.kind()
                 )
             }

@@ -1,20 +1,24 @@
 //! Channels-last layout for convolutions: each convolution cuDNN runs on tensor cores (the
 //! same padding at both ends, constant filters) becomes an NHWC convolution between two
-//! transposes, `T(conv_nhwc(T(x)))`, with its filters stored KRSC. The transposes are then
+//! transposes, `T(conv_nhwc(T(x)))`, with its filters stored KRSC; one of a 1×1 window,
+//! stride 1 and no padding becomes a GEMM over the channels instead. The transposes are then
 //! moved past the pointwise ops after each convolution (a per-channel constant is permuted
-//! with them) and a transpose that meets its inverse cancels: between two convolutions of a
-//! network the activations stay NHWC, and only the graph's input and the values other ops
-//! read are transposed, by the kernels that write or read them.
+//! with them), past pools and past reductions that keep their axes (a squeeze-and-excitation
+//! gate's global pool), and a transpose that meets its inverse cancels: between two
+//! convolutions of a network the activations stay NHWC, and only the graph's input and the
+//! values other ops read are transposed, by the kernels that write or read them.
 
 use std::sync::Arc;
 
 use super::Pass;
-use crate::ir::{ops, Graph, IrError, NodeId, Op};
+use crate::ir::{ops, BinaryOp, DType, Graph, IrError, NodeId, Op, PoolWindow, Tensor};
 
 /// NCHW to NHWC.
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 /// NHWC to NCHW.
 const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+/// Input channels of a convolution are padded with zeros to at least this many.
+const CHANNEL_STEP: usize = 8;
 
 /// Convolutions to NHWC, and the transposes between them cancelled.
 pub struct ChannelsLast;
@@ -29,6 +33,9 @@ impl Pass for ChannelsLast {
         for id in graph.topo_order()? {
             changed += usize::from(to_nhwc(graph, id)?);
         }
+        for id in graph.topo_order()? {
+            changed += usize::from(pointwise_as_matmul(graph, id)?);
+        }
         if changed == 0 {
             return Ok(0);
         }
@@ -41,7 +48,12 @@ impl Pass for ChannelsLast {
                 if !graph.contains(id) {
                     continue;
                 }
-                moved += usize::from(sink(graph, id)? || cancel(graph, id)?);
+                moved += usize::from(
+                    sink(graph, id)?
+                        || sink_reduce(graph, id)?
+                        || sink_pool(graph, id)?
+                        || cancel(graph, id)?,
+                );
             }
             changed += moved;
             if moved == 0 {
@@ -51,6 +63,11 @@ impl Pass for ChannelsLast {
         graph.remove_unused();
         Ok(changed)
     }
+}
+
+/// A tensor of zeros.
+fn zero_tensor(dtype: DType, shape: &[usize]) -> Tensor {
+    Tensor::from_f64(ndarray::ArrayD::zeros(ndarray::IxDyn(shape)), dtype)
 }
 
 fn op_error(graph: &Graph, id: NodeId, message: String) -> IrError {
@@ -70,15 +87,41 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     if !symmetric || node.ty.rank() != 4 {
         return Ok(false);
     }
-    let krsc = ops::evaluate(&Op::Transpose { perm: TO_NHWC.to_vec() }, &[&filters])
+    let mut krsc = ops::evaluate(&Op::Transpose { perm: TO_NHWC.to_vec() }, &[&filters])
         .map_err(|m| op_error(graph, id, m))?;
     let origin = node.origin.clone();
-    let x = graph.add_op(
+    let mut x = graph.add_op(
         Op::Transpose { perm: TO_NHWC.to_vec() },
         &[inputs[0]],
         &format!("{}/input_nhwc", node.name),
         origin.clone(),
     )?;
+    // A few input channels (an image's three) padded with zeros to eight, the tensor cores'
+    // step: cuDNN's NHWC kernels for three channels ran at a fifth of its rate for eight.
+    let channels = krsc.shape()[3];
+    if group == 1 && channels < CHANNEL_STEP {
+        let mut block = graph.node(x).ty.shape.clone();
+        block[3] = CHANNEL_STEP - channels;
+        let zero = zero_tensor(krsc.dtype(), &[1, 1, 1, 1]);
+        let zero = graph.add_constant(&format!("{}/zero", node.name), Arc::new(zero), origin.clone());
+        let zeros = graph.add_op(
+            Op::Expand { shape: block },
+            &[zero],
+            &format!("{}/zeros", node.name),
+            origin.clone(),
+        )?;
+        x = graph.add_op(
+            Op::Concat { axis: 3 },
+            &[x, zeros],
+            &format!("{}/input_padded", node.name),
+            origin.clone(),
+        )?;
+        let mut block = krsc.shape().to_vec();
+        block[3] = CHANNEL_STEP - channels;
+        let filler = zero_tensor(krsc.dtype(), &block);
+        krsc =
+            ops::evaluate(&Op::Concat { axis: 3 }, &[&krsc, &filler]).map_err(|m| op_error(graph, id, m))?;
+    }
     let w = graph.add_constant(&format!("{}/krsc", node.name), Arc::new(krsc), origin.clone());
     let mut conv_inputs = vec![x, w];
     conv_inputs.extend(inputs.get(2));
@@ -86,6 +129,36 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let conv = graph.add_op(conv, &conv_inputs, &format!("{}/nhwc", node.name), origin.clone())?;
     let back = graph.add_op(Op::Transpose { perm: TO_NCHW.to_vec() }, &[conv], &node.name, origin)?;
     graph.replace_uses(id, back);
+    graph.remove_node(id);
+    Ok(true)
+}
+
+/// Rewrites NHWC convolution `id` as a GEMM where it is one: a 1×1 window, stride 1, no
+/// padding, one group. `[N, H, W, C] × [C, K]` (+ bias) then runs on cuBLASLt with the
+/// pointwise ops after it in its epilogue, as a transformer's projections do.
+fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+    let node = graph.node(id).clone();
+    let Op::Conv { strides: [1, 1], pads: [0, 0, 0, 0], group: 1, channels_last: true, .. } = node.op else {
+        return Ok(false);
+    };
+    let inputs = graph.inputs_of(id);
+    let Some(krsc) = graph.constant(inputs[1]).cloned() else { return Ok(false) };
+    let [k, 1, 1, c] = krsc.shape()[..] else { return Ok(false) };
+    let kc =
+        ops::evaluate(&Op::Reshape { shape: vec![k, c] }, &[&krsc]).map_err(|m| op_error(graph, id, m))?;
+    let ck =
+        ops::evaluate(&Op::Transpose { perm: vec![1, 0] }, &[&kc]).map_err(|m| op_error(graph, id, m))?;
+    let origin = node.origin.clone();
+    let w = graph.add_constant(&format!("{}/ck", node.name), Arc::new(ck), origin.clone());
+    let product = match inputs.get(2) {
+        Some(_) => format!("{}/matmul", node.name),
+        None => node.name.clone(),
+    };
+    let mut out = graph.add_op(Op::MatMul, &[inputs[0], w], &product, origin.clone())?;
+    if let Some(&bias) = inputs.get(2) {
+        out = graph.add_op(Op::Binary(BinaryOp::Add), &[out, bias], &node.name, origin)?;
+    }
+    graph.replace_uses(id, out);
     graph.remove_node(id);
     Ok(true)
 }
@@ -98,9 +171,45 @@ fn inverse(perm: &[usize]) -> Vec<usize> {
     inv
 }
 
+/// Moves an NHWC-to-NCHW transpose feeding pool `id` past it: the pool reads NHWC.
+fn sink_pool(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+    let node = graph.node(id).clone();
+    let Op::Pool { kind, window } = node.op else { return Ok(false) };
+    let input = graph.inputs_of(id)[0];
+    if window.channels_last || graph.node(input).op != (Op::Transpose { perm: TO_NCHW.to_vec() }) {
+        return Ok(false);
+    }
+    let source = graph.inputs_of(input)[0];
+    let pool = Op::Pool { kind, window: PoolWindow { channels_last: true, ..window } };
+    let inner = graph.add_op(pool, &[source], &format!("{}/nhwc", node.name), node.origin.clone())?;
+    let outer = graph.add_op(Op::Transpose { perm: TO_NCHW.to_vec() }, &[inner], &node.name, node.origin)?;
+    graph.replace_uses(id, outer);
+    graph.remove_node(id);
+    Ok(true)
+}
+
+/// Moves the transposes feeding reduction `id` past it where it keeps its axes:
+/// `reduce(T(a, P), axes)` becomes `T(reduce(a, P[axes]), P)` (a global pool over NHWC).
+fn sink_reduce(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+    let node = graph.node(id).clone();
+    let Op::Reduce { op, axes, keep_dims: true } = &node.op else { return Ok(false) };
+    let input = graph.inputs_of(id)[0];
+    let Op::Transpose { perm } = graph.node(input).op.clone() else { return Ok(false) };
+    let mut moved: Vec<usize> = axes.iter().map(|&a| perm[a]).collect();
+    moved.sort_unstable();
+    let source = graph.inputs_of(input)[0];
+    let reduce = Op::Reduce { op: *op, axes: moved, keep_dims: true };
+    let inner = graph.add_op(reduce, &[source], &format!("{}/moved", node.name), node.origin.clone())?;
+    let outer = graph.add_op(Op::Transpose { perm }, &[inner], &node.name, node.origin.clone())?;
+    graph.replace_uses(id, outer);
+    graph.remove_node(id);
+    Ok(true)
+}
+
 /// Moves the transposes feeding pointwise op `id` past it: `p(T(a, P), k)` becomes
 /// `T(p(a, k'), P)`, with every constant `k` permuted to `a`'s layout. Only where every
-/// non-constant input is a transpose by the same permutation of a value of `id`'s shape.
+/// non-constant input is a transpose by the same permutation of a 4-D value (broadcasting
+/// goes axis by axis, so it holds through the permutation).
 fn sink(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let node = graph.node(id).clone();
     if !node.op.is_pointwise() || node.ty.rank() != 4 {
@@ -110,7 +219,7 @@ fn sink(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let mut perm: Option<Vec<usize>> = None;
     for &i in &inputs {
         match &graph.node(i).op {
-            Op::Transpose { perm: p } if graph.node(i).ty.shape == node.ty.shape => {
+            Op::Transpose { perm: p } if graph.node(i).ty.rank() == 4 => {
                 if perm.as_ref().is_some_and(|q| q != p) {
                     return Ok(false);
                 }

@@ -11,6 +11,7 @@ mod gather_views;
 mod merge_matmuls;
 mod noop;
 mod precision;
+mod split_reductions;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use channels_last::ChannelsLast;
@@ -22,6 +23,7 @@ pub use gather_views::GatherNdViews;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 pub use precision::{lower_precision, lower_precision_sharing, SharedConversions};
+pub use split_reductions::SplitReductions;
 
 use thiserror::Error;
 

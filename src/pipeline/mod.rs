@@ -76,8 +76,8 @@ pub struct CompileOptions {
     /// [`crate::fusion::FusionLimits::attention`]); `None`: decided for this compile's sizes.
     pub attention: Option<Vec<bool>>,
     /// Half-type convolutions channels-last (the `channels-last` layout pass, fused builds):
-    /// off unless `FUSEC_CHANNELS_LAST=1`, as it measured slower than NCHW on ResNet-50
-    /// (`benches/NOTES.md`).
+    /// on unless `FUSEC_CHANNELS_LAST=0`; it measured 1.1–4× faster than NCHW on the CNN
+    /// suite (`benches/NOTES.md`).
     pub channels_last: bool,
 }
 
@@ -90,7 +90,7 @@ impl Default for CompileOptions {
             emit_cuda: None,
             precision: DType::F32,
             attention: None,
-            channels_last: std::env::var("FUSEC_CHANNELS_LAST").is_ok_and(|v| v.trim() == "1"),
+            channels_last: std::env::var("FUSEC_CHANNELS_LAST").map_or(true, |v| v.trim() != "0"),
         }
     }
 }
@@ -279,6 +279,11 @@ pub(crate) fn plan_unplaced(
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;
     }
     if mode == Mode::Fused {
+        use passes::Pass;
+        passes::SplitReductions
+            .run(&mut graph)
+            .map_err(|source| PassError { pass: "split-reductions", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "split-reductions", source })?;
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;
     }

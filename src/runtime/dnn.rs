@@ -206,7 +206,7 @@ impl ConvCall {
         let (algo, workspace) = match cached {
             Some(chosen) => chosen,
             None => {
-                let chosen = call.find(dnn, (scratch_ptr, scratch))?;
+                let chosen = call.find(dnn, (scratch_ptr, scratch), &key)?;
                 CHOSEN
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -220,37 +220,56 @@ impl ConvCall {
         Ok(call)
     }
 
-    /// The fastest algorithm cuDNN measures for this convolution within the workspace.
+    /// The fastest algorithm cuDNN measures for this convolution (`key`, in the debug log)
+    /// within the workspace.
     fn find(
         &self,
         dnn: &Dnn,
         (scratch_ptr, scratch): (u64, usize),
+        key: &str,
     ) -> Result<(cudnnConvolutionFwdAlgo_t, usize), RuntimeError> {
         const WANTED: usize = 8;
         // SAFETY: all-zero bytes are a valid value of this plain C struct.
         let mut results: [sys::cudnnConvolutionFwdAlgoPerf_t; WANTED] = unsafe { std::mem::zeroed() };
         let mut returned = 0;
         let (x, w, y) = self.addresses;
-        // SAFETY: the descriptors describe the buffers at these addresses (the session's
-        // arena and weights), and the scratch holds `scratch` bytes; the search writes y.
-        check("algorithm search", unsafe {
-            sys::cudnnFindConvolutionForwardAlgorithmEx(
-                dnn.handle,
-                self.x,
-                x as *const c_void,
-                self.w,
-                w as *const c_void,
-                self.conv,
-                self.y,
-                y as *mut c_void,
-                WANTED as i32,
-                &mut returned,
-                results.as_mut_ptr(),
-                scratch_ptr as *mut c_void,
-                scratch,
-            )
-        })?;
-        results[..returned.max(0) as usize]
+        // Searched twice, the first one's times thrown away: a search times each algorithm
+        // about once, and an algorithm whose kernels the process has not run yet pays for
+        // loading them (lazy module loading) in its time. One search alone picked an
+        // implicit GEMM at 0.16 ms over a precomputed one at 0.010 ms for ResNet-50's 3×3
+        // 64→64 convolution, in one process of two (`benches/NOTES.md`).
+        for _ in 0..2 {
+            // SAFETY: the descriptors describe the buffers at these addresses (the session's
+            // arena and weights), and the scratch holds `scratch` bytes; the search writes y.
+            check("algorithm search", unsafe {
+                sys::cudnnFindConvolutionForwardAlgorithmEx(
+                    dnn.handle,
+                    self.x,
+                    x as *const c_void,
+                    self.w,
+                    w as *const c_void,
+                    self.conv,
+                    self.y,
+                    y as *mut c_void,
+                    WANTED as i32,
+                    &mut returned,
+                    results.as_mut_ptr(),
+                    scratch_ptr as *mut c_void,
+                    scratch,
+                )
+            })?;
+        }
+        let results = &results[..returned.max(0) as usize];
+        for r in results {
+            tracing::debug!(
+                "cuDNN search {key}: {:?} {:?} {:.4} ms, {} bytes",
+                r.algo,
+                r.status,
+                r.time,
+                r.memory
+            );
+        }
+        results
             .iter()
             .find(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && r.memory <= scratch)
             .map(|r| (r.algo, r.memory))

@@ -97,7 +97,7 @@ fn pool(ctx: &mut NodeCtx) -> Translated {
     } else {
         PoolKind::Average { count_include_pad: ctx.attr_int("count_include_pad")?.unwrap_or(0) != 0 }
     };
-    let window = PoolWindow { kernel, strides, pads, dilations, ceil_mode };
+    let window = PoolWindow { kernel, strides, pads, dilations, ceil_mode, channels_last: false };
     let input = ctx.input(0)?;
     Ok(vec![ctx.add(Op::Pool { kind, window }, &[input])?])
 }

@@ -1,4 +1,5 @@
-//! 2-D pooling over NCHW windows: `MaxPool`, `AveragePool` (the global pools are reductions).
+//! 2-D pooling over NCHW (or NHWC) windows: `MaxPool`, `AveragePool` (the global pools are
+//! reductions).
 //! The evaluator works in f64.
 
 use ndarray::{ArrayD, IxDyn};
@@ -45,6 +46,12 @@ pub fn infer_pool(x: &TensorType, window: &PoolWindow) -> OpResult<TensorType> {
     if x.rank() != 4 {
         return Err(format!("only 2-D pooling (NCHW) is supported, got {x}"));
     }
+    if window.channels_last {
+        let nchw = TensorType::new(x.dtype, vec![x.shape[0], x.shape[3], x.shape[1], x.shape[2]]);
+        let out = infer_pool(&nchw, &PoolWindow { channels_last: false, ..*window })?;
+        let s = &out.shape;
+        return Ok(TensorType::new(out.dtype, vec![s[0], s[2], s[3], s[1]]));
+    }
     if window.kernel.contains(&0) || window.strides.contains(&0) || window.dilations.contains(&0) {
         return Err(format!(
             "a pooling window of kernel {:?}, strides {:?}, dilations {:?}",
@@ -65,6 +72,16 @@ pub fn infer_pool(x: &TensorType, window: &PoolWindow) -> OpResult<TensorType> {
 }
 
 pub fn eval_pool(x: &Tensor, kind: PoolKind, window: &PoolWindow) -> OpResult<Tensor> {
+    if window.channels_last {
+        let nchw = x.to_f64().permuted_axes(IxDyn(&[0, 3, 1, 2])).as_standard_layout().to_owned();
+        let pooled = eval_pool(
+            &Tensor::from_f64(nchw, x.dtype()),
+            kind,
+            &PoolWindow { channels_last: false, ..*window },
+        )?;
+        let nhwc = pooled.to_f64().permuted_axes(IxDyn(&[0, 2, 3, 1])).as_standard_layout().to_owned();
+        return Ok(Tensor::from_f64(nhwc, x.dtype()));
+    }
     let out = infer_pool(&x.tensor_type(), window)?;
     let values = x.to_f64();
     let (xs, os) = (values.shape().to_vec(), out.shape.clone());

@@ -98,13 +98,23 @@ pub(super) enum Loaded {
 }
 
 impl Loaded {
+    /// Whether a library call's epilogue runs as a kernel of its own after it.
+    pub(super) fn has_epilogue(&self) -> bool {
+        matches!(self, Loaded::Gemm { epilogue: Some(_), .. } | Loaded::Conv { epilogue: Some(_), .. })
+    }
+
     /// What the step runs, as profiles name it.
     pub(super) fn name(&self) -> String {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
-            Loaded::Conv { spec, epilogue, .. } => {
+            Loaded::Conv { spec, epilogue, call } => {
                 let [_, _, r, s] = spec.w_shape;
-                let conv = format!("cuDNN conv {:?} {r}x{s} -> {:?}", spec.x_shape, spec.y_shape);
+                let algo = format!("{:?}", call.algo);
+                let algo = algo.trim_start_matches("CUDNN_CONVOLUTION_FWD_ALGO_");
+                let conv = format!(
+                    "cuDNN conv {:?} {r}x{s} /{} -> {:?} ({algo})",
+                    spec.x_shape, spec.strides[0], spec.y_shape
+                );
                 match epilogue {
                     Some(e) => format!("{conv} + {}", e.name),
                     None => conv,
@@ -128,36 +138,32 @@ impl Loaded {
 
 impl Session {
     pub(super) fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
-        {
-            match step {
-                Loaded::Kernel(launch) => self.launch(launch)?,
-                Loaded::Gemm { gemm, epilogue, lt: Some(prepared), on_cublas: false } => {
-                    let lt =
-                        self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
-                    let addresses =
-                        (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
-                    lt.run(prepared, gemm, addresses, &self.stream)?;
-                    if let Some(launch) = epilogue {
-                        self.launch(launch)?;
-                    }
-                }
-                Loaded::Gemm { gemm, epilogue, .. } => {
-                    self.gemm(gemm)?;
-                    if let Some(launch) = epilogue {
-                        self.launch(launch)?;
-                    }
-                }
-                Loaded::Conv { call, epilogue, .. } => {
-                    let dnn =
-                        self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
-                    call.launch(dnn, self.conv_workspace())?;
-                    if let Some(launch) = epilogue {
-                        self.launch(launch)?;
-                    }
-                }
+        self.execute_library(step)?;
+        match step {
+            Loaded::Gemm { epilogue: Some(launch), .. } | Loaded::Conv { epilogue: Some(launch), .. } => {
+                self.launch(launch)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A step without its epilogue kernel: a kernel step whole, a GEMM's or convolution's
+    /// library call alone.
+    pub(super) fn execute_library(&self, step: &Loaded) -> Result<(), RuntimeError> {
+        match step {
+            Loaded::Kernel(launch) => self.launch(launch),
+            Loaded::Gemm { gemm, lt: Some(prepared), on_cublas: false, .. } => {
+                let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                let addresses =
+                    (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
+                lt.run(prepared, gemm, addresses, &self.stream)
+            }
+            Loaded::Gemm { gemm, .. } => self.gemm(gemm),
+            Loaded::Conv { call, .. } => {
+                let dnn = self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
+                call.launch(dnn, self.conv_workspace())
             }
         }
-        Ok(())
     }
 
     pub(super) fn launch(&self, launch: &Launch) -> Result<(), RuntimeError> {

@@ -18,6 +18,9 @@ pub struct StepProfile {
     /// Repeated back to back in a CUDA graph, per repeat (sessions with graphs only): the
     /// step's GPU time without its launch.
     pub repeated_ms: Option<f64>,
+    /// For a library call with an epilogue kernel (a GEMM or convolution), the call alone,
+    /// repeated in a graph the same way: the rest of `repeated_ms` is the epilogue.
+    pub library_ms: Option<f64>,
 }
 
 /// The middle value of `times` (0 when empty).
@@ -84,9 +87,12 @@ impl Session {
                 t.push(f64::from(events[s].elapsed_ms(&events[s + 1]).map_err(driver)?));
             }
         }
-        let repeated = match self.use_graph {
-            true => Some(self.profile_repeated(iterations)?),
-            false => None,
+        let (repeated, library) = match self.use_graph {
+            true => {
+                let (r, l) = self.profile_repeated(iterations)?;
+                (Some(r), Some(l))
+            }
+            false => (None, None),
         };
         Ok(self
             .steps
@@ -97,6 +103,7 @@ impl Session {
                 name: step.name(),
                 alone_ms: median(t),
                 repeated_ms: repeated.as_ref().map(|r| r[s]),
+                library_ms: library.as_ref().and_then(|l| l[s]),
             })
             .collect())
     }
@@ -113,26 +120,43 @@ impl Session {
 
     /// Each step's GPU time without its launch: the step captured [`PROFILE_REPEAT`] times back
     /// to back in a CUDA graph, the graph's median time over `iterations` replays (after one)
-    /// divided by the repeat count. Inputs are warm in L2, as in the program, where each
-    /// step's inputs were just written; a GEMM's weights are too, unlike in the program.
-    pub(super) fn profile_repeated(&mut self, iterations: usize) -> Result<Vec<f64>, RuntimeError> {
-        let events = self.timing_events(2)?;
+    /// divided by the repeat count; and the same for the library call of a step that has an
+    /// epilogue kernel, alone. Inputs are warm in L2, as in the program, where each step's
+    /// inputs were just written; a GEMM's weights are too, unlike in the program.
+    pub(super) fn profile_repeated(
+        &mut self,
+        iterations: usize,
+    ) -> Result<(Vec<f64>, Vec<Option<f64>>), RuntimeError> {
         let mut times = Vec::with_capacity(self.steps.len());
+        let mut library = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
-            let graph =
-                self.capture(|session| (0..PROFILE_REPEAT).try_for_each(|_| session.execute_step(step)))?;
-            let mut runs = Vec::with_capacity(iterations);
-            for i in 0..iterations + 1 {
-                events[0].record(&self.stream).map_err(driver)?;
-                graph.launch().map_err(driver)?;
-                events[1].record(&self.stream).map_err(driver)?;
-                let ms = f64::from(events[0].elapsed_ms(&events[1]).map_err(driver)?);
-                if i > 0 {
-                    runs.push(ms / PROFILE_REPEAT as f64);
-                }
-            }
-            times.push(median(runs));
+            times.push(self.repeated(iterations, |session| session.execute_step(step))?);
+            library.push(match step.has_epilogue() {
+                true => Some(self.repeated(iterations, |session| session.execute_library(step))?),
+                false => None,
+            });
         }
-        Ok(times)
+        Ok((times, library))
+    }
+
+    /// Median GPU time of `issue`, captured [`PROFILE_REPEAT`] times in a graph, per repeat.
+    fn repeated(
+        &self,
+        iterations: usize,
+        issue: impl Fn(&Session) -> Result<(), RuntimeError>,
+    ) -> Result<f64, RuntimeError> {
+        let events = self.timing_events(2)?;
+        let graph = self.capture(|session| (0..PROFILE_REPEAT).try_for_each(|_| issue(session)))?;
+        let mut runs = Vec::with_capacity(iterations);
+        for i in 0..iterations + 1 {
+            events[0].record(&self.stream).map_err(driver)?;
+            graph.launch().map_err(driver)?;
+            events[1].record(&self.stream).map_err(driver)?;
+            let ms = f64::from(events[0].elapsed_ms(&events[1]).map_err(driver)?);
+            if i > 0 {
+                runs.push(ms / PROFILE_REPEAT as f64);
+            }
+        }
+        Ok(median(runs))
     }
 }
