@@ -341,7 +341,7 @@ fn convolutions_go_to_cudnn_where_it_takes_them() {
     assert!(!steps.iter().any(|s| matches!(s, Step::Conv { .. })), "asymmetric padding stays a loop");
 }
 
-/// A stem convolution and max pool, a residual block (conv, BN, ReLU, conv, BN, add of the skip through
+/// A stem convolution and max pool, a residual block (conv, BN, ReLU, depthwise conv, conv, BN, add of the skip through
 /// a 1×1 convolution, ReLU), a squeeze-and-excitation gate (global pool, 1×1 convolution,
 /// sigmoid, scale), then the global average pool: symmetric padding throughout, so every
 /// convolution goes channels-last.
@@ -365,7 +365,8 @@ fn residual_block(dir: &Path) -> std::path::PathBuf {
         conv("r0", "w1", "b1", "c1"),
         bn("c1", "bn1", "n1"),
         node("Relu", &["n1"], "r1", vec![]),
-        conv("r1", "w2", "b2", "c2"),
+        node("Conv", &["r1", "wd"], "d1", vec![ints("pads", &[1, 1, 1, 1]), int("group", 8)]),
+        conv("d1", "w2", "b2", "c2"),
         bn("c2", "bn2", "n2"),
         node("Conv", &["r0", "w3", "b3"], "skip", vec![]),
         node("Add", &["n2", "skip"], "sum", vec![]),
@@ -386,6 +387,7 @@ fn residual_block(dir: &Path) -> std::path::PathBuf {
         weight("w3", &[8, 8, 1, 1], 17, -0.3, 0.6),
         weight("b3", &[8], 18, -0.2, 0.4),
         weight("w4", &[8, 8, 1, 1], 19, -0.3, 0.6),
+        weight("wd", &[8, 1, 3, 3], 31, -0.5, 1.0),
         weight("b4", &[8], 30, -0.2, 0.4),
     ];
     for (k, p) in ["bn1", "bn2"].iter().enumerate() {
@@ -429,17 +431,21 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         })
         .collect();
     let convs = kinds.iter().filter(|(op, _)| op.starts_with("Conv") && op.contains("NHWC")).count();
-    assert_eq!(convs, 3, "{kinds:?}");
+    assert_eq!(convs, 4, "{kinds:?}");
     assert!(kinds.iter().any(|(op, _)| op.starts_with("MaxPool") && op.contains("NHWC")), "{kinds:?}");
     let matmuls: Vec<&(String, String)> = kinds.iter().filter(|(op, _)| op == "MatMul").collect();
     assert_eq!(matmuls.len(), 2, "{kinds:?}");
     assert!(matmuls.iter().all(|(_, input)| input != "Transpose"), "{kinds:?}");
-    let transposes: Vec<&(String, String)> =
-        kinds.iter().filter(|(op, _)| op.starts_with("Transpose")).collect();
+    // The depthwise filters are stored tap-major and read through a transpose.
+    let (filters, transposes): (Vec<&(String, String)>, Vec<&(String, String)>) = kinds
+        .iter()
+        .filter(|(op, _)| op.starts_with("Transpose"))
+        .partition(|(_, input)| input == "Constant");
+    assert_eq!(filters.len(), 1, "{filters:?}");
     assert_eq!(transposes.len(), 2, "{transposes:?}");
     assert!(transposes.iter().any(|(_, input)| input == "Input"), "{transposes:?}");
-    // Compiled in f16 with the pass asked for, every convolution is a channels-last cuDNN
-    // call and every kernel compiles.
+    // Compiled in f16 with the pass asked for, every convolution but the depthwise one is a
+    // channels-last cuDNN call and every kernel compiles.
     let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
     let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
     let steps = fusec::codegen::generate(&plan).unwrap();

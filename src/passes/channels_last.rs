@@ -122,7 +122,18 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
         krsc =
             ops::evaluate(&Op::Concat { axis: 3 }, &[&krsc, &filler]).map_err(|m| op_error(graph, id, m))?;
     }
-    let w = graph.add_constant(&format!("{}/krsc", node.name), Arc::new(krsc), origin.clone());
+    let w = if krsc.shape()[3] == 1 && group > 1 {
+        // Depthwise: the generated loop reads one filter tap for each channel side by side,
+        // so the taps are stored channel-innermost (RSCK) and read through a transpose to
+        // KRSC; stored KRSC, a warp's reads of one tap were 32 lines apart.
+        let rsck = ops::evaluate(&Op::Transpose { perm: vec![1, 2, 3, 0] }, &[&krsc])
+            .map_err(|m| op_error(graph, id, m))?;
+        let stored = graph.add_constant(&format!("{}/rsck", node.name), Arc::new(rsck), origin.clone());
+        let krsc = Op::Transpose { perm: vec![3, 0, 1, 2] };
+        graph.add_op(krsc, &[stored], &format!("{}/krsc", node.name), origin.clone())?
+    } else {
+        graph.add_constant(&format!("{}/krsc", node.name), Arc::new(krsc), origin.clone())
+    };
     let mut conv_inputs = vec![x, w];
     conv_inputs.extend(inputs.get(2));
     let conv = Op::Conv { strides, pads, dilations, group, channels_last: true };
