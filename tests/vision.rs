@@ -437,10 +437,9 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     assert_eq!(matmuls.len(), 2, "{kinds:?}");
     assert!(matmuls.iter().all(|(_, input)| input != "Transpose"), "{kinds:?}");
     // The depthwise filters are stored tap-major and read through a transpose.
-    let (filters, transposes): (Vec<&(String, String)>, Vec<&(String, String)>) = kinds
-        .iter()
-        .filter(|(op, _)| op.starts_with("Transpose"))
-        .partition(|(_, input)| input == "Constant");
+    let all: Vec<&(String, String)> = kinds.iter().filter(|(op, _)| op.starts_with("Transpose")).collect();
+    let filters: Vec<_> = all.iter().filter(|(_, input)| input == "Constant").collect();
+    let transposes: Vec<_> = all.iter().filter(|(_, input)| input != "Constant").collect();
     assert_eq!(filters.len(), 1, "{filters:?}");
     assert_eq!(transposes.len(), 2, "{transposes:?}");
     assert!(transposes.iter().any(|(_, input)| input == "Input"), "{transposes:?}");
