@@ -27,6 +27,17 @@ __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
+// The remainder with the divisor's sign (ONNX Mod with fmod=0, Python's %).
+// C's fmod moved by one divisor where the signs differ, a zero taking the divisor's sign.
+__device__ __forceinline__ float floor_mod(float a, float b) {
+    const float r = fmodf(a, b);
+    if (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) return r + b;
+    return r == 0.0f ? copysignf(0.0f, b) : r;
+}
+__device__ __forceinline__ long long floor_mod(long long a, long long b) {
+    const long long r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
 __device__ __forceinline__ long long relu(long long x) { return x > 0 ? x : 0; }
 
 // Exact GELU: x/2 (1 + erf(x/√2)).

@@ -61,6 +61,11 @@ pub enum BinaryOp {
     Div,
     /// `aᵇ`.
     Pow,
+    /// The remainder with the divisor's sign, `a − b·⌊a/b⌋` (ONNX `Mod`, `fmod=0`; Python's `%`).
+    Mod,
+    /// The remainder with the dividend's sign, `a − b·trunc(a/b)` (ONNX `Mod`, `fmod=1`; C's
+    /// `fmod`).
+    Fmod,
     /// The smaller.
     Min,
     /// The larger.

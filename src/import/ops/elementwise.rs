@@ -30,6 +30,7 @@ pub(super) fn register(reg: &mut Registry) {
         "Mul",
         "Div",
         "Pow",
+        "Mod",
         "Equal",
         "Less",
         "LessOrEqual",
@@ -76,6 +77,7 @@ fn binary_op(op_type: &str) -> Option<BinaryOp> {
         "Mul" => BinaryOp::Mul,
         "Div" => BinaryOp::Div,
         "Pow" => BinaryOp::Pow,
+        "Mod" => BinaryOp::Mod,
         "Min" => BinaryOp::Min,
         "Max" => BinaryOp::Max,
         "Equal" => BinaryOp::Equal,
@@ -95,7 +97,10 @@ fn unary(ctx: &mut NodeCtx) -> Translated {
 }
 
 fn binary(ctx: &mut NodeCtx) -> Translated {
-    let op = binary_op(ctx.op_type()).ok_or_else(|| ctx.error("not a binary op"))?;
+    let mut op = binary_op(ctx.op_type()).ok_or_else(|| ctx.error("not a binary op"))?;
+    if op == BinaryOp::Mod && ctx.attr_int("fmod")?.unwrap_or(0) != 0 {
+        op = BinaryOp::Fmod;
+    }
     let (a, b) = (ctx.input(0)?, ctx.input(1)?);
     Ok(vec![ctx.add(Op::Binary(op), &[a, b])?])
 }

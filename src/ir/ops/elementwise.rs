@@ -106,6 +106,19 @@ pub fn infer_binary(op: BinaryOp, a: &TensorType, b: &TensorType) -> OpResult<Te
     Ok(TensorType::new(dtype, shape))
 }
 
+/// The remainder with the divisor's sign, as numpy's `mod`: C's `fmod` moved by one divisor
+/// where the signs differ, a zero taking the divisor's sign (`-3 mod ∞` is ∞).
+fn floor_mod(x: f64, y: f64) -> f64 {
+    let r = x % y;
+    if r != 0.0 && (r < 0.0) != (y < 0.0) {
+        r + y
+    } else if r == 0.0 {
+        0.0f64.copysign(y)
+    } else {
+        r
+    }
+}
+
 pub fn binary_f64(op: BinaryOp, x: f64, y: f64) -> f64 {
     let truth = |b: bool| b as u8 as f64;
     match op {
@@ -114,6 +127,8 @@ pub fn binary_f64(op: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Mul => x * y,
         BinaryOp::Div => x / y,
         BinaryOp::Pow => x.powf(y),
+        BinaryOp::Mod => floor_mod(x, y),
+        BinaryOp::Fmod => x % y,
         BinaryOp::Min => x.min(y),
         BinaryOp::Max => x.max(y),
         BinaryOp::Equal => truth(x == y),
@@ -134,6 +149,12 @@ fn binary_i64(op: BinaryOp, x: i64, y: i64) -> OpResult<i64> {
         // Truncating division, as ONNX runtimes do for integers.
         BinaryOp::Div => x / y,
         BinaryOp::Pow => x.pow(u32::try_from(y).map_err(|_| format!("negative exponent {y}"))?),
+        BinaryOp::Mod | BinaryOp::Fmod if y == 0 => return Err("integer remainder by zero".into()),
+        BinaryOp::Mod => {
+            x.wrapping_rem(y)
+                + if x.wrapping_rem(y) != 0 && (x.wrapping_rem(y) < 0) != (y < 0) { y } else { 0 }
+        }
+        BinaryOp::Fmod => x.wrapping_rem(y),
         BinaryOp::Min => x.min(y),
         BinaryOp::Max => x.max(y),
         BinaryOp::Equal => (x == y) as i64,
