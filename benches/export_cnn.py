@@ -20,6 +20,16 @@ import torch
 import torchvision
 
 
+def unzero(model):
+    """Linear layers torchvision initialises to zeros (ViT's classifier head) drawn at random
+    instead: with them the logits are all zeros and no check compares anything."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and not m.weight.detach().any():
+            torch.nn.init.normal_(m.weight, std=0.02)
+            torch.nn.init.normal_(m.bias, std=0.02)
+    return model
+
+
 def calibrate(model):
     """Every BatchNorm's running statistics from a few random batches (train mode, a
     cumulative average), then eval mode: activations of order 1, as in a trained network."""
@@ -60,7 +70,7 @@ def main():
     for batch, x in inputs.items():
         np.save(os.path.join(out, f"x_{batch}.npy"), x)
     for name in names:
-        model = calibrate(getattr(torchvision.models, name)(weights=None))
+        model = calibrate(unzero(getattr(torchvision.models, name)(weights=None)))
         x = torch.randn(1, 3, 224, 224)
         path = os.path.join(out, f"{name}.onnx")
         torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["logits"],

@@ -204,9 +204,12 @@ impl Body<'_> {
             Some(&b) => self.read(b, vec![co.clone()])?,
             None => "0.0f".into(),
         };
+        // The window's taps unrolled where it is small (a depthwise 7×7 is 49 loads and
+        // FMAs from one base, no loop), the row's bounds checked once per row.
+        let unroll = if w[2] * w[3] <= 64 { "\n#pragma unroll\n" } else { " " };
         self.statements.push(format!(
-            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) for (long long {kh} = 0; {kh} < {}LL; ++{kh}) for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({ih} < 0 || {ih} >= {} || {iw} < 0 || {iw} >= {}) continue; {acc} += {xr} * {wr}; }}",
-            w[1], w[2], w[3], x[2], x[3]
+            "float {acc} = {bias}; for (long long {ci} = 0; {ci} < {}LL; ++{ci}) {{{unroll}for (long long {kh} = 0; {kh} < {}LL; ++{kh}) {{ if ({ih} < 0 || {ih} >= {}) continue;{unroll}for (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({iw} < 0 || {iw} >= {}) continue; {acc} += {xr} * {wr}; }} }} }}",
+            w[1], w[2], x[2], w[3], x[3]
         ));
         Ok(acc)
     }

@@ -21,9 +21,14 @@ use crate::ir::DType;
 const WORKSPACE_LIMIT: usize = 256 << 20;
 
 fn check(what: &str, status: cudnnStatus_t) -> Result<(), RuntimeError> {
+    check_with(|| what.to_string(), status)
+}
+
+/// [`check`], with what was asked described only when it failed.
+fn check_with(what: impl FnOnce() -> String, status: cudnnStatus_t) -> Result<(), RuntimeError> {
     match status {
         cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
-        other => Err(RuntimeError::Driver(format!("cuDNN {what}: {other:?}"))),
+        other => Err(RuntimeError::Driver(format!("cuDNN {}: {other:?}", what()))),
     }
 }
 
@@ -92,6 +97,8 @@ pub(super) struct ConvCall {
     pub(super) workspace: usize,
     /// Device addresses of x, w and y.
     addresses: (u64, u64, u64),
+    /// The shape, type and GPU, as the choices are cached (and errors name it).
+    key: String,
 }
 
 // SAFETY: descriptors are host structures, used by the session that holds them, one thread
@@ -145,6 +152,7 @@ impl ConvCall {
             algo: cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
             workspace: 0,
             addresses,
+            key: String::new(),
         };
         let [n, c, h, w] = spec.x_shape;
         let [k, cg, r, s] = spec.w_shape;
@@ -211,12 +219,13 @@ impl ConvCall {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get_or_insert_with(HashMap::new)
-                    .insert(key, chosen);
+                    .insert(key.clone(), chosen);
                 chosen
             }
         };
         call.algo = algo;
         call.workspace = workspace;
+        call.key = key;
         Ok(call)
     }
 
@@ -269,23 +278,61 @@ impl ConvCall {
                 r.memory
             );
         }
-        results
-            .iter()
-            .find(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && r.memory <= scratch)
-            .map(|r| (r.algo, r.memory))
-            .ok_or_else(|| RuntimeError::Driver("cuDNN found no algorithm for a convolution".into()))
+        // The search lists one algorithm several times (its engines), each with its own
+        // workspace; the forward call picks an engine of the algorithm itself, whose
+        // workspace cuDNN states apart. The call is given the larger of the two: with the
+        // search's alone, ViT-B/16's patch embedding (NCHW) was refused (BAD_PARAM).
+        for r in results.iter().filter(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS) {
+            let mut needed = 0usize;
+            // SAFETY: the descriptors are this call's; writes one size.
+            let sized = unsafe {
+                sys::cudnnGetConvolutionForwardWorkspaceSize(
+                    dnn.handle,
+                    self.x,
+                    self.w,
+                    self.conv,
+                    self.y,
+                    r.algo,
+                    &mut needed,
+                )
+            };
+            let needed = needed.max(r.memory);
+            if sized != cudnnStatus_t::CUDNN_STATUS_SUCCESS || needed > scratch {
+                continue;
+            }
+            // One forward call as the session will make it; an algorithm the call refuses
+            // gives way to the next one found.
+            match self.forward(dnn, r.algo, (scratch_ptr, scratch)) {
+                cudnnStatus_t::CUDNN_STATUS_SUCCESS => return Ok((r.algo, needed)),
+                refused => tracing::debug!("cuDNN {key}: {:?} refused ({refused:?})", r.algo),
+            }
+        }
+        Err(RuntimeError::Driver(format!("cuDNN found no algorithm for convolution {key}")))
     }
 
     /// Issues the convolution on the handle's stream, with `workspace` at `workspace_ptr`.
-    pub(super) fn launch(
+    pub(super) fn launch(&self, dnn: &Dnn, workspace: (u64, usize)) -> Result<(), RuntimeError> {
+        let what = || {
+            format!(
+                "convolution {} ({:?}, workspace {} bytes of {})",
+                self.key, self.algo, self.workspace, workspace.1
+            )
+        };
+        check_with(what, self.forward(dnn, self.algo, workspace))
+    }
+
+    /// `cudnnConvolutionForward` with algorithm `algo`.
+    fn forward(
         &self,
         dnn: &Dnn,
+        algo: cudnnConvolutionFwdAlgo_t,
         (workspace_ptr, workspace): (u64, usize),
-    ) -> Result<(), RuntimeError> {
+    ) -> cudnnStatus_t {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (x, w, y) = self.addresses;
-        // SAFETY: as in `find`; the workspace holds at least what the algorithm needs.
-        check("convolution", unsafe {
+        // SAFETY: the descriptors describe the buffers at these addresses (the session's
+        // arena and weights); the workspace holds `workspace` bytes.
+        unsafe {
             sys::cudnnConvolutionForward(
                 dnn.handle,
                 &alpha as *const f32 as *const c_void,
@@ -294,14 +341,14 @@ impl ConvCall {
                 self.w,
                 w as *const c_void,
                 self.conv,
-                self.algo,
+                algo,
                 workspace_ptr as *mut c_void,
                 workspace,
                 &beta as *const f32 as *const c_void,
                 self.y,
                 y as *mut c_void,
             )
-        })
+        }
     }
 }
 
