@@ -137,14 +137,21 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
             |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
         let others: Vec<usize> = (1..points.len()).filter(|&i| i != deciding).collect();
         let (decided_ref, compare, plan_at) = (&decided, &compare, &plan_at);
-        let planned: Vec<Result<Compared, CompileError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> =
-                others.iter().map(|&i| scope.spawn(move || compare(i, plan_at(i, decided_ref)?.0))).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-                .collect()
-        });
+        // At most `planners()` sizes at a time: each holds its own folded constants until
+        // it is compared.
+        let mut planned: Vec<Result<Compared, CompileError>> = Vec::with_capacity(others.len());
+        for group in others.chunks(planners()) {
+            planned.extend(std::thread::scope(|scope| {
+                let handles: Vec<_> = group
+                    .iter()
+                    .map(|&i| scope.spawn(move || compare(i, plan_at(i, decided_ref)?.0)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                    .collect::<Vec<_>>()
+            }));
+        }
         let mut checks: Vec<(usize, Compared)> = Vec::with_capacity(points.len() - 1);
         for (&i, result) in others.iter().zip(planned) {
             checks.push((i, result?));
@@ -233,6 +240,16 @@ fn compared(
         plan.graph.take_constant(id);
     }
     Ok(Compared { plan, by_name })
+}
+
+/// How many sizes other than the top's are planned side by side (`FUSEC_RANGE_PLANNERS`,
+/// default every one: the compile's time against its peak memory, `benches/NOTES.md`).
+fn planners() -> usize {
+    std::env::var("FUSEC_RANGE_PLANNERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(usize::MAX)
 }
 
 /// The size a dim is moved to for its fit: half the top of its range, or the bottom where
