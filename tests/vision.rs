@@ -456,6 +456,19 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         })
         .collect();
     assert_eq!(library, [true, true, true]);
+    // Each convolution's epilogue is one cuDNN's fused form can run: the stem's bias and
+    // ReLU, the first block convolution's (BatchNormalization folded) bias and ReLU, the
+    // second's bias, the skip path's sum and ReLU.
+    let fused: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            fusec::codegen::Step::Conv { conv, .. } => {
+                Some(conv.fused.map(|f| (f.residual.is_some(), f.relu)))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fused, [Some((false, true)), Some((false, true)), Some((true, true))], "{fused:?}");
     let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
     assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
     if fusec::nvrtc::available() {

@@ -11,7 +11,7 @@ use super::index::Coords;
 use super::kernel::{Body, GemmRaw};
 use super::Step;
 use crate::fusion::Kernel;
-use crate::ir::{DType, NodeId, Op, SymDim};
+use crate::ir::{BinaryOp, DType, NodeId, Op, SymDim, UnaryOp};
 use crate::plan::{Location, Plan};
 
 /// One cuDNN convolution forward, NCHW or NHWC, `y = conv(x, w)` (no bias: the epilogue adds
@@ -42,6 +42,20 @@ pub struct ConvSpec {
     pub dtype: DType,
     /// x and y are NHWC and w KRSC in memory (the shapes above are NCHW / KCRS all the same).
     pub channels_last: bool,
+    /// The epilogue as cuDNN's fused convolution–bias–activation can run it, where it is one:
+    /// the session runs that in place of the epilogue kernel if cuDNN takes it at load.
+    pub fused: Option<ConvFusion>,
+}
+
+/// `y = relu?(conv(x, w) + z + bias)`: what `cudnnConvolutionBiasActivationForward` computes.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ConvFusion {
+    /// The bias, `[K]` of the convolution's type.
+    pub bias: Location,
+    /// A residual added before the activation (`z`), of the result's shape and layout.
+    pub residual: Option<Location>,
+    /// Whether a ReLU follows (else the identity).
+    pub relu: bool,
 }
 
 impl ConvSpec {
@@ -94,7 +108,38 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
         group,
         dtype,
         channels_last,
+        fused: None,
     })
+}
+
+/// The epilogue of convolution kernel `kernel` as cuDNN's fused form, if it is one: the
+/// convolution with its bias, then at most an addition of a stored value of the result's
+/// type and at most a ReLU, the last of them the kernel's one output.
+fn fusion(plan: &Plan, kernel: &Kernel) -> Option<ConvFusion> {
+    let graph = &plan.graph;
+    let conv = kernel.nodes[0];
+    let bias = *plan.locations.get(&source(plan, *graph.inputs_of(conv).get(2)?)?)?;
+    let (mut last, mut residual, mut relu) = (conv, None, false);
+    for &n in &kernel.nodes[1..] {
+        let inputs = graph.inputs_of(n);
+        match graph.node(n).op {
+            Op::Binary(BinaryOp::Add) if residual.is_none() && !relu && inputs.len() == 2 => {
+                let other = match (inputs[0] == last, inputs[1] == last) {
+                    (true, false) => inputs[1],
+                    (false, true) => inputs[0],
+                    _ => return None,
+                };
+                if graph.node(other).ty != graph.node(conv).ty {
+                    return None;
+                }
+                residual = Some(*plan.locations.get(&source(plan, other)?)?);
+            }
+            Op::Unary(UnaryOp::Relu) if !relu && inputs == [last] => relu = true,
+            _ => return None,
+        }
+        last = n;
+    }
+    (kernel.outputs == [last]).then_some(ConvFusion { bias, residual, relu })
 }
 
 /// Whether depthwise convolutions (one group per channel) go to cuDNN (`FUSEC_DEPTHWISE=cudnn`)
@@ -125,10 +170,11 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
     let graph = &plan.graph;
     let fits = kernel.outputs.len() == 1 && graph.node(output).ty == graph.node(conv).ty;
     let library = plan.locations.get(&output).copied().filter(|_| fits).and_then(|y| spec(plan, conv, y));
-    let Some(spec) = library else {
+    let Some(mut spec) = library else {
         return super::elementwise::elementwise(plan, kernel, name, hb, None).map(Step::Launch);
     };
     let with_bias = graph.inputs_of(conv).len() == 3;
+    spec.fused = fusion(plan, kernel);
     let epilogue = if kernel.nodes.len() > 1 || with_bias {
         let raw = GemmRaw { node: conv, location: spec.y, beta_c: None, finished: !with_bias };
         Some(super::elementwise::elementwise(plan, kernel, name, hb, Some(raw))?)

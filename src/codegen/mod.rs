@@ -19,7 +19,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use conv::ConvSpec;
+pub use conv::{ConvFusion, ConvSpec};
 pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
 
 use crate::fusion::KernelKind;

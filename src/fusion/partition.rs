@@ -361,6 +361,21 @@ impl Builder<'_> {
             .filter_map(|i| self.kernel_of.get(&i).copied())
             .filter(|&k| self.kinds[k] == KernelKind::Pointwise)
             .collect();
+        // A convolution's kernel takes the pointwise ops after it as its epilogue (cuDNN's
+        // fused bias and activation, or the epilogue kernel over its result) where the value
+        // they read is read by nothing else, so the kernel keeps one output.
+        let conv = self
+            .graph
+            .inputs_of(id)
+            .into_iter()
+            .filter(|&i| self.graph.node(i).ty.shape == *shape && self.single_user(i) == Some(id))
+            .filter_map(|i| self.kernel_of.get(&i).copied())
+            .find(|&k| self.kinds[k] == KernelKind::Conv);
+        if let Some(k) = conv {
+            if self.try_absorb_downstream(id, k) {
+                return;
+            }
+        }
         let Some(k) = candidates.iter().copied().find(|&k| self.try_absorb_downstream(id, k)) else {
             self.new_kernel(KernelKind::Pointwise, id);
             return;

@@ -14,7 +14,7 @@ use cudarc::cudnn::sys::{
 use cudarc::driver::CudaStream;
 
 use super::RuntimeError;
-use crate::codegen::ConvSpec;
+use crate::codegen::{ConvFusion, ConvSpec};
 use crate::ir::DType;
 
 /// Workspace a convolution's algorithm may use at most (the search's scratch, too).
@@ -99,6 +99,75 @@ pub(super) struct ConvCall {
     addresses: (u64, u64, u64),
     /// The shape, type and GPU, as the choices are cached (and errors name it).
     key: String,
+    /// The epilogue as cuDNN's fused bias and activation, where the bundle asks for it and
+    /// cuDNN took it at load.
+    fused: Option<Fused>,
+}
+
+/// The descriptors of a convolution's fused bias, residual and activation.
+struct Fused {
+    bias: sys::cudnnTensorDescriptor_t,
+    activation: sys::cudnnActivationDescriptor_t,
+    /// Device addresses of the bias and of `z` (the residual, or y with no residual).
+    addresses: (u64, u64),
+    residual: bool,
+}
+
+impl Drop for Fused {
+    fn drop(&mut self) {
+        // SAFETY: made by `Fused::new` and destroyed only here.
+        unsafe {
+            sys::cudnnDestroyTensorDescriptor(self.bias);
+            sys::cudnnDestroyActivationDescriptor(self.activation);
+        }
+    }
+}
+
+impl Fused {
+    fn new(
+        fusion: &ConvFusion,
+        data: cudnnDataType_t,
+        channels: usize,
+        addresses: (u64, u64),
+    ) -> Result<Fused, RuntimeError> {
+        let mut fused = Fused {
+            bias: std::ptr::null_mut(),
+            activation: std::ptr::null_mut(),
+            addresses,
+            residual: fusion.residual.is_some(),
+        };
+        let mode = match fusion.relu {
+            true => sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+            false => sys::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY,
+        };
+        // SAFETY: each call writes or sets one descriptor `fused` owns (destroyed on drop).
+        unsafe {
+            check("bias descriptor", sys::cudnnCreateTensorDescriptor(&mut fused.bias))?;
+            check("activation descriptor", sys::cudnnCreateActivationDescriptor(&mut fused.activation))?;
+            check(
+                "bias",
+                sys::cudnnSetTensor4dDescriptor(
+                    fused.bias,
+                    cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                    data,
+                    1,
+                    int(channels)?,
+                    1,
+                    1,
+                ),
+            )?;
+            check(
+                "activation",
+                sys::cudnnSetActivationDescriptor(
+                    fused.activation,
+                    mode,
+                    sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                    0.0,
+                ),
+            )?;
+        }
+        Ok(fused)
+    }
 }
 
 // SAFETY: descriptors are host structures, used by the session that holds them, one thread
@@ -135,6 +204,7 @@ impl ConvCall {
         addresses: (u64, u64, u64),
         (scratch_ptr, scratch): (u64, usize),
         device_name: &str,
+        fused_addresses: Option<(u64, u64)>,
     ) -> Result<ConvCall, RuntimeError> {
         let data = match spec.dtype {
             DType::F16 => cudnnDataType_t::CUDNN_DATA_HALF,
@@ -153,6 +223,7 @@ impl ConvCall {
             workspace: 0,
             addresses,
             key: String::new(),
+            fused: None,
         };
         let [n, c, h, w] = spec.x_shape;
         let [k, cg, r, s] = spec.w_shape;
@@ -225,6 +296,15 @@ impl ConvCall {
         };
         call.algo = algo;
         call.workspace = workspace;
+        if let (Some(fusion), Some(fused_addresses)) = (&spec.fused, fused_addresses) {
+            let fused = Fused::new(fusion, data, k, fused_addresses)?;
+            // Taken only if cuDNN runs it with the chosen algorithm (its fused form supports
+            // fewer); else the epilogue kernel runs.
+            match call.forward_fused(dnn, &fused, (scratch_ptr, scratch)) {
+                cudnnStatus_t::CUDNN_STATUS_SUCCESS => call.fused = Some(fused),
+                refused => tracing::debug!("cuDNN fused bias and activation for {key}: {refused:?}"),
+            }
+        }
         call.key = key;
         Ok(call)
     }
@@ -318,7 +398,52 @@ impl ConvCall {
                 self.key, self.algo, self.workspace, workspace.1
             )
         };
-        check_with(what, self.forward(dnn, self.algo, workspace))
+        let status = match &self.fused {
+            Some(fused) => self.forward_fused(dnn, fused, workspace),
+            None => self.forward(dnn, self.algo, workspace),
+        };
+        check_with(what, status)
+    }
+
+    /// Whether cuDNN runs the epilogue (bias, residual, activation) with the convolution.
+    pub(super) fn fused(&self) -> bool {
+        self.fused.is_some()
+    }
+
+    /// `cudnnConvolutionBiasActivationForward`: `y = act(conv(x, w) + z + bias)`.
+    fn forward_fused(
+        &self,
+        dnn: &Dnn,
+        fused: &Fused,
+        (workspace_ptr, workspace): (u64, usize),
+    ) -> cudnnStatus_t {
+        let alpha1 = 1.0f32;
+        let alpha2 = if fused.residual { 1.0f32 } else { 0.0 };
+        let (x, w, y) = self.addresses;
+        let (bias, z) = fused.addresses;
+        // SAFETY: as in `forward`; z has y's shape and layout, the bias holds K elements.
+        unsafe {
+            sys::cudnnConvolutionBiasActivationForward(
+                dnn.handle,
+                &alpha1 as *const f32 as *const c_void,
+                self.x,
+                x as *const c_void,
+                self.w,
+                w as *const c_void,
+                self.conv,
+                self.algo,
+                workspace_ptr as *mut c_void,
+                workspace,
+                &alpha2 as *const f32 as *const c_void,
+                self.y,
+                z as *const c_void,
+                fused.bias,
+                bias as *const c_void,
+                fused.activation,
+                self.y,
+                y as *mut c_void,
+            )
+        }
     }
 
     /// `cudnnConvolutionForward` with algorithm `algo`.

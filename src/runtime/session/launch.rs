@@ -109,10 +109,11 @@ impl Loaded {
             Loaded::Kernel(launch) => launch.name.clone(),
             Loaded::Conv { spec, epilogue, call } => {
                 let [_, _, r, s] = spec.w_shape;
+                let fused = if call.fused() { " + bias/activation" } else { "" };
                 let algo = format!("{:?}", call.algo);
                 let algo = algo.trim_start_matches("CUDNN_CONVOLUTION_FWD_ALGO_");
                 let conv = format!(
-                    "cuDNN conv {:?} {r}x{s} /{} -> {:?} ({algo})",
+                    "cuDNN conv{fused} {:?} {r}x{s} /{} -> {:?} ({algo})",
                     spec.x_shape, spec.strides[0], spec.y_shape
                 );
                 match epilogue {

@@ -197,14 +197,25 @@ impl Session {
                     }
                     let dnn = dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
                     let at = |l| device_address(l, arena_ptr, weights_ptr);
+                    let fused = conv.fused.map(|f| (at(f.bias), at(f.residual.unwrap_or(conv.y))));
+                    if !conv.fused.iter().flat_map(|f| [Some(f.bias), f.residual]).flatten().all(inside) {
+                        return Err(RuntimeError::Driver(
+                            "a convolution's bias or residual lies outside the bundle's memory".into(),
+                        ));
+                    }
                     let call = ConvCall::new(
                         dnn,
                         conv,
                         (at(conv.x), at(conv.w), at(conv.y)),
                         scratch,
                         &device_name,
+                        fused,
                     )?;
-                    let epilogue = epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?;
+                    // With cuDNN running the epilogue, its kernel is not needed.
+                    let epilogue = match call.fused() {
+                        true => None,
+                        false => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
+                    };
                     Loaded::Conv { spec: conv.clone(), call: Arc::new(call), epilogue }
                 }
             });
