@@ -82,13 +82,7 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     };
     let dtype = graph.node(conv).ty.dtype;
     let symmetric = pads[0] == pads[2] && pads[1] == pads[3];
-    let channels = if channels_last {
-        graph.node(inputs[0]).ty.shape.get(3)
-    } else {
-        graph.node(inputs[0]).ty.shape.get(1)
-    };
-    let depthwise = group > 1 && channels == Some(&group);
-    if depthwise && !depthwise_on_cudnn() {
+    if graph.is_depthwise_conv(conv) && !depthwise_on_cudnn() {
         return None;
     }
     let static_shapes = [inputs[0], conv].iter().all(|&id| plan.dims(id).iter().all(|d| d.is_static()));
@@ -140,6 +134,11 @@ fn fusion(plan: &Plan, kernel: &Kernel) -> Option<ConvFusion> {
         last = n;
     }
     (kernel.outputs == [last]).then_some(ConvFusion { bias, residual, relu })
+}
+
+/// The four axes of an NHWC (or KRSC) value in NCHW (KCRS) order.
+pub(super) fn nchw_order<T: Clone>(v: &[T]) -> Vec<T> {
+    vec![v[0].clone(), v[3].clone(), v[1].clone(), v[2].clone()]
 }
 
 /// Whether depthwise convolutions (one group per channel) go to cuDNN (`FUSEC_DEPTHWISE=cudnn`)
@@ -223,9 +222,7 @@ impl Body<'_> {
         let mut coords = coords.clone();
         if channels_last {
             // Read as NCHW / KCRS names; the reads below put the axes back in their order.
-            x = vec![x[0].clone(), x[3].clone(), x[1].clone(), x[2].clone()];
-            w = vec![w[0], w[3], w[1], w[2]];
-            coords = vec![coords[0].clone(), coords[3].clone(), coords[1].clone(), coords[2].clone()];
+            (x, w, coords) = (nchw_order(&x), nchw_order(&w), nchw_order(&coords));
         }
         let cout_per_group = w[0] / group;
         let (acc, ci, kh, kw) = (self.fresh("acc"), self.fresh("ci"), self.fresh("kh"), self.fresh("kw"));

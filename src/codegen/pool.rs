@@ -20,8 +20,7 @@ impl Body<'_> {
         let mut coords = coords.clone();
         if window.channels_last {
             // Named as NCHW; the read below puts the axes back in their order.
-            x = vec![x[0].clone(), x[3].clone(), x[1].clone(), x[2].clone()];
-            coords = vec![coords[0].clone(), coords[3].clone(), coords[1].clone(), coords[2].clone()];
+            (x, coords) = (super::conv::nchw_order(&x), super::conv::nchw_order(&coords));
         }
         let (acc, count, kh, kw) =
             (self.fresh("acc"), self.fresh("count"), self.fresh("kh"), self.fresh("kw"));

@@ -468,14 +468,6 @@ impl Builder<'_> {
         producer_ok && permutes_only && linear
     }
 
-    /// Whether convolution `conv` is depthwise (one input channel per group, several groups).
-    fn depthwise(&self, conv: NodeId) -> bool {
-        let Op::Conv { group, channels_last, .. } = self.graph.node(conv).op else { return false };
-        let filters = &self.graph.node(self.graph.inputs_of(conv)[1]).ty.shape;
-        let per_group = if channels_last { filters.get(3) } else { filters.get(1) };
-        group > 1 && per_group == Some(&1)
-    }
-
     /// How the value of `view` reaches its readers.
     fn view_plan(&self, view: NodeId) -> ViewPlan {
         let (source, chain) = self.view_chain(view);
@@ -486,7 +478,8 @@ impl Builder<'_> {
         // A convolution runs on cuDNN where it can, which reads memory in its own layout;
         // a depthwise one is the generated loop, which reads its filters through views.
         let conv_reader = self.graph.users_of(view).into_iter().any(|u| {
-            self.roles[&u] == Role::Conv && !(self.graph.inputs_of(u)[1] == view && self.depthwise(u))
+            self.roles[&u] == Role::Conv
+                && !(self.graph.inputs_of(u)[1] == view && self.graph.is_depthwise_conv(u))
         });
         let needs_layout =
             self.outputs.contains(&view) || conv_reader || (gemm_reader && !self.gemm_reads_through(&chain));

@@ -174,6 +174,14 @@ impl Graph {
         users
     }
 
+    /// Whether `id` is a depthwise convolution: several groups of one input channel each.
+    pub fn is_depthwise_conv(&self, id: NodeId) -> bool {
+        let Op::Conv { group, channels_last, .. } = self.node(id).op else { return false };
+        let filters = &self.node(self.inputs_of(id)[1]).ty.shape;
+        let per_group = if channels_last { filters.get(3) } else { filters.get(1) };
+        group > 1 && per_group == Some(&1)
+    }
+
     /// The constant value of `id`, if it is a `Constant` node.
     pub fn constant(&self, id: NodeId) -> Option<&Arc<Tensor>> {
         match &self.g[id].op {

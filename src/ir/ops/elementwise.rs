@@ -150,10 +150,10 @@ fn binary_i64(op: BinaryOp, x: i64, y: i64) -> OpResult<i64> {
         BinaryOp::Div => x / y,
         BinaryOp::Pow => x.pow(u32::try_from(y).map_err(|_| format!("negative exponent {y}"))?),
         BinaryOp::Mod | BinaryOp::Fmod if y == 0 => return Err("integer remainder by zero".into()),
-        BinaryOp::Mod => {
-            x.wrapping_rem(y)
-                + if x.wrapping_rem(y) != 0 && (x.wrapping_rem(y) < 0) != (y < 0) { y } else { 0 }
-        }
+        BinaryOp::Mod => match x.wrapping_rem(y) {
+            r if r != 0 && (r < 0) != (y < 0) => r + y,
+            r => r,
+        },
         BinaryOp::Fmod => x.wrapping_rem(y),
         BinaryOp::Min => x.min(y),
         BinaryOp::Max => x.max(y),
