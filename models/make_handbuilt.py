@@ -15,6 +15,8 @@ that the importer, the reference evaluator and (later) the fusion rules see ever
   gelu_op.onnx              the Gelu op (opset 20)
   softmax_decomposed.onnx   exp(x - max) / sum(exp(x - max)) over the last axis
   op_coverage.onnx          one graph touching the listed ops the transformer exports do not use
+  cnn_block.onnx            a small image classifier: stem, pool, inverted residual block with
+                            a depthwise convolution and a squeeze-and-excitation gate, global pool
 
 Widths are awkward on purpose (the hidden size is 24, 40 or 783 wide); batch is symbolic.
 
@@ -318,11 +320,69 @@ def attention_gqa_d80(out):
     save(out, "attention_gqa_d80", nodes, inputs, [f32("y", "batch", heads, seq, d)], inits, 17)
 
 
+def cnn_block(out):
+    """A small image classifier in the shapes torchvision's exports take (TorchScript, opset
+    17) at awkward sizes: a 29×23 image, a strided stem with BatchNormalization and ReLU, a
+    ceil-mode max pool, an inverted residual block (1×1 expansion with HardSwish, a 5×5
+    depthwise convolution with SiLU, a squeeze-and-excitation gate with HardSigmoid, a 1×1
+    projection, the residual add), a strided 3×3 depthwise convolution of 24 channels, global
+    average pooling, Flatten and the classifier's Gemm."""
+    rng = np.random.default_rng(20261124)
+    n = helper.make_node
+
+    def w(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    def bn(name, c):
+        return [numpy_helper.from_array(a.astype(np.float32), f"{name}_{k}") for k, a in (
+            ("scale", rng.uniform(0.5, 1.5, c)), ("bias", rng.uniform(-0.3, 0.3, c)),
+            ("mean", rng.uniform(-0.2, 0.2, c)), ("var", rng.uniform(0.3, 1.5, c)))]
+
+    def bn_node(x, name, y):
+        return n("BatchNormalization", [x] + [f"{name}_{k}" for k in ("scale", "bias", "mean", "var")],
+                 [y], name=name, epsilon=1e-5)
+
+    nodes = [
+        n("Conv", ["x", "stem_w"], ["stem"], name="stem", pads=[1, 1, 1, 1], strides=[2, 2]),
+        bn_node("stem", "stem_bn", "stem_n"), n("Relu", ["stem_n"], ["stem_r"]),
+        n("MaxPool", ["stem_r"], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+          ceil_mode=1),
+        n("Conv", ["pool", "expand_w", "expand_b"], ["expand"], name="expand"),
+        n("HardSwish", ["expand"], ["expand_a"]),
+        n("Conv", ["expand_a", "dw_w"], ["dw"], name="depthwise", pads=[2, 2, 2, 2], group=32),
+        bn_node("dw", "dw_bn", "dw_n"), n("Sigmoid", ["dw_n"], ["dw_s"]),
+        n("Mul", ["dw_n", "dw_s"], ["dw_a"]),
+        n("GlobalAveragePool", ["dw_a"], ["se_pool"]),
+        n("Conv", ["se_pool", "se1_w", "se1_b"], ["se1"], name="se_reduce"),
+        n("Relu", ["se1"], ["se1_r"]),
+        n("Conv", ["se1_r", "se2_w", "se2_b"], ["se2"], name="se_expand"),
+        n("HardSigmoid", ["se2"], ["gate"], alpha=1.0 / 6.0, beta=0.5),
+        n("Mul", ["dw_a", "gate"], ["gated"]),
+        n("Conv", ["gated", "project_w"], ["project"], name="project"),
+        bn_node("project", "project_bn", "project_n"),
+        n("Add", ["project_n", "pool"], ["block"]),
+        n("Conv", ["block", "widen_w", "widen_b"], ["widen"], name="widen"),
+        n("Conv", ["widen", "dw2_w", "dw2_b"], ["dw2"], name="depthwise_strided", pads=[1, 1, 1, 1],
+          strides=[2, 2], group=24),
+        n("Relu", ["dw2"], ["dw2_r"]),
+        n("GlobalAveragePool", ["dw2_r"], ["gap"]),
+        n("Flatten", ["gap"], ["flat"], axis=1),
+        n("Gemm", ["flat", "fc_w", "fc_b"], ["y"], name="classifier", transB=1),
+    ]
+    inits = [w("stem_w", 16, 3, 3, 3), w("expand_w", 32, 16, 1, 1), w("expand_b", 32),
+             w("dw_w", 32, 1, 5, 5), w("se1_w", 8, 32, 1, 1), w("se1_b", 8),
+             w("se2_w", 32, 8, 1, 1), w("se2_b", 32), w("project_w", 16, 32, 1, 1),
+             w("widen_w", 24, 16, 1, 1), w("widen_b", 24), w("dw2_w", 24, 1, 3, 3), w("dw2_b", 24),
+             w("fc_w", 10, 24), w("fc_b", 10)]
+    inits += bn("stem_bn", 16) + bn("dw_bn", 32) + bn("project_bn", 16)
+    save(out, "cnn_block", nodes, [f32("x", "batch", 3, 29, 23)], [f32("y", "batch", 10)], inits, 17)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     for build in (mlp_block, layernorm_div, layernorm_reciprocal, layernorm_ex2, rmsnorm,
                   gelu_variants, softmax_decomposed, op_coverage, attention_d64,
-                  attention_gqa_d80):
+                  attention_gqa_d80, cnn_block):
         build(out)
 
 

@@ -78,4 +78,5 @@ reference_tests! {
     op_coverage => "op_coverage.onnx",
     attention_d64 => "attention_d64.onnx",
     attention_gqa_d80 => "attention_gqa_d80.onnx",
+    cnn_block => "cnn_block.onnx",
 }

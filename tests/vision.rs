@@ -471,6 +471,18 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     assert_eq!(fused, [Some((false, true)), Some((false, true)), Some((true, true))], "{fused:?}");
     let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
     assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
+    // The depthwise convolution is the one generated convolution kernel: its threads take
+    // 8 channels each and read every tap as one pack of the input and one of the filters.
+    let loops: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            fusec::codegen::Step::Launch(k) if k.source.contains(": conv\n") => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loops.len(), 1, "{:?}", loops.iter().map(|k| &k.name).collect::<Vec<_>>());
+    let packs = loops[0].source.matches("*reinterpret_cast<const fusec::Pack<__half, 8>*>").count();
+    assert!(packs == 2 && loops[0].source.contains("float dw"), "{}", loops[0].source);
     if fusec::nvrtc::available() {
         for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
             fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));

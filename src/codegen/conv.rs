@@ -8,7 +8,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 
 use super::index::Coords;
-use super::kernel::{Body, GemmRaw};
+use super::kernel::{Body, GemmRaw, LANE};
 use super::Step;
 use crate::fusion::Kernel;
 use crate::ir::{BinaryOp, DType, NodeId, Op, SymDim, UnaryOp};
@@ -220,6 +220,16 @@ impl Body<'_> {
         let mut x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();
         let mut w = graph.node(inputs[1]).ty.shape.clone();
         let mut coords = coords.clone();
+        if let Some(value) =
+            self.depthwise_packs(id, &coords, strides, pads, dilations, (group, channels_last))?
+        {
+            return Ok(value);
+        }
+        if self.in_lanes() {
+            // Scalar reads in a lane loop: the channel no longer reads as the lane's own.
+            let last = coords.len() - 1;
+            coords[last] = format!("({})", coords[last]);
+        }
         if channels_last {
             // Read as NCHW / KCRS names; the reads below put the axes back in their order.
             (x, w, coords) = (nchw_order(&x), nchw_order(&w), nchw_order(&coords));
@@ -255,5 +265,66 @@ impl Body<'_> {
             w[1], w[2], x[2], w[3], x[3]
         ));
         Ok(acc)
+    }
+
+    /// A depthwise convolution in NHWC inside a lane loop over its channels: each tap is one
+    /// pack load of the input and one of the (tap-major) filters for all the thread's
+    /// channels, accumulated before the loop; each lane's value is then its accumulator (and
+    /// bias). `None` where the reads are not packs along the channels.
+    fn depthwise_packs(
+        &mut self,
+        id: NodeId,
+        coords: &Coords,
+        strides: [usize; 2],
+        pads: [usize; 4],
+        dilations: [usize; 2],
+        (group, channels_last): (usize, bool),
+    ) -> Result<Option<String>, String> {
+        let graph = &self.plan.graph;
+        let inputs = graph.inputs_of(id).to_vec();
+        let Some(count) = self.lane_count() else { return Ok(None) };
+        let x_dims = self.dims(inputs[0]);
+        let w = graph.node(inputs[1]).ty.shape.clone();
+        let depthwise =
+            channels_last && graph.is_depthwise_conv(id) && x_dims.get(3) == Some(&SymDim::lit(group));
+        if !depthwise || w[0] != group || coords.last().map(String::as_str) != Some(LANE) {
+            return Ok(None);
+        }
+        let (n, oh, ow) = (&coords[0], &coords[1], &coords[2]);
+        let (kh, kw) = (self.fresh("kh"), self.fresh("kw"));
+        let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
+        let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
+        let mut packs = Vec::new();
+        for (input, at) in [
+            (inputs[0], vec![n.clone(), ih.clone(), iw.clone(), LANE.into()]),
+            (inputs[1], vec![LANE.into(), kh.clone(), kw.clone(), "0".into()]),
+        ] {
+            let Some((pointer, address, dtype)) = self.pack_address(input, at)? else { return Ok(None) };
+            packs.push((pointer, address, dtype));
+        }
+        let acc = self.fresh("dw");
+        let mut taps = format!("float {acc}[{count}] = {{}};");
+        let (h, wd) = (x_dims[1].c(), x_dims[2].c());
+        taps.push_str(&format!(
+            "\n#pragma unroll\nfor (long long {kh} = 0; {kh} < {}LL; ++{kh}) {{ if ({ih} < 0 || {ih} >= {h}) continue;\n#pragma unroll\nfor (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({iw} < 0 || {iw} >= {wd}) continue;",
+            w[1], w[2]
+        ));
+        let mut values = Vec::new();
+        for (pointer, address, dtype) in &packs {
+            let (ty, pack) = (super::expr::c_type(*dtype)?, self.fresh("q"));
+            taps.push_str(&format!(
+                " const fusec::Pack<{ty}, {count}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {count}>*>({pointer} + {address});"
+            ));
+            values.push(super::expr::load(&format!("{pack}.v[u]"), *dtype));
+        }
+        taps.push_str(&format!(
+            "\n#pragma unroll\nfor (int u = 0; u < {count}; ++u) {acc}[u] += {} * {}; }} }}",
+            values[0], values[1]
+        ));
+        self.push_before_lanes(taps);
+        Ok(Some(match inputs.get(2) {
+            Some(&b) => format!("({acc}[j] + {})", self.read(b, vec![LANE.into()])?),
+            None => format!("{acc}[j]"),
+        }))
     }
 }

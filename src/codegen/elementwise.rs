@@ -116,8 +116,15 @@ pub fn elementwise(
 /// kinds whose per-element work is a loop.
 fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -> usize {
     let graph = &plan.graph;
-    let kind_fits =
-        gemm_epilogue || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
+    // A depthwise convolution in NHWC reads a pack of channels per tap (`depthwise_packs`).
+    let depthwise = kernel.kind == KernelKind::Conv
+        && kernel.nodes.first().is_some_and(|&c| {
+            graph.is_depthwise_conv(c)
+                && matches!(graph.node(c).op, crate::ir::Op::Conv { channels_last: true, .. })
+        });
+    let kind_fits = gemm_epilogue
+        || depthwise
+        || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
     // Packs of wider inputs span several 16-byte accesses, still aligned: a pack's first
     // element is a multiple of `lanes` into a 256-byte-aligned buffer.
     let widest = kernel.outputs.iter().map(|&n| graph.node(n).ty.dtype.size_bytes()).max().unwrap_or(16);

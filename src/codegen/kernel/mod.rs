@@ -6,11 +6,11 @@
 //! their pointwise prologue in each pass; attention one warp per 16 query rows (tensor cores)
 //! or up to 8 threads per query row (f32).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use handlebars::Handlebars;
 
-use super::expr::{binary, c_type, cast, header, literal, load, narrow, register_type, unary};
+use super::expr::{binary, c_type, cast, header, literal, narrow, register_type, unary};
 use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords, Dims};
 
 use crate::fusion::Kernel;
@@ -62,48 +62,9 @@ struct Buffer {
     location: Location,
 }
 
-/// The coordinate of an element along the last axis inside a thread's lane loop.
-pub(super) const LANE: &str = "cj";
-
-/// A thread's `count` consecutive elements along the last axis (of size `width`, a multiple
-/// of `count`), starting at coordinate `base`. Reads and writes of a tensor whose last
-/// coordinate is the lane's become one aligned load before the loop and one store after it.
-struct Lanes {
-    count: usize,
-    width: SymDim,
-    base: String,
-    /// Vector loads and store registers, before the lane loop.
-    before: Vec<String>,
-    /// Vector stores, after it.
-    after: Vec<String>,
-    /// Loaded packs by address.
-    loaded: BTreeMap<String, String>,
-}
-
-/// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
-fn lane_invariant(expr: &str) -> bool {
-    let bytes = expr.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        let c = bytes[i];
-        if c.is_ascii_alphanumeric() || c == b'_' {
-            let start = i;
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
-                i += 1;
-            }
-            let word = &expr[start..i];
-            let number = c.is_ascii_digit();
-            let coordinate =
-                word.len() > 1 && word.starts_with('c') && word[1..].bytes().all(|b| b.is_ascii_digit());
-            if !number && !coordinate {
-                return false;
-            }
-        } else {
-            i += 1;
-        }
-    }
-    true
-}
+mod lanes;
+use lanes::Lanes;
+pub(super) use lanes::LANE;
 
 impl<'a> Body<'a> {
     pub fn new(plan: &'a Plan, kernel: &Kernel) -> Self {
@@ -141,69 +102,6 @@ impl<'a> Body<'a> {
             Some((_, _, linear)) => linear.clone(),
             None => linearize(coords, shape),
         }
-    }
-
-    /// Starts a lane loop of `count` consecutive elements of a last axis of size `width`,
-    /// the first at coordinate `base`: reads and writes along it become packs.
-    pub(super) fn begin_lanes(&mut self, count: usize, width: SymDim, base: &str) {
-        self.lanes = Some(Lanes {
-            count,
-            width,
-            base: base.into(),
-            before: Vec::new(),
-            after: Vec::new(),
-            loaded: BTreeMap::new(),
-        });
-    }
-
-    /// Ends the lane loop: its pack loads and store registers (before the loop) and its pack
-    /// stores (after it).
-    pub(super) fn end_lanes(&mut self) -> (Vec<String>, Vec<String>) {
-        self.lanes.take().map(|l| (l.before, l.after)).unwrap_or_default()
-    }
-
-    /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
-    /// when the lanes touch consecutive, aligned elements there.
-    fn lane_base(&self, coords: &[String], shape: &Dims) -> Option<Coords> {
-        let lanes = self.lanes.as_ref()?;
-        let (last, rest) = coords.split_last()?;
-        if last != LANE || shape.last() != Some(&lanes.width) || !rest.iter().all(|c| lane_invariant(c)) {
-            return None;
-        }
-        let mut base = coords.to_vec();
-        *base.last_mut()? = lanes.base.clone();
-        Some(base)
-    }
-
-    /// The element at `coords` of a tensor of `shape` at `pointer`, widened to its register
-    /// type; in a lane loop, from a vector load where the lanes read consecutive elements.
-    pub(super) fn element(
-        &mut self,
-        pointer: &str,
-        coords: &[String],
-        shape: &Dims,
-        dtype: DType,
-    ) -> Result<String, String> {
-        let Some(base) = self.lane_base(coords, shape) else {
-            return Ok(load(&format!("{pointer}[{}]", self.index_of(coords, shape)), dtype));
-        };
-        let ty = c_type(dtype)?;
-        let address = format!("{pointer} + {}", self.index_of(&base, shape));
-        let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&address).cloned());
-        let pack = match loaded {
-            Some(pack) => pack,
-            None => {
-                let pack = self.fresh("p");
-                let lanes = self.lanes.as_mut().ok_or("no lanes")?;
-                let n = lanes.count;
-                lanes.before.push(format!(
-                    "const fusec::Pack<{ty}, {n}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
-                ));
-                lanes.loaded.insert(address, pack.clone());
-                pack
-            }
-        };
-        Ok(load(&format!("{pack}.v[j]"), dtype))
     }
 
     fn location(&self, id: NodeId) -> Option<Location> {

@@ -1,0 +1,157 @@
+//! Lane loops: a thread of an elementwise kernel computing several consecutive elements of
+//! the last axis, its reads and writes along that axis as packs (16-byte vector accesses).
+
+use std::collections::BTreeMap;
+
+use super::super::expr::{c_type, load};
+use super::super::index::{Coords, Dims};
+use super::Body;
+use crate::ir::{DType, NodeId, SymDim};
+
+/// The coordinate of an element along the last axis inside a thread's lane loop.
+pub(in crate::codegen) const LANE: &str = "cj";
+
+/// A thread's `count` consecutive elements along the last axis (of size `width`, a multiple
+/// of `count`), starting at coordinate `base`. Reads and writes of a tensor whose last
+/// coordinate is the lane's become one aligned load before the loop and one store after it.
+pub(super) struct Lanes {
+    pub(super) count: usize,
+    width: SymDim,
+    base: String,
+    /// Vector loads and store registers, before the lane loop.
+    pub(super) before: Vec<String>,
+    /// Vector stores, after it.
+    pub(super) after: Vec<String>,
+    /// Loaded packs by address.
+    loaded: BTreeMap<String, String>,
+}
+
+/// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
+fn lane_invariant(expr: &str) -> bool {
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            let word = &expr[start..i];
+            let number = c.is_ascii_digit();
+            let coordinate =
+                word.len() > 1 && word.starts_with('c') && word[1..].bytes().all(|b| b.is_ascii_digit());
+            if !number && !coordinate {
+                return false;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+impl Body<'_> {
+    /// Starts a lane loop of `count` consecutive elements of a last axis of size `width`,
+    /// the first at coordinate `base`: reads and writes along it become packs.
+    pub(in crate::codegen) fn begin_lanes(&mut self, count: usize, width: SymDim, base: &str) {
+        self.lanes = Some(Lanes {
+            count,
+            width,
+            base: base.into(),
+            before: Vec::new(),
+            after: Vec::new(),
+            loaded: BTreeMap::new(),
+        });
+    }
+
+    /// Ends the lane loop: its pack loads and store registers (before the loop) and its pack
+    /// stores (after it).
+    pub(in crate::codegen) fn end_lanes(&mut self) -> (Vec<String>, Vec<String>) {
+        self.lanes.take().map(|l| (l.before, l.after)).unwrap_or_default()
+    }
+
+    /// The number of lanes, inside a lane loop.
+    pub(in crate::codegen) fn lane_count(&self) -> Option<usize> {
+        self.lanes.as_ref().map(|l| l.count)
+    }
+
+    /// Whether the code is being generated inside a lane loop.
+    pub(in crate::codegen) fn in_lanes(&self) -> bool {
+        self.lanes.is_some()
+    }
+
+    /// A statement run once per thread before the lane loop (after the pack loads so far).
+    pub(in crate::codegen) fn push_before_lanes(&mut self, statement: String) {
+        if let Some(lanes) = self.lanes.as_mut() {
+            lanes.before.push(statement);
+        }
+    }
+
+    /// For a lane loop: the pointer, the first lane's index and the element type of the
+    /// element of `id` at `coords` in memory, where the lanes read consecutive aligned
+    /// elements there (a pack); `None` otherwise. The other coordinates may name variables
+    /// of a loop the caller writes before the lane loop.
+    pub(in crate::codegen) fn pack_address(
+        &mut self,
+        id: NodeId,
+        coords: Coords,
+    ) -> Result<Option<(String, String, DType)>, String> {
+        let (source, coords) = self.stored_at(id, coords)?;
+        let shape = self.plan.stored_dims(source);
+        let lanes = self.lanes.as_ref().ok_or("no lanes")?;
+        let Some((last, _)) = coords.split_last() else { return Ok(None) };
+        if last != LANE || shape.last() != Some(&lanes.width) {
+            return Ok(None);
+        }
+        let mut base = coords.clone();
+        *base.last_mut().ok_or("no last axis")? = lanes.base.clone();
+        let dtype = self.plan.graph.node(source).ty.dtype;
+        let pointer = self.pointer(source, false)?;
+        Ok(Some((pointer, self.index_of(&base, &shape), dtype)))
+    }
+
+    /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
+    /// when the lanes touch consecutive, aligned elements there.
+    pub(super) fn lane_base(&self, coords: &[String], shape: &Dims) -> Option<Coords> {
+        let lanes = self.lanes.as_ref()?;
+        let (last, rest) = coords.split_last()?;
+        if last != LANE || shape.last() != Some(&lanes.width) || !rest.iter().all(|c| lane_invariant(c)) {
+            return None;
+        }
+        let mut base = coords.to_vec();
+        *base.last_mut()? = lanes.base.clone();
+        Some(base)
+    }
+
+    /// The element at `coords` of a tensor of `shape` at `pointer`, widened to its register
+    /// type; in a lane loop, from a vector load where the lanes read consecutive elements.
+    pub(in crate::codegen) fn element(
+        &mut self,
+        pointer: &str,
+        coords: &[String],
+        shape: &Dims,
+        dtype: DType,
+    ) -> Result<String, String> {
+        let Some(base) = self.lane_base(coords, shape) else {
+            return Ok(load(&format!("{pointer}[{}]", self.index_of(coords, shape)), dtype));
+        };
+        let ty = c_type(dtype)?;
+        let address = format!("{pointer} + {}", self.index_of(&base, shape));
+        let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&address).cloned());
+        let pack = match loaded {
+            Some(pack) => pack,
+            None => {
+                let pack = self.fresh("p");
+                let lanes = self.lanes.as_mut().ok_or("no lanes")?;
+                let n = lanes.count;
+                lanes.before.push(format!(
+                    "const fusec::Pack<{ty}, {n}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
+                ));
+                lanes.loaded.insert(address, pack.clone());
+                pack
+            }
+        };
+        Ok(load(&format!("{pack}.v[j]"), dtype))
+    }
+}
