@@ -22,6 +22,14 @@ struct alignas(sizeof(T) * N) Pack {
     T v[N];
 };
 
+// `*p` where `inside`, else a pack of zeros (a window's padding).
+template <typename P>
+__device__ __forceinline__ P load_or_zero(const P* p, bool inside) {
+    P v{};
+    if (inside) v = *p;
+    return v;
+}
+
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 

@@ -323,7 +323,7 @@ def attention_gqa_d80(out):
 def cnn_block(out):
     """A small image classifier in the shapes torchvision's exports take (TorchScript, opset
     17) at awkward sizes: a 29×23 image, a strided stem with BatchNormalization and ReLU, a
-    ceil-mode max pool, an inverted residual block (1×1 expansion with HardSwish, a 5×5
+    ceil-mode max pool, an inverted residual block (1×1 expansion with HardSwish, a 7×7
     depthwise convolution with SiLU, a squeeze-and-excitation gate with HardSigmoid, a 1×1
     projection, the residual add), a strided 3×3 depthwise convolution of 24 channels, global
     average pooling, Flatten and the classifier's Gemm."""
@@ -349,7 +349,7 @@ def cnn_block(out):
           ceil_mode=1),
         n("Conv", ["pool", "expand_w", "expand_b"], ["expand"], name="expand"),
         n("HardSwish", ["expand"], ["expand_a"]),
-        n("Conv", ["expand_a", "dw_w"], ["dw"], name="depthwise", pads=[2, 2, 2, 2], group=32),
+        n("Conv", ["expand_a", "dw_w"], ["dw"], name="depthwise", pads=[3, 3, 3, 3], group=32),
         bn_node("dw", "dw_bn", "dw_n"), n("Sigmoid", ["dw_n"], ["dw_s"]),
         n("Mul", ["dw_n", "dw_s"], ["dw_a"]),
         n("GlobalAveragePool", ["dw_a"], ["se_pool"]),
@@ -370,7 +370,7 @@ def cnn_block(out):
         n("Gemm", ["flat", "fc_w", "fc_b"], ["y"], name="classifier", transB=1),
     ]
     inits = [w("stem_w", 16, 3, 3, 3), w("expand_w", 32, 16, 1, 1), w("expand_b", 32),
-             w("dw_w", 32, 1, 5, 5), w("se1_w", 8, 32, 1, 1), w("se1_b", 8),
+             w("dw_w", 32, 1, 7, 7), w("se1_w", 8, 32, 1, 1), w("se1_b", 8),
              w("se2_w", 32, 8, 1, 1), w("se2_b", 32), w("project_w", 16, 32, 1, 1),
              w("widen_w", 24, 16, 1, 1), w("widen_b", 24), w("dw2_w", 24, 1, 3, 3), w("dw2_b", 24),
              w("fc_w", 10, 24), w("fc_b", 10)]

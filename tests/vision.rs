@@ -472,7 +472,8 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
     assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
     // The depthwise convolution is the one generated convolution kernel: its threads take
-    // 8 channels each and read every tap as one pack of the input and one of the filters.
+    // 8 channels of 4 columns each, reading each input row's columns once as packs (zeros
+    // in the padding) and each tap's filters as one pack.
     let loops: Vec<_> = steps
         .iter()
         .filter_map(|s| match s {
@@ -481,8 +482,10 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
         })
         .collect();
     assert_eq!(loops.len(), 1, "{:?}", loops.iter().map(|k| &k.name).collect::<Vec<_>>());
-    let packs = loops[0].source.matches("*reinterpret_cast<const fusec::Pack<__half, 8>*>").count();
-    assert!(packs == 2 && loops[0].source.contains("float dw"), "{}", loops[0].source);
+    let source = &loops[0].source;
+    let packs = source.matches("reinterpret_cast<const fusec::Pack<__half, 8>*>").count();
+    let tiled = source.contains("load_or_zero") && source.contains("4 columns per thread");
+    assert!(packs == 2 && tiled && source.contains("float dw"), "{source}");
     if fusec::nvrtc::available() {
         for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
             fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));

@@ -8,7 +8,7 @@ use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
 
 use super::index::Coords;
-use super::kernel::{Body, GemmRaw, LANE};
+use super::kernel::{Body, GemmRaw, LANE, TILE_FIRST, TILE_OFFSET};
 use super::Step;
 use crate::fusion::Kernel;
 use crate::ir::{BinaryOp, DType, NodeId, Op, SymDim, UnaryOp};
@@ -291,40 +291,70 @@ impl Body<'_> {
             return Ok(None);
         }
         let (n, oh, ow) = (&coords[0], &coords[1], &coords[2]);
-        let (kh, kw) = (self.fresh("kh"), self.fresh("kw"));
+        let (kh, kw, column) = (self.fresh("kh"), self.fresh("kw"), self.fresh("x"));
         let ih = format!("({oh} * {}LL + {kh} * {}LL - {}LL)", strides[0], dilations[0], pads[0]);
-        let iw = format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]);
-        let mut packs = Vec::new();
-        for (input, at) in [
-            (inputs[0], vec![n.clone(), ih.clone(), iw.clone(), LANE.into()]),
-            (inputs[1], vec![LANE.into(), kh.clone(), kw.clone(), "0".into()]),
-        ] {
-            let Some((pointer, address, dtype)) = self.pack_address(input, at)? else { return Ok(None) };
-            packs.push((pointer, address, dtype));
-        }
-        let acc = self.fresh("dw");
-        let mut taps = format!("float {acc}[{count}] = {{}};");
-        let (h, wd) = (x_dims[1].c(), x_dims[2].c());
-        taps.push_str(&format!(
-            "\n#pragma unroll\nfor (long long {kh} = 0; {kh} < {}LL; ++{kh}) {{ if ({ih} < 0 || {ih} >= {h}) continue;\n#pragma unroll\nfor (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ if ({iw} < 0 || {iw} >= {wd}) continue;",
-            w[1], w[2]
-        ));
-        let mut values = Vec::new();
-        for (pointer, address, dtype) in &packs {
-            let (ty, pack) = (super::expr::c_type(*dtype)?, self.fresh("q"));
-            taps.push_str(&format!(
-                " const fusec::Pack<{ty}, {count}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {count}>*>({pointer} + {address});"
-            ));
-            values.push(super::expr::load(&format!("{pack}.v[u]"), *dtype));
-        }
-        taps.push_str(&format!(
-            "\n#pragma unroll\nfor (int u = 0; u < {count}; ++u) {acc}[u] += {} * {}; }} }}",
-            values[0], values[1]
-        ));
-        self.push_before_lanes(taps);
+        // One column per thread: the tap's own column; a tile: the row's `column`-th from
+        // the tile's first input column.
+        let tile = self.tile();
+        let iw = match tile {
+            Some(_) => format!("({TILE_FIRST} * {}LL + {column} - {}LL)", strides[1], pads[1]),
+            None => format!("({ow} * {}LL + {kw} * {}LL - {}LL)", strides[1], dilations[1], pads[1]),
+        };
+        let Some((x_ptr, x_at, x_type)) =
+            self.pack_address(inputs[0], vec![n.clone(), ih.clone(), iw.clone(), LANE.into()])?
+        else {
+            return Ok(None);
+        };
+        let Some((w_ptr, w_at, w_type)) =
+            self.pack_address(inputs[1], vec![LANE.into(), kh.clone(), kw.clone(), "0".into()])?
+        else {
+            return Ok(None);
+        };
+        let pack = |dtype: DType| -> Result<String, String> {
+            Ok(format!("fusec::Pack<{}, {count}>", super::expr::c_type(dtype)?))
+        };
+        let (x_pack, w_pack) = (pack(x_type)?, pack(w_type)?);
+        let (acc, xq, wq) = (self.fresh("dw"), self.fresh("xq"), self.fresh("wq"));
+        let (h, width) = (x_dims[1].c(), x_dims[2].c());
+        let rows = format!(
+            "\n#pragma unroll\nfor (long long {kh} = 0; {kh} < {}LL; ++{kh}) {{ if ({ih} < 0 || {ih} >= {h}) continue;",
+            w[1]
+        );
+        let weights = format!(
+            "\n#pragma unroll\nfor (long long {kw} = 0; {kw} < {}LL; ++{kw}) {{ const {w_pack} {wq} = *reinterpret_cast<const {w_pack}*>({w_ptr} + {w_at});",
+            w[2]
+        );
+        let product = |x: &str| {
+            format!(
+                "{} * {}",
+                super::expr::load(&format!("{x}.v[u]"), x_type),
+                super::expr::load(&format!("{wq}.v[u]"), w_type)
+            )
+        };
+        let value = match tile {
+            // Each input row's columns for the whole tile loaded once (zeros in the padding),
+            // every tap of the row then read from registers.
+            Some(columns) => {
+                let loaded = (columns - 1) * strides[1] + (w[2] - 1) * dilations[1] + 1;
+                let t = self.fresh("t");
+                let tap = format!("{xq}[{t} * {} + {kw} * {}]", strides[1], dilations[1]);
+                self.push_prologue(format!(
+                    "float {acc}[{columns}][{count}] = {{}};{rows} {x_pack} {xq}[{loaded}];\n#pragma unroll\nfor (int {column} = 0; {column} < {loaded}; ++{column}) {xq}[{column}] = fusec::load_or_zero(reinterpret_cast<const {x_pack}*>({x_ptr} + {x_at}), {iw} >= 0 && {iw} < {width});{weights}\n#pragma unroll\nfor (int {t} = 0; {t} < {columns}; ++{t})\n#pragma unroll\nfor (int u = 0; u < {count}; ++u) {acc}[{t}][u] += {}; }} }}",
+                    product(&tap)
+                ));
+                format!("{acc}[{TILE_OFFSET}]")
+            }
+            None => {
+                self.push_before_lanes(format!(
+                    "float {acc}[{count}] = {{}};{rows}{weights} if ({iw} < 0 || {iw} >= {width}) continue; const {x_pack} {xq} = *reinterpret_cast<const {x_pack}*>({x_ptr} + {x_at});\n#pragma unroll\nfor (int u = 0; u < {count}; ++u) {acc}[u] += {}; }} }}",
+                    product(&xq)
+                ));
+                acc
+            }
+        };
         Ok(Some(match inputs.get(2) {
-            Some(&b) => format!("({acc}[j] + {})", self.read(b, vec![LANE.into()])?),
-            None => format!("{acc}[j]"),
+            Some(&b) => format!("({value}[j] + {})", self.read(b, vec![LANE.into()])?),
+            None => format!("{value}[j]"),
         }))
     }
 }

@@ -5,8 +5,8 @@
 use handlebars::Handlebars;
 use serde_json::json;
 
-use super::index::{delinearize, Dims};
-use super::kernel::{args, coords_decl, params, render, Body, GemmRaw, BLOCK, LANE};
+use super::index::{delinearize, Coords, Dims};
+use super::kernel::{args, coords_decl, params, render, Body, GemmRaw, BLOCK, LANE, TILE_FIRST, TILE_OFFSET};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{NodeId, SymDim};
@@ -41,7 +41,11 @@ pub fn elementwise(
     let shape = plan.dims(last);
     let count = graph.node(last).ty.len();
     let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
-    let (coord_decls, mut coords) = coords_decl("c", "i", &shape);
+    let tile = if lanes > 1 && gemm.is_none() { depthwise_tile(plan, kernel, &shape) } else { None };
+    let (coord_decls, mut coords) = match tile {
+        Some(columns) => tile_decls(&shape, columns)?,
+        None => coords_decl("c", "i", &shape),
+    };
     body.know(&coords, &shape, "i");
     let mut linear = "i".to_string();
     let mut base = String::new();
@@ -51,6 +55,9 @@ pub fn elementwise(
         linear = "(i + j)".into();
         body.begin_lanes(lanes, shape.last().cloned().ok_or("lanes over no axis")?, &base);
         body.know(&coords, &shape, &linear);
+        if let Some(columns) = tile {
+            body.begin_tile(columns);
+        }
     }
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
@@ -77,8 +84,14 @@ pub fn elementwise(
     for &o in &kernel.outputs {
         body.store(kernel, o, &coords_of(o))?;
     }
+    let prologue = body.prologue();
     let (before, after) = body.end_lanes();
-    let threads = count / lanes;
+    let threads = match tile {
+        Some(columns) => {
+            count / lanes / shape[2].value().ok_or("a tile over a range")? * tile_count(&shape, columns)?
+        }
+        None => count / lanes,
+    };
     let units = SymDim::product(&shape).div_exact(lanes).ok_or("lanes that do not divide the kernel")?;
     let scaled = plan.scaled();
     let data = json!({
@@ -93,6 +106,11 @@ pub fn elementwise(
         "base": base,
         "params": super::with_limit(plan, params(&body), true),
         "coords": coord_decls,
+        "prologue": prologue,
+        "tile": tile,
+        "tile_offset": TILE_OFFSET,
+        "tile_first": TILE_FIRST,
+        "columns": shape.get(2).map(SymDim::c),
         "before": before,
         "statements": body.statements,
         "after": after,
@@ -133,4 +151,44 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -
         Some(width) if kind_fits && lanes > 1 && width.divisible_by(lanes) => lanes,
         _ => 1,
     }
+}
+
+/// Columns per thread of a depthwise convolution kernel in NHWC (each input row loaded once
+/// for all of them, `Body::depthwise_packs`): where every value of the kernel has the
+/// convolution's static shape and the width is over one column.
+fn depthwise_tile(plan: &Plan, kernel: &Kernel, shape: &Dims) -> Option<usize> {
+    const COLUMNS: usize = 4;
+    let graph = &plan.graph;
+    let conv = *kernel.nodes.first()?;
+    let nhwc = matches!(graph.node(conv).op, crate::ir::Op::Conv { channels_last: true, .. });
+    let same = kernel.nodes.iter().all(|&n| plan.dims(n) == *shape);
+    let width = shape.get(2)?.value()?;
+    let fits = shape.len() == 4 && shape.iter().all(SymDim::is_static) && width > 1;
+    (kernel.kind == KernelKind::Conv && nhwc && graph.is_depthwise_conv(conv) && same && fits)
+        .then_some(COLUMNS.min(width))
+}
+
+/// The tiles along the width of `shape` of `columns` each.
+fn tile_count(shape: &Dims, columns: usize) -> Result<usize, String> {
+    Ok(shape.get(2).and_then(SymDim::value).ok_or("a tile over a range")?.div_ceil(columns))
+}
+
+/// Coordinates of a tiled thread: n, p and the channel from the thread's index over
+/// `[N, P, tiles, C]`, and its tile's first column (the column itself is declared in the loop
+/// over the tile).
+fn tile_decls(shape: &Dims, columns: usize) -> Result<(Vec<String>, Coords), String> {
+    let mut tiled = shape.to_vec();
+    tiled[2] = SymDim::lit(tile_count(shape, columns)?);
+    let exprs = delinearize("i", &tiled);
+    let names: Coords = (0..shape.len()).map(|d| format!("c{d}")).collect();
+    let decls = names
+        .iter()
+        .zip(&exprs)
+        .enumerate()
+        .map(|(d, (n, e))| match d {
+            2 => format!("const long long {TILE_FIRST} = {columns}LL * {e};"),
+            _ => format!("const long long {n} = {e};"),
+        })
+        .collect();
+    Ok((decls, names))
 }

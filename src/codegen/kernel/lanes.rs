@@ -24,7 +24,17 @@ pub(super) struct Lanes {
     pub(super) after: Vec<String>,
     /// Loaded packs by address.
     loaded: BTreeMap<String, String>,
+    /// Columns (axis 2 of NHWC) the thread computes one after another from column `q0`, the
+    /// lane loop repeated for each; `None`: one.
+    tile: Option<usize>,
+    /// Statements before the loop over a tile's columns.
+    prologue: Vec<String>,
 }
+
+/// The first column of a thread's tile (see [`Body::begin_tile`]).
+pub(in crate::codegen) const TILE_FIRST: &str = "q0";
+/// A column's offset in its tile, inside the loop over the tile's columns.
+pub(in crate::codegen) const TILE_OFFSET: &str = "tw";
 
 /// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
 fn lane_invariant(expr: &str) -> bool {
@@ -62,6 +72,8 @@ impl Body<'_> {
             before: Vec::new(),
             after: Vec::new(),
             loaded: BTreeMap::new(),
+            tile: None,
+            prologue: Vec::new(),
         });
     }
 
@@ -69,6 +81,32 @@ impl Body<'_> {
     /// stores (after it).
     pub(in crate::codegen) fn end_lanes(&mut self) -> (Vec<String>, Vec<String>) {
         self.lanes.take().map(|l| (l.before, l.after)).unwrap_or_default()
+    }
+
+    /// Makes each thread of the lane loop compute `count` columns (axis 2), from column
+    /// [`TILE_FIRST`]: the loop is repeated for each with that axis' coordinate
+    /// `TILE_FIRST + TILE_OFFSET`.
+    pub(in crate::codegen) fn begin_tile(&mut self, count: usize) {
+        if let Some(lanes) = self.lanes.as_mut() {
+            lanes.tile = Some(count);
+        }
+    }
+
+    /// The number of columns each thread computes, inside a tiled lane loop.
+    pub(in crate::codegen) fn tile(&self) -> Option<usize> {
+        self.lanes.as_ref().and_then(|l| l.tile)
+    }
+
+    /// A statement run once per thread before the loop over its tile's columns.
+    pub(in crate::codegen) fn push_prologue(&mut self, statement: String) {
+        if let Some(lanes) = self.lanes.as_mut() {
+            lanes.prologue.push(statement);
+        }
+    }
+
+    /// The statements before the loop over a tile's columns.
+    pub(in crate::codegen) fn prologue(&self) -> Vec<String> {
+        self.lanes.as_ref().map(|l| l.prologue.clone()).unwrap_or_default()
     }
 
     /// The number of lanes, inside a lane loop.

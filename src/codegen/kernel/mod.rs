@@ -64,7 +64,7 @@ struct Buffer {
 
 mod lanes;
 use lanes::Lanes;
-pub(super) use lanes::LANE;
+pub(super) use lanes::{LANE, TILE_FIRST, TILE_OFFSET};
 
 impl<'a> Body<'a> {
     pub fn new(plan: &'a Plan, kernel: &Kernel) -> Self {
