@@ -311,20 +311,25 @@ fn every_kernel_compiles_with_nvrtc() {
     }
 }
 
-/// A convolution of static shape with symmetric padding in f32 or f16 is a cuDNN call with
-/// an epilogue kernel for its bias (the ViT fixture's patch embedding); one with asymmetric
-/// padding, or in bf16, stays a generated loop.
+/// A convolution of static shape with symmetric padding in f32 is a cuDNN call with an
+/// epilogue kernel for its bias (the ViT fixture's patch embedding); in f16 (channels-last)
+/// that patch embedding is a GEMM over the image's patches; one with asymmetric padding, or
+/// in bf16, stays a generated loop.
 #[test]
 fn convolutions_go_to_cudnn_where_it_takes_them() {
     use fusec::codegen::Step;
     let vit = common::model_path("vit_ts.onnx");
     let import = ImportOptions::default().dim("batch", 2);
-    for (precision, library) in [(DType::F32, true), (DType::F16, true), (DType::BF16, false)] {
+    for (precision, library) in [(DType::F32, true), (DType::F16, false), (DType::BF16, false)] {
         let options = CompileOptions { import: import.clone(), precision, ..Default::default() };
         let (plan, _) = plan_reporting(&vit, &options, &mut |_| {}).unwrap();
         let steps = fusec::codegen::generate(&plan).unwrap();
         let convs: Vec<_> = steps.iter().filter(|s| matches!(s, Step::Conv { .. })).collect();
         assert_eq!(convs.len(), usize::from(library), "{precision}");
+        if precision == DType::F16 {
+            let gemms = steps.iter().filter(|s| matches!(s, Step::Gemm { .. })).count();
+            assert_eq!(gemms, 9, "the patch embedding and the two layers' 4 GEMMs each (q, k, v merged)");
+        }
         if let Some(Step::Conv { conv, epilogue }) = convs.first() {
             // Patches: the stride is the kernel's size.
             assert_eq!(
@@ -491,4 +496,33 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
             fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         }
     }
+}
+
+/// A patch embedding (a 4×4 window of stride 4, as a vision transformer's) goes channels-last
+/// as a GEMM over the image's patches: no convolution is left, its image channels are not
+/// padded, and the rewritten graph matches tract.
+#[test]
+fn a_patch_embedding_becomes_a_gemm() {
+    use fusec::passes::{ChannelsLast, Pass};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![node(
+        "Conv",
+        &["x", "w", "b"],
+        "y",
+        vec![ints("strides", &[4, 4]), ints("kernel_shape", &[4, 4])],
+    )];
+    let init = vec![weight("w", &[16, 3, 4, 4], 41, -0.5, 1.0), weight("b", &[16], 42, -0.2, 0.4)];
+    let path = write_model(dir.path(), "patches", &[2, 3, 12, 8], nodes, init);
+    let (model, feeds, values) = random_feeds(&path, 5);
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
+    ir::verify(&graph).unwrap();
+    let ops: Vec<String> = graph.node_ids().map(|id| graph.node(id).op.kind().to_string()).collect();
+    assert!(!ops.iter().any(|op| op == "Conv" || op == "Concat"), "{ops:?}");
+    assert_eq!(ops.iter().filter(|op| *op == "MatMul").count(), 1, "{ops:?}");
+    let ours = ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= TOLERANCE, "patches: rel-L2 {err:e}");
 }

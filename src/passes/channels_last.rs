@@ -99,7 +99,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     // A few input channels (an image's three) padded with zeros to eight, the tensor cores'
     // step: cuDNN's NHWC kernels for three channels ran at a fifth of its rate for eight.
     let channels = krsc.shape()[3];
-    if group == 1 && channels < CHANNEL_STEP {
+    if group == 1 && channels < CHANNEL_STEP && patches(graph, id).is_none() {
         let mut block = graph.node(x).ty.shape.clone();
         block[3] = CHANNEL_STEP - channels;
         let zero = zero_tensor(krsc.dtype(), &[1, 1, 1, 1]);
@@ -144,19 +144,42 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     Ok(true)
 }
 
-/// Rewrites NHWC convolution `id` as a GEMM where it is one: a 1×1 window, stride 1, no
-/// padding, one group. `[N, H, W, C] × [C, K]` (+ bias) then runs on cuBLASLt with the
-/// pointwise ops after it in its epilogue, as a transformer's projections do.
-fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
-    let node = graph.node(id).clone();
-    let Op::Conv { strides: [1, 1], pads: [0, 0, 0, 0], group: 1, channels_last: true, .. } = node.op else {
-        return Ok(false);
+/// The window `[R, S]` of convolution `id` where its windows tile the input exactly, each
+/// input element read once: strides equal to the window, no padding, no dilation, one group
+/// and a height and width that the window divides (a 1×1 convolution of stride 1; a vision
+/// transformer's patch embedding). Its input's patches are then the rows of a GEMM's operand.
+fn patches(graph: &Graph, id: NodeId) -> Option<[usize; 2]> {
+    let Op::Conv { strides, pads: [0, 0, 0, 0], dilations: [1, 1], group: 1, channels_last } =
+        graph.node(id).op
+    else {
+        return None;
     };
     let inputs = graph.inputs_of(id);
+    let (x, w) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
+    // NCHW / KCRS, or NHWC / KRSC.
+    let (h, wd, r, s, c) = match channels_last {
+        false => (*x.get(2)?, *x.get(3)?, *w.get(2)?, *w.get(3)?, *w.get(1)?),
+        true => (*x.get(1)?, *x.get(2)?, *w.get(1)?, *w.get(2)?, *w.get(3)?),
+    };
+    let tiles = strides == [r, s] && h % r == 0 && wd % s == 0;
+    // A GEMM's rows in half types want a multiple of 8 elements (16-byte aligned).
+    (tiles && (c * r * s) % CHANNEL_STEP == 0).then_some([r, s])
+}
+
+/// Rewrites NHWC convolution `id` as a GEMM where its windows tile the input (`patches`):
+/// the input's patches, `[N, P, Q, R·S·C]` (a view for a 1×1 window), times the filters
+/// `[R·S·C, K]` (+ bias) then run on cuBLASLt with the pointwise ops after it in its
+/// epilogue, as a transformer's projections do; a patch embedding's image is rearranged into
+/// its rows by the kernel that converts it.
+fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+    let node = graph.node(id).clone();
+    let Op::Conv { channels_last: true, .. } = node.op else { return Ok(false) };
+    let Some([r, s]) = patches(graph, id) else { return Ok(false) };
+    let inputs = graph.inputs_of(id);
     let Some(krsc) = graph.constant(inputs[1]).cloned() else { return Ok(false) };
-    let [k, 1, 1, c] = krsc.shape()[..] else { return Ok(false) };
-    let kc =
-        ops::evaluate(&Op::Reshape { shape: vec![k, c] }, &[&krsc]).map_err(|m| op_error(graph, id, m))?;
+    let [k, _, _, c] = krsc.shape()[..] else { return Ok(false) };
+    let kc = ops::evaluate(&Op::Reshape { shape: vec![k, r * s * c] }, &[&krsc])
+        .map_err(|m| op_error(graph, id, m))?;
     let ck =
         ops::evaluate(&Op::Transpose { perm: vec![1, 0] }, &[&kc]).map_err(|m| op_error(graph, id, m))?;
     let origin = node.origin.clone();
@@ -165,7 +188,20 @@ fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
         Some(_) => format!("{}/matmul", node.name),
         None => node.name.clone(),
     };
-    let mut out = graph.add_op(Op::MatMul, &[inputs[0], w], &product, origin.clone())?;
+    let mut x = inputs[0];
+    if [r, s] != [1, 1] {
+        let [n, h, wd, _] = graph.node(x).ty.shape[..] else { return Ok(false) };
+        let (p, q) = (h / r, wd / s);
+        let steps = [
+            (Op::Reshape { shape: vec![n, p, r, q, s, c] }, "patches"),
+            (Op::Transpose { perm: vec![0, 1, 3, 2, 4, 5] }, "patches_t"),
+            (Op::Reshape { shape: vec![n, p, q, r * s * c] }, "rows"),
+        ];
+        for (op, name) in steps {
+            x = graph.add_op(op, &[x], &format!("{}/{name}", node.name), origin.clone())?;
+        }
+    }
+    let mut out = graph.add_op(Op::MatMul, &[x, w], &product, origin.clone())?;
     if let Some(&bias) = inputs.get(2) {
         out = graph.add_op(Op::Binary(BinaryOp::Add), &[out, bias], &node.name, origin)?;
     }
