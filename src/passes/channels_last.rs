@@ -178,7 +178,19 @@ fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let inputs = graph.inputs_of(id);
     let Some(krsc) = graph.constant(inputs[1]).cloned() else { return Ok(false) };
     let [k, _, _, c] = krsc.shape()[..] else { return Ok(false) };
-    let kc = ops::evaluate(&Op::Reshape { shape: vec![k, r * s * c] }, &[&krsc])
+    // Patches of an NCHW value (the transpose to NHWC looked through) are rows `[C, R, S]`,
+    // each window row S elements in a row of the source; of an NHWC value, `[R, S, C]`.
+    let source = inputs[0];
+    let nchw = match &graph.node(source).op {
+        Op::Transpose { perm } if perm[..] == TO_NHWC && [r, s] != [1, 1] => Some(graph.inputs_of(source)[0]),
+        _ => None,
+    };
+    let filters = match nchw {
+        Some(_) => ops::evaluate(&Op::Transpose { perm: TO_NCHW.to_vec() }, &[&krsc])
+            .map_err(|m| op_error(graph, id, m))?,
+        None => (*krsc).clone(),
+    };
+    let kc = ops::evaluate(&Op::Reshape { shape: vec![k, r * s * c] }, &[&filters])
         .map_err(|m| op_error(graph, id, m))?;
     let ck =
         ops::evaluate(&Op::Transpose { perm: vec![1, 0] }, &[&kc]).map_err(|m| op_error(graph, id, m))?;
@@ -188,13 +200,17 @@ fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
         Some(_) => format!("{}/matmul", node.name),
         None => node.name.clone(),
     };
-    let mut x = inputs[0];
+    let mut x = nchw.unwrap_or(source);
     if [r, s] != [1, 1] {
-        let [n, h, wd, _] = graph.node(x).ty.shape[..] else { return Ok(false) };
+        let [n, h, wd, _] = graph.node(source).ty.shape[..] else { return Ok(false) };
         let (p, q) = (h / r, wd / s);
+        let (split, perm) = match nchw {
+            Some(_) => (vec![n, c, p, r, q, s], vec![0, 2, 4, 1, 3, 5]),
+            None => (vec![n, p, r, q, s, c], vec![0, 1, 3, 2, 4, 5]),
+        };
         let steps = [
-            (Op::Reshape { shape: vec![n, p, r, q, s, c] }, "patches"),
-            (Op::Transpose { perm: vec![0, 1, 3, 2, 4, 5] }, "patches_t"),
+            (Op::Reshape { shape: split }, "patches"),
+            (Op::Transpose { perm }, "patches_t"),
             (Op::Reshape { shape: vec![n, p, q, r * s * c] }, "rows"),
         ];
         for (op, name) in steps {
