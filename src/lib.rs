@@ -13,6 +13,7 @@ pub mod bundle;
 pub mod checksum;
 pub mod codegen;
 pub mod fusion;
+pub mod generate;
 pub mod import;
 pub mod ir;
 pub mod nvrtc;
@@ -26,5 +27,6 @@ pub mod suggest;
 pub mod tensor_io;
 
 pub use bundle::Bundle;
+pub use generate::Generator;
 pub use pipeline::{compile, compile_reporting, CompileOptions};
 pub use runtime::Session;

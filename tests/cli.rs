@@ -15,6 +15,9 @@ fn text(bytes: &[u8]) -> String {
 /// The `--dim` flags each fixture needs.
 fn dims_for(file: &str) -> Vec<&'static str> {
     match file {
+        f if common::has_cache(f) => {
+            vec!["--dim", "batch=3", "--dim", "seq=1", "--dim", "past=5", "--dim", "total=6"]
+        }
         f if ["bert", "gpt2", "llama"].iter().any(|p| f.starts_with(p)) => {
             vec!["--dim", "batch=3", "--dim", "seq=7"]
         }

@@ -37,6 +37,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("presentation", &["picture", "tensor_io"]),
     // Everything that talks to a GPU: sessions, launches, cuBLAS/cuBLASLt, cuDNN.
     ("runtime", &["runtime"]),
+    // Text generation over a session: the key/value cache, sampling, the decoding loop.
+    ("generate", &["generate"]),
     // The binary: `main.rs` and one file per subcommand; `lib.rs` names every module.
     ("binary", &["cli", "main", "lib"]),
 ];

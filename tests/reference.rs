@@ -79,4 +79,6 @@ reference_tests! {
     attention_d64 => "attention_d64.onnx",
     attention_gqa_d80 => "attention_gqa_d80.onnx",
     cnn_block => "cnn_block.onnx",
+    gpt2_cache_ts => "gpt2_cache_ts.onnx",
+    llama_cache_ts => "llama_cache_ts.onnx",
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod cache;
 mod compile;
+mod generate;
 mod inspect;
 mod ops;
 mod progress;
@@ -40,6 +41,7 @@ enum Command {
     Inspect(inspect::Inspect),
     Cache(cache::Cache),
     Ops(ops::Ops),
+    Generate(generate::Generate),
 }
 
 impl Cli {
@@ -56,6 +58,7 @@ impl Cli {
             Command::Inspect(cmd) => cmd.execute(),
             Command::Cache(cmd) => cmd.execute(),
             Command::Ops(cmd) => cmd.execute(),
+            Command::Generate(cmd) => cmd.execute(),
         }
     }
 }

@@ -6,10 +6,13 @@ use ndarray::{ArrayD, IxDyn};
 use super::dtype::TensorType;
 use super::tensor::Tensor;
 
-struct SplitMix64(u64);
+/// A small seeded generator of 64-bit values (SplitMix64): the same sequence from the same
+/// seed on every machine.
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -18,8 +21,8 @@ impl SplitMix64 {
     }
 
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -45,7 +48,8 @@ pub fn random_tensor(ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor 
 /// A random value for a model input named `name`, as a tokenizer's batch would give it:
 /// `attention_mask` (or any rank-2 input whose name ends in `mask`) right-padded — the first
 /// row whole, each other row a random length of at least one token; `token_type_ids` 0 for
-/// the first half of each row and 1 after; any other input [`random_tensor`] in `[low, high)`.
+/// the first half of each row and 1 after; `position_ids` each row 0, 1, 2, …; any other input
+/// [`random_tensor`] in `[low, high)`.
 pub fn random_input(name: &str, ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor {
     let lower = name.to_ascii_lowercase();
     let [rows, columns] = ty.shape[..] else { return random_tensor(ty, seed, low, high) };
@@ -57,6 +61,9 @@ pub fn random_input(name: &str, ty: &TensorType, seed: u64, low: f64, high: f64)
                 (0..columns).map(move |c| f64::from(u8::from(c < length)))
             })
             .collect()
+    } else if lower.contains("position_ids") {
+        // Each row its positions in order (within any model's table of positions).
+        (0..rows).flat_map(|_| (0..columns).map(|c| c as f64)).collect()
     } else if lower.contains("token_type") {
         (0..rows).flat_map(|_| (0..columns).map(|c| f64::from(u8::from(2 * c >= columns)))).collect()
     } else {

@@ -23,6 +23,11 @@ pub fn shape_variants(file: &str) -> Vec<ImportOptions> {
     if file.starts_with("vit") {
         return vec![ImportOptions::default().dim("batch", 1), ImportOptions::default().dim("batch", 3)];
     }
+    if has_cache(file) {
+        // A prompt's step (4 tokens after 3 cached), decoding steps (one token after 5 and 9).
+        let step = |b, s, past: usize| text(b, s).dim("past", past).dim("total", past + s);
+        return vec![step(2, 1, 5), step(1, 4, 3), step(3, 1, 9)];
+    }
     if ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p)) {
         return vec![text(1, 7), text(3, 1), text(2, 13)];
     }
@@ -43,12 +48,27 @@ pub fn has_seq(file: &str) -> bool {
     ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p))
 }
 
+/// Whether a fixture is a decoder with its key/value cache (`past`, and `total` = `past` +
+/// `seq`, dims of their own).
+pub fn has_cache(file: &str) -> bool {
+    file.contains("_cache")
+}
+
+/// The cached length the tests give a decoder with a cache.
+pub const PAST: usize = 5;
+
 /// The dims of a fixture at `batch` and `seq` (each a size or a range `LO..HI`); `seq` only
-/// where the model has one.
+/// where the model has one; a decoder with a cache at [`PAST`] cached positions (`seq` then
+/// one size: `total` is a sum, which ranges do not follow yet).
 pub fn dims_at(file: &str, batch: &str, seq: &str) -> ImportOptions {
     let mut dims: Vec<fusec::import::DimSpec> = vec![format!("batch={batch}").parse().expect("a dim")];
     if has_seq(file) {
         dims.push(format!("seq={seq}").parse().expect("a dim"));
+    }
+    if has_cache(file) {
+        let seq: usize = seq.parse().expect("one sequence length for a decoder with a cache");
+        dims.push(format!("past={PAST}").parse().expect("a dim"));
+        dims.push(format!("total={}", PAST + seq).parse().expect("a dim"));
     }
     ImportOptions::new(vec![], dims)
 }

@@ -17,6 +17,7 @@ mod launch;
 mod load;
 mod profile;
 mod sizes;
+mod state;
 mod tuning;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use crate::ir::{DType, Tensor};
 use launch::Loaded;
 
 pub use profile::{StepProfile, PROFILE_REPEAT};
+pub use state::RowCopy;
 
 pub(super) fn driver(e: impl std::fmt::Debug) -> RuntimeError {
     RuntimeError::Driver(format!("{e:?}"))

@@ -1,0 +1,163 @@
+//! `fusec generate`: decode tokens with a decoder exported with its key/value cache.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use fusec::generate::{cache, GenerateOptions, Generator, Sampling};
+use fusec::import::{DeclaredDim, ImportOptions, InputSpec};
+use fusec::ir::DType;
+use fusec::{Bundle, CompileOptions};
+
+/// Generate tokens with a decoder exported with its key/value cache (inputs `input_ids`,
+/// `attention_mask`, `position_ids`, `past_key_values.{i}.key|value`; outputs `logits`,
+/// `present.{i}.key|value`).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    fusec generate models/gpt2_cache_ts.onnx --prompt-ids 1,2,3 --max-new-tokens 16\n  \
+    fusec generate models/llama_cache_ts.onnx --prompt-ids 5,6 --prompt-ids 7,8,9 --sample top-k=20 --seed 3\n  \
+    fusec compile models/gpt2_cache_ts.onnx -o step.bundle --dim batch=1 --dim seq=1 --dim past=63 --dim total=64\n  \
+    fusec generate step.bundle --prompt-ids 1,2,3")]
+pub struct Generate {
+    /// The decoder: an ONNX model (compiled here for one decoding step), or a bundle compiled
+    /// with `--dim seq=1` and `past` set to the cache's capacity.
+    model: PathBuf,
+    /// A prompt's token ids, comma-separated; repeat for a batch of prompts.
+    #[arg(long = "prompt-ids", value_name = "IDS", required = true)]
+    prompts: Vec<String>,
+    /// Tokens to generate after each prompt, at most.
+    #[arg(long, default_value_t = 16)]
+    max_new_tokens: usize,
+    /// Sequences a step runs (an ONNX model): at least the prompts given. Default: that many.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Positions the cache holds (an ONNX model): prompt and generated tokens together, less
+    /// one. Default: the longest prompt plus --max-new-tokens.
+    #[arg(long)]
+    capacity: Option<usize>,
+    /// How each token is chosen: greedy, top-k=K or top-p=P.
+    #[arg(long, default_value = "greedy", value_parser = parse_sampling)]
+    sample: Sampling,
+    /// Logits are divided by it before a draw (top-k, top-p).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Seeds the draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A sequence ends at this token.
+    #[arg(long)]
+    stop: Option<i64>,
+    /// Element type of weights and activations (an ONNX model).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
+    precision: String,
+    /// The GPU to run on.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+fn parse_sampling(text: &str) -> Result<Sampling, String> {
+    text.parse()
+}
+
+fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
+    text.split(',')
+        .map(|t| {
+            t.trim().parse::<i64>().with_context(|| format!("--prompt-ids '{text}': '{t}' is not a token id"))
+        })
+        .collect()
+}
+
+/// The shapes of one decoding step of `model` for `batch` sequences and `capacity` cached
+/// positions: `[batch, 1]` ids and positions, `[batch, capacity + 1]` mask, cache inputs with
+/// `past` = `capacity` (heads and head size as the model declares them).
+fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Vec<InputSpec>> {
+    let summary = fusec::import::summarize(model)?;
+    summary
+        .inputs
+        .iter()
+        .map(|input| {
+            let shape = match input.name.as_str() {
+                cache::TOKENS | cache::POSITIONS => vec![batch, 1],
+                cache::MASK => vec![batch, capacity + 1],
+                name if name.starts_with("past") => {
+                    let fixed = |d: Option<&DeclaredDim>| match d {
+                        Some(DeclaredDim::Fixed(n)) => Some(*n),
+                        _ => None,
+                    };
+                    let dims = input.dims.as_deref().unwrap_or_default();
+                    match (dims.len(), fixed(dims.get(1)), fixed(dims.get(3))) {
+                        (4, Some(heads), Some(size)) => vec![batch, heads, capacity, size],
+                        _ => bail!(
+                            "{}: cache input '{name}' is not [batch, heads, past, head_dim] with fixed heads and head size",
+                            model.display()
+                        ),
+                    }
+                }
+                other => bail!(
+                    "{}: input '{other}' is not one a decoder with a cache takes ({}, {}, {}, past_key_values.*)",
+                    model.display(),
+                    cache::TOKENS,
+                    cache::MASK,
+                    cache::POSITIONS
+                ),
+            };
+            Ok(InputSpec { name: input.name.clone(), shape, dtype: input.dtype })
+        })
+        .collect()
+}
+
+impl Generate {
+    pub fn execute(self) -> anyhow::Result<ExitCode> {
+        let prompts: Vec<Vec<i64>> =
+            self.prompts.iter().map(|p| parse_prompt(p)).collect::<anyhow::Result<_>>()?;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
+        let bundle = if is_onnx {
+            let batch = self.batch.unwrap_or(prompts.len());
+            let capacity = self.capacity.unwrap_or(longest + self.max_new_tokens);
+            let precision = DType::from_name(match self.precision.as_str() {
+                "fp16" => "f16",
+                "bf16" => "bf16",
+                _ => "f32",
+            })
+            .unwrap_or(DType::F32);
+            let specs = step_inputs(&self.model, batch, capacity)?;
+            let options =
+                CompileOptions { import: ImportOptions::new(specs, vec![]), precision, ..Default::default() };
+            eprintln!(
+                "compiling {} for one step: batch {batch}, cache of {capacity} positions",
+                self.model.display()
+            );
+            fusec::compile(&self.model, &options)?
+        } else {
+            Bundle::load(&self.model)?
+        };
+        let mut generator = Generator::new(&bundle, self.device)?;
+        let options = GenerateOptions {
+            max_new_tokens: self.max_new_tokens,
+            sampling: self.sample,
+            temperature: self.temperature,
+            seed: self.seed,
+            stop: self.stop,
+        };
+        let generation = generator.generate(&prompts, &options, |_, _| {})?;
+        for (b, tokens) in generation.tokens.iter().enumerate() {
+            let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
+            println!("sequence {b}: {}", ids.join(","));
+        }
+        if generation.tokens.iter().all(Vec::is_empty) && self.max_new_tokens > 0 {
+            bail!("no tokens were generated");
+        }
+        println!(
+            "time to first token {:.2} ms ({} prompt steps), {:.3} ms per token after it, {:.0} tokens/s ({} sequences, {})",
+            generation.first_token_ms,
+            longest,
+            generation.ms_per_token(),
+            generation.tokens_per_second(prompts.len()),
+            prompts.len(),
+            self.sample
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+}

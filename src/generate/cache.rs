@@ -1,0 +1,149 @@
+//! The key/value cache of a decoder exported with it (`past_key_values.{i}.key|value` in,
+//! `present.{i}.key|value` out, the layout Hugging Face Optimum and ONNX Runtime GenAI use),
+//! held at a fixed capacity: a bundle compiled for one decoding step (`seq` = 1) with `past`
+//! set to the capacity reads every cached slot, the attention mask telling filled slots from
+//! empty ones; after each step the new token's keys and values (the last position of each
+//! `present`) are copied on the device into the slot of its position.
+
+use crate::bundle::IoSpec;
+use crate::runtime::RowCopy;
+
+/// The token ids a decoder with a cache takes, `[batch, seq]`.
+pub const TOKENS: &str = "input_ids";
+/// Which positions (cached, then the step's own) each sequence reads, `[batch, past + seq]`.
+pub const MASK: &str = "attention_mask";
+/// Each token's position, `[batch, seq]`.
+pub const POSITIONS: &str = "position_ids";
+
+/// One cached tensor: the input it is read from and the output the step's extension goes to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachePair {
+    /// The input (`past_key_values.0.key`).
+    pub past: String,
+    /// The output (`present.0.key`).
+    pub present: String,
+    /// `[batch, heads, capacity, head_dim]`.
+    pub shape: [usize; 4],
+}
+
+/// A decoder's inputs and outputs read as a step with a cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheLayout {
+    /// Sequences a step runs.
+    pub batch: usize,
+    /// Cached positions: the most tokens (prompt and generated) a sequence can hold.
+    pub capacity: usize,
+    /// Logits a token.
+    pub vocab: usize,
+    /// The logits output.
+    pub logits: String,
+    /// Every cached tensor.
+    pub pairs: Vec<CachePair>,
+}
+
+/// What a cached tensor's name says after its prefix: `0.key` for `past_key_values.0.key`
+/// and `present.0.key`.
+fn suffix<'a>(name: &'a str, prefixes: &[&str]) -> Option<&'a str> {
+    prefixes.iter().find_map(|p| name.strip_prefix(p)).map(|s| s.trim_start_matches('.'))
+}
+
+impl CacheLayout {
+    /// The layout of a bundle's inputs and outputs, or why they are not a decoding step with
+    /// a cache (naming the input or output that is not).
+    pub fn of(inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<CacheLayout, String> {
+        let input = |name: &str| {
+            inputs.iter().find(|s| s.name == name).ok_or_else(|| {
+                format!(
+                    "a decoder with a cache takes '{TOKENS}', '{MASK}' and '{POSITIONS}'; this one has no '{name}' \
+                     (its inputs: {})",
+                    inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })
+        };
+        let tokens = input(TOKENS)?;
+        let (mask, positions) = (input(MASK)?, input(POSITIONS)?);
+        let [batch, seq] = tokens.shape[..] else {
+            return Err(format!("'{TOKENS}' is {:?}, not [batch, seq]", tokens.shape));
+        };
+        if seq != 1 {
+            return Err(format!(
+                "'{TOKENS}' is {:?}: a decoding step takes one token a sequence (compile with --dim seq=1)",
+                tokens.shape
+            ));
+        }
+        if positions.shape != tokens.shape {
+            return Err(format!("'{POSITIONS}' is {:?}, '{TOKENS}' {:?}", positions.shape, tokens.shape));
+        }
+        let mut pairs = Vec::new();
+        let mut capacity = None;
+        for spec in inputs.iter().filter(|s| suffix(&s.name, &["past_key_values", "past"]).is_some()) {
+            let key = suffix(&spec.name, &["past_key_values", "past"]).unwrap_or_default();
+            let present = outputs
+                .iter()
+                .find(|o| suffix(&o.name, &["present"]) == Some(key))
+                .ok_or_else(|| format!("cache input '{}' has no output 'present.{key}'", spec.name))?;
+            let [b, heads, past, dim] = spec.shape[..] else {
+                return Err(format!(
+                    "cache input '{}' is {:?}, not [batch, heads, past, head_dim]",
+                    spec.name, spec.shape
+                ));
+            };
+            if b != batch
+                || present.shape != [b, heads, past + seq, dim]
+                || spec.dtype != "f32"
+                || present.dtype != "f32"
+            {
+                return Err(format!(
+                    "cache input '{}' is {}{:?} and output '{}' {}{:?}: expected f32 [{batch}, heads, past, head_dim] \
+                     and [{batch}, heads, past + {seq}, head_dim]",
+                    spec.name, spec.dtype, spec.shape, present.name, present.dtype, present.shape
+                ));
+            }
+            if *capacity.get_or_insert(past) != past {
+                return Err(format!(
+                    "cache input '{}' holds {past} positions, the others {capacity:?}",
+                    spec.name
+                ));
+            }
+            pairs.push(CachePair {
+                past: spec.name.clone(),
+                present: present.name.clone(),
+                shape: [b, heads, past, dim],
+            });
+        }
+        let capacity = capacity.ok_or("the model has no cache inputs (past_key_values.{i}.key|value)")?;
+        if mask.shape != [batch, capacity + seq] {
+            return Err(format!(
+                "'{MASK}' is {:?}, expected [{batch}, past + seq] = [{batch}, {}]",
+                mask.shape,
+                capacity + seq
+            ));
+        }
+        let logits = outputs.first().ok_or("the model has no outputs")?;
+        let vocab = match logits.shape[..] {
+            [b, s, v] if b == batch && s == seq => v,
+            _ => {
+                return Err(format!(
+                    "the first output '{}' is {:?}, not logits [batch, seq, vocab]",
+                    logits.name, logits.shape
+                ))
+            }
+        };
+        Ok(CacheLayout { batch, capacity, vocab, logits: logits.name.clone(), pairs })
+    }
+
+    /// The copy of a step's new keys or values (the last position of `present`) into cache
+    /// slot `slot` of `pair`'s input.
+    pub fn append(&self, pair: &CachePair, slot: usize) -> RowCopy {
+        let [b, heads, past, dim] = pair.shape;
+        let row = dim * 4;
+        RowCopy {
+            rows: b * heads,
+            width: row,
+            from_offset: past * row,
+            from_pitch: (past + 1) * row,
+            to_offset: slot * row,
+            to_pitch: past * row,
+        }
+    }
+}

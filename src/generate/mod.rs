@@ -1,0 +1,254 @@
+//! Generating text with a decoder exported with its key/value cache: a [`Generator`] over a
+//! session of a bundle compiled for one decoding step, its cache held on the device at a fixed
+//! capacity ([`cache`]), tokens chosen from the logits ([`sampling`]).
+//!
+//! Each step feeds one token of every sequence of the batch: a sequence's prompt first, token
+//! by token, then what it generates; every sequence has the same number of positions filled,
+//! so prompts of different lengths share the steps (a shorter prompt starts generating
+//! sooner). The bundle is one size, so every step replays one CUDA graph.
+
+pub mod cache;
+pub mod reference;
+pub mod sampling;
+
+use std::time::Instant;
+
+use crate::bundle::Bundle;
+use crate::ir::{DType, Tensor};
+use crate::runtime::{RowCopy, RuntimeError, Session};
+pub use cache::CacheLayout;
+pub use sampling::{Sampler, Sampling};
+
+/// Why generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The bundle is not a decoding step with a cache.
+    #[error("{0}")]
+    Layout(String),
+    /// The prompts or options do not fit the bundle.
+    #[error("{0}")]
+    Input(String),
+    /// The GPU refused a step.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Tokens generated per sequence at most.
+    pub max_new_tokens: usize,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+    /// Logits are divided by it before drawing (not used by greedy choice).
+    pub temperature: f64,
+    /// Seeds the draws: the same tokens for the same seed.
+    pub seed: u64,
+    /// A sequence ends when it generates this token (kept in its output).
+    pub stop: Option<i64>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: 16,
+            sampling: Sampling::Greedy,
+            temperature: 1.0,
+            seed: 0,
+            stop: None,
+        }
+    }
+}
+
+/// What a call to [`Generator::generate`] made.
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    /// The tokens generated for each prompt, in order.
+    pub tokens: Vec<Vec<i64>>,
+    /// Steps run (each one token of every sequence).
+    pub steps: usize,
+    /// From the call until every sequence had its first token, in ms.
+    pub first_token_ms: f64,
+    /// Each step after that one, in ms.
+    pub step_ms: Vec<f64>,
+}
+
+impl Generation {
+    /// Median ms per step after the first tokens (0 without any).
+    pub fn ms_per_token(&self) -> f64 {
+        let mut ms = self.step_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        ms.get(ms.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Tokens generated per second over the steps after the first tokens, all sequences.
+    pub fn tokens_per_second(&self, sequences: usize) -> f64 {
+        let total: f64 = self.step_ms.iter().sum();
+        if total > 0.0 {
+            (self.step_ms.len() * sequences) as f64 / (total / 1e3)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What runs a decoding step: a [`Session`] on the GPU, or the CPU reference
+/// ([`reference::TractSteps`]).
+pub trait Steps {
+    /// Writes input `name` (the others keep their values).
+    fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), GenerateError>;
+    /// Sets input `name` to zeros.
+    fn zero_input(&mut self, name: &str) -> Result<(), GenerateError>;
+    /// Runs the step.
+    fn execute(&mut self) -> Result<(), GenerateError>;
+    /// Output `name` of the last step.
+    fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError>;
+    /// Copies rows of output `from` of the last step into input `to`.
+    fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
+    /// The element type of input `name`.
+    fn input_type(&self, name: &str) -> Option<DType>;
+}
+
+impl Steps for Session {
+    fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), GenerateError> {
+        Ok(Session::write_input(self, name, tensor)?)
+    }
+    fn zero_input(&mut self, name: &str) -> Result<(), GenerateError> {
+        Ok(Session::zero_input(self, name)?)
+    }
+    fn execute(&mut self) -> Result<(), GenerateError> {
+        Ok(self.execute_all()?)
+    }
+    fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError> {
+        Ok(Session::read_output(self, name)?)
+    }
+    fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
+        Ok(Session::copy_output_rows(self, from, to, copy)?)
+    }
+    fn input_type(&self, name: &str) -> Option<DType> {
+        self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
+    }
+}
+
+/// Generates tokens with a decoder's one-step bundle: on a GPU ([`Generator::new`]), or with
+/// any [`Steps`].
+pub struct Generator<S: Steps = Session> {
+    steps: S,
+    layout: CacheLayout,
+}
+
+impl Generator<Session> {
+    /// Loads `bundle` (compiled with `seq` 1 and `past` at the cache's capacity) on GPU
+    /// `device`.
+    pub fn new(bundle: &Bundle, device: usize) -> Result<Generator, GenerateError> {
+        let layout =
+            CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).map_err(GenerateError::Layout)?;
+        let session = Session::new(bundle, device)?;
+        Ok(Generator { steps: session, layout })
+    }
+}
+
+impl<S: Steps> Generator<S> {
+    /// A generator whose steps `steps` runs, for a cache of `layout`.
+    pub fn with_steps(steps: S, layout: CacheLayout) -> Self {
+        Generator { steps, layout }
+    }
+
+    /// The cache's layout: batch, capacity, vocabulary.
+    pub fn layout(&self) -> &CacheLayout {
+        &self.layout
+    }
+
+    /// Generates up to `options.max_new_tokens` tokens after each prompt (at most the batch
+    /// the bundle was compiled for), calling `on_token(sequence, token)` as each is chosen.
+    pub fn generate(
+        &mut self,
+        prompts: &[Vec<i64>],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(usize, i64),
+    ) -> Result<Generation, GenerateError> {
+        let started = Instant::now();
+        let (batch, capacity, vocab) = (self.layout.batch, self.layout.capacity, self.layout.vocab);
+        if prompts.is_empty() || prompts.len() > batch || prompts.iter().any(Vec::is_empty) {
+            return Err(GenerateError::Input(format!(
+                "{} prompts given: give 1 to {batch} (the batch the bundle was compiled for), none empty",
+                prompts.len()
+            )));
+        }
+        if let Some(t) = prompts.iter().flatten().find(|&&t| t < 0 || t as usize >= vocab) {
+            return Err(GenerateError::Input(format!("token {t} is outside the vocabulary of {vocab}")));
+        }
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let steps = longest + options.max_new_tokens.max(1) - 1;
+        if steps > capacity + 1 {
+            return Err(GenerateError::Input(format!(
+                "a prompt of {longest} tokens and {} new ones need {steps} positions; the bundle's cache holds {} \
+                 (compile with a larger --dim past)",
+                options.max_new_tokens,
+                capacity + 1
+            )));
+        }
+        let mut sampler = Sampler::new(options.sampling, options.temperature, options.seed)
+            .map_err(GenerateError::Input)?;
+        for pair in &self.layout.pairs {
+            self.steps.zero_input(&pair.past)?;
+        }
+        // Rows past the prompts given run the first prompt; their tokens are not kept.
+        let rows: Vec<&Vec<i64>> = (0..batch).map(|b| prompts.get(b).unwrap_or(&prompts[0])).collect();
+        let mut out = Generation { tokens: vec![Vec::new(); prompts.len()], ..Default::default() };
+        let mut done = vec![options.max_new_tokens == 0; prompts.len()];
+        let mut last_step = Instant::now();
+        for t in 0..steps {
+            if done.iter().all(|&d| d) {
+                break;
+            }
+            let tokens: Vec<f64> = (0..batch)
+                .map(|b| match (rows[b].get(t), out.tokens.get(b).and_then(|g| g.last())) {
+                    (Some(&p), _) => p as f64,
+                    (None, Some(&g)) => g as f64,
+                    (None, None) => rows[b][rows[b].len() - 1] as f64,
+                })
+                .collect();
+            let mask: Vec<f64> = (0..batch)
+                .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
+                .collect();
+            self.write(cache::TOKENS, &[batch, 1], tokens)?;
+            self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
+            self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+            self.steps.execute()?;
+            let logits = self.steps.read_output(&self.layout.logits)?.to_f64_vec();
+            for b in 0..prompts.len() {
+                if done[b] || t + 1 < prompts[b].len() {
+                    continue;
+                }
+                let row: Vec<f32> = logits[b * vocab..(b + 1) * vocab].iter().map(|&v| v as f32).collect();
+                let token = sampler.choose(&row) as i64;
+                out.tokens[b].push(token);
+                on_token(b, token);
+                done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
+            }
+            if t < capacity {
+                for pair in &self.layout.pairs {
+                    let copy = self.layout.append(pair, t);
+                    self.steps.copy_output_rows(&pair.present, &pair.past, copy)?;
+                }
+            }
+            out.steps += 1;
+            let now = Instant::now();
+            if t + 1 == longest {
+                out.first_token_ms = (now - started).as_secs_f64() * 1e3;
+            } else if t + 1 > longest {
+                out.step_ms.push((now - last_step).as_secs_f64() * 1e3);
+            }
+            last_step = now;
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {
+        let dtype = self.steps.input_type(name).unwrap_or(DType::I64);
+        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
+            .map_err(|e| GenerateError::Input(format!("input '{name}': {e}")))?;
+        self.steps.write_input(name, &Tensor::from_f64(array, dtype))
+    }
+}

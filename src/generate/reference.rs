@@ -1,0 +1,97 @@
+//! Decoding steps run by tract on the CPU: the reference a GPU generator is checked against,
+//! the same loop over the same cache layout without a GPU.
+
+use std::path::{Path, PathBuf};
+
+use super::{GenerateError, Steps};
+use crate::bundle::IoSpec;
+use crate::ir::{DType, Tensor, TensorType};
+use crate::runtime::RowCopy;
+
+/// The ONNX model's steps on the CPU, its inputs and outputs held as host tensors.
+pub struct TractSteps {
+    path: PathBuf,
+    inputs: Vec<(String, Tensor)>,
+    output_names: Vec<String>,
+    outputs: Vec<Tensor>,
+}
+
+fn io_type(spec: &IoSpec) -> Result<TensorType, GenerateError> {
+    spec.tensor_type()
+        .ok_or_else(|| GenerateError::Layout(format!("'{}' has type {}", spec.name, spec.dtype)))
+}
+
+impl TractSteps {
+    /// Steps of the model at `path` with the inputs and outputs of a bundle compiled from it
+    /// (their order, types and shapes), every input zeros at first.
+    pub fn new(path: &Path, inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<Self, GenerateError> {
+        let inputs = inputs
+            .iter()
+            .map(|spec| Ok((spec.name.clone(), Tensor::full(&io_type(spec)?, 0.0))))
+            .collect::<Result<_, GenerateError>>()?;
+        let output_names = outputs.iter().map(|o| o.name.clone()).collect();
+        Ok(TractSteps { path: path.to_path_buf(), inputs, output_names, outputs: Vec::new() })
+    }
+
+    fn input(&mut self, name: &str) -> Result<&mut Tensor, GenerateError> {
+        self.inputs
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| GenerateError::Input(format!("the model has no input '{name}'")))
+    }
+}
+
+impl Steps for TractSteps {
+    fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), GenerateError> {
+        let slot = self.input(name)?;
+        if slot.tensor_type() != tensor.tensor_type() {
+            return Err(GenerateError::Input(format!(
+                "input '{name}' is {}, the tensor given {}",
+                slot.tensor_type(),
+                tensor.tensor_type()
+            )));
+        }
+        *slot = tensor.clone();
+        Ok(())
+    }
+
+    fn zero_input(&mut self, name: &str) -> Result<(), GenerateError> {
+        let slot = self.input(name)?;
+        *slot = Tensor::full(&slot.tensor_type(), 0.0);
+        Ok(())
+    }
+
+    fn execute(&mut self) -> Result<(), GenerateError> {
+        let values: Vec<Tensor> = self.inputs.iter().map(|(_, t)| t.clone()).collect();
+        self.outputs = crate::import::run_tract(&self.path, &values).map_err(GenerateError::Input)?;
+        Ok(())
+    }
+
+    fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError> {
+        let k = self.output_names.iter().position(|n| n == name);
+        k.and_then(|k| self.outputs.get(k).cloned())
+            .ok_or_else(|| GenerateError::Input(format!("no output '{name}' from the last step")))
+    }
+
+    fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
+        let source = self.read_output(from)?.to_le_bytes();
+        let target = self.input(to)?;
+        let mut bytes = target.to_le_bytes();
+        for r in 0..copy.rows {
+            let (f, t) = (copy.from_offset + r * copy.from_pitch, copy.to_offset + r * copy.to_pitch);
+            let (Some(row), true) = (source.get(f..f + copy.width), t + copy.width <= bytes.len()) else {
+                return Err(GenerateError::Input(format!(
+                    "a copy of rows from '{from}' to '{to}' runs past one of them"
+                )));
+            };
+            bytes[t..t + copy.width].copy_from_slice(row);
+        }
+        target.read_le_bytes(&bytes);
+        Ok(())
+    }
+
+    fn input_type(&self, name: &str) -> Option<DType> {
+        self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t.dtype())
+    }
+}

@@ -1,0 +1,197 @@
+//! Decoding with a key/value cache: the cache layout a one-step bundle of the decoder
+//! fixtures has (CPU), and generated tokens against a reference that recomputes the whole
+//! sequence without a cache (tract, CPU) — on the GPU, skipped without one.
+
+mod common;
+
+use fusec::generate::{CacheLayout, GenerateOptions, Generator};
+use fusec::import::{run_tract, ImportOptions, InputSpec};
+use fusec::ir::{DType, Tensor, TensorType};
+use fusec::{Bundle, CompileOptions};
+use ndarray::{ArrayD, IxDyn};
+
+const DECODERS: [&str; 2] = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"];
+
+/// Heads and head size of each decoder's cache.
+fn cache_dims(file: &str) -> (usize, usize) {
+    if file.starts_with("llama") {
+        (2, 16)
+    } else {
+        (4, 16)
+    }
+}
+
+/// The inputs of `file` at `batch` sequences of `seq` tokens after `past` cached positions.
+fn specs(file: &str, batch: usize, seq: usize, past: usize) -> Vec<InputSpec> {
+    let (heads, size) = cache_dims(file);
+    let mut specs = vec![
+        InputSpec { name: "input_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
+        InputSpec { name: "attention_mask".into(), shape: vec![batch, past + seq], dtype: Some(DType::I64) },
+        InputSpec { name: "position_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
+    ];
+    for i in 0..2 {
+        for kv in ["key", "value"] {
+            specs.push(InputSpec {
+                name: format!("past_key_values.{i}.{kv}"),
+                shape: vec![batch, heads, past, size],
+                dtype: Some(DType::F32),
+            });
+        }
+    }
+    specs
+}
+
+fn step_bundle(file: &str, batch: usize, capacity: usize, precision: DType) -> Bundle {
+    let options = CompileOptions {
+        import: ImportOptions::new(specs(file, batch, 1, capacity), vec![]),
+        precision,
+        arch: Some("sm_90".into()),
+        ..Default::default()
+    };
+    fusec::compile(&common::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+#[test]
+fn a_one_step_bundle_has_a_cache_layout() {
+    for file in DECODERS {
+        let bundle = step_bundle(file, 2, 9, DType::F32);
+        let layout = CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).unwrap();
+        assert_eq!((layout.batch, layout.capacity, layout.vocab), (2, 9, 512), "{file}");
+        assert_eq!(layout.logits, "logits");
+        assert_eq!(layout.pairs.len(), 4, "{file}");
+        let pair = &layout.pairs[1];
+        assert_eq!(
+            (pair.past.as_str(), pair.present.as_str()),
+            ("past_key_values.0.value", "present.0.value")
+        );
+        // Slot 4 of each (batch, head) row takes the step's last position.
+        let (heads, size) = cache_dims(file);
+        let copy = layout.append(pair, 4);
+        assert_eq!((copy.rows, copy.width), (2 * heads, size * 4));
+        assert_eq!((copy.from_offset, copy.from_pitch), (9 * size * 4, 10 * size * 4));
+        assert_eq!((copy.to_offset, copy.to_pitch), (4 * size * 4, 9 * size * 4));
+    }
+    // Not a decoding step: several tokens a step, or no cache at all.
+    let prompt = fusec::compile(
+        &common::model_path("gpt2_cache_ts.onnx"),
+        &CompileOptions {
+            import: ImportOptions::new(specs("gpt2_cache_ts.onnx", 1, 4, 3), vec![]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let err = CacheLayout::of(&prompt.header.inputs, &prompt.header.outputs).unwrap_err();
+    assert!(err.contains("input_ids") && err.contains("seq=1"), "{err}");
+    let bert = fusec::compile(
+        &common::model_path("bert_ts.onnx"),
+        &CompileOptions { import: common::shape_variants("bert_ts.onnx").remove(0), ..Default::default() },
+    )
+    .unwrap();
+    let err = CacheLayout::of(&bert.header.inputs, &bert.header.outputs).unwrap_err();
+    assert!(err.contains("attention_mask") || err.contains("input_ids"), "{err}");
+}
+
+/// The next token after each prefix of `tokens` as tract computes it with no cache: the
+/// whole sequence at once after one empty, masked cache slot.
+fn reference_tokens(file: &str, prompt: &[i64], count: usize) -> Vec<i64> {
+    let path = common::model_path(file);
+    let (heads, size) = cache_dims(file);
+    let mut tokens = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let n = tokens.len();
+        let ints = |shape: &[usize], v: Vec<i64>| {
+            Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
+        };
+        let mut mask = vec![1i64; n + 1];
+        mask[0] = 0;
+        let inputs =
+            [ints(&[1, n], tokens.clone()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
+        let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
+        let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
+        let outputs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        let logits = outputs[0].to_f64_vec();
+        let last = &logits[(n - 1) * 512..n * 512];
+        let best = (0..512).fold(0, |b, i| if last[i] > last[b] { i } else { b });
+        out.push(best as i64);
+        tokens.push(best as i64);
+    }
+    out
+}
+
+/// The decoding loop itself, its steps run by tract on the CPU: prompts of different lengths
+/// in one batch, the cache at a fixed capacity with empty slots masked, each step's keys and
+/// values copied into their slot — the same tokens as recomputing every prefix whole.
+#[test]
+fn the_decoding_loop_on_the_cpu_matches_recomputing_without_a_cache() {
+    use fusec::generate::reference::TractSteps;
+    let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160]];
+    for file in DECODERS {
+        let bundle = step_bundle(file, 2, 10, DType::F32);
+        let layout = CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).unwrap();
+        let steps = TractSteps::new(&common::model_path(file), &bundle.header.inputs, &bundle.header.outputs)
+            .unwrap();
+        let mut generator = fusec::generate::Generator::with_steps(steps, layout);
+        let options = GenerateOptions { max_new_tokens: 6, ..Default::default() };
+        let generation = generator.generate(&prompts, &options, |_, _| {}).unwrap();
+        assert_eq!(generation.steps, 5 + 6 - 1, "{file}");
+        // Not one token over and over: the tokens follow what the cache holds.
+        let distinct: std::collections::HashSet<_> = generation.tokens.iter().flatten().collect();
+        assert!(distinct.len() >= 3, "{file}: {:?}", generation.tokens);
+        for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
+            assert_eq!(tokens, &reference_tokens(file, prompt, 6), "{file} after {prompt:?}");
+        }
+        // A stop token ends its sequence (and is kept); the other goes on.
+        let stop = generation.tokens[0][2];
+        let options = GenerateOptions { max_new_tokens: 6, stop: Some(stop), ..Default::default() };
+        let stopped = generator.generate(&prompts, &options, |_, _| {}).unwrap();
+        let first = generation.tokens[0].iter().position(|&t| t == stop).unwrap();
+        assert_eq!(stopped.tokens[0], generation.tokens[0][..=first], "{file}");
+        let first = generation.tokens[1].iter().position(|&t| t == stop).unwrap_or(5);
+        assert_eq!(stopped.tokens[1], generation.tokens[1][..=first], "{file}");
+    }
+}
+
+#[test]
+fn greedy_tokens_match_recomputing_without_a_cache() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (greedy decoding is checked against tract on a GPU machine)");
+        return;
+    }
+    for file in DECODERS {
+        // Prompts of different lengths in one batch; 10 new tokens each in a cache of 15.
+        let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160, 33]];
+        let bundle = step_bundle(file, 2, 15, DType::F32);
+        let mut generator = Generator::new(&bundle, 0).unwrap();
+        let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
+        let mut streamed = vec![Vec::new(); 2];
+        let generation = generator.generate(&prompts, &options, |b, t| streamed[b].push(t)).unwrap();
+        assert_eq!(streamed, generation.tokens, "{file}: the callback sees every token");
+        for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
+            assert_eq!(tokens, &reference_tokens(file, prompt, 10), "{file} after {prompt:?}");
+        }
+        // Drawn tokens (top-k, one seed) are the CPU loop's.
+        let sampled = GenerateOptions {
+            max_new_tokens: 8,
+            sampling: fusec::generate::Sampling::TopK(20),
+            temperature: 0.8,
+            seed: 11,
+            ..Default::default()
+        };
+        let ours = generator.generate(&prompts, &sampled, |_, _| {}).unwrap();
+        let layout = CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).unwrap();
+        let steps = fusec::generate::reference::TractSteps::new(
+            &common::model_path(file),
+            &bundle.header.inputs,
+            &bundle.header.outputs,
+        )
+        .unwrap();
+        let theirs =
+            fusec::generate::Generator::with_steps(steps, layout).generate(&prompts, &sampled, |_, _| {});
+        assert_eq!(ours.tokens, theirs.unwrap().tokens, "{file}: top-k draws");
+        // A cache too small for the request is an error naming what to change.
+        let long = GenerateOptions { max_new_tokens: 40, ..Default::default() };
+        let err = generator.generate(&prompts, &long, |_, _| {}).unwrap_err().to_string();
+        assert!(err.contains("--dim past"), "{err}");
+    }
+}
