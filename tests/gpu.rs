@@ -179,7 +179,7 @@ fn one_bundle_runs_every_shape_of_its_ranges() {
         let precisions: &[DType] =
             if attention.contains(&file.as_str()) { &[DType::F32, DType::F16] } else { &[DType::F32] };
         // batch 1..4, and seq 1..64 where the model has one that a range can follow.
-        let seq_range = common::has_seq(&file) && !common::has_cache(&file);
+        let seq_range = common::seq_range(&file);
         let seq_text = if seq_range { "1..64" } else { "7" };
         let points: Vec<(usize, usize)> = if seq_range {
             vec![(3, 7), (1, 1), (4, 64), (2, 33), (3, 7), (1, 50), (4, 2)]

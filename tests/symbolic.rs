@@ -130,7 +130,7 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
             continue;
         }
         let path = common::model_path(&file);
-        let seq_range = common::has_seq(&file);
+        let seq_range = common::seq_range(&file);
         let seq = if seq_range { "1..64" } else { "7" };
         for precision in [fusec::ir::DType::F32, fusec::ir::DType::F16] {
             let options = CompileOptions {
@@ -144,8 +144,7 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
                 if seq_range { vec![(1, 1), (3, 7), (4, 64), (2, 33)] } else { vec![(1, 7), (3, 7), (4, 7)] };
             let tolerance = if precision == fusec::ir::DType::F32 { 1e-5 } else { 1e-2 };
             for (k, &(b, s)) in points.iter().enumerate() {
-                let values: Vec<usize> =
-                    if common::has_seq(&file) && seq_range { vec![b, s] } else { vec![b] };
+                let values: Vec<usize> = if seq_range { vec![b, s] } else { vec![b] };
                 let graph =
                     plan.instantiate(symbolic, &values).unwrap_or_else(|e| panic!("{file} {b}x{s}: {e}"));
                 let model =
@@ -173,7 +172,7 @@ fn a_program_for_ranges_evaluated_at_several_points_matches_tract() {
 /// lengths 1..64.
 fn ranged(file: &str, precision: fusec::ir::DType) -> Result<fusec::Bundle, fusec::pipeline::CompileError> {
     let options = CompileOptions {
-        import: common::dims_at(file, "1..4", "1..64"),
+        import: common::dims_at(file, "1..4", if common::seq_range(file) { "1..64" } else { "1" }),
         precision,
         arch: Some("sm_90".into()),
         ..Default::default()
@@ -195,7 +194,7 @@ fn every_fixture_compiles_for_ranges_of_its_dims() {
                 Ok(bundle) => {
                     let h = &bundle.header;
                     let names: Vec<&str> = h.ranges.iter().map(|r| r.symbol.as_str()).collect();
-                    let seq = common::has_seq(&file);
+                    let seq = common::seq_range(&file);
                     assert_eq!(names, if seq { vec!["batch", "seq"] } else { vec!["batch"] }, "{file}");
                     let text = h.inputs[0].shape_text(&h.ranges);
                     assert!(text.starts_with("[batch"), "{file}: {text}");

@@ -54,6 +54,12 @@ pub fn has_cache(file: &str) -> bool {
     file.contains("_cache")
 }
 
+/// Whether a fixture has a sequence dim that a range can follow (not a decoder's with a
+/// cache: its `total` is `past` + `seq`, a sum).
+pub fn seq_range(file: &str) -> bool {
+    has_seq(file) && !has_cache(file)
+}
+
 /// The cached length the tests give a decoder with a cache.
 pub const PAST: usize = 5;
 
