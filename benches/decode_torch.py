@@ -2,7 +2,7 @@
 """PyTorch's decoding speed on the decoders models/export_cache.py exports (same configs,
 random weights), for side-by-side figures with `fusec generate`: greedy `generate` of N new
 tokens after a prompt, eager with the dynamic cache, and with a static cache under
-torch.compile (reduce-overhead) where it compiles. Prints one JSON line per mode: time to
+torch.compile (generate compiles the forward itself for a static cache: reduce-overhead). Prints one JSON line per mode: time to
 first token (a generate of one new token) and ms per token after it.
 
     python3 benches/decode_torch.py --model gpt2 --size small --prompt 8 --new 64 --batch 1
@@ -50,8 +50,9 @@ def main():
     for mode in args.modes.split(","):
         kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
         if mode == "static-compiled":
+            # A static cache makes generate compile the forward itself (its compile_config:
+            # reduce-overhead, CUDA graphs).
             kwargs["cache_implementation"] = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
         try:
             with torch.no_grad():
                 def run(n):

@@ -146,7 +146,7 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("names", nargs="*")
     parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, onnx {onnx.__version__}")
     torch.manual_seed(0)

@@ -2,11 +2,15 @@
 //! at a time, others left as the last run or copy left them, one output read back, and rows
 //! copied from an output into an input without a trip through the host.
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, PushKernelArg};
 
 use super::{driver, tensor_from_bytes, RuntimeError, Session};
 use crate::bundle::IoSpec;
 use crate::ir::{DType, Tensor};
+use crate::plan::Location;
+
+/// PTX of `kernels/copy_rows.cu` (see kernels/README.md).
+const ROW_COPY_PTX: &str = include_str!("../../../kernels/copy_rows.ptx");
 
 /// Rows of bytes copied from an output into an input, both on the device: `rows` rows of
 /// `width` bytes, row `r` from `from_offset + r · from_pitch` of the output to
@@ -53,18 +57,21 @@ impl Session {
                 tensor.shape()
             )));
         }
-        let (ptr, bytes) = (self.address(spec.location), tensor.size_bytes());
-        let mut host = vec![0u8; bytes];
-        crate::plan::write_tensor_bytes(&mut host, tensor);
-        // SAFETY: `ptr` is the input's buffer of at least `bytes` bytes in this session's
-        // memory; the copy is on the session's stream, which the host waits for before `host`
-        // is dropped.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(ptr, host.as_ptr().cast(), bytes, self.stream.cu_stream())
-                .result()
-                .map_err(driver)?;
-        }
-        self.stream.synchronize().map_err(driver)
+        let Location::Arena(offset) = spec.location else {
+            return Err(RuntimeError::Input(format!("input '{name}' is not in the arena")));
+        };
+        let k = self.inputs.iter().position(|s| s.name == name).unwrap_or_default();
+        let bytes = tensor.size_bytes();
+        // Through the input's page-locked buffer, as `run` does: waits for that buffer's last
+        // copy before writing it, and the copy is in stream order before the next run.
+        let staging = &mut self.staging_in[k];
+        let host = staging.as_mut_slice().map_err(driver)?;
+        let host = host
+            .get_mut(..bytes)
+            .ok_or_else(|| RuntimeError::Input(format!("input '{name}' over its buffer")))?;
+        crate::plan::write_tensor_bytes(host, tensor);
+        let mut view = self.arena.slice_mut(offset..offset + bytes);
+        self.stream.memcpy_htod(&*staging, &mut view).map_err(driver)
     }
 
     /// Sets every byte of input `name` to zero on the device.
@@ -76,24 +83,25 @@ impl Session {
         unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.stream.cu_stream()).result().map_err(driver) }
     }
 
-    /// Output `name` of the last run, copied to the host.
+    /// Output `name` of the last run, copied to the host (through its page-locked buffer).
     pub fn read_output(&mut self, name: &str) -> Result<Tensor, RuntimeError> {
-        let spec = Self::spec(&self.outputs, name, "output")?;
+        Self::spec(&self.outputs, name, "output")?;
+        let k = self.outputs.iter().position(|s| s.name == name).unwrap_or_default();
+        let spec = &self.outputs[k];
         let dtype = DType::from_name(&spec.dtype)
             .ok_or_else(|| RuntimeError::Driver(format!("output '{name}' has type {}", spec.dtype)))?;
         let shape = spec.shape_at(&self.point);
         let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
-        let ptr = self.address(spec.location);
-        let mut host = vec![0u8; bytes];
-        // SAFETY: the output's buffer of `bytes` bytes; the host waits for the copy before
-        // reading `host`.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(host.as_mut_ptr().cast(), ptr, bytes, self.stream.cu_stream())
-                .result()
-                .map_err(driver)?;
+        if bytes > 0 {
+            let source = match spec.location {
+                Location::Arena(o) => self.arena.slice(o..o + bytes),
+                Location::Weights(o) => self._weights.slice(o..o + bytes),
+            };
+            self.stream.memcpy_dtoh(&source, &mut self.staging_out[k]).map_err(driver)?;
         }
         self.stream.synchronize().map_err(driver)?;
-        tensor_from_bytes(&host, &shape, dtype)
+        let host = self.staging_out[k].as_slice().map_err(driver)?;
+        tensor_from_bytes(host.get(..bytes).unwrap_or_default(), &shape, dtype)
     }
 
     /// Copies rows of output `from` of the last run into input `to` on the device (in stream
@@ -111,19 +119,57 @@ impl Session {
                 "a copy of rows from output '{from}' to input '{to}' runs past one of them"
             )));
         }
+        let (from_ptr, to_ptr) = (self.address(source.location), self.address(target.location));
+        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
+        if words.iter().all(|n| n % 4 == 0) {
+            // A kernel: the copy engines take a 2-D copy row by row, microseconds a row.
+            let function = match &self.row_copy {
+                Some(f) => f.clone(),
+                None => {
+                    let ptx = cudarc::nvrtc::Ptx::from_src(ROW_COPY_PTX);
+                    let module = self.stream.context().load_module(ptx).map_err(driver)?;
+                    let f = module.load_function("fusec_copy_rows").map_err(driver)?;
+                    self.row_copy = Some(f.clone());
+                    f
+                }
+            };
+            let (src, dst) = (from_ptr + copy.from_offset as u64, to_ptr + copy.to_offset as u64);
+            let (rows, width) = (copy.rows as u64, copy.width as u64 / 4);
+            let (from_pitch, to_pitch) = (copy.from_pitch as u64 / 4, copy.to_pitch as u64 / 4);
+            let threads = rows * width;
+            if threads == 0 {
+                return Ok(());
+            }
+            let config = cudarc::driver::LaunchConfig {
+                grid_dim: (
+                    u32::try_from(threads.div_ceil(256))
+                        .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
+                    1,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut args = self.stream.launch_builder(&function);
+            args.arg(&src).arg(&dst).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch);
+            // SAFETY: every row read and written lies inside the output's and the input's
+            // buffers (checked above), which the session owns; the kernel touches nothing else.
+            unsafe { args.launch(config) }.map_err(driver)?;
+            return Ok(());
+        }
         let params = sys::CUDA_MEMCPY2D {
             srcXInBytes: copy.from_offset,
             srcY: 0,
             srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             srcHost: std::ptr::null(),
-            srcDevice: self.address(source.location),
+            srcDevice: from_ptr,
             srcArray: std::ptr::null_mut(),
             srcPitch: copy.from_pitch,
             dstXInBytes: copy.to_offset,
             dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             dstHost: std::ptr::null_mut(),
-            dstDevice: self.address(target.location),
+            dstDevice: to_ptr,
             dstArray: std::ptr::null_mut(),
             dstPitch: copy.to_pitch,
             WidthInBytes: copy.width,
