@@ -158,6 +158,13 @@ impl Generate {
             prompts.len(),
             self.sample
         );
+        let steps = generation.step_ms.len().max(1) as f64;
+        let phases: Vec<String> = fusec::generate::PHASES
+            .iter()
+            .zip(generation.phase_ms)
+            .map(|(name, ms)| format!("{name} {:.3}", ms / steps))
+            .collect();
+        println!("ms per step after the first tokens: {}", phases.join(", "));
         Ok(ExitCode::SUCCESS)
     }
 }

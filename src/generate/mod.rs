@@ -14,7 +14,7 @@ pub mod sampling;
 use std::time::Instant;
 
 use crate::bundle::Bundle;
-use crate::ir::{DType, Tensor};
+use crate::ir::{DType, Element, Tensor};
 use crate::runtime::{RowCopy, RuntimeError, Session};
 pub use cache::CacheLayout;
 pub use sampling::{Sampler, Sampling};
@@ -71,6 +71,33 @@ pub struct Generation {
     pub first_token_ms: f64,
     /// Each step after that one, in ms.
     pub step_ms: Vec<f64>,
+    /// Those steps' time by phase, in ms ([`PHASES`]).
+    pub phase_ms: [f64; 5],
+}
+
+/// What a step's time goes to: writing its inputs, running the model, reading the logits,
+/// choosing tokens, copying the new keys and values into the cache.
+pub const PHASES: [&str; 5] = ["inputs", "model", "logits", "choice", "cache copies"];
+
+/// Adds the time since the last lap to a phase, for the steps after the first tokens.
+struct Clock<'a> {
+    on: bool,
+    last: Instant,
+    phases: &'a mut [f64; 5],
+}
+
+impl<'a> Clock<'a> {
+    fn new(on: bool, phases: &'a mut [f64; 5]) -> Self {
+        Clock { on, last: Instant::now(), phases }
+    }
+
+    fn lap(&mut self, phase: usize) {
+        let now = Instant::now();
+        if self.on {
+            self.phases[phase] += (now - self.last).as_secs_f64() * 1e3;
+        }
+        self.last = now;
+    }
 }
 
 impl Generation {
@@ -212,27 +239,36 @@ impl<S: Steps> Generator<S> {
             let mask: Vec<f64> = (0..batch)
                 .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
                 .collect();
+            let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms);
             self.write(cache::TOKENS, &[batch, 1], tokens)?;
             self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
             self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+            clock.lap(0);
             self.steps.execute()?;
-            let logits = self.steps.read_output(&self.layout.logits)?.to_f64_vec();
+            clock.lap(1);
+            let logits = self.steps.read_output(&self.layout.logits)?;
+            let logits: Vec<f32> = match f32::array(&logits) {
+                Some(a) => a.iter().copied().collect(),
+                None => logits.to_f64_vec().iter().map(|&v| v as f32).collect(),
+            };
+            clock.lap(2);
             for b in 0..prompts.len() {
                 if done[b] || t + 1 < prompts[b].len() {
                     continue;
                 }
-                let row: Vec<f32> = logits[b * vocab..(b + 1) * vocab].iter().map(|&v| v as f32).collect();
-                let token = sampler.choose(&row) as i64;
+                let token = sampler.choose(&logits[b * vocab..(b + 1) * vocab]) as i64;
                 out.tokens[b].push(token);
                 on_token(b, token);
                 done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
             }
+            clock.lap(3);
             if t < capacity {
                 for pair in &self.layout.pairs {
                     let copy = self.layout.append(pair, t);
                     self.steps.copy_output_rows(&pair.present, &pair.past, copy)?;
                 }
             }
+            clock.lap(4);
             out.steps += 1;
             let now = Instant::now();
             if t + 1 == longest {
