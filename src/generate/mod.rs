@@ -130,6 +130,16 @@ pub trait Steps {
     fn execute(&mut self) -> Result<(), GenerateError>;
     /// Output `name` of the last step.
     fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError>;
+    /// An f32 output of the last step into `out` (the logits, every step).
+    fn read_output_f32(&mut self, name: &str, out: &mut Vec<f32>) -> Result<(), GenerateError> {
+        let tensor = self.read_output(name)?;
+        out.clear();
+        match f32::array(&tensor) {
+            Some(a) => out.extend(a.iter().copied()),
+            None => out.extend(tensor.to_f64_vec().iter().map(|&v| v as f32)),
+        }
+        Ok(())
+    }
     /// Copies rows of output `from` of the last step into input `to`.
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
     /// The element type of input `name`.
@@ -148,6 +158,9 @@ impl Steps for Session {
     }
     fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError> {
         Ok(Session::read_output(self, name)?)
+    }
+    fn read_output_f32(&mut self, name: &str, out: &mut Vec<f32>) -> Result<(), GenerateError> {
+        Ok(Session::read_output_f32(self, name, out)?)
     }
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows(self, from, to, copy)?)
@@ -225,6 +238,7 @@ impl<S: Steps> Generator<S> {
         let mut out = Generation { tokens: vec![Vec::new(); prompts.len()], ..Default::default() };
         let mut done = vec![options.max_new_tokens == 0; prompts.len()];
         let mut last_step = Instant::now();
+        let mut logits = Vec::with_capacity(batch * vocab);
         for t in 0..steps {
             if done.iter().all(|&d| d) {
                 break;
@@ -246,11 +260,7 @@ impl<S: Steps> Generator<S> {
             clock.lap(0);
             self.steps.execute()?;
             clock.lap(1);
-            let logits = self.steps.read_output(&self.layout.logits)?;
-            let logits: Vec<f32> = match f32::array(&logits) {
-                Some(a) => a.iter().copied().collect(),
-                None => logits.to_f64_vec().iter().map(|&v| v as f32).collect(),
-            };
+            self.steps.read_output_f32(&self.layout.logits, &mut logits)?;
             clock.lap(2);
             for b in 0..prompts.len() {
                 if done[b] || t + 1 < prompts[b].len() {

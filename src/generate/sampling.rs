@@ -72,10 +72,11 @@ impl Sampler {
     /// The token chosen from one row of logits (one per vocabulary entry).
     pub fn choose(&mut self, logits: &[f32]) -> usize {
         let greedy = || {
-            let mut best = 0;
+            // NaNs never win; the first of equals does.
+            let (mut best, mut top) = (0, f32::NEG_INFINITY);
             for (i, &v) in logits.iter().enumerate() {
-                if v > logits[best] || logits[best].is_nan() {
-                    best = i;
+                if v > top {
+                    (best, top) = (i, v);
                 }
             }
             best

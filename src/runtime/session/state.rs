@@ -104,6 +104,35 @@ impl Session {
         tensor_from_bytes(host.get(..bytes).unwrap_or_default(), &shape, dtype)
     }
 
+    /// An f32 output of the last run into `out` (cleared first), through its page-locked
+    /// buffer: no tensor is built, for what is read every step (a decoder's logits).
+    pub fn read_output_f32(&mut self, name: &str, out: &mut Vec<f32>) -> Result<(), RuntimeError> {
+        Self::spec(&self.outputs, name, "output")?;
+        let k = self.outputs.iter().position(|s| s.name == name).unwrap_or_default();
+        let spec = &self.outputs[k];
+        if spec.dtype != "f32" {
+            return Err(RuntimeError::Input(format!("output '{name}' is {}, not f32", spec.dtype)));
+        }
+        let bytes = spec.shape_at(&self.point).iter().product::<usize>() * 4;
+        if bytes > 0 {
+            let source = match spec.location {
+                Location::Arena(o) => self.arena.slice(o..o + bytes),
+                Location::Weights(o) => self._weights.slice(o..o + bytes),
+            };
+            self.stream.memcpy_dtoh(&source, &mut self.staging_out[k]).map_err(driver)?;
+        }
+        self.stream.synchronize().map_err(driver)?;
+        let host = self.staging_out[k].as_slice().map_err(driver)?;
+        out.clear();
+        out.extend(
+            host.get(..bytes)
+                .unwrap_or_default()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        Ok(())
+    }
+
     /// Copies rows of output `from` of the last run into input `to` on the device (in stream
     /// order: before the next run reads it).
     pub fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), RuntimeError> {
