@@ -195,3 +195,33 @@ fn greedy_tokens_match_recomputing_without_a_cache() {
         assert!(err.contains("--dim past"), "{err}");
     }
 }
+
+/// The GPU's greedy choice (`Session::argmax_rows`) picks what the host's does, on every row
+/// of a model's output (awkward widths: rows of 40, and of 280 seen as 7 rows of 40 each).
+#[test]
+fn the_gpu_argmax_is_the_hosts() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver");
+        return;
+    }
+    let file = "mlp_block.onnx";
+    let options = CompileOptions { import: ImportOptions::default().dim("batch", 3), ..Default::default() };
+    let bundle = fusec::compile(&common::model_path(file), &options).unwrap();
+    let mut session = fusec::Session::new(&bundle, 0).unwrap();
+    let model = fusec::import::import(&common::model_path(file), &options.import).unwrap();
+    let inputs = common::random_inputs(&model, 5);
+    let outputs = session.run(&inputs).unwrap();
+    let (name, values) = (&outputs[0].0, outputs[0].1.to_f64_vec());
+    let mut sampler = fusec::generate::Sampler::new(fusec::generate::Sampling::Greedy, 1.0, 0).unwrap();
+    for (rows, width) in [(21, 40), (3, 280), (1, 840)] {
+        let ours = session.argmax_rows(name, rows, width).unwrap();
+        let theirs: Vec<i64> = (0..rows)
+            .map(|r| {
+                let row: Vec<f32> = values[r * width..(r + 1) * width].iter().map(|&v| v as f32).collect();
+                sampler.choose(&row) as i64
+            })
+            .collect();
+        assert_eq!(ours, theirs, "{rows} rows of {width}");
+    }
+    assert!(session.argmax_rows(name, 22, 40).is_err(), "more rows than the output holds");
+}

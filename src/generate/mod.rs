@@ -75,8 +75,9 @@ pub struct Generation {
     pub phase_ms: [f64; 5],
 }
 
-/// What a step's time goes to: writing its inputs, running the model, reading the logits,
-/// choosing tokens, copying the new keys and values into the cache.
+/// What a step's time goes to: writing its inputs, running the model, reading the logits
+/// (or, greedy on the GPU, choosing there and reading the ids), choosing tokens on the host,
+/// copying the new keys and values into the cache.
 pub const PHASES: [&str; 5] = ["inputs", "model", "logits", "choice", "cache copies"];
 
 /// Adds the time since the last lap to a phase, for the steps after the first tokens.
@@ -140,6 +141,17 @@ pub trait Steps {
         }
         Ok(())
     }
+    /// The largest value's index in each of `rows` rows of `width` of f32 output `name`,
+    /// where these steps choose it themselves (on the GPU); `None`: read the output instead.
+    fn argmax_rows(
+        &mut self,
+        name: &str,
+        rows: usize,
+        width: usize,
+    ) -> Result<Option<Vec<i64>>, GenerateError> {
+        let _ = (name, rows, width);
+        Ok(None)
+    }
     /// Copies rows of output `from` of the last step into input `to`.
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
     /// The element type of input `name`.
@@ -161,6 +173,14 @@ impl Steps for Session {
     }
     fn read_output_f32(&mut self, name: &str, out: &mut Vec<f32>) -> Result<(), GenerateError> {
         Ok(Session::read_output_f32(self, name, out)?)
+    }
+    fn argmax_rows(
+        &mut self,
+        name: &str,
+        rows: usize,
+        width: usize,
+    ) -> Result<Option<Vec<i64>>, GenerateError> {
+        Ok(Some(Session::argmax_rows(self, name, rows, width)?))
     }
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows(self, from, to, copy)?)
@@ -260,13 +280,23 @@ impl<S: Steps> Generator<S> {
             clock.lap(0);
             self.steps.execute()?;
             clock.lap(1);
-            self.steps.read_output_f32(&self.layout.logits, &mut logits)?;
+            // Greedy choice where the steps make it (on the GPU: only the ids come back).
+            let chosen = match options.sampling {
+                Sampling::Greedy => self.steps.argmax_rows(&self.layout.logits, batch, vocab)?,
+                _ => None,
+            };
+            if chosen.is_none() {
+                self.steps.read_output_f32(&self.layout.logits, &mut logits)?;
+            }
             clock.lap(2);
             for b in 0..prompts.len() {
                 if done[b] || t + 1 < prompts[b].len() {
                     continue;
                 }
-                let token = sampler.choose(&logits[b * vocab..(b + 1) * vocab]) as i64;
+                let token = match &chosen {
+                    Some(ids) => ids[b],
+                    None => sampler.choose(&logits[b * vocab..(b + 1) * vocab]) as i64,
+                };
                 out.tokens[b].push(token);
                 on_token(b, token);
                 done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);

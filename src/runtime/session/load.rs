@@ -267,7 +267,7 @@ impl Session {
             staging_out: staging(&ctx, &header.outputs, 0)?,
             dnn,
             conv_workspace,
-            row_copy: None,
+            state: Default::default(),
         };
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -100,8 +100,8 @@ pub struct Session {
     /// cuDNN, for a bundle with convolutions, and the workspace its algorithms share.
     dnn: Option<super::dnn::Dnn>,
     conv_workspace: Option<CudaSlice<u8>>,
-    /// The kernel that copies rows between inputs and outputs ([`RowCopy`]), loaded on first use.
-    row_copy: Option<cudarc::driver::CudaFunction>,
+    /// Kernels for state kept between runs, loaded on first use.
+    state: state::StateKernels,
 }
 
 /// How a session runs.

@@ -2,15 +2,24 @@
 //! at a time, others left as the last run or copy left them, one output read back, and rows
 //! copied from an output into an input without a trip through the host.
 
-use cudarc::driver::{sys, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{driver, tensor_from_bytes, RuntimeError, Session};
 use crate::bundle::IoSpec;
 use crate::ir::{DType, Tensor};
 use crate::plan::Location;
 
-/// PTX of `kernels/copy_rows.cu` (see kernels/README.md).
+/// PTX of `kernels/copy_rows.cu` and `kernels/argmax_rows.cu` (see kernels/README.md).
 const ROW_COPY_PTX: &str = include_str!("../../../kernels/copy_rows.ptx");
+const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
+
+/// The kernels of this room and the device buffer of chosen ids, loaded on first use.
+#[derive(Default)]
+pub(super) struct StateKernels {
+    row_copy: Option<CudaFunction>,
+    argmax: Option<CudaFunction>,
+    ids: Option<CudaSlice<i64>>,
+}
 
 /// Rows of bytes copied from an output into an input, both on the device: `rows` rows of
 /// `width` bytes, row `r` from `from_offset + r · from_pitch` of the output to
@@ -133,6 +142,50 @@ impl Session {
         Ok(())
     }
 
+    fn load_kernel(&self, ptx: &str, name: &str) -> Result<CudaFunction, RuntimeError> {
+        let module = self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
+        module.load_function(name).map_err(driver)
+    }
+
+    /// The index of the largest value of each row of f32 output `name` of the last run, seen
+    /// as `rows` rows of `width` (the first of equals; NaNs never win), chosen on the GPU: only
+    /// the indices come back.
+    pub fn argmax_rows(&mut self, name: &str, rows: usize, width: usize) -> Result<Vec<i64>, RuntimeError> {
+        let spec = Self::spec(&self.outputs, name, "output")?;
+        let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
+        if spec.dtype != "f32" || rows * width * 4 > size || width == 0 {
+            return Err(RuntimeError::Input(format!(
+                "output '{name}' ({}{:?}) does not hold {rows} f32 rows of {width}",
+                spec.dtype, spec.shape
+            )));
+        }
+        let x = self.address(spec.location);
+        if self.state.argmax.is_none() {
+            self.state.argmax = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows")?);
+        }
+        if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
+            self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows.max(1)).map_err(driver)?);
+        }
+        let (Some(function), Some(ids)) = (self.state.argmax.clone(), self.state.ids.as_mut()) else {
+            return Err(RuntimeError::Driver("the argmax kernel did not load".into()));
+        };
+        let config = LaunchConfig {
+            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let width = width as u64;
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&x).arg(&mut *ids).arg(&width);
+        // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
+        // above to hold them) and writes `rows` ids into `ids`, which holds at least that many.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        let mut out = vec![0i64; rows];
+        self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
+        self.stream.synchronize().map_err(driver)?;
+        Ok(out)
+    }
+
     /// Copies rows of output `from` of the last run into input `to` on the device (in stream
     /// order: before the next run reads it).
     pub fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), RuntimeError> {
@@ -152,13 +205,11 @@ impl Session {
         let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
         if words.iter().all(|n| n % 4 == 0) {
             // A kernel: the copy engines take a 2-D copy row by row, microseconds a row.
-            let function = match &self.row_copy {
+            let function = match &self.state.row_copy {
                 Some(f) => f.clone(),
                 None => {
-                    let ptx = cudarc::nvrtc::Ptx::from_src(ROW_COPY_PTX);
-                    let module = self.stream.context().load_module(ptx).map_err(driver)?;
-                    let f = module.load_function("fusec_copy_rows").map_err(driver)?;
-                    self.row_copy = Some(f.clone());
+                    let f = self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows")?;
+                    self.state.row_copy = Some(f.clone());
                     f
                 }
             };
@@ -169,7 +220,7 @@ impl Session {
             if threads == 0 {
                 return Ok(());
             }
-            let config = cudarc::driver::LaunchConfig {
+            let config = LaunchConfig {
                 grid_dim: (
                     u32::try_from(threads.div_ceil(256))
                         .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
