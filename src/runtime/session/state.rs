@@ -92,8 +92,9 @@ impl Session {
         unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.stream.cu_stream()).result().map_err(driver) }
     }
 
-    /// Output `name` of the last run, copied to the host (through its page-locked buffer).
-    pub fn read_output(&mut self, name: &str) -> Result<Tensor, RuntimeError> {
+    /// Output `name` of the last run copied into its page-locked buffer (waited for): the
+    /// buffer's index, the output's element type and shape.
+    fn stage_output(&mut self, name: &str) -> Result<(usize, DType, Vec<usize>), RuntimeError> {
         Self::spec(&self.outputs, name, "output")?;
         let k = self.outputs.iter().position(|s| s.name == name).unwrap_or_default();
         let spec = &self.outputs[k];
@@ -109,6 +110,13 @@ impl Session {
             self.stream.memcpy_dtoh(&source, &mut self.staging_out[k]).map_err(driver)?;
         }
         self.stream.synchronize().map_err(driver)?;
+        Ok((k, dtype, shape))
+    }
+
+    /// Output `name` of the last run, copied to the host (through its page-locked buffer).
+    pub fn read_output(&mut self, name: &str) -> Result<Tensor, RuntimeError> {
+        let (k, dtype, shape) = self.stage_output(name)?;
+        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
         let host = self.staging_out[k].as_slice().map_err(driver)?;
         tensor_from_bytes(host.get(..bytes).unwrap_or_default(), &shape, dtype)
     }
@@ -116,29 +124,14 @@ impl Session {
     /// An f32 output of the last run into `out` (cleared first), through its page-locked
     /// buffer: no tensor is built, for what is read every step (a decoder's logits).
     pub fn read_output_f32(&mut self, name: &str, out: &mut Vec<f32>) -> Result<(), RuntimeError> {
-        Self::spec(&self.outputs, name, "output")?;
-        let k = self.outputs.iter().position(|s| s.name == name).unwrap_or_default();
-        let spec = &self.outputs[k];
-        if spec.dtype != "f32" {
-            return Err(RuntimeError::Input(format!("output '{name}' is {}, not f32", spec.dtype)));
+        let (k, dtype, shape) = self.stage_output(name)?;
+        if dtype != DType::F32 {
+            return Err(RuntimeError::Input(format!("output '{name}' is {dtype}, not f32")));
         }
-        let bytes = spec.shape_at(&self.point).iter().product::<usize>() * 4;
-        if bytes > 0 {
-            let source = match spec.location {
-                Location::Arena(o) => self.arena.slice(o..o + bytes),
-                Location::Weights(o) => self._weights.slice(o..o + bytes),
-            };
-            self.stream.memcpy_dtoh(&source, &mut self.staging_out[k]).map_err(driver)?;
-        }
-        self.stream.synchronize().map_err(driver)?;
         let host = self.staging_out[k].as_slice().map_err(driver)?;
+        let bytes = host.get(..shape.iter().product::<usize>() * 4).unwrap_or_default();
         out.clear();
-        out.extend(
-            host.get(..bytes)
-                .unwrap_or_default()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
         Ok(())
     }
 
