@@ -142,6 +142,39 @@ mod tests {
     }
 
     #[test]
+    fn edge_cases_draw_what_they_can() {
+        // k over the vocabulary keeps all of it; p = 1 keeps every token with any weight.
+        let logits = [1.0f32, 0.5, 0.25];
+        let mut wide = Sampler::new(Sampling::TopK(10), 1.0, 1).unwrap();
+        let drawn: Vec<usize> = (0..300).map(|_| wide.choose(&logits)).collect();
+        assert!((0..3).all(|t| drawn.contains(&t)), "{drawn:?}");
+        let mut all = Sampler::new(Sampling::TopP(1.0), 1.0, 2).unwrap();
+        let drawn: Vec<usize> = (0..300).map(|_| all.choose(&logits)).collect();
+        assert!((0..3).all(|t| drawn.contains(&t)), "{drawn:?}");
+        // k = 1 and a tiny p are greedy.
+        for sampling in [Sampling::TopK(1), Sampling::TopP(1e-9)] {
+            let mut one = Sampler::new(sampling, 1.0, 3).unwrap();
+            assert!((0..50).all(|_| one.choose(&[0.3, 2.0, 1.9]) == 1), "{sampling}");
+        }
+        // NaNs are never drawn; a row of them gives token 0; -inf has no weight.
+        let mut s = Sampler::new(Sampling::TopK(3), 1.0, 4).unwrap();
+        let with_nan = [f32::NAN, 0.0, f32::NEG_INFINITY, 0.1];
+        let drawn: Vec<usize> = (0..200).map(|_| s.choose(&with_nan)).collect();
+        assert!(drawn.iter().all(|&t| t == 1 || t == 3), "{drawn:?}");
+        assert_eq!(s.choose(&[f32::NAN, f32::NAN]), 0);
+        let mut greedy = Sampler::new(Sampling::Greedy, 1.0, 0).unwrap();
+        assert_eq!(greedy.choose(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(greedy.choose(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+        assert_eq!(greedy.choose(&[f32::NAN, -1.0, f32::NAN, 3.0]), 3);
+        // Different seeds draw differently.
+        let mut a = Sampler::new(Sampling::TopP(0.99), 1.0, 5).unwrap();
+        let mut b = Sampler::new(Sampling::TopP(0.99), 1.0, 6).unwrap();
+        let flat = [0.0f32; 16];
+        let (x, y): (Vec<usize>, Vec<usize>) = (0..40).map(|_| (a.choose(&flat), b.choose(&flat))).unzip();
+        assert_ne!(x, y);
+    }
+
+    #[test]
     fn greedy_takes_the_largest_and_the_first_of_equals() {
         let mut s = Sampler::new(Sampling::Greedy, 1.0, 1).unwrap();
         assert_eq!(s.choose(&[0.5, 2.0, -1.0, 2.0]), 1);
