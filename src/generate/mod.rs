@@ -154,6 +154,13 @@ pub trait Steps {
     }
     /// Copies rows of output `from` of the last step into input `to`.
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
+    /// The same copy for several (output, input) pairs.
+    fn copy_output_rows_many(&mut self, pairs: &[(&str, &str)], copy: RowCopy) -> Result<(), GenerateError> {
+        for (from, to) in pairs {
+            self.copy_output_rows(from, to, copy)?;
+        }
+        Ok(())
+    }
     /// The element type of input `name`.
     fn input_type(&self, name: &str) -> Option<DType>;
 }
@@ -184,6 +191,9 @@ impl Steps for Session {
     }
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows(self, from, to, copy)?)
+    }
+    fn copy_output_rows_many(&mut self, pairs: &[(&str, &str)], copy: RowCopy) -> Result<(), GenerateError> {
+        Ok(Session::copy_output_rows_many(self, pairs, copy)?)
     }
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
@@ -303,9 +313,24 @@ impl<S: Steps> Generator<S> {
             }
             clock.lap(3);
             if t < capacity {
-                for pair in &self.layout.pairs {
-                    let copy = self.layout.append(pair, t);
-                    self.steps.copy_output_rows(&pair.present, &pair.past, copy)?;
+                // One copy for all the cached tensors where they share a shape (one launch).
+                let first = self
+                    .layout
+                    .pairs
+                    .first()
+                    .filter(|f| self.layout.pairs.iter().all(|p| p.shape == f.shape));
+                if let Some(first) = first {
+                    let pairs: Vec<(&str, &str)> =
+                        self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
+                    self.steps.copy_output_rows_many(&pairs, self.layout.append(first, t))?;
+                } else {
+                    for pair in &self.layout.pairs {
+                        self.steps.copy_output_rows(
+                            &pair.present,
+                            &pair.past,
+                            self.layout.append(pair, t),
+                        )?;
+                    }
                 }
             }
             clock.lap(4);

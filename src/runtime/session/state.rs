@@ -17,8 +17,12 @@ const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
 #[derive(Default)]
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
+    row_copy_many: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
     ids: Option<CudaSlice<i64>>,
+    /// The bases of the last copy of many tensors, and the device array holding them.
+    bases: Vec<u64>,
+    bases_on_device: Option<CudaSlice<u64>>,
 }
 
 /// Rows of bytes copied from an output into an input, both on the device: `rows` rows of
@@ -177,6 +181,77 @@ impl Session {
         self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
         self.stream.synchronize().map_err(driver)?;
         Ok(out)
+    }
+
+    /// [`Session::copy_output_rows`] for several (output, input) pairs of one geometry in one
+    /// launch (a decoder's every cached key and value each step).
+    pub fn copy_output_rows_many(
+        &mut self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(), RuntimeError> {
+        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
+        if pairs.len() < 2 || words.iter().any(|n| n % 4 != 0) {
+            for (from, to) in pairs {
+                self.copy_output_rows(from, to, copy)?;
+            }
+            return Ok(());
+        }
+        let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
+        let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
+        let mut bases = Vec::with_capacity(2 * pairs.len());
+        let mut targets = Vec::with_capacity(pairs.len());
+        for (from, to) in pairs {
+            let (source, target) =
+                (Self::spec(&self.outputs, from, "output")?, Self::spec(&self.inputs, to, "input")?);
+            if copy.rows > 0
+                && (last(copy.from_offset, copy.from_pitch) > size(source)
+                    || last(copy.to_offset, copy.to_pitch) > size(target))
+            {
+                return Err(RuntimeError::Input(format!(
+                    "a copy of rows from output '{from}' to input '{to}' runs past one of them"
+                )));
+            }
+            bases.push(self.address(source.location) + copy.from_offset as u64);
+            targets.push(self.address(target.location) + copy.to_offset as u64);
+        }
+        bases.extend(targets);
+        let threads = (copy.rows * copy.width / 4) as u64;
+        if threads == 0 {
+            return Ok(());
+        }
+        if self.state.row_copy_many.is_none() {
+            self.state.row_copy_many = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
+        }
+        if self.state.bases != bases || self.state.bases_on_device.is_none() {
+            self.state.bases_on_device = Some(self.stream.clone_htod(&bases).map_err(driver)?);
+            self.state.bases = bases;
+        }
+        let (Some(function), Some(on_device)) =
+            (self.state.row_copy_many.clone(), self.state.bases_on_device.as_ref())
+        else {
+            return Err(RuntimeError::Driver("the copy kernel did not load".into()));
+        };
+        let n = pairs.len();
+        let config = LaunchConfig {
+            grid_dim: (
+                u32::try_from(threads.div_ceil(256))
+                    .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
+                u32::try_from(n).map_err(|_| RuntimeError::Input(format!("{n} tensors")))?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (sources, targets) = (on_device.slice(..n), on_device.slice(n..2 * n));
+        let (rows, width) = (copy.rows as u64, copy.width as u64 / 4);
+        let (from_pitch, to_pitch) = (copy.from_pitch as u64 / 4, copy.to_pitch as u64 / 4);
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&sources).arg(&targets).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch);
+        // SAFETY: every tensor's rows lie inside its output's and input's buffers (checked
+        // above), which the session owns; the base arrays hold `n` addresses each.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        Ok(())
     }
 
     /// Copies rows of output `from` of the last run into input `to` on the device (in stream
