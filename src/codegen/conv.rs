@@ -225,11 +225,6 @@ impl Body<'_> {
         {
             return Ok(value);
         }
-        if self.in_lanes() {
-            // Scalar reads in a lane loop: the channel no longer reads as the lane's own.
-            let last = coords.len() - 1;
-            coords[last] = format!("({})", coords[last]);
-        }
         if channels_last {
             // Read as NCHW / KCRS names; the reads below put the axes back in their order.
             (x, w, coords) = (nchw_order(&x), nchw_order(&w), nchw_order(&coords));

@@ -87,9 +87,7 @@ pub fn elementwise(
     let prologue = body.prologue();
     let (before, after) = body.end_lanes();
     let threads = match tile {
-        Some(columns) => {
-            count / lanes / shape[2].value().ok_or("a tile over a range")? * tile_count(&shape, columns)?
-        }
+        Some(columns) => tiled(&shape, columns)?.iter().filter_map(SymDim::value).product::<usize>() / lanes,
         None => count / lanes,
     };
     let units = SymDim::product(&shape).div_exact(lanes).ok_or("lanes that do not divide the kernel")?;
@@ -168,18 +166,20 @@ fn depthwise_tile(plan: &Plan, kernel: &Kernel, shape: &Dims) -> Option<usize> {
         .then_some(COLUMNS.min(width))
 }
 
-/// The tiles along the width of `shape` of `columns` each.
-fn tile_count(shape: &Dims, columns: usize) -> Result<usize, String> {
-    Ok(shape.get(2).and_then(SymDim::value).ok_or("a tile over a range")?.div_ceil(columns))
+/// `shape` with its width (axis 2) counted in tiles of `columns`: the threads of a tiled
+/// kernel, times its lanes.
+fn tiled(shape: &Dims, columns: usize) -> Result<Vec<SymDim>, String> {
+    let mut tiled = shape.to_vec();
+    let width = shape.get(2).and_then(SymDim::value).ok_or("a tile over a range")?;
+    tiled[2] = SymDim::lit(width.div_ceil(columns));
+    Ok(tiled)
 }
 
 /// Coordinates of a tiled thread: n, p and the channel from the thread's index over
 /// `[N, P, tiles, C]`, and its tile's first column (the column itself is declared in the loop
 /// over the tile).
 fn tile_decls(shape: &Dims, columns: usize) -> Result<(Vec<String>, Coords), String> {
-    let mut tiled = shape.to_vec();
-    tiled[2] = SymDim::lit(tile_count(shape, columns)?);
-    let exprs = delinearize("i", &tiled);
+    let exprs = delinearize("i", &tiled(shape, columns)?);
     let names: Coords = (0..shape.len()).map(|d| format!("c{d}")).collect();
     let decls = names
         .iter()

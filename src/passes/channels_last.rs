@@ -34,7 +34,7 @@ impl Pass for ChannelsLast {
             changed += usize::from(to_nhwc(graph, id)?);
         }
         for id in graph.topo_order()? {
-            changed += usize::from(pointwise_as_matmul(graph, id)?);
+            changed += usize::from(windows_as_matmul(graph, id)?);
         }
         if changed == 0 {
             return Ok(0);
@@ -171,7 +171,7 @@ fn patches(graph: &Graph, id: NodeId) -> Option<[usize; 2]> {
 /// `[R·S·C, K]` (+ bias) then run on cuBLASLt with the pointwise ops after it in its
 /// epilogue, as a transformer's projections do; a patch embedding's image is rearranged into
 /// its rows by the kernel that converts it.
-fn pointwise_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+fn windows_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let node = graph.node(id).clone();
     let Op::Conv { channels_last: true, .. } = node.op else { return Ok(false) };
     let Some([r, s]) = patches(graph, id) else { return Ok(false) };

@@ -114,11 +114,6 @@ impl Body<'_> {
         self.lanes.as_ref().map(|l| l.count)
     }
 
-    /// Whether the code is being generated inside a lane loop.
-    pub(in crate::codegen) fn in_lanes(&self) -> bool {
-        self.lanes.is_some()
-    }
-
     /// A statement run once per thread before the lane loop (after the pack loads so far).
     pub(in crate::codegen) fn push_before_lanes(&mut self, statement: String) {
         if let Some(lanes) = self.lanes.as_mut() {
@@ -137,13 +132,7 @@ impl Body<'_> {
     ) -> Result<Option<(String, String, DType)>, String> {
         let (source, coords) = self.stored_at(id, coords)?;
         let shape = self.plan.stored_dims(source);
-        let lanes = self.lanes.as_ref().ok_or("no lanes")?;
-        let Some((last, _)) = coords.split_last() else { return Ok(None) };
-        if last != LANE || shape.last() != Some(&lanes.width) {
-            return Ok(None);
-        }
-        let mut base = coords.clone();
-        *base.last_mut().ok_or("no last axis")? = lanes.base.clone();
+        let Some(base) = self.first_lane(&coords, &shape, false) else { return Ok(None) };
         let dtype = self.plan.graph.node(source).ty.dtype;
         let pointer = self.pointer(source, false)?;
         Ok(Some((pointer, self.index_of(&base, &shape), dtype)))
@@ -152,9 +141,19 @@ impl Body<'_> {
     /// For a lane loop: the first lane's coordinates of an access at `coords` in `shape`,
     /// when the lanes touch consecutive, aligned elements there.
     pub(super) fn lane_base(&self, coords: &[String], shape: &Dims) -> Option<Coords> {
+        self.first_lane(coords, shape, true)
+    }
+
+    /// The first lane's coordinates where the last coordinate is the lane's along an axis of
+    /// the lanes' width; with `invariant`, also only where the other coordinates are the same
+    /// for every lane (a load hoisted before the lane loop can be written with them).
+    fn first_lane(&self, coords: &[String], shape: &Dims, invariant: bool) -> Option<Coords> {
         let lanes = self.lanes.as_ref()?;
         let (last, rest) = coords.split_last()?;
-        if last != LANE || shape.last() != Some(&lanes.width) || !rest.iter().all(|c| lane_invariant(c)) {
+        if last != LANE
+            || shape.last() != Some(&lanes.width)
+            || (invariant && !rest.iter().all(|c| lane_invariant(c)))
+        {
             return None;
         }
         let mut base = coords.to_vec();

@@ -17,7 +17,6 @@ const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
 #[derive(Default)]
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
-    row_copy_many: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
     ids: Option<CudaSlice<i64>>,
     /// The bases of the last copy of many tensors, and the device array holding them.
@@ -183,52 +182,66 @@ impl Session {
         Ok(out)
     }
 
-    /// [`Session::copy_output_rows`] for several (output, input) pairs of one geometry in one
-    /// launch (a decoder's every cached key and value each step).
+    /// The device addresses of output `from` and input `to`, where `copy` stays inside both.
+    fn copy_ends(&self, from: &str, to: &str, copy: RowCopy) -> Result<(u64, u64), RuntimeError> {
+        let (source, target) =
+            (Self::spec(&self.outputs, from, "output")?, Self::spec(&self.inputs, to, "input")?);
+        let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
+        let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
+        if copy.rows > 0
+            && (last(copy.from_offset, copy.from_pitch) > size(source)
+                || last(copy.to_offset, copy.to_pitch) > size(target))
+        {
+            return Err(RuntimeError::Input(format!(
+                "a copy of rows from output '{from}' to input '{to}' runs past one of them"
+            )));
+        }
+        Ok((self.address(source.location), self.address(target.location)))
+    }
+
+    /// Copies rows of output `from` of the last run into input `to` on the device (in stream
+    /// order: before the next run reads it).
+    pub fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), RuntimeError> {
+        self.copy_output_rows_many(&[(from, to)], copy)
+    }
+
+    /// [`Session::copy_output_rows`] for several (output, input) pairs of one geometry, in
+    /// one launch (a decoder's every cached key and value each step): a kernel, as the copy
+    /// engines take a 2-D copy row by row, microseconds a row; a 2-D copy each only for rows
+    /// not in whole 4-byte words.
     pub fn copy_output_rows_many(
         &mut self,
         pairs: &[(&str, &str)],
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
-        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
-        if pairs.len() < 2 || words.iter().any(|n| n % 4 != 0) {
-            for (from, to) in pairs {
-                self.copy_output_rows(from, to, copy)?;
-            }
-            return Ok(());
-        }
-        let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
-        let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
         let mut bases = Vec::with_capacity(2 * pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         for (from, to) in pairs {
-            let (source, target) =
-                (Self::spec(&self.outputs, from, "output")?, Self::spec(&self.inputs, to, "input")?);
-            if copy.rows > 0
-                && (last(copy.from_offset, copy.from_pitch) > size(source)
-                    || last(copy.to_offset, copy.to_pitch) > size(target))
-            {
-                return Err(RuntimeError::Input(format!(
-                    "a copy of rows from output '{from}' to input '{to}' runs past one of them"
-                )));
+            let (source, target) = self.copy_ends(from, to, copy)?;
+            bases.push(source + copy.from_offset as u64);
+            targets.push(target + copy.to_offset as u64);
+        }
+        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
+        if words.iter().any(|n| n % 4 != 0) {
+            for (&source, &target) in bases.iter().zip(&targets) {
+                self.copy_rows_2d(source, target, copy)?;
             }
-            bases.push(self.address(source.location) + copy.from_offset as u64);
-            targets.push(self.address(target.location) + copy.to_offset as u64);
+            return Ok(());
         }
         bases.extend(targets);
         let threads = (copy.rows * copy.width / 4) as u64;
-        if threads == 0 {
+        if threads == 0 || pairs.is_empty() {
             return Ok(());
         }
-        if self.state.row_copy_many.is_none() {
-            self.state.row_copy_many = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
+        if self.state.row_copy.is_none() {
+            self.state.row_copy = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
         }
         if self.state.bases != bases || self.state.bases_on_device.is_none() {
             self.state.bases_on_device = Some(self.stream.clone_htod(&bases).map_err(driver)?);
             self.state.bases = bases;
         }
         let (Some(function), Some(on_device)) =
-            (self.state.row_copy_many.clone(), self.state.bases_on_device.as_ref())
+            (self.state.row_copy.clone(), self.state.bases_on_device.as_ref())
         else {
             return Err(RuntimeError::Driver("the copy kernel did not load".into()));
         };
@@ -254,77 +267,29 @@ impl Session {
         Ok(())
     }
 
-    /// Copies rows of output `from` of the last run into input `to` on the device (in stream
-    /// order: before the next run reads it).
-    pub fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), RuntimeError> {
-        let (source, target) =
-            (Self::spec(&self.outputs, from, "output")?, Self::spec(&self.inputs, to, "input")?);
-        let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
-        let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
-        if copy.rows > 0
-            && (last(copy.from_offset, copy.from_pitch) > size(source)
-                || last(copy.to_offset, copy.to_pitch) > size(target))
-        {
-            return Err(RuntimeError::Input(format!(
-                "a copy of rows from output '{from}' to input '{to}' runs past one of them"
-            )));
-        }
-        let (from_ptr, to_ptr) = (self.address(source.location), self.address(target.location));
-        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
-        if words.iter().all(|n| n % 4 == 0) {
-            // A kernel: the copy engines take a 2-D copy row by row, microseconds a row.
-            let function = match &self.state.row_copy {
-                Some(f) => f.clone(),
-                None => {
-                    let f = self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows")?;
-                    self.state.row_copy = Some(f.clone());
-                    f
-                }
-            };
-            let (src, dst) = (from_ptr + copy.from_offset as u64, to_ptr + copy.to_offset as u64);
-            let (rows, width) = (copy.rows as u64, copy.width as u64 / 4);
-            let (from_pitch, to_pitch) = (copy.from_pitch as u64 / 4, copy.to_pitch as u64 / 4);
-            let threads = rows * width;
-            if threads == 0 {
-                return Ok(());
-            }
-            let config = LaunchConfig {
-                grid_dim: (
-                    u32::try_from(threads.div_ceil(256))
-                        .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
-                    1,
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut args = self.stream.launch_builder(&function);
-            args.arg(&src).arg(&dst).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch);
-            // SAFETY: every row read and written lies inside the output's and the input's
-            // buffers (checked above), which the session owns; the kernel touches nothing else.
-            unsafe { args.launch(config) }.map_err(driver)?;
-            return Ok(());
-        }
+    /// One 2-D copy of `copy.rows` rows from device address `source` (the first row's first
+    /// byte) to `target`, on the session's stream.
+    fn copy_rows_2d(&self, source: u64, target: u64, copy: RowCopy) -> Result<(), RuntimeError> {
         let params = sys::CUDA_MEMCPY2D {
-            srcXInBytes: copy.from_offset,
+            srcXInBytes: 0,
             srcY: 0,
             srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             srcHost: std::ptr::null(),
-            srcDevice: from_ptr,
+            srcDevice: source,
             srcArray: std::ptr::null_mut(),
             srcPitch: copy.from_pitch,
-            dstXInBytes: copy.to_offset,
+            dstXInBytes: 0,
             dstY: 0,
             dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
             dstHost: std::ptr::null_mut(),
-            dstDevice: to_ptr,
+            dstDevice: target,
             dstArray: std::ptr::null_mut(),
             dstPitch: copy.to_pitch,
             WidthInBytes: copy.width,
             Height: copy.rows,
         };
-        // SAFETY: both ends lie inside the output's and the input's buffers (checked above),
-        // which the session owns; the copy is on the session's stream.
+        // SAFETY: both ends lie inside an output's and an input's buffers (`copy_ends`), which
+        // the session owns; the copy is on the session's stream.
         unsafe { sys::cuMemcpy2DAsync_v2(&params, self.stream.cu_stream()).result().map_err(driver) }
     }
 }
