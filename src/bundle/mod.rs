@@ -150,6 +150,29 @@ pub fn input_point(
     ranges: &[BundleRange],
     inputs: &[(String, crate::ir::Tensor)],
 ) -> Result<Vec<usize>, String> {
+    let given: Vec<GivenInput> =
+        inputs.iter().map(|(name, t)| GivenInput { name, dtype: t.dtype(), shape: t.shape() }).collect();
+    input_point_of(specs, ranges, &given)
+}
+
+/// What a caller gives for one input: its name, element type and shape (the data stays
+/// where it is: host bytes, a device buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct GivenInput<'a> {
+    /// The input's name.
+    pub name: &'a str,
+    /// Its element type.
+    pub dtype: crate::ir::DType,
+    /// Its shape.
+    pub shape: &'a [usize],
+}
+
+/// [`input_point`] for inputs described by name, type and shape.
+pub fn input_point_of(
+    specs: &[IoSpec],
+    ranges: &[BundleRange],
+    inputs: &[GivenInput],
+) -> Result<Vec<usize>, String> {
     let expected = || {
         specs
             .iter()
@@ -157,8 +180,8 @@ pub fn input_point(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    for (name, _) in inputs {
-        if !specs.iter().any(|i| &i.name == name) {
+    for GivenInput { name, .. } in inputs {
+        if !specs.iter().any(|i| i.name == *name) {
             return Err(format!(
                 "'{name}' is not an input of the model (its inputs: {}){}",
                 expected(),
@@ -169,16 +192,15 @@ pub fn input_point(
     let given = |spec: &IoSpec| {
         inputs
             .iter()
-            .find(|(n, _)| *n == spec.name)
-            .map(|(_, t)| t)
+            .find(|g| g.name == spec.name)
             .ok_or_else(|| format!("input '{}' was not given (the inputs: {})", spec.name, expected()))
     };
-    let wrong = |spec: &IoSpec, given: &crate::ir::Tensor| {
+    let wrong = |spec: &IoSpec, given: &GivenInput| {
         format!(
             "input '{}' is {}{:?}, the model takes {}{}",
             spec.name,
-            given.dtype(),
-            given.shape(),
+            given.dtype,
+            given.shape,
             spec.dtype,
             spec.shape_text(ranges)
         )
@@ -190,16 +212,16 @@ pub fn input_point(
         let dims = match &spec.dims {
             Some(dims) if !ranges.is_empty() => dims,
             _ => {
-                if given.dtype().name() != spec.dtype || given.shape() != spec.shape.as_slice() {
+                if given.dtype.name() != spec.dtype || given.shape != spec.shape.as_slice() {
                     return Err(wrong(spec, given));
                 }
                 continue;
             }
         };
-        if given.dtype().name() != spec.dtype || given.shape().len() != dims.len() {
+        if given.dtype.name() != spec.dtype || given.shape.len() != dims.len() {
             return Err(wrong(spec, given));
         }
-        for (axis, (dim, &value)) in dims.iter().zip(given.shape()).enumerate() {
+        for (axis, (dim, &value)) in dims.iter().zip(given.shape).enumerate() {
             let Some(i) = dim.alone() else { continue };
             let Some(range) = ranges.get(i) else { continue };
             let per = dim.factor.max(1);
@@ -234,7 +256,7 @@ pub fn input_point(
     // Every size of every input at that point (products of dims included).
     for spec in specs {
         let given = given(spec)?;
-        if spec.dims.is_some() && given.shape() != spec.shape_at(&point).as_slice() {
+        if spec.dims.is_some() && given.shape != spec.shape_at(&point).as_slice() {
             return Err(wrong(spec, given));
         }
     }

@@ -39,7 +39,7 @@ pub enum DeclaredDim {
     Unknown,
 }
 
-/// A graph input as the ONNX file declares it.
+/// A graph input (or output) as the ONNX file declares it.
 #[derive(Clone, Debug)]
 pub struct DeclaredInput {
     /// Its name.
@@ -74,6 +74,8 @@ pub struct OnnxSummary {
     pub inputs: Vec<DeclaredInput>,
     /// The graph's output names.
     pub outputs: Vec<String>,
+    /// The graph's outputs as declared: names, element types, shapes.
+    pub declared_outputs: Vec<DeclaredInput>,
     /// Nodes in the graph.
     pub node_count: usize,
     /// Node count per `op_type`.
@@ -249,6 +251,7 @@ fn summarize_proto(proto: &ModelProto, path: &Path) -> Result<OnnxSummary, Impor
             .map(declared_input)
             .collect(),
         outputs: graph.output.iter().map(|o| o.name.clone()).collect(),
+        declared_outputs: graph.output.iter().map(declared_input).collect(),
         node_count: graph.node.len(),
         op_histogram,
         parameters,

@@ -142,9 +142,9 @@ pub(super) fn staging(
 }
 
 /// The first `len` elements of a page-locked buffer, as a copy's source or destination.
-struct Prefix<'s> {
-    inner: &'s mut PinnedHostSlice<u8>,
-    len: usize,
+pub(super) struct Prefix<'s> {
+    pub(super) inner: &'s mut PinnedHostSlice<u8>,
+    pub(super) len: usize,
 }
 
 impl HostSlice<u8> for Prefix<'_> {

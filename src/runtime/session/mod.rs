@@ -1,6 +1,7 @@
 //! Running a bundle on a GPU: the `Session`, its options, and `run`. Each concept of a
 //! session has a room of its own: loading a bundle (`load`), the sizes of its ranges
-//! (`sizes`), staging inputs and outputs (`io`), running the steps and capturing them as a
+//! (`sizes`), staging inputs and outputs (`io`), inputs and outputs in the caller's memory
+//! (`external`), running the steps and capturing them as a
 //! CUDA graph (`graph`), launching a step (`launch`), choosing GEMM algorithms by timing
 //! (`tuning`) and timing steps and runs (`profile`).
 //!
@@ -11,6 +12,7 @@
 //! CUDA graphs: the first `run` executes the steps one by one; it then captures them into a
 //! CUDA graph, and every later run replays that graph with one launch (unless turned off).
 
+mod external;
 mod graph;
 mod io;
 mod launch;
@@ -30,6 +32,7 @@ use crate::bundle::{Bundle, IoSpec};
 use crate::ir::{DType, Tensor};
 use launch::Loaded;
 
+pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use profile::{StepProfile, PROFILE_REPEAT};
 pub use state::RowCopy;
 

@@ -22,6 +22,39 @@ pub(super) struct StateKernels {
     /// The bases of the last copy of many tensors, and the device array holding them.
     bases: Vec<u64>,
     bases_on_device: Option<CudaSlice<u64>>,
+    /// An event for ordering the session's stream with a caller's (`external`).
+    event: Option<Event>,
+}
+
+/// A CUDA event (timing off), destroyed with its owner.
+struct Event(sys::CUevent);
+
+// SAFETY: a CUDA event handle may be used from any thread of the process; the session that
+// owns it uses it from one thread at a time.
+unsafe impl Send for Event {}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate and destroyed once, here.
+        unsafe {
+            let _ = sys::cuEventDestroy_v2(self.0);
+        }
+    }
+}
+
+impl StateKernels {
+    /// The session's ordering event, created on first use (the context bound to the thread).
+    pub(super) fn event(&mut self) -> Result<sys::CUevent, RuntimeError> {
+        if let Some(event) = &self.event {
+            return Ok(event.0);
+        }
+        let mut event = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: writes one event handle.
+        unsafe { sys::cuEventCreate(&mut event, flags).result().map_err(driver)? };
+        self.event = Some(Event(event));
+        Ok(event)
+    }
 }
 
 /// Rows of bytes copied from an output into an input, both on the device: `rows` rows of

@@ -1,0 +1,293 @@
+"""fusec from Python: compile ONNX models into a few fused CUDA kernels plus cuBLAS/cuDNN calls,
+and run them from NumPy arrays or PyTorch CUDA tensors.
+
+    import fusec
+    bundle = fusec.compile("model.onnx", dims={"batch": (1, 32), "seq": (1, 512)}, precision="fp16")
+    session = fusec.Session(bundle)                    # or fusec.Session("model.bundle")
+    logits, = session.run(["logits"], {"input_ids": ids})
+
+An ONNX Runtime script runs on fusec by changing its import (`import fusec as ort`):
+`fusec.InferenceSession(path).run(None, feed)` compiles on first use.
+
+Errors are `fusec.Error` (and its kinds: `CompileError`, `BundleError`, `InputError`,
+`DeviceError`), carrying fusec's message: the file, node, input or kernel involved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import _fusec
+from ._fusec import (
+    Bundle,
+    BundleError,
+    CompileError,
+    DeviceError,
+    Error,
+    InputError,
+    cuda_available,
+    nvrtc_available,
+    summarize,
+)
+from .inference_session import (
+    InferenceSession,
+    NodeArg,
+    SessionOptions,
+    get_available_providers,
+    get_device,
+)
+
+__version__ = _fusec.__version__
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "CompileError",
+    "DeviceError",
+    "Error",
+    "InferenceSession",
+    "InputError",
+    "NodeArg",
+    "Session",
+    "SessionOptions",
+    "compile",
+    "cuda_available",
+    "get_available_providers",
+    "get_device",
+    "nvrtc_available",
+    "summarize",
+]
+
+logger = logging.getLogger("fusec")
+
+Dims = Mapping[str, "int | tuple[int, int]"]
+
+
+def compile(
+    model: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    dims: Dims | None = None,
+    inputs: Mapping[str, Sequence[int]] | None = None,
+    precision: str = "fp32",
+    fuse: bool = True,
+    arch: str = "sm_90",
+) -> Bundle:
+    """Compiles the ONNX file `model` into a `Bundle` (written to `output` too when given).
+
+    dims: a size for each symbolic dim of the model's inputs (`{"batch": 8}`), or a range
+        `(low, high)` for a bundle that serves every size in it (`{"seq": (1, 512)}`).
+    inputs: a shape per input name, for inputs whose dims have no name.
+    precision: storage type of weights and activations: "fp32", "fp16" or "bf16" (inputs and
+        outputs stay as the model declares them; reductions accumulate in f32).
+    fuse: False compiles one kernel per ONNX node (the unfused baseline).
+    arch: the GPU architecture PTX is compiled for when NVRTC is available (else the bundle
+        keeps CUDA sources and the session compiles them at load).
+
+    Each stage's end is logged to the "fusec" logger at INFO (import, passes, fuse, lower,
+    plan, codegen, nvrtc). Raises `CompileError` naming the file, node and stage.
+    """
+    model = os.fspath(model)
+    logger.info("compiling %s", model)
+
+    def progress(stage: str, seconds: float) -> None:
+        logger.info("%s: %.3f s", stage, seconds)
+
+    bundle = _fusec.compile(
+        model,
+        dims=dict(dims) if dims else None,
+        inputs={k: tuple(v) for k, v in inputs.items()} if inputs else None,
+        precision=precision,
+        fuse=fuse,
+        arch=arch,
+        progress=progress,
+    )
+    if output is not None:
+        bundle.save(os.fspath(output))
+        logger.info("wrote %s", os.fspath(output))
+    return bundle
+
+
+_TORCH_DTYPES: dict[Any, str] = {}
+
+
+def _torch_dtype_name(dtype: Any) -> str:
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update(
+            {
+                torch.float32: "float32",
+                torch.float16: "float16",
+                torch.bfloat16: "bfloat16",
+                torch.float64: "float64",
+                torch.int64: "int64",
+                torch.int32: "int32",
+                torch.bool: "bool",
+            }
+        )
+    try:
+        return _TORCH_DTYPES[dtype]
+    except KeyError:
+        raise InputError(f"tensors of {dtype} are not an element type fusec takes") from None
+
+
+class Session:
+    """A bundle loaded on one GPU: its kernels, weights and activation memory, ready to run.
+
+    `bundle` is a `Bundle` or the path of a bundle file. The first run executes the steps one
+    by one and captures them as a CUDA graph, which later runs replay (`cuda_graph=False`
+    turns that off); GEMM algorithms are chosen by timing after a few runs (`tune_gemms`).
+
+    One session serves one thread at a time (a second thread's call while one runs raises
+    `RuntimeError: Already borrowed`); make one session per thread to run concurrently. The
+    GIL is released while the GPU works.
+    """
+
+    def __init__(
+        self,
+        bundle: Bundle | str | os.PathLike[str],
+        device: int = 0,
+        *,
+        cuda_graph: bool = True,
+        tune_gemms: bool = True,
+    ) -> None:
+        if not isinstance(bundle, Bundle):
+            bundle = Bundle.load(os.fspath(bundle))
+        self._session = _fusec.Session(bundle, device, cuda_graph, tune_gemms)
+        self.device = device
+        self._output_index = {o["name"]: k for k, o in enumerate(self._session.outputs)}
+
+    @property
+    def bundle(self) -> Bundle:
+        """The bundle it runs."""
+        return self._session.bundle
+
+    @property
+    def device_name(self) -> str:
+        """The GPU's name."""
+        return self._session.device_name
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        """The inputs: dicts of `name`, `dtype` (NumPy's name) and `shape` (ints, and the dim
+        names of a range bundle)."""
+        return self._session.inputs
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        """The outputs, as `inputs`."""
+        return self._session.outputs
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches and library calls per run."""
+        return self._session.launches
+
+    def _wanted(self, output_names: Sequence[str] | None) -> list[int] | None:
+        if output_names is None:
+            return None
+        try:
+            return [self._output_index[n] for n in output_names]
+        except KeyError as e:
+            names = ", ".join(self._output_index)
+            raise InputError(f"the model has no output '{e.args[0]}' (it has {names})") from None
+
+    def run(
+        self, output_names: Sequence[str] | None, feed: Mapping[str, Any]
+    ) -> list[np.ndarray]:
+        """Runs on host arrays (NumPy, or anything `numpy.asarray` takes), `{name: array}`, each
+        of its input's element type; returns the outputs named (all when None) as NumPy arrays,
+        in order. For a range bundle the inputs' shapes choose the size. Inputs are copied
+        once, into page-locked memory; outputs once, out of it.
+        """
+        wanted = self._wanted(output_names)
+        items = []
+        for name, value in feed.items():
+            array = np.asarray(value)
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            items.append((name, array))
+        return [
+            np.frombuffer(data, dtype=dtype).reshape(shape)
+            for data, dtype, shape in self._session.run_host(items, wanted)
+        ]
+
+    def run_torch(self, feed: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
+        """Runs on PyTorch CUDA tensors of this session's GPU, `{name: tensor}`; returns
+        `{name: tensor}` of every output, without a copy: the outputs are views of the
+        session's own buffers (their `data_ptr()` is `output_address(name)`), valid until this
+        session's next run; `.clone()` what must outlive it.
+
+        Ordering: the run starts after the work queued so far on `stream` (a
+        `torch.cuda.Stream`, or a raw `cudaStream_t` as an int; default: the current stream),
+        and work queued on `stream` afterwards sees the outputs. An input tensor that is the
+        session's own buffer (`input_tensor`) is read in place; any other is copied on the GPU
+        into the session's buffer (one device-to-device copy).
+        """
+        import torch
+
+        items = []
+        for name, tensor in feed.items():
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or tensor.device.index != self.device:
+                where = getattr(tensor, "device", type(tensor).__name__)
+                raise InputError(
+                    f"input '{name}' is on {where}: run_torch takes CUDA tensors of GPU {self.device} "
+                    "(use run() for host arrays)"
+                )
+            if not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+            items.append((name, tensor.data_ptr(), _torch_dtype_name(tensor.dtype), tuple(tensor.shape)))
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        handle = stream if isinstance(stream, int) else stream.cuda_stream
+        return {name: torch.from_dlpack(capsule) for name, capsule in self._session.run_device(items, handle)}
+
+    def input_tensor(self, name: str, shape: Sequence[int] | None = None) -> Any:
+        """The session's own buffer for input `name` as a PyTorch CUDA tensor of `shape`
+        (default: the input's shape, the top of a range bundle's): write it in place (on the
+        stream given to `run_torch`) and pass it to `run_torch`, which then copies nothing."""
+        import torch
+
+        if shape is None:
+            spec = next((i for i in self.inputs if i["name"] == name), None)
+            if spec is None:
+                names = ", ".join(i["name"] for i in self.inputs)
+                raise InputError(f"the model has no input '{name}' (it has {names})")
+            shape = self._top_shape(name)
+        return torch.from_dlpack(self._session.input_buffer(name, list(shape)))
+
+    def _top_shape(self, name: str) -> list[int]:
+        ranges = dict(self.bundle.ranges)
+        spec = next(i for i in self.inputs if i["name"] == name)
+        shape = []
+        for dim in spec["shape"]:
+            if isinstance(dim, int):
+                shape.append(dim)
+            else:
+                value = 1
+                for factor in str(dim).split("*"):
+                    value *= ranges[factor][1] if factor in ranges else int(factor)
+                shape.append(value)
+        return shape
+
+    def input_address(self, name: str) -> int | None:
+        """The device address of the session's buffer for input `name`."""
+        return self._session.input_address(name)
+
+    def output_address(self, name: str) -> int | None:
+        """The device address of the session's buffer for output `name`."""
+        return self._session.output_address(name)
+
+    def time_rust_run(self, feed: Mapping[str, Any], iters: int = 100) -> list[float]:
+        """Seconds of each of `iters` runs of the Rust API (`fusec::Session::run`, host tensors
+        in and out) on `feed`: the baseline the Python layer's overhead is measured against."""
+        items = [(n, np.ascontiguousarray(v)) for n, v in feed.items()]
+        return self._session.time_rust_run(items, iters)
+
+    def __repr__(self) -> str:
+        return f"Session({self.bundle!r}, device={self.device} ({self.device_name}))"

@@ -1,0 +1,257 @@
+//! A bundle loaded on a GPU, for Python: host arrays in and out (`run_host`), device
+//! tensors in and out in order with the caller's stream (`run_device`), the session's own
+//! input buffers lent out for writing in place, and the Rust API timed from the same
+//! process (`time_rust_run`).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyDict};
+
+use crate::buffer::HostArray;
+use crate::bundle::{io_dict, numpy_name, PyBundle};
+use crate::dlpack;
+use crate::errors::{runtime, InputError};
+use fusec::ir::DType;
+use fusec::runtime::{DeviceInput, HostInput, SessionOptions};
+use fusec::Session;
+
+/// An output copied to the host: its bytes, NumPy's name of its type, its shape.
+type HostOutput<'py> = (Bound<'py, PyByteArray>, &'static str, Vec<usize>);
+
+/// A session that moves between threads with its Python object, used by one at a time.
+struct Moving(Session);
+
+impl Moving {
+    /// The session, made current on the calling thread (a closure that calls this captures
+    /// the whole `Moving`, which is `Send`).
+    fn bound(&mut self) -> Result<&mut Session, fusec::runtime::RuntimeError> {
+        self.0.bind_to_thread()?;
+        Ok(&mut self.0)
+    }
+}
+
+// SAFETY: a session's CUDA objects (context, stream, modules, graphs, cuBLAS and cuDNN
+// handles) may be used from any thread, one at a time: pyo3 lends the object mutably to one
+// thread at a time, and every call below first makes the session's context current on the
+// calling thread (`bind_to_thread`).
+unsafe impl Send for Moving {}
+
+// SAFETY: shared references reach only what `&Session` methods read (specs, addresses,
+// names), never CUDA calls; pyo3's borrow flag keeps them from overlapping a run, which
+// borrows the object mutably.
+unsafe impl Sync for Moving {}
+
+/// A bundle loaded on one GPU; see `fusec.Session`.
+#[pyclass(name = "Session", module = "fusec._fusec")]
+pub struct PySession {
+    session: Moving,
+    bundle: Py<PyBundle>,
+    device: usize,
+}
+
+/// Whether a CUDA driver (libcuda) can be loaded on this machine.
+#[pyfunction]
+pub fn cuda_available() -> bool {
+    fusec::runtime::driver_available()
+}
+
+/// Whether NVRTC can be loaded (compiles PTX into bundles; without it, bundles keep CUDA
+/// sources and the runtime compiles them at load).
+#[pyfunction]
+pub fn nvrtc_available() -> bool {
+    fusec::nvrtc::available()
+}
+
+fn dtype_named(name: &str) -> PyResult<DType> {
+    let dtype = match name {
+        "float32" => DType::F32,
+        "float16" => DType::F16,
+        "bfloat16" => DType::BF16,
+        "float64" => DType::F64,
+        "int64" => DType::I64,
+        "int32" => DType::I32,
+        "bool" => DType::Bool,
+        other => return Err(InputError::new_err(format!("element type '{other}' is not one fusec takes"))),
+    };
+    Ok(dtype)
+}
+
+#[pymethods]
+impl PySession {
+    /// Loads `bundle` on GPU `device`.
+    #[new]
+    #[pyo3(signature = (bundle, device=0, cuda_graph=true, tune_gemms=true))]
+    fn new(
+        py: Python<'_>,
+        bundle: Py<PyBundle>,
+        device: usize,
+        cuda_graph: bool,
+        tune_gemms: bool,
+    ) -> PyResult<Self> {
+        let options = SessionOptions { cuda_graph, tune_gemms, ..Default::default() };
+        let inner = bundle.get().inner.clone();
+        let session =
+            py.detach(|| Session::with_options(&inner, device, options).map(Moving)).map_err(runtime)?;
+        Ok(PySession { session, bundle, device })
+    }
+
+    /// The bundle it runs.
+    #[getter]
+    fn bundle(&self, py: Python<'_>) -> Py<PyBundle> {
+        self.bundle.clone_ref(py)
+    }
+
+    /// The GPU index.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The GPU's name.
+    #[getter]
+    fn device_name(&self) -> String {
+        self.session.0.device_name.clone()
+    }
+
+    /// The inputs (as `Bundle.inputs`).
+    #[getter]
+    fn inputs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let ranges = &self.bundle.get().inner.header.ranges;
+        self.session.0.inputs().iter().map(|s| io_dict(py, s, ranges)).collect()
+    }
+
+    /// The outputs (as `Bundle.outputs`).
+    #[getter]
+    fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let ranges = &self.bundle.get().inner.header.ranges;
+        self.session.0.outputs().iter().map(|s| io_dict(py, s, ranges)).collect()
+    }
+
+    /// Kernel launches and library calls per run, as loaded.
+    #[getter]
+    fn launches(&self) -> usize {
+        self.session.0.launches()
+    }
+
+    /// Runs on host arrays, `[(name, array)]` (C-contiguous, of each input's type); returns
+    /// `(bytes, dtype, shape)` of the outputs at indices `wanted` (all when None), in order.
+    #[pyo3(signature = (feed, wanted=None))]
+    fn run_host<'py>(
+        &mut self,
+        py: Python<'py>,
+        feed: Vec<(String, Bound<'py, PyAny>)>,
+        wanted: Option<Vec<usize>>,
+    ) -> PyResult<Vec<HostOutput<'py>>> {
+        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<HostInput> = feed
+            .iter()
+            .zip(&arrays)
+            .map(|((name, _), a)| HostInput { name, dtype: a.dtype, shape: &a.shape, bytes: a.bytes() })
+            .collect();
+        let session = &mut self.session;
+        let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
+        let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
+        wanted
+            .into_iter()
+            .map(|k| {
+                let ty = types.get(k).ok_or_else(|| InputError::new_err(format!("no output {k}")))?;
+                let bytes = self.session.0.staged_output(k).map_err(runtime)?;
+                Ok((PyByteArray::new(py, bytes), numpy_name(Some(ty.dtype)), ty.shape.clone()))
+            })
+            .collect()
+    }
+
+    /// Runs on device tensors, `[(name, address, dtype, shape)]`, in order with CUDA stream
+    /// `stream` (a handle; 0 for the legacy default stream); returns `(name, capsule)` for
+    /// every output: DLPack capsules of the session's buffers, valid until the next run.
+    fn run_device(
+        slf: &Bound<'_, Self>,
+        feed: Vec<(String, u64, String, Vec<usize>)>,
+        stream: u64,
+    ) -> PyResult<Vec<(String, Py<PyAny>)>> {
+        let py = slf.py();
+        let dtypes = feed.iter().map(|(_, _, d, _)| dtype_named(d)).collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<DeviceInput> = feed
+            .iter()
+            .zip(&dtypes)
+            .map(|((name, address, _, shape), &dtype)| DeviceInput { name, dtype, shape, address: *address })
+            .collect();
+        let outputs = {
+            let mut this = slf.borrow_mut();
+            let session = &mut this.session;
+            py.detach(|| session.bound()?.run_device(&inputs, stream)).map_err(runtime)?
+        };
+        let device = slf.borrow().device;
+        outputs
+            .into_iter()
+            .map(|o| {
+                let owner = slf.clone().into_any().unbind();
+                let capsule = dlpack::capsule(py, o.address, device, o.ty.dtype, &o.ty.shape, owner)?;
+                Ok((o.name, capsule))
+            })
+            .collect()
+    }
+
+    /// A DLPack capsule of the session's own buffer for input `name`, seen as `shape` (the
+    /// input's shape at a point of the bundle's ranges): what is written there is read in
+    /// place by `run_device`, with no copy.
+    fn input_buffer(slf: &Bound<'_, Self>, name: &str, shape: Vec<usize>) -> PyResult<Py<PyAny>> {
+        let this = slf.borrow();
+        let session = &this.session.0;
+        let spec = session.inputs().iter().find(|s| s.name == name).ok_or_else(|| {
+            let names: Vec<&str> = session.inputs().iter().map(|s| s.name.as_str()).collect();
+            InputError::new_err(format!("the model has no input '{name}' (it has {})", names.join(", ")))
+        })?;
+        let ty = spec
+            .tensor_type()
+            .ok_or_else(|| InputError::new_err(format!("input '{name}': {}", spec.dtype)))?;
+        let fits = shape.len() == ty.shape.len() && shape.iter().zip(&ty.shape).all(|(a, b)| a <= b);
+        if !fits {
+            return Err(InputError::new_err(format!(
+                "input '{name}' holds at most {:?}, not {shape:?}",
+                ty.shape
+            )));
+        }
+        let address = session.input_address(name).unwrap_or_default();
+        let owner = slf.clone().into_any().unbind();
+        dlpack::capsule(slf.py(), address, this.device, ty.dtype, &shape, owner)
+    }
+
+    /// The device address of input `name`'s buffer.
+    fn input_address(&self, name: &str) -> Option<u64> {
+        self.session.0.input_address(name)
+    }
+
+    /// The device address of output `name`'s buffer.
+    fn output_address(&self, name: &str) -> Option<u64> {
+        self.session.0.output_device_ptr(name).map(|(address, _)| address)
+    }
+
+    /// Seconds of each of `iters` runs of the Rust API (`Session::run`, host tensors in and
+    /// out) on `feed`, after one run: what the Python layer's overhead is measured against.
+    fn time_rust_run(
+        &mut self,
+        py: Python<'_>,
+        feed: Vec<(String, Bound<'_, PyAny>)>,
+        iters: usize,
+    ) -> PyResult<Vec<f64>> {
+        let mut tensors = Vec::with_capacity(feed.len());
+        for (name, array) in &feed {
+            let a = HostArray::new(array, name)?;
+            let t = fusec::runtime::tensor_from_bytes(a.bytes(), &a.shape, a.dtype).map_err(runtime)?;
+            tensors.push((name.clone(), t));
+        }
+        let session = &mut self.session;
+        py.detach(|| {
+            let session = session.bound()?;
+            session.run(&tensors)?;
+            let mut times = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let start = std::time::Instant::now();
+                std::hint::black_box(session.run(&tensors)?);
+                times.push(start.elapsed().as_secs_f64());
+            }
+            Ok(times)
+        })
+        .map_err(runtime)
+    }
+}
