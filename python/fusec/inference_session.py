@@ -115,6 +115,7 @@ class InferenceSession:
             raise _fusec.CompileError(f"{self._model}: ops fusec does not support: {nodes}")
         self._inputs = [_node_arg(i) for i in summary["inputs"]]
         self._outputs = [_node_arg(o) for o in summary["outputs"]]
+        self._outputs_inferred = False
         self._declared = {i["name"]: i for i in summary["inputs"]}
         self._dims = dict(dims) if dims else None
         self._precision = precision
@@ -134,7 +135,18 @@ class InferenceSession:
         return list(self._inputs)
 
     def get_outputs(self) -> list[NodeArg]:
-        """The model's outputs, as declared."""
+        """The model's outputs, as declared, with the named dims that the graph fixes whatever
+        the inputs' sizes given as numbers (as ONNX Runtime reports them)."""
+        if not self._outputs_inferred:
+            self._outputs_inferred = True
+            try:
+                fixed = _fusec.fixed_output_dims(self._model)
+            except _fusec.Error as e:
+                logger.debug("output shapes as declared: %s", e)
+                fixed = []
+            for arg, dims in zip(self._outputs, fixed):
+                if arg.shape is not None and len(arg.shape) == len(dims):
+                    arg.shape = [n if isinstance(d, str) and n is not None else d for d, n in zip(arg.shape, dims)]
         return list(self._outputs)
 
     def get_providers(self) -> list[str]:

@@ -263,3 +263,10 @@ pub fn summarize<'py>(py: Python<'py>, model: PathBuf) -> PyResult<Bound<'py, Py
     d.set_item("unsupported", unsupported)?;
     Ok(d)
 }
+
+/// Each output's dims that are fixed whatever the sizes of the inputs' named dims (None for
+/// the others), as tract infers them from the graph.
+#[pyfunction]
+pub fn fixed_output_dims(py: Python<'_>, model: PathBuf) -> PyResult<Vec<Vec<Option<usize>>>> {
+    py.detach(|| fusec::import::fixed_output_dims(&model)).map_err(CompileError::new_err)
+}

@@ -21,6 +21,7 @@ fn _fusec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_function(wrap_pyfunction!(bundle::compile, m)?)?;
     m.add_function(wrap_pyfunction!(bundle::summarize, m)?)?;
+    m.add_function(wrap_pyfunction!(bundle::fixed_output_dims, m)?)?;
     m.add_function(wrap_pyfunction!(session::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(session::nvrtc_available, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

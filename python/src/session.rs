@@ -226,28 +226,48 @@ impl PySession {
         self.session.0.output_device_ptr(name).map(|(address, _)| address)
     }
 
-    /// Seconds of each of `iters` runs of the Rust API (`Session::run`, host tensors in and
-    /// out) on `feed`, after one run: what the Python layer's overhead is measured against.
+    /// Seconds of each of `iters` runs of the Rust API on `feed`, after one run: what the
+    /// Python layer's overhead is measured against. `raw`: `Session::run_host` on the
+    /// arrays' bytes with each output copied out into a new vector (what `Session.run` does
+    /// below Python); else `Session::run` (host tensors in and out).
+    #[pyo3(signature = (feed, iters, raw=false))]
     fn time_rust_run(
         &mut self,
         py: Python<'_>,
         feed: Vec<(String, Bound<'_, PyAny>)>,
         iters: usize,
+        raw: bool,
     ) -> PyResult<Vec<f64>> {
-        let mut tensors = Vec::with_capacity(feed.len());
-        for (name, array) in &feed {
-            let a = HostArray::new(array, name)?;
-            let t = fusec::runtime::tensor_from_bytes(a.bytes(), &a.shape, a.dtype).map_err(runtime)?;
-            tensors.push((name.clone(), t));
-        }
+        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<HostInput> = feed
+            .iter()
+            .zip(&arrays)
+            .map(|((name, _), a)| HostInput { name, dtype: a.dtype, shape: &a.shape, bytes: a.bytes() })
+            .collect();
+        let tensors = inputs
+            .iter()
+            .map(|i| Ok((i.name.to_string(), fusec::runtime::tensor_from_bytes(i.bytes, i.shape, i.dtype)?)))
+            .collect::<Result<Vec<_>, fusec::runtime::RuntimeError>>()
+            .map_err(runtime)?;
         let session = &mut self.session;
         py.detach(|| {
             let session = session.bound()?;
-            session.run(&tensors)?;
+            let mut once = || -> Result<(), fusec::runtime::RuntimeError> {
+                if raw {
+                    let types = session.run_host(&inputs)?;
+                    for k in 0..types.len() {
+                        std::hint::black_box(session.staged_output(k)?.to_vec());
+                    }
+                } else {
+                    std::hint::black_box(session.run(&tensors)?);
+                }
+                Ok(())
+            };
+            once()?;
             let mut times = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let start = std::time::Instant::now();
-                std::hint::black_box(session.run(&tensors)?);
+                once()?;
                 times.push(start.elapsed().as_secs_f64());
             }
             Ok(times)

@@ -38,3 +38,21 @@ pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, Stri
     let outputs = plan.run(feeds).map_err(context)?;
     outputs.iter().map(|t| from_tract(t)).collect()
 }
+
+/// Each output's dims that tract infers to be fixed for any value of the inputs' symbolic
+/// dims (`None` for the others), as ONNX Runtime reports them: a model's metadata beyond
+/// what the file declares.
+pub fn fixed_output_dims(path: &Path) -> Result<Vec<Vec<Option<usize>>>, String> {
+    let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
+    let onnx = tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true);
+    let model = onnx.model_for_path(path).map_err(context)?.into_typed().map_err(context)?;
+    model
+        .output_outlets()
+        .map_err(context)?
+        .iter()
+        .map(|&outlet| {
+            let fact = model.outlet_fact(outlet).map_err(context)?;
+            Ok(fact.shape.iter().map(|d| d.to_i64().ok().and_then(|n| usize::try_from(n).ok())).collect())
+        })
+        .collect()
+}

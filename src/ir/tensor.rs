@@ -328,8 +328,10 @@ fn write_elements<T: LeBytes>(out: &mut [u8], a: &ArrayD<T>) {
 }
 
 fn read_elements<T: LeBytes>(bytes: &[u8], a: &mut ArrayD<T>) {
-    for (to, b) in a.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
-        *to = T::get(b);
+    let chunks = bytes.chunks_exact(T::SIZE);
+    match a.as_slice_mut() {
+        Some(values) => values.iter_mut().zip(chunks).for_each(|(to, b)| *to = T::get(b)),
+        None => a.iter_mut().zip(chunks).for_each(|(to, b)| *to = T::get(b)),
     }
 }
 
@@ -367,9 +369,20 @@ impl Tensor {
         if bytes.len() / dtype.size_bytes().max(1) != count {
             return None;
         }
-        let mut tensor = Tensor::full(&TensorType::new(dtype, shape.to_vec()), 0.0);
-        tensor.read_le_bytes(bytes);
-        Some(tensor)
+        // One pass into the typed vector, no intermediate array (outputs are megabytes).
+        fn decode<T: LeBytes>(bytes: &[u8], shape: &[usize]) -> Option<ArrayD<T>> {
+            let values: Vec<T> = bytes.chunks_exact(T::SIZE).map(T::get).collect();
+            ArrayD::from_shape_vec(IxDyn(shape), values).ok()
+        }
+        Some(match dtype {
+            DType::F32 => Tensor::F32(decode(bytes, shape)?),
+            DType::F16 => Tensor::F16(decode(bytes, shape)?),
+            DType::BF16 => Tensor::BF16(decode(bytes, shape)?),
+            DType::F64 => Tensor::F64(decode(bytes, shape)?),
+            DType::I64 => Tensor::I64(decode(bytes, shape)?),
+            DType::I32 => Tensor::I32(decode(bytes, shape)?),
+            DType::Bool => Tensor::Bool(decode(bytes, shape)?),
+        })
     }
 }
 

@@ -1,0 +1,88 @@
+"""What a machine without a GPU can do: compile, inspect, bundles in and out, errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import fusec
+from conftest import MODELS
+
+
+def test_the_package_imports_and_says_what_it_finds():
+    assert isinstance(fusec.cuda_available(), bool)
+    assert isinstance(fusec.nvrtc_available(), bool)
+    assert fusec.__version__.count(".") == 2
+
+
+def test_compile_gives_a_bundle_that_describes_itself(caplog):
+    with caplog.at_level(logging.INFO, logger="fusec"):
+        bundle = fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": 16})
+    info = bundle.info
+    assert info["fused"] and info["precision"] == "f32"
+    assert 0 < info["kernels"] <= info["launches"]
+    assert info["graph_breaks"] == 0 and info["weight_bytes"] > 0 and info["arena_bytes"] > 0
+    assert bundle.inputs == [{"name": "input", "dtype": "int64", "shape": [2, 16]}]
+    assert bundle.outputs == [{"name": "last_hidden_state", "dtype": "float32", "shape": [2, 16, 64]}]
+    assert bundle.ranges == []
+    stages = [r.getMessage().split(":")[0] for r in caplog.records]
+    assert {"import", "passes", "fuse", "plan", "codegen"} <= set(stages)
+    unfused = fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": 16}, fuse=False)
+    assert not unfused.info["fused"] and unfused.info["launches"] > info["launches"]
+
+
+def test_a_range_bundle_names_its_dims():
+    bundle = fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": (1, 4), "seq": (1, 32)}, precision="fp16")
+    assert bundle.ranges == [("batch", (1, 4)), ("seq", (1, 32))]
+    assert bundle.inputs[0]["shape"] == ["batch", "seq"]
+    assert bundle.outputs[0]["shape"] == ["batch", "seq", 64]
+    assert bundle.info["precision"] == "f16"
+    assert "batch=1..4" in repr(bundle)
+
+
+def test_bundles_round_trip_through_files_and_bytes(tmp_path):
+    path = tmp_path / "gpt2.bundle"
+    bundle = fusec.compile(MODELS / "gpt2_ts.onnx", path, dims={"batch": 1, "seq": 7})
+    loaded = fusec.Bundle.load(path)
+    assert loaded == bundle
+    assert loaded.to_bytes() == path.read_bytes()
+    assert fusec.Bundle.from_bytes(bundle.to_bytes()) == bundle
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    with pytest.raises(fusec.BundleError, match="checksum|damaged|corrupt"):
+        fusec.Bundle.from_bytes(bytes(damaged))
+    with pytest.raises(fusec.BundleError, match="not a fusec bundle"):
+        fusec.Bundle.from_bytes(b"hello" * 20)
+
+
+def test_compile_errors_name_the_file_and_what_is_wrong(tmp_path):
+    with pytest.raises(fusec.CompileError, match="missing.onnx"):
+        fusec.compile(tmp_path / "missing.onnx")
+    with pytest.raises(fusec.CompileError, match="seq"):
+        fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2})
+    with pytest.raises(fusec.InputError, match="precision 'fp8'"):
+        fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": 4}, precision="fp8")
+    with pytest.raises(fusec.InputError, match="dims\\['seq'\\]"):
+        fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": "long"})
+    assert issubclass(fusec.CompileError, fusec.Error) and issubclass(fusec.Error, Exception)
+
+
+def test_inputs_given_by_shape_compile_without_dims():
+    bundle = fusec.compile(MODELS / "mlp_block.onnx", inputs={"x": (5, 7, 40)})
+    assert bundle.inputs == [{"name": "x", "dtype": "float32", "shape": [5, 7, 40]}]
+
+
+def test_summarize_reads_what_the_file_declares():
+    summary = fusec.summarize(MODELS / "gpt2_cache_ts.onnx")
+    names = [i["name"] for i in summary["inputs"]]
+    assert names[:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert summary["inputs"][3]["shape"] == ["batch", 4, "past", 16]
+    assert summary["outputs"][0]["name"] == "logits" and summary["unsupported"] == []
+
+
+@pytest.mark.skipif(fusec.cuda_available(), reason="checks the error a machine without a GPU gives")
+def test_a_session_without_a_gpu_is_a_clear_error():
+    bundle = fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": 16})
+    with pytest.raises(fusec.DeviceError, match="no CUDA driver"):
+        fusec.Session(bundle)
