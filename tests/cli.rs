@@ -613,3 +613,18 @@ fn the_kernel_cache_lives_in_the_platform_cache_directory() {
         text(&out.stdout)
     );
 }
+
+/// `generate --prompt` needs a tokenizer; a tokenizer that cannot be read is named.
+#[test]
+fn generate_text_prompts_need_a_readable_tokenizer() {
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    let model = model.to_str().unwrap();
+    let out = fusec(&["generate", model, "--prompt", "the cat"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--tokenizer"), "{}", text(&out.stderr));
+    let out = fusec(&["generate", model, "--prompt", "the cat", "--tokenizer", "missing/tokenizer.json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("missing/tokenizer.json"), "{}", text(&out.stderr));
+    let out = fusec(&["generate", model]);
+    assert_eq!(out.status.code(), Some(2), "a prompt is required: {}", text(&out.stderr));
+}

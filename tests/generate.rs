@@ -9,6 +9,7 @@ use fusec::import::{run_tract, ImportOptions, InputSpec};
 use fusec::ir::{DType, Tensor, TensorType};
 use fusec::{Bundle, CompileOptions};
 use ndarray::{ArrayD, IxDyn};
+use std::path::Path;
 
 const DECODERS: [&str; 2] = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"];
 
@@ -224,4 +225,35 @@ fn the_gpu_argmax_is_the_hosts() {
         assert_eq!(ours, theirs, "{rows} rows of {width}");
     }
     assert!(session.argmax_rows(name, 22, 40).is_err(), "more rows than the output holds");
+}
+
+/// Text prompts through a tokenizer file, decoded back: the fixture's word-level tokenizer
+/// (`models/make_tokenizer.py`) round-trips words, maps unknown ones to `[UNK]`, and a prompt
+/// given as text decodes on the CPU loop into the same tokens as its ids.
+#[test]
+fn text_prompts_go_through_the_tokenizer() {
+    use fusec::generate::{reference::TractSteps, TextCodec};
+    let codec = TextCodec::load(&common::model_path("tokenizer_words.json")).unwrap();
+    let ids = codec.encode("The cat sat, on the mat!").unwrap();
+    assert_eq!(ids.len(), 8, "{ids:?}");
+    assert_eq!(ids[0], ids[5], "'The' and 'the' are one token after lowercasing: {ids:?}");
+    assert_eq!(ids[6], 0, "'mat' is not in the vocabulary: [UNK]");
+    assert_eq!(codec.decode(&ids).unwrap(), "the cat sat , on the !", "[UNK] is special: left out");
+    let err = codec.decode(&[3, 512]).unwrap_err().to_string();
+    assert!(err.contains("token id 512 is outside the tokenizer's vocabulary of 512"), "{err}");
+    let err = TextCodec::load(Path::new("no/such/tokenizer.json")).err().unwrap().to_string();
+    assert!(err.contains("no/such/tokenizer.json"), "{err}");
+
+    let file = DECODERS[0];
+    let bundle = step_bundle(file, 1, 8, DType::F32);
+    let layout = CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).unwrap();
+    let steps =
+        TractSteps::new(&common::model_path(file), &bundle.header.inputs, &bundle.header.outputs).unwrap();
+    let mut generator = fusec::generate::Generator::with_steps(steps, layout);
+    let prompt = codec.encode("a big red dog").unwrap();
+    let options = GenerateOptions { max_new_tokens: 4, ..Default::default() };
+    let generation = generator.generate(std::slice::from_ref(&prompt), &options, |_, _| {}).unwrap();
+    assert_eq!(generation.tokens[0], reference_tokens(file, &prompt, 4));
+    let text = codec.decode(&generation.tokens[0]).unwrap();
+    assert!(!text.is_empty() && text.split(' ').count() <= 4, "{text:?}");
 }

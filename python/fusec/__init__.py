@@ -46,6 +46,7 @@ __version__ = _fusec.__version__
 __all__ = [
     "Bundle",
     "BundleError",
+    "DeviceTensor",
     "CompileError",
     "DeviceError",
     "Error",
@@ -134,6 +135,35 @@ def _torch_dtype_name(dtype: Any) -> str:
         return _TORCH_DTYPES[dtype]
     except KeyError:
         raise InputError(f"tensors of {dtype} are not an element type fusec takes") from None
+
+
+class DeviceTensor:
+    """An output of `Session.run_dlpack`: the session's own buffer, valid until the session's
+    next run, taken without a copy by any DLPack consumer (`torch.from_dlpack(t)`,
+    `cupy.from_dlpack(t)`). It is complete on the device when the run returns."""
+
+    __slots__ = ("_session", "name", "dtype", "shape", "device")
+
+    def __init__(self, session: Any, name: str, dtype: str, shape: tuple[int, ...], device: int) -> None:
+        self._session = session
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.device = device
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        return self._session.output_buffer(self.name)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device)  # kDLCUDA
+
+    @property
+    def data_ptr(self) -> int:
+        """The device address of the first element."""
+        return self._session.output_address(self.name)
+
+    def __repr__(self) -> str:
+        return f"DeviceTensor({self.name!r}, {self.dtype}{list(self.shape)}, cuda:{self.device})"
 
 
 class Session:
@@ -246,6 +276,27 @@ class Session:
             stream = torch.cuda.current_stream(self.device)
         handle = stream if isinstance(stream, int) else stream.cuda_stream
         return {name: torch.from_dlpack(capsule) for name, capsule in self._session.run_device(items, handle)}
+
+    def run_dlpack(self, feed: Mapping[str, Any], stream: int | None = None) -> dict[str, "DeviceTensor"]:
+        """Runs on CUDA tensors of this session's GPU from any DLPack producer (objects with
+        `__dlpack__`: PyTorch, CuPy, JAX, ...), `{name: tensor}`; returns `{name: DeviceTensor}`,
+        which any DLPack consumer takes without a copy (`torch.from_dlpack(out)`,
+        `cupy.from_dlpack(out)`), views of the session's buffers valid until its next run.
+
+        `stream`: the raw CUDA stream the inputs are ready on, passed to each producer's
+        `__dlpack__` (default 1, the legacy default stream, as the DLPack protocol defines); the
+        run starts after the work queued on it, and the outputs are complete when this returns.
+        """
+        handle = 1 if stream is None else int(stream)
+        items = []
+        for name, value in feed.items():
+            if not hasattr(value, "__dlpack__"):
+                raise InputError(f"input '{name}' ({type(value).__name__}) has no __dlpack__: use run() for host arrays")
+            items.append((name, value.__dlpack__(stream=handle)))
+        return {
+            name: DeviceTensor(self._session, name, dtype, tuple(shape), self.device)
+            for name, dtype, shape in self._session.run_dlpack(items, handle)
+        }
 
     def input_tensor(self, name: str, shape: Sequence[int] | None = None) -> Any:
         """The session's own buffer for input `name` as a PyTorch CUDA tensor of `shape`

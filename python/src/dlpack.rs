@@ -127,3 +127,80 @@ pub fn capsule(
     // SAFETY: a new reference just returned by PyCapsule_New.
     Ok(unsafe { Py::from_owned_ptr(py, capsule) })
 }
+
+/// A device tensor borrowed from a DLPack capsule (left unconsumed: its producer frees it
+/// when the capsule goes, after the call that borrowed it).
+pub struct Borrowed {
+    /// The address of its first element.
+    pub address: u64,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+}
+
+fn dtype_of(dtype: &DLDataType) -> Option<DType> {
+    match (dtype.code, dtype.bits, dtype.lanes) {
+        (2, 32, 1) => Some(DType::F32),
+        (2, 16, 1) => Some(DType::F16),
+        (2, 64, 1) => Some(DType::F64),
+        (4, 16, 1) => Some(DType::BF16),
+        (0, 64, 1) => Some(DType::I64),
+        (0, 32, 1) => Some(DType::I32),
+        (6, 8, 1) | (1, 8, 1) => Some(DType::Bool),
+        _ => None,
+    }
+}
+
+/// Reads the tensor of DLPack capsule `capsule`, given for input `name`: a CUDA tensor of
+/// device `device`, compact and row-major. The error names the input and what is wrong.
+pub fn borrow(capsule: &Bound<'_, PyAny>, name: &str, device: usize) -> PyResult<Borrowed> {
+    use crate::errors::InputError;
+    // SAFETY: reads the pointer of a live capsule of the name DLPack gives unconsumed tensors.
+    let tensor =
+        unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), NAME.as_ptr()) }.cast::<DLManagedTensor>();
+    if tensor.is_null() {
+        let cause = PyErr::take(capsule.py()).map_or(String::new(), |e| format!(": {e}"));
+        return Err(InputError::new_err(format!("input '{name}': not an unconsumed DLPack capsule{cause}")));
+    }
+    // SAFETY: the producer keeps the managed tensor alive while the capsule lives, which the
+    // caller holds for this call.
+    let t = unsafe { &(*tensor).dl_tensor };
+    if t.device.device_type != KDL_CUDA || usize::try_from(t.device.device_id).ok() != Some(device) {
+        return Err(InputError::new_err(format!(
+            "input '{name}' is on DLPack device ({}, {}): the session runs on CUDA device {device}",
+            t.device.device_type, t.device.device_id
+        )));
+    }
+    let dtype = dtype_of(&t.dtype).ok_or_else(|| {
+        InputError::new_err(format!(
+            "input '{name}' has DLPack type code {} of {} bits: not an element type fusec takes",
+            t.dtype.code, t.dtype.bits
+        ))
+    })?;
+    let ndim = usize::try_from(t.ndim).unwrap_or(0);
+    let read = |p: *mut i64| -> Vec<i64> {
+        if p.is_null() || ndim == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: `ndim` values owned by the managed tensor.
+            unsafe { std::slice::from_raw_parts(p, ndim) }.to_vec()
+        }
+    };
+    let shape: Vec<usize> = read(t.shape).into_iter().map(|d| d.max(0) as usize).collect();
+    let strides = read(t.strides);
+    let mut expected = 1i64;
+    let compact = strides.is_empty()
+        || shape.iter().zip(&strides).rev().all(|(&d, &s)| {
+            let ok = d <= 1 || s == expected;
+            expected *= d as i64;
+            ok
+        });
+    if !compact {
+        return Err(InputError::new_err(format!(
+            "input '{name}' has strides {strides:?} for shape {shape:?}: fusec takes compact row-major tensors \
+             (make it contiguous first)"
+        )));
+    }
+    Ok(Borrowed { address: (t.data as u64).wrapping_add(t.byte_offset), dtype, shape })
+}

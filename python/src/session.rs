@@ -191,6 +191,46 @@ impl PySession {
             .collect()
     }
 
+    /// Runs on DLPack capsules, `[(name, capsule)]` (CUDA tensors of this GPU, compact,
+    /// borrowed for the call), in order with CUDA stream `stream`; returns the outputs'
+    /// `(name, dtype, shape)`: read them with `output_buffer`, valid until the next run.
+    fn run_dlpack(
+        &mut self,
+        py: Python<'_>,
+        feed: Vec<(String, Bound<'_, PyAny>)>,
+        stream: u64,
+    ) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
+        let borrowed = feed
+            .iter()
+            .map(|(name, capsule)| dlpack::borrow(capsule, name, self.device))
+            .collect::<PyResult<Vec<_>>>()?;
+        let inputs: Vec<DeviceInput> = feed
+            .iter()
+            .zip(&borrowed)
+            .map(|((name, _), b)| DeviceInput { name, dtype: b.dtype, shape: &b.shape, address: b.address })
+            .collect();
+        let session = &mut self.session;
+        let outputs = py.detach(|| session.bound()?.run_device(&inputs, stream)).map_err(runtime)?;
+        Ok(outputs.into_iter().map(|o| (o.name, numpy_name(Some(o.ty.dtype)), o.ty.shape)).collect())
+    }
+
+    /// A DLPack capsule of output `name` as the last run left it (its shape at that run's
+    /// point), the session's own buffer: valid until the next run.
+    fn output_buffer(slf: &Bound<'_, Self>, name: &str) -> PyResult<Py<PyAny>> {
+        let this = slf.borrow();
+        let session = &this.session.0;
+        let spec = session.outputs().iter().find(|s| s.name == name).ok_or_else(|| {
+            let names: Vec<&str> = session.outputs().iter().map(|s| s.name.as_str()).collect();
+            InputError::new_err(format!("the model has no output '{name}' (it has {})", names.join(", ")))
+        })?;
+        let dtype = DType::from_name(&spec.dtype)
+            .ok_or_else(|| InputError::new_err(format!("output '{name}': {}", spec.dtype)))?;
+        let shape = spec.shape_at(session.point());
+        let address = session.output_device_ptr(name).map_or(0, |(a, _)| a);
+        let owner = slf.clone().into_any().unbind();
+        dlpack::capsule(slf.py(), address, this.device, dtype, &shape, owner)
+    }
+
     /// A DLPack capsule of the session's own buffer for input `name`, seen as `shape` (the
     /// input's shape at a point of the bundle's ranges): what is written there is read in
     /// place by `run_device`, with no copy.

@@ -100,3 +100,21 @@ def test_a_session_loads_a_bundle_file(tmp_path):
     feed = feed_for(MODELS / "mlp_block.onnx")
     assert rel_l2(session.run(None, feed)[0], reference(MODELS / "mlp_block.onnx", feed)[0]) <= 1e-5
     assert "mlp_block" in repr(session)
+
+
+def test_any_dlpack_producer_and_consumer(bert):
+    torch = pytest.importorskip("torch")
+    path, session = bert
+    feed = feed_for(path, seed=9, dims={"batch": 2, "seq": 33})
+    want = session.run(None, feed)[0]
+    out = session.run_dlpack({k: torch.from_numpy(v).cuda() for k, v in feed.items()})
+    tensor = out["last_hidden_state"]
+    assert tensor.shape == (2, 33, 64) and tensor.__dlpack_device__() == (2, 0)
+    viewed = torch.from_dlpack(tensor)
+    assert viewed.data_ptr() == tensor.data_ptr == session.output_address("last_hidden_state")
+    assert np.array_equal(viewed.cpu().numpy(), want)
+    strided = torch.from_numpy(feed["input_ids"]).cuda().t()
+    with pytest.raises(fusec.InputError, match="input 'input_ids' has strides"):
+        session.run_dlpack({**{k: torch.from_numpy(v).cuda() for k, v in feed.items()}, "input_ids": strided})
+    with pytest.raises(fusec.InputError, match="has no __dlpack__"):
+        session.run_dlpack({k: v.tolist() for k, v in feed.items()})

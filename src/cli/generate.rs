@@ -17,6 +17,7 @@ use fusec::{Bundle, CompileOptions};
 #[command(after_help = "Examples:\n  \
     fusec generate models/gpt2_cache_ts.onnx --prompt-ids 1,2,3 --max-new-tokens 16\n  \
     fusec generate models/llama_cache_ts.onnx --prompt-ids 5,6 --prompt-ids 7,8,9 --sample top-k=20 --seed 3\n  \
+    fusec generate models/gpt2_cache_ts.onnx --tokenizer models/tokenizer_words.json --prompt \"the cat sat\"\n  \
     fusec compile models/gpt2_cache_ts.onnx -o step.bundle --dim batch=1 --dim seq=1 --dim past=63 --dim total=64\n  \
     fusec generate step.bundle --prompt-ids 1,2,3")]
 pub struct Generate {
@@ -24,8 +25,15 @@ pub struct Generate {
     /// with `--dim seq=1` and `past` set to the cache's capacity.
     model: PathBuf,
     /// A prompt's token ids, comma-separated; repeat for a batch of prompts.
-    #[arg(long = "prompt-ids", value_name = "IDS", required = true)]
+    #[arg(long = "prompt-ids", value_name = "IDS", required_unless_present = "text")]
     prompts: Vec<String>,
+    /// A prompt as text, encoded with --tokenizer; repeat for a batch of prompts.
+    #[arg(long = "prompt", value_name = "TEXT", id = "text", requires = "tokenizer")]
+    texts: Vec<String>,
+    /// A Hugging Face tokenizer file (tokenizer.json): encodes --prompt, and the generated
+    /// tokens are printed as text too.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// Tokens to generate after each prompt, at most.
     #[arg(long, default_value_t = 16)]
     max_new_tokens: usize,
@@ -109,8 +117,18 @@ fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Ve
 
 impl Generate {
     pub fn execute(self) -> anyhow::Result<ExitCode> {
-        let prompts: Vec<Vec<i64>> =
+        let codec = self.tokenizer.as_deref().map(fusec::generate::TextCodec::load).transpose()?;
+        let mut prompts: Vec<Vec<i64>> =
             self.prompts.iter().map(|p| parse_prompt(p)).collect::<anyhow::Result<_>>()?;
+        if let Some(codec) = &codec {
+            for text in &self.texts {
+                let ids = codec.encode(text)?;
+                if ids.is_empty() {
+                    bail!("--prompt {text:?} encodes to no tokens");
+                }
+                prompts.push(ids);
+            }
+        }
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
         let bundle = if is_onnx {
@@ -145,6 +163,9 @@ impl Generate {
         for (b, tokens) in generation.tokens.iter().enumerate() {
             let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
             println!("sequence {b}: {}", ids.join(","));
+            if let Some(codec) = &codec {
+                println!("sequence {b} text: {:?} + {:?}", codec.decode(&prompts[b])?, codec.decode(tokens)?);
+            }
         }
         if generation.tokens.iter().all(Vec::is_empty) && self.max_new_tokens > 0 {
             bail!("no tokens were generated");

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod reference;
 pub mod sampling;
+pub mod text;
 
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use crate::ir::{DType, Element, Tensor};
 use crate::runtime::{RowCopy, RuntimeError, Session};
 pub use cache::CacheLayout;
 pub use sampling::{Sampler, Sampling};
+pub use text::TextCodec;
 
 /// Why generation failed.
 #[derive(Debug, thiserror::Error)]
