@@ -6,10 +6,12 @@ onnxruntime):
     python3 benches/python_api.py --onnx .bench-work/bert_base_mask.onnx --model bert_base_mask \
         [--batch 8 --seq 128 --precision fp16 --iters 300] [--json OUT.json]
 
-1. Python overhead per run: the Rust API (`fusec::Session::run`, host tensors in and out,
-   timed inside Rust) against `fusec.Session.run` (NumPy in and out) on the same session and
-   inputs, each the median of --iters runs after a warm-up, wall clock; the difference is
-   what the Python layer adds (target: under 10 µs for a model with 3 inputs).
+1. Python overhead per run: the Rust API timed inside Rust (`fusec::Session::run`, host
+   tensors in and out; and `run_host` with each output copied into a new vector, the same work
+   `fusec.Session.run` does below Python) against `fusec.Session.run` (NumPy in and out) on
+   the same session and inputs, wall clock; the overhead is the median difference of
+   alternating pairs (a Rust-timed run, then a Python run), so drift falls on both (target:
+   under 10 µs for a model with 3 inputs).
 2. Device tensors: `run_torch` (PyTorch CUDA tensors in, DLPack views out), wall clock, with
    the zero copies asserted on data pointers.
 3. PyTorch eager and torch.compile(mode="reduce-overhead") of the same model in the same
@@ -93,23 +95,32 @@ def main():
     print(f"{res['gpu']}: {a.model} {a.batch}x{a.seq} {a.precision}, {len(names)} inputs, "
           f"compiled in {res['compile_s']:.1f} s, {session.launches} launches")
 
-    # 1. Python overhead against the Rust API, interleaved so that clocks and caches drift alike.
+    # 1. Python overhead against the Rust API. Rounds of medians, then pairs: one run timed
+    # inside Rust (run_host with its output copies), then one Python run, alternately, so that
+    # clock, cache and allocator drift fall on both alike; the overhead is the median of the
+    # pairs' differences.
     rust, raw, python = [], [], []
     run = lambda: session.run(None, feed)  # noqa: E731
     for _ in range(3):
         rust.append(statistics.median(session.time_rust_run(feed, a.iters)))
         raw.append(statistics.median(session.time_rust_run(feed, a.iters, raw=True)))
         python.append(wall(run, a.iters))
+    pairs = []
+    for _ in range(a.iters * 2):
+        inner = session.time_rust_run(feed, 1, raw=True, warmup=False)[0]
+        start = time.perf_counter()
+        run()
+        pairs.append(time.perf_counter() - start - inner)
     res["rust_run_us"] = statistics.median(rust) * 1e6
     res["rust_run_host_us"] = statistics.median(raw) * 1e6
     res["python_run_us"] = statistics.median(python) * 1e6
-    res["python_overhead_us"] = res["python_run_us"] - res["rust_run_host_us"]
+    res["python_overhead_us"] = statistics.median(pairs) * 1e6
     res["python_vs_session_run_us"] = res["python_run_us"] - res["rust_run_us"]
     us = lambda xs: [round(x * 1e6, 1) for x in xs]  # noqa: E731
     print(f"run, host arrays: Rust Session::run {res['rust_run_us']:.1f} µs, Rust run_host + output copies "
-          f"{res['rust_run_host_us']:.1f} µs, Python Session.run {res['python_run_us']:.1f} µs: overhead "
-          f"{res['python_overhead_us']:+.1f} µs over run_host, {res['python_vs_session_run_us']:+.1f} µs over "
-          f"Session::run (rounds: {us(rust)}, {us(raw)}, {us(python)})")
+          f"{res['rust_run_host_us']:.1f} µs, Python Session.run {res['python_run_us']:.1f} µs "
+          f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
+          f"{res['python_overhead_us']:+.1f} µs (median of {len(pairs)} pairs)")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}

@@ -266,17 +266,19 @@ impl PySession {
         self.session.0.output_device_ptr(name).map(|(address, _)| address)
     }
 
-    /// Seconds of each of `iters` runs of the Rust API on `feed`, after one run: what the
+    /// Seconds of each of `iters` runs of the Rust API on `feed`, after one run (unless not
+    /// `warmup`): what the
     /// Python layer's overhead is measured against. `raw`: `Session::run_host` on the
     /// arrays' bytes with each output copied out into a new vector (what `Session.run` does
     /// below Python); else `Session::run` (host tensors in and out).
-    #[pyo3(signature = (feed, iters, raw=false))]
+    #[pyo3(signature = (feed, iters, raw=false, warmup=true))]
     fn time_rust_run(
         &mut self,
         py: Python<'_>,
         feed: Vec<(String, Bound<'_, PyAny>)>,
         iters: usize,
         raw: bool,
+        warmup: bool,
     ) -> PyResult<Vec<f64>> {
         let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
         let inputs: Vec<HostInput> = feed
@@ -303,7 +305,9 @@ impl PySession {
                 }
                 Ok(())
             };
-            once()?;
+            if warmup {
+                once()?;
+            }
             let mut times = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let start = std::time::Instant::now();

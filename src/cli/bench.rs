@@ -66,6 +66,12 @@ pub struct Bench {
     /// warning is printed either way): a fused build must never be slower.
     #[arg(long)]
     strict: bool,
+    /// For a decoder exported with its cache: generate PROMPTxNEW tokens (`128x256`) greedily,
+    /// fused against unfused, each compiled for one step at batch `--dim batch=B` (default 1)
+    /// with a cache of PROMPT+NEW positions; prints the time to the first tokens and ms per
+    /// token.
+    #[arg(long, value_name = "PROMPTxNEW")]
+    decode: Option<String>,
 }
 
 /// `8x384` as sizes of `ranges` (in order); an error names the point and the ranges.
@@ -370,6 +376,18 @@ impl Bench {
             bail!("fusec bench needs an NVIDIA GPU: no CUDA driver (libcuda.so) was found on this machine");
         }
         let precision = super::shapes::precision(&self.precision);
+        if let Some(setting) = &self.decode {
+            let setting = super::bench_decode::parse_setting(setting)?;
+            let batch = self.shapes.options().dims.get("batch").copied().unwrap_or(1);
+            return super::bench_decode::bench_decode(
+                &self.model,
+                batch,
+                setting,
+                precision,
+                self.device,
+                self.strict,
+            );
+        }
         let progress = Progress::new(self.quiet, "starting");
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
             let import = self.shapes.options();

@@ -79,7 +79,7 @@ fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
 /// The shapes of one decoding step of `model` for `batch` sequences and `capacity` cached
 /// positions: `[batch, 1]` ids and positions, `[batch, capacity + 1]` mask, cache inputs with
 /// `past` = `capacity` (heads and head size as the model declares them).
-fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Vec<InputSpec>> {
+pub(super) fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Vec<InputSpec>> {
     let summary = fusec::import::summarize(model)?;
     summary
         .inputs

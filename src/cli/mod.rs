@@ -1,6 +1,7 @@
 //! Subcommands of `fusec`.
 
 mod bench;
+mod bench_decode;
 mod cache;
 mod compile;
 mod generate;
