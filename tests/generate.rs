@@ -43,8 +43,14 @@ fn specs(file: &str, batch: usize, seq: usize, past: usize) -> Vec<InputSpec> {
 }
 
 fn step_bundle(file: &str, batch: usize, capacity: usize, precision: DType) -> Bundle {
+    prompt_bundle(file, batch, 1, capacity, precision)
+}
+
+/// `file` compiled for `seq` tokens a sequence after a cache of `capacity` (1: the one-token
+/// step; more: a prompt step).
+fn prompt_bundle(file: &str, batch: usize, seq: usize, capacity: usize, precision: DType) -> Bundle {
     let options = CompileOptions {
-        import: ImportOptions::new(specs(file, batch, 1, capacity), vec![]),
+        import: ImportOptions::new(specs(file, batch, seq, capacity), vec![]),
         precision,
         arch: Some("sm_90".into()),
         ..Default::default()
@@ -256,4 +262,48 @@ fn text_prompts_go_through_the_tokenizer() {
     assert_eq!(generation.tokens[0], reference_tokens(file, &prompt, 4));
     let text = codec.decode(&generation.tokens[0]).unwrap();
     assert!(!text.is_empty() && text.split(' ').count() <= 4, "{text:?}");
+}
+
+/// A prompt step (the first 3 tokens of every prompt in one step, its keys and values copied
+/// into the one-token step's cache) gives the same tokens as the prompts token by token and as
+/// recomputing every prefix; a prompt step longer than the shortest prompt is not used.
+#[test]
+fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
+    use fusec::generate::reference::TractSteps;
+    let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160]];
+    for file in DECODERS {
+        let path = common::model_path(file);
+        let step = step_bundle(file, 2, 10, DType::F32);
+        let layout = CacheLayout::of(&step.header.inputs, &step.header.outputs).unwrap();
+        let options = GenerateOptions { max_new_tokens: 6, ..Default::default() };
+        for (p, used) in [(3, true), (2, true), (4, false)] {
+            let prompt = prompt_bundle(file, 2, p, 10, DType::F32);
+            let prompt_layout = CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs).unwrap();
+            assert_eq!(prompt_layout.seq, p);
+            assert!(CacheLayout::of(&prompt.header.inputs, &prompt.header.outputs).is_err());
+            let steps = TractSteps::new(&path, &step.header.inputs, &step.header.outputs).unwrap();
+            let prompt_steps = TractSteps::new(&path, &prompt.header.inputs, &prompt.header.outputs).unwrap();
+            let mut generator = fusec::generate::Generator::with_steps(steps, layout.clone())
+                .with_prompt_steps(prompt_steps, prompt_layout)
+                .unwrap();
+            assert_eq!(generator.prompt_length(), Some(p));
+            let generation = generator.generate(&prompts, &options, |_, _| {}).unwrap();
+            let expected_steps = if used { 1 + (5 + 6 - 1 - p) } else { 5 + 6 - 1 };
+            assert_eq!(generation.steps, expected_steps, "{file}, prompt step of {p}");
+            for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
+                assert_eq!(tokens, &reference_tokens(file, prompt, 6), "{file}, prompt step of {p}, after {prompt:?}");
+            }
+        }
+        // A prompt step of another batch does not fit.
+        let other = prompt_bundle(file, 1, 3, 10, DType::F32);
+        let other_layout = CacheLayout::of_prompt(&other.header.inputs, &other.header.outputs).unwrap();
+        let steps = TractSteps::new(&path, &step.header.inputs, &step.header.outputs).unwrap();
+        let other_steps = TractSteps::new(&path, &other.header.inputs, &other.header.outputs).unwrap();
+        let err = fusec::generate::Generator::with_steps(steps, layout.clone())
+            .with_prompt_steps(other_steps, other_layout)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("does not match the one-token step"), "{err}");
+    }
 }

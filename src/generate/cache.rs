@@ -33,6 +33,8 @@ pub struct CacheLayout {
     pub batch: usize,
     /// Cached positions: the most tokens (prompt and generated) a sequence can hold.
     pub capacity: usize,
+    /// Tokens a sequence the step takes (1 for the one-token step; a prompt step's length).
+    pub seq: usize,
     /// Logits a token.
     pub vocab: usize,
     /// The logits output.
@@ -51,6 +53,16 @@ impl CacheLayout {
     /// The layout of a bundle's inputs and outputs, or why they are not a decoding step with
     /// a cache (naming the input or output that is not).
     pub fn of(inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<CacheLayout, String> {
+        Self::read(inputs, outputs, true)
+    }
+
+    /// The layout of a prompt step's bundle: [`CacheLayout::of`] for `seq` tokens a sequence
+    /// (`seq` of the layout), after a cache of the same capacity as the one-token step's.
+    pub fn of_prompt(inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<CacheLayout, String> {
+        Self::read(inputs, outputs, false)
+    }
+
+    fn read(inputs: &[IoSpec], outputs: &[IoSpec], one_token: bool) -> Result<CacheLayout, String> {
         let input = |name: &str| {
             inputs.iter().find(|s| s.name == name).ok_or_else(|| {
                 format!(
@@ -65,7 +77,7 @@ impl CacheLayout {
         let [batch, seq] = tokens.shape[..] else {
             return Err(format!("'{TOKENS}' is {:?}, not [batch, seq]", tokens.shape));
         };
-        if seq != 1 {
+        if one_token && seq != 1 {
             return Err(format!(
                 "'{TOKENS}' is {:?}: a decoding step takes one token a sequence (compile with --dim seq=1)",
                 tokens.shape
@@ -129,7 +141,22 @@ impl CacheLayout {
                 ))
             }
         };
-        Ok(CacheLayout { batch, capacity, vocab, logits: logits.name.clone(), pairs })
+        Ok(CacheLayout { batch, capacity, seq, vocab, logits: logits.name.clone(), pairs })
+    }
+
+    /// The copy of a prompt step's keys or values (the last `seq` positions of `present`)
+    /// into the first `seq` cache slots of the one-token step's input of the same pair.
+    pub fn fill(&self, pair: &CachePair) -> RowCopy {
+        let [b, heads, past, dim] = pair.shape;
+        let row = dim * 4;
+        RowCopy {
+            rows: b * heads,
+            width: self.seq * row,
+            from_offset: past * row,
+            from_pitch: (past + self.seq) * row,
+            to_offset: 0,
+            to_pitch: past * row,
+        }
     }
 
     /// The copy of a step's new keys or values (the last position of `present`) into cache

@@ -5,9 +5,12 @@
 //! Each step feeds one token of every sequence of the batch: a sequence's prompt first, token
 //! by token, then what it generates; every sequence has the same number of positions filled,
 //! so prompts of different lengths share the steps (a shorter prompt starts generating
-//! sooner). The bundle is one size, so every step replays one CUDA graph.
+//! sooner). The bundle is one size, so every step replays one CUDA graph. With a prompt step
+//! ([`prompt`]: the same decoder compiled for `P` tokens a sequence), the first `P` tokens of
+//! every prompt run as one step, their keys and values copied into the cache.
 
 pub mod cache;
+pub mod prompt;
 pub mod reference;
 pub mod sampling;
 pub mod text;
@@ -163,6 +166,14 @@ pub trait Steps {
         }
         Ok(())
     }
+    /// Copies rows of outputs of these steps' last run into inputs of `target` (output,
+    /// input pairs): a prompt step filling the one-token step's cache.
+    fn copy_output_rows_into(
+        &mut self,
+        target: &mut Self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(), GenerateError>;
     /// The element type of input `name`.
     fn input_type(&self, name: &str) -> Option<DType>;
 }
@@ -197,6 +208,14 @@ impl Steps for Session {
     fn copy_output_rows_many(&mut self, pairs: &[(&str, &str)], copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows_many(self, pairs, copy)?)
     }
+    fn copy_output_rows_into(
+        &mut self,
+        target: &mut Self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(), GenerateError> {
+        Ok(Session::copy_output_rows_into(self, target, pairs, copy)?)
+    }
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
     }
@@ -207,6 +226,8 @@ impl Steps for Session {
 pub struct Generator<S: Steps = Session> {
     steps: S,
     layout: CacheLayout,
+    /// The prompt step and its layout, where there is one ([`prompt`]).
+    prompt: Option<(S, CacheLayout)>,
 }
 
 impl Generator<Session> {
@@ -216,14 +237,14 @@ impl Generator<Session> {
         let layout =
             CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).map_err(GenerateError::Layout)?;
         let session = Session::new(bundle, device)?;
-        Ok(Generator { steps: session, layout })
+        Ok(Generator { steps: session, layout, prompt: None })
     }
 }
 
 impl<S: Steps> Generator<S> {
     /// A generator whose steps `steps` runs, for a cache of `layout`.
     pub fn with_steps(steps: S, layout: CacheLayout) -> Self {
-        Generator { steps, layout }
+        Generator { steps, layout, prompt: None }
     }
 
     /// The cache's layout: batch, capacity, vocabulary.
@@ -269,9 +290,14 @@ impl<S: Steps> Generator<S> {
         let rows: Vec<&Vec<i64>> = (0..batch).map(|b| prompts.get(b).unwrap_or(&prompts[0])).collect();
         let mut out = Generation { tokens: vec![Vec::new(); prompts.len()], ..Default::default() };
         let mut done = vec![options.max_new_tokens == 0; prompts.len()];
-        let mut last_step = Instant::now();
         let mut logits = Vec::with_capacity(batch * vocab);
-        for t in 0..steps {
+        let start =
+            self.run_prompt(&rows, prompts, options, &mut sampler, &mut out, &mut done, &mut on_token)?;
+        if start > 0 && start == longest {
+            out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
+        }
+        let mut last_step = Instant::now();
+        for t in start..steps {
             if done.iter().all(|&d| d) {
                 break;
             }
@@ -349,9 +375,19 @@ impl<S: Steps> Generator<S> {
     }
 
     fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {
-        let dtype = self.steps.input_type(name).unwrap_or(DType::I64);
-        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
-            .map_err(|e| GenerateError::Input(format!("input '{name}': {e}")))?;
-        self.steps.write_input(name, &Tensor::from_f64(array, dtype))
+        write_input(&mut self.steps, name, shape, values)
     }
+}
+
+/// Writes input `name` of `steps` from `values` of `shape`, in the input's element type.
+fn write_input<S: Steps>(
+    steps: &mut S,
+    name: &str,
+    shape: &[usize],
+    values: Vec<f64>,
+) -> Result<(), GenerateError> {
+    let dtype = steps.input_type(name).unwrap_or(DType::I64);
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
+        .map_err(|e| GenerateError::Input(format!("input '{name}': {e}")))?;
+    steps.write_input(name, &Tensor::from_f64(array, dtype))
 }

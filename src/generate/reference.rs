@@ -75,23 +75,47 @@ impl Steps for TractSteps {
     }
 
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
-        let source = self.read_output(from)?.to_le_bytes();
-        let target = self.input(to)?;
-        let mut bytes = target.to_le_bytes();
-        for r in 0..copy.rows {
-            let (f, t) = (copy.from_offset + r * copy.from_pitch, copy.to_offset + r * copy.to_pitch);
-            let (Some(row), true) = (source.get(f..f + copy.width), t + copy.width <= bytes.len()) else {
-                return Err(GenerateError::Input(format!(
-                    "a copy of rows from '{from}' to '{to}' runs past one of them"
-                )));
-            };
-            bytes[t..t + copy.width].copy_from_slice(row);
+        let source = self.read_output(from)?;
+        copy_rows(&source, self.input(to)?, from, to, copy)
+    }
+
+    fn copy_output_rows_into(
+        &mut self,
+        target: &mut Self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(), GenerateError> {
+        for (from, to) in pairs {
+            let source = self.read_output(from)?;
+            copy_rows(&source, target.input(to)?, from, to, copy)?;
         }
-        target.read_le_bytes(&bytes);
         Ok(())
     }
 
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t.dtype())
     }
+}
+
+/// Copies `copy`'s rows of bytes from `source` (output `from`) into `target` (input `to`).
+fn copy_rows(
+    source: &Tensor,
+    target: &mut Tensor,
+    from: &str,
+    to: &str,
+    copy: RowCopy,
+) -> Result<(), GenerateError> {
+    let source = source.to_le_bytes();
+    let mut bytes = target.to_le_bytes();
+    for r in 0..copy.rows {
+        let (f, t) = (copy.from_offset + r * copy.from_pitch, copy.to_offset + r * copy.to_pitch);
+        let (Some(row), true) = (source.get(f..f + copy.width), t + copy.width <= bytes.len()) else {
+            return Err(GenerateError::Input(format!(
+                "a copy of rows from '{from}' to '{to}' runs past one of them"
+            )));
+        };
+        bytes[t..t + copy.width].copy_from_slice(row);
+    }
+    target.read_le_bytes(&bytes);
+    Ok(())
 }

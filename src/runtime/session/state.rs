@@ -215,21 +215,28 @@ impl Session {
         Ok(out)
     }
 
-    /// The device addresses of output `from` and input `to`, where `copy` stays inside both.
-    fn copy_ends(&self, from: &str, to: &str, copy: RowCopy) -> Result<(u64, u64), RuntimeError> {
-        let (source, target) =
-            (Self::spec(&self.outputs, from, "output")?, Self::spec(&self.inputs, to, "input")?);
+    /// The device addresses of this session's output `from` and `target`'s input `to` (the
+    /// same session, or another on this GPU), where `copy` stays inside both.
+    fn copy_ends(
+        &self,
+        target: &Session,
+        from: &str,
+        to: &str,
+        copy: RowCopy,
+    ) -> Result<(u64, u64), RuntimeError> {
+        let (source, input) =
+            (Self::spec(&self.outputs, from, "output")?, Self::spec(&target.inputs, to, "input")?);
         let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
         let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
         if copy.rows > 0
             && (last(copy.from_offset, copy.from_pitch) > size(source)
-                || last(copy.to_offset, copy.to_pitch) > size(target))
+                || last(copy.to_offset, copy.to_pitch) > size(input))
         {
             return Err(RuntimeError::Input(format!(
                 "a copy of rows from output '{from}' to input '{to}' runs past one of them"
             )));
         }
-        Ok((self.address(source.location), self.address(target.location)))
+        Ok((self.address(source.location), target.address(input.location)))
     }
 
     /// Copies rows of output `from` of the last run into input `to` on the device (in stream
@@ -250,10 +257,43 @@ impl Session {
         let mut bases = Vec::with_capacity(2 * pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         for (from, to) in pairs {
-            let (source, target) = self.copy_ends(from, to, copy)?;
+            let (source, target) = self.copy_ends(self, from, to, copy)?;
             bases.push(source + copy.from_offset as u64);
             targets.push(target + copy.to_offset as u64);
         }
+        self.copy_rows(bases, targets, copy)
+    }
+
+    /// [`Session::copy_output_rows_many`] from this session's outputs into the inputs of
+    /// `target`, another session on the same GPU (a decoder's prompt step filling the cache
+    /// of its one-token step); waits for the copy, so `target`'s next run reads it.
+    pub fn copy_output_rows_into(
+        &mut self,
+        target: &Session,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(), RuntimeError> {
+        let mut bases = Vec::with_capacity(2 * pairs.len());
+        let mut targets = Vec::with_capacity(pairs.len());
+        for (from, to) in pairs {
+            let (source, input) = self.copy_ends(target, from, to, copy)?;
+            bases.push(source + copy.from_offset as u64);
+            targets.push(input + copy.to_offset as u64);
+        }
+        self.copy_rows(bases, targets, copy)?;
+        self.stream.synchronize().map_err(driver)
+    }
+
+    /// Copies `copy.rows` rows from each address of `bases` to the address beside it in
+    /// `targets` (the first rows' first bytes), on the session's stream: one launch, or a 2-D
+    /// copy each for rows not in whole 4-byte words.
+    fn copy_rows(
+        &mut self,
+        mut bases: Vec<u64>,
+        targets: Vec<u64>,
+        copy: RowCopy,
+    ) -> Result<(), RuntimeError> {
+        let n = targets.len();
         let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
         if words.iter().any(|n| n % 4 != 0) {
             for (&source, &target) in bases.iter().zip(&targets) {
@@ -263,7 +303,7 @@ impl Session {
         }
         bases.extend(targets);
         let threads = (copy.rows * copy.width / 4) as u64;
-        if threads == 0 || pairs.is_empty() {
+        if threads == 0 || n == 0 {
             return Ok(());
         }
         if self.state.row_copy.is_none() {
@@ -278,7 +318,6 @@ impl Session {
         else {
             return Err(RuntimeError::Driver("the copy kernel did not load".into()));
         };
-        let n = pairs.len();
         let config = LaunchConfig {
             grid_dim: (
                 u32::try_from(threads.div_ceil(256))

@@ -1,0 +1,128 @@
+//! The prompt in one step: the decoder compiled a second time for `P` tokens a sequence (its
+//! cache inputs at the same capacity as the one-token step's, every slot masked), run once on
+//! the first `P` tokens of every prompt; its keys and values go into the first `P` slots of
+//! the one-token step's cache (one copy on the device), and a sequence whose prompt is `P`
+//! tokens long takes its first token from that step's last logits. The rest of a longer
+//! prompt goes token by token, as without a prompt step. No padding: `P` is at most the
+//! shortest prompt (a prompt step longer than that is not used).
+
+use super::cache;
+use super::{
+    write_input, Bundle, CacheLayout, GenerateError, GenerateOptions, Generation, Generator, Sampler,
+    Sampling, Session, Steps,
+};
+
+impl Generator<Session> {
+    /// Loads the one-token `step` bundle and the `prompt` bundle (the same decoder compiled
+    /// with `seq` = P and the same batch and cache) on GPU `device`.
+    pub fn with_prompt(step: &Bundle, prompt: &Bundle, device: usize) -> Result<Generator, GenerateError> {
+        let layout = CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs)
+            .map_err(GenerateError::Layout)?;
+        Generator::new(step, device)?.with_prompt_steps(Session::new(prompt, device)?, layout)
+    }
+}
+
+impl<S: Steps> Generator<S> {
+    /// Adds a prompt step run by `steps`, of `layout` (batch, cache, vocabulary and cached
+    /// tensors those of the one-token step).
+    pub fn with_prompt_steps(mut self, steps: S, layout: CacheLayout) -> Result<Self, GenerateError> {
+        let step = &self.layout;
+        let same_pairs = layout.pairs.len() == step.pairs.len()
+            && layout.pairs.iter().all(|p| step.pairs.iter().any(|s| s.past == p.past && s.shape == p.shape));
+        if layout.batch != step.batch
+            || layout.capacity != step.capacity
+            || layout.vocab != step.vocab
+            || !same_pairs
+        {
+            return Err(GenerateError::Layout(format!(
+                "the prompt step (batch {}, cache {}, vocabulary {}) does not match the one-token step (batch {}, \
+                 cache {}, vocabulary {}) or its cached tensors",
+                layout.batch, layout.capacity, layout.vocab, step.batch, step.capacity, step.vocab
+            )));
+        }
+        self.prompt = Some((steps, layout));
+        Ok(self)
+    }
+
+    /// Tokens a sequence the prompt step takes (none without one).
+    pub fn prompt_length(&self) -> Option<usize> {
+        self.prompt.as_ref().map(|(_, layout)| layout.seq)
+    }
+
+    /// Runs the prompt step where there is one that fits every prompt: fills the cache's
+    /// first `P` slots, chooses the first token of each sequence whose prompt is `P` long.
+    /// Returns the position the token-by-token steps start at (0 when it did not run).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_prompt(
+        &mut self,
+        rows: &[&Vec<i64>],
+        prompts: &[Vec<i64>],
+        options: &GenerateOptions,
+        sampler: &mut Sampler,
+        out: &mut Generation,
+        done: &mut [bool],
+        on_token: &mut impl FnMut(usize, i64),
+    ) -> Result<usize, GenerateError> {
+        let Generator { steps: step, layout: step_layout, prompt } = self;
+        let Some((steps, layout)) = prompt.as_mut() else { return Ok(0) };
+        let p = layout.seq;
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        if p > shortest || p < 2 {
+            return Ok(0);
+        }
+        let (batch, capacity, vocab) = (layout.batch, layout.capacity, layout.vocab);
+        for pair in &layout.pairs {
+            steps.zero_input(&pair.past)?;
+        }
+        let tokens = rows.iter().flat_map(|r| r[..p].iter().map(|&t| t as f64)).collect();
+        write_input(steps, cache::TOKENS, &[batch, p], tokens)?;
+        let positions = (0..batch).flat_map(|_| (0..p).map(|j| j as f64)).collect();
+        write_input(steps, cache::POSITIONS, &[batch, p], positions)?;
+        let mask =
+            (0..batch).flat_map(|_| (0..capacity + p).map(|j| f64::from(u8::from(j >= capacity)))).collect();
+        write_input(steps, cache::MASK, &[batch, capacity + p], mask)?;
+        steps.execute()?;
+        let pairs: Vec<(&str, &str)> =
+            layout.pairs.iter().map(|q| (q.present.as_str(), q.past.as_str())).collect();
+        match layout.pairs.first().filter(|f| layout.pairs.iter().all(|q| q.shape == f.shape)) {
+            Some(first) => steps.copy_output_rows_into(step, &pairs, layout.fill(first))?,
+            None => {
+                for q in &layout.pairs {
+                    steps.copy_output_rows_into(
+                        step,
+                        &[(q.present.as_str(), q.past.as_str())],
+                        layout.fill(q),
+                    )?;
+                }
+            }
+        }
+        debug_assert_eq!(step_layout.capacity, capacity);
+        // The first tokens of the sequences whose prompt ends here, from the last position's
+        // logits (greedy on the GPU where the steps can: only ids come back).
+        if prompts.iter().any(|q| q.len() == p) {
+            let last_row = |b: usize| b * p + p - 1;
+            let chosen = match options.sampling {
+                Sampling::Greedy => steps.argmax_rows(&layout.logits, batch * p, vocab)?,
+                _ => None,
+            };
+            let mut logits = Vec::new();
+            if chosen.is_none() {
+                steps.read_output_f32(&layout.logits, &mut logits)?;
+            }
+            for (b, prompt) in prompts.iter().enumerate() {
+                if prompt.len() != p || done[b] {
+                    continue;
+                }
+                let token = match &chosen {
+                    Some(ids) => ids[last_row(b)],
+                    None => sampler.choose(&logits[last_row(b) * vocab..(last_row(b) + 1) * vocab]) as i64,
+                };
+                out.tokens[b].push(token);
+                on_token(b, token);
+                done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
+            }
+        }
+        out.steps += 1;
+        Ok(p)
+    }
+}
