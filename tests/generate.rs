@@ -203,6 +203,46 @@ fn greedy_tokens_match_recomputing_without_a_cache() {
     }
 }
 
+/// On the GPU, a prompt step (two sessions: the cache filled across them on the device) gives
+/// the greedy tokens of recomputing every prefix, and top-k draws equal to the CPU loop's.
+#[test]
+fn a_prompt_step_on_the_gpu_gives_the_same_tokens() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (the prompt step is checked against tract on a GPU machine)");
+        return;
+    }
+    for file in DECODERS {
+        let prompts = vec![vec![5i64, 77, 300, 41], vec![11, 2, 480, 9, 160, 33]];
+        let step = step_bundle(file, 2, 15, DType::F32);
+        let prompt = prompt_bundle(file, 2, 4, 15, DType::F32);
+        let mut generator = Generator::with_prompt(&step, &prompt, 0).unwrap();
+        let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
+        let generation = generator.generate(&prompts, &options, |_, _| {}).unwrap();
+        assert_eq!(generation.steps, 1 + 6 + 10 - 1 - 4, "{file}");
+        for (p, tokens) in prompts.iter().zip(&generation.tokens) {
+            assert_eq!(tokens, &reference_tokens(file, p, 10), "{file} after {p:?}");
+        }
+        let sampled = GenerateOptions {
+            max_new_tokens: 8,
+            sampling: fusec::generate::Sampling::TopK(20),
+            temperature: 0.8,
+            seed: 5,
+            ..Default::default()
+        };
+        let ours = generator.generate(&prompts, &sampled, |_, _| {}).unwrap();
+        let layout = CacheLayout::of(&step.header.inputs, &step.header.outputs).unwrap();
+        let steps = fusec::generate::reference::TractSteps::new(
+            &common::model_path(file),
+            &step.header.inputs,
+            &step.header.outputs,
+        )
+        .unwrap();
+        let theirs =
+            fusec::generate::Generator::with_steps(steps, layout).generate(&prompts, &sampled, |_, _| {});
+        assert_eq!(ours.tokens, theirs.unwrap().tokens, "{file}: top-k draws after a prompt step");
+    }
+}
+
 /// The GPU's greedy choice (`Session::argmax_rows`) picks what the host's does, on every row
 /// of a model's output (awkward widths: rows of 40, and of 280 seen as 7 rows of 40 each).
 #[test]
@@ -278,7 +318,8 @@ fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
         let options = GenerateOptions { max_new_tokens: 6, ..Default::default() };
         for (p, used) in [(3, true), (2, true), (4, false)] {
             let prompt = prompt_bundle(file, 2, p, 10, DType::F32);
-            let prompt_layout = CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs).unwrap();
+            let prompt_layout =
+                CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs).unwrap();
             assert_eq!(prompt_layout.seq, p);
             assert!(CacheLayout::of(&prompt.header.inputs, &prompt.header.outputs).is_err());
             let steps = TractSteps::new(&path, &step.header.inputs, &step.header.outputs).unwrap();
@@ -291,7 +332,11 @@ fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
             let expected_steps = if used { 1 + (5 + 6 - 1 - p) } else { 5 + 6 - 1 };
             assert_eq!(generation.steps, expected_steps, "{file}, prompt step of {p}");
             for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
-                assert_eq!(tokens, &reference_tokens(file, prompt, 6), "{file}, prompt step of {p}, after {prompt:?}");
+                assert_eq!(
+                    tokens,
+                    &reference_tokens(file, prompt, 6),
+                    "{file}, prompt step of {p}, after {prompt:?}"
+                );
             }
         }
         // A prompt step of another batch does not fit.

@@ -1,7 +1,7 @@
 //! `fusec bench --decode PROMPTxNEW`: a decoder with a cache generating tokens, fused against
 //! unfused: each compiled for one step at the batch and cache the setting needs, each run
-//! greedy from the same prompts after a warm-up generation; time to the first tokens and ms
-//! per token after them (the median step), side by side.
+//! greedy from the same prompts after a warm-up generation, the prompts in one prompt step;
+//! time to the first tokens and ms per token after them (the median step), side by side.
 
 use std::path::Path;
 use std::process::ExitCode;

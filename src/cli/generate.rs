@@ -62,6 +62,47 @@ pub struct Generate {
     /// The GPU to run on.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Run prompts token by token (an ONNX model): no prompt step. By default the first
+    /// tokens of every prompt (as many as the shortest has) run as one step of a second
+    /// compile of the model.
+    #[arg(long)]
+    token_by_token: bool,
+}
+
+/// `model` compiled for one decoding step (`batch` sequences, a cache of `capacity`) and,
+/// for `prompt` tokens of at least 2, for a prompt step of that many tokens, loaded on
+/// `device`; with the one-token step's launches per run.
+pub(super) fn compile_generator(
+    model: &Path,
+    batch: usize,
+    capacity: usize,
+    precision: DType,
+    no_fuse: bool,
+    prompt: Option<usize>,
+    device: usize,
+) -> anyhow::Result<(Generator, usize)> {
+    let compile = |seq: usize| -> anyhow::Result<Bundle> {
+        let specs = prompt_inputs(model, batch, seq, capacity)?;
+        let options = CompileOptions {
+            import: ImportOptions::new(specs, vec![]),
+            no_fuse,
+            precision,
+            ..Default::default()
+        };
+        fusec::compile(model, &options).with_context(|| {
+            format!(
+                "compiling {} for {seq} tokens a sequence{}",
+                model.display(),
+                if no_fuse { " (unfused)" } else { "" }
+            )
+        })
+    };
+    let step = compile(1)?;
+    let generator = match prompt.filter(|&p| p > 1) {
+        Some(p) => Generator::with_prompt(&step, &compile(p)?, device)?,
+        None => Generator::new(&step, device)?,
+    };
+    Ok((generator, step.header.launches))
 }
 
 fn parse_sampling(text: &str) -> Result<Sampling, String> {
@@ -80,14 +121,25 @@ fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
 /// positions: `[batch, 1]` ids and positions, `[batch, capacity + 1]` mask, cache inputs with
 /// `past` = `capacity` (heads and head size as the model declares them).
 pub(super) fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Vec<InputSpec>> {
+    prompt_inputs(model, batch, 1, capacity)
+}
+
+/// [`step_inputs`] for `seq` tokens a sequence (a prompt step: `[batch, seq]` ids and
+/// positions, `[batch, capacity + seq]` mask).
+pub(super) fn prompt_inputs(
+    model: &Path,
+    batch: usize,
+    seq: usize,
+    capacity: usize,
+) -> anyhow::Result<Vec<InputSpec>> {
     let summary = fusec::import::summarize(model)?;
     summary
         .inputs
         .iter()
         .map(|input| {
             let shape = match input.name.as_str() {
-                cache::TOKENS | cache::POSITIONS => vec![batch, 1],
-                cache::MASK => vec![batch, capacity + 1],
+                cache::TOKENS | cache::POSITIONS => vec![batch, seq],
+                cache::MASK => vec![batch, capacity + seq],
                 name if name.starts_with("past") => {
                     let fixed = |d: Option<&DeclaredDim>| match d {
                         Some(DeclaredDim::Fixed(n)) => Some(*n),
@@ -131,27 +183,24 @@ impl Generate {
         }
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
-        let bundle = if is_onnx {
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        let mut generator = if is_onnx {
             let batch = self.batch.unwrap_or(prompts.len());
             let capacity = self.capacity.unwrap_or(longest + self.max_new_tokens);
-            let precision = DType::from_name(match self.precision.as_str() {
-                "fp16" => "f16",
-                "bf16" => "bf16",
-                _ => "f32",
-            })
-            .unwrap_or(DType::F32);
-            let specs = step_inputs(&self.model, batch, capacity)?;
-            let options =
-                CompileOptions { import: ImportOptions::new(specs, vec![]), precision, ..Default::default() };
+            let precision = super::shapes::precision(&self.precision);
+            let prompt_step = (!self.token_by_token).then_some(shortest);
             eprintln!(
-                "compiling {} for one step: batch {batch}, cache of {capacity} positions",
-                self.model.display()
+                "compiling {} for one step: batch {batch}, cache of {capacity} positions{}",
+                self.model.display(),
+                match prompt_step {
+                    Some(p) if p > 1 => format!(", and for a prompt step of {p} tokens"),
+                    _ => String::new(),
+                }
             );
-            fusec::compile(&self.model, &options)?
+            compile_generator(&self.model, batch, capacity, precision, false, prompt_step, self.device)?.0
         } else {
-            Bundle::load(&self.model)?
+            Generator::new(&Bundle::load(&self.model)?, self.device)?
         };
-        let mut generator = Generator::new(&bundle, self.device)?;
         let options = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             sampling: self.sample,
@@ -170,10 +219,15 @@ impl Generate {
         if generation.tokens.iter().all(Vec::is_empty) && self.max_new_tokens > 0 {
             bail!("no tokens were generated");
         }
+        let prompt_steps = match generator.prompt_length() {
+            Some(p) if p > 1 && p <= shortest => {
+                format!("a prompt step of {p} tokens, then {} token steps", longest - p)
+            }
+            _ => format!("{longest} prompt steps"),
+        };
         println!(
-            "time to first token {:.2} ms ({} prompt steps), {:.3} ms per token after it, {:.0} tokens/s ({} sequences, {})",
+            "time to first token {:.2} ms ({prompt_steps}), {:.3} ms per token after it, {:.0} tokens/s ({} sequences, {})",
             generation.first_token_ms,
-            longest,
             generation.ms_per_token(),
             generation.tokens_per_second(prompts.len()),
             prompts.len(),
