@@ -6,11 +6,9 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use fusec::generate::{GenerateOptions, Generator};
-use fusec::import::ImportOptions;
+use anyhow::bail;
+use fusec::generate::GenerateOptions;
 use fusec::ir::DType;
-use fusec::CompileOptions;
 
 /// What one build measured.
 struct Measured {
@@ -55,19 +53,15 @@ fn measure(
     no_fuse: bool,
     device: usize,
 ) -> anyhow::Result<Measured> {
-    let capacity = prompt + new;
-    let specs = super::generate::step_inputs(model, batch, capacity)?;
-    let options = CompileOptions {
-        import: ImportOptions::new(specs, vec![]),
-        no_fuse,
+    let (mut generator, launches) = super::generate::compile_generator(
+        model,
+        batch,
+        prompt + new,
         precision,
-        ..Default::default()
-    };
-    let bundle = fusec::compile(model, &options).with_context(|| {
-        format!("compiling {} for one step ({})", model.display(), if no_fuse { "unfused" } else { "fused" })
-    })?;
-    let launches = bundle.header.launches;
-    let mut generator = Generator::new(&bundle, device)?;
+        no_fuse,
+        Some(prompt),
+        device,
+    )?;
     let prompts = prompts(batch, prompt, generator.layout().vocab);
     let options = GenerateOptions { max_new_tokens: new, ..Default::default() };
     // A warm-up generation: kernels loaded, CUDA graph captured, GEMM algorithms chosen.

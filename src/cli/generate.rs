@@ -117,15 +117,10 @@ fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
         .collect()
 }
 
-/// The shapes of one decoding step of `model` for `batch` sequences and `capacity` cached
-/// positions: `[batch, 1]` ids and positions, `[batch, capacity + 1]` mask, cache inputs with
-/// `past` = `capacity` (heads and head size as the model declares them).
-pub(super) fn step_inputs(model: &Path, batch: usize, capacity: usize) -> anyhow::Result<Vec<InputSpec>> {
-    prompt_inputs(model, batch, 1, capacity)
-}
-
-/// [`step_inputs`] for `seq` tokens a sequence (a prompt step: `[batch, seq]` ids and
-/// positions, `[batch, capacity + seq]` mask).
+/// The shapes of `model` for `batch` sequences of `seq` tokens after `capacity` cached
+/// positions (one decoding step: `seq` 1; a prompt step: more): `[batch, seq]` ids and
+/// positions, `[batch, capacity + seq]` mask, cache inputs with `past` = `capacity` (heads
+/// and head size as the model declares them).
 pub(super) fn prompt_inputs(
     model: &Path,
     batch: usize,
