@@ -77,6 +77,7 @@ def main():
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--json")
     p.add_argument("--skip-ort", action="store_true")
+    p.add_argument("--skip-torch", action="store_true")
     a = p.parse_args()
     res = {"gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "model": a.model,
            "batch": a.batch, "seq": a.seq, "precision": a.precision}
@@ -111,6 +112,15 @@ def main():
         start = time.perf_counter()
         run()
         pairs.append(time.perf_counter() - start - inner)
+    # The same pairs with no output fetched (`run([], feed)`): the Python layer's fixed cost,
+    # apart from the output's bytes.
+    bare = []
+    for _ in range(a.iters * 2):
+        inner = session.time_rust_run(feed, 1, raw=True, warmup=False, output_names=[])[0]
+        start = time.perf_counter()
+        session.run([], feed)
+        bare.append(time.perf_counter() - start - inner)
+    res["python_overhead_no_outputs_us"] = statistics.median(bare) * 1e6
     res["rust_run_us"] = statistics.median(rust) * 1e6
     res["rust_run_host_us"] = statistics.median(raw) * 1e6
     res["python_run_us"] = statistics.median(python) * 1e6
@@ -120,7 +130,8 @@ def main():
     print(f"run, host arrays: Rust Session::run {res['rust_run_us']:.1f} µs, Rust run_host + output copies "
           f"{res['rust_run_host_us']:.1f} µs, Python Session.run {res['python_run_us']:.1f} µs "
           f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
-          f"{res['python_overhead_us']:+.1f} µs (median of {len(pairs)} pairs)")
+          f"{res['python_overhead_us']:+.1f} µs (median of {len(pairs)} pairs); with no output fetched "
+          f"{res['python_overhead_no_outputs_us']:+.1f} µs")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}
@@ -143,6 +154,12 @@ def main():
           f"zero copies asserted on data pointers; equal to run(): {res['run_torch_matches_run']}")
 
     # 3. PyTorch in the same process.
+    if a.skip_torch:
+        a.skip_ort = True
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.precision]
     module = suite.build(a.model).cuda().to(dtype)
     args = [t.cuda() for t in tensors]

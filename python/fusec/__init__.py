@@ -335,15 +335,20 @@ class Session:
         return self._session.output_address(name)
 
     def time_rust_run(
-        self, feed: Mapping[str, Any], iters: int = 100, raw: bool = False, warmup: bool = True
+        self,
+        feed: Mapping[str, Any],
+        iters: int = 100,
+        raw: bool = False,
+        warmup: bool = True,
+        output_names: Sequence[str] | None = None,
     ) -> list[float]:
         """Seconds of each of `iters` runs of the Rust API on `feed`, timed in Rust: the
         baseline the Python layer's overhead is measured against. `raw=False`:
         `fusec::Session::run` (host tensors in and out); `raw=True`: `Session::run_host` on
         the arrays' bytes with each output copied into a new vector, what `run` does below
-        Python. `warmup`: one untimed run first."""
+        Python (only `output_names` copied out, when given). `warmup`: one untimed run first."""
         items = [(n, np.ascontiguousarray(v)) for n, v in feed.items()]
-        return self._session.time_rust_run(items, iters, raw, warmup)
+        return self._session.time_rust_run(items, iters, raw, warmup, self._wanted(output_names))
 
     def __repr__(self) -> str:
         return f"Session({self.bundle!r}, device={self.device} ({self.device_name}))"

@@ -53,7 +53,12 @@ class Session:
     def input_address(self, name: str) -> int | None: ...
     def output_address(self, name: str) -> int | None: ...
     def time_rust_run(
-        self, feed: Sequence[tuple[str, Any]], iters: int, raw: bool = False, warmup: bool = True
+        self,
+        feed: Sequence[tuple[str, Any]],
+        iters: int,
+        raw: bool = False,
+        warmup: bool = True,
+        wanted: Sequence[int] | None = None,
     ) -> list[float]: ...
 
 def compile(

@@ -270,8 +270,9 @@ impl PySession {
     /// `warmup`): what the
     /// Python layer's overhead is measured against. `raw`: `Session::run_host` on the
     /// arrays' bytes with each output copied out into a new vector (what `Session.run` does
-    /// below Python); else `Session::run` (host tensors in and out).
-    #[pyo3(signature = (feed, iters, raw=false, warmup=true))]
+    /// below Python; only the outputs at indices `wanted` when given); else `Session::run`
+    /// (host tensors in and out).
+    #[pyo3(signature = (feed, iters, raw=false, warmup=true, wanted=None))]
     fn time_rust_run(
         &mut self,
         py: Python<'_>,
@@ -279,6 +280,7 @@ impl PySession {
         iters: usize,
         raw: bool,
         warmup: bool,
+        wanted: Option<Vec<usize>>,
     ) -> PyResult<Vec<f64>> {
         let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
         let inputs: Vec<HostInput> = feed
@@ -297,7 +299,7 @@ impl PySession {
             let mut once = || -> Result<(), fusec::runtime::RuntimeError> {
                 if raw {
                     let types = session.run_host(&inputs)?;
-                    for k in 0..types.len() {
+                    for k in wanted.clone().unwrap_or_else(|| (0..types.len()).collect()) {
                         std::hint::black_box(session.staged_output(k)?.to_vec());
                     }
                 } else {
