@@ -61,6 +61,14 @@ pub fn nvrtc_available() -> bool {
     fusec::nvrtc::available()
 }
 
+/// The inputs of a feed, each read in place from its array.
+fn host_inputs<'a>(feed: &'a [(String, Bound<'_, PyAny>)], arrays: &'a [HostArray]) -> Vec<HostInput<'a>> {
+    feed.iter()
+        .zip(arrays)
+        .map(|((name, _), a)| HostInput { name, dtype: a.dtype, shape: &a.shape, bytes: a.bytes() })
+        .collect()
+}
+
 fn dtype_named(name: &str) -> PyResult<DType> {
     let dtype = match name {
         "float32" => DType::F32,
@@ -142,11 +150,7 @@ impl PySession {
         wanted: Option<Vec<usize>>,
     ) -> PyResult<Vec<HostOutput<'py>>> {
         let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
-        let inputs: Vec<HostInput> = feed
-            .iter()
-            .zip(&arrays)
-            .map(|((name, _), a)| HostInput { name, dtype: a.dtype, shape: &a.shape, bytes: a.bytes() })
-            .collect();
+        let inputs = host_inputs(&feed, &arrays);
         let session = &mut self.session;
         let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
         let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
@@ -283,11 +287,7 @@ impl PySession {
         wanted: Option<Vec<usize>>,
     ) -> PyResult<Vec<f64>> {
         let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
-        let inputs: Vec<HostInput> = feed
-            .iter()
-            .zip(&arrays)
-            .map(|((name, _), a)| HostInput { name, dtype: a.dtype, shape: &a.shape, bytes: a.bytes() })
-            .collect();
+        let inputs = host_inputs(&feed, &arrays);
         let tensors = inputs
             .iter()
             .map(|i| Ok((i.name.to_string(), fusec::runtime::tensor_from_bytes(i.bytes, i.shape, i.dtype)?)))

@@ -254,14 +254,26 @@ impl Session {
         pairs: &[(&str, &str)],
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
+        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
+        self.copy_rows(bases, targets, copy)
+    }
+
+    /// The first rows' addresses of `copy` for each (output, input) pair: in this session's
+    /// outputs, and in `target`'s inputs (checked to hold the rows).
+    fn row_addresses(
+        &self,
+        target: &Session,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+    ) -> Result<(Vec<u64>, Vec<u64>), RuntimeError> {
         let mut bases = Vec::with_capacity(2 * pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         for (from, to) in pairs {
-            let (source, target) = self.copy_ends(self, from, to, copy)?;
+            let (source, input) = self.copy_ends(target, from, to, copy)?;
             bases.push(source + copy.from_offset as u64);
-            targets.push(target + copy.to_offset as u64);
+            targets.push(input + copy.to_offset as u64);
         }
-        self.copy_rows(bases, targets, copy)
+        Ok((bases, targets))
     }
 
     /// [`Session::copy_output_rows_many`] from this session's outputs into the inputs of
@@ -273,13 +285,7 @@ impl Session {
         pairs: &[(&str, &str)],
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
-        let mut bases = Vec::with_capacity(2 * pairs.len());
-        let mut targets = Vec::with_capacity(pairs.len());
-        for (from, to) in pairs {
-            let (source, input) = self.copy_ends(target, from, to, copy)?;
-            bases.push(source + copy.from_offset as u64);
-            targets.push(input + copy.to_offset as u64);
-        }
+        let (bases, targets) = self.row_addresses(target, pairs, copy)?;
         self.copy_rows(bases, targets, copy)?;
         self.stream.synchronize().map_err(driver)
     }
