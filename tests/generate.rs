@@ -352,3 +352,51 @@ fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
         assert!(err.contains("does not match the one-token step"), "{err}");
     }
 }
+
+/// A cache of 2,000 positions filled one token at a time does not drift: the last step's
+/// logits (the cache holding 1,999 positions computed step by step) against tract's forward
+/// pass over the whole sequence at once, fp32 (the Llama-style fixture: rotary positions, no
+/// table of 64 as the tiny GPT-2 has).
+#[test]
+fn a_cache_of_2000_tokens_does_not_drift() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (the 2,000-token cache is checked against tract on a GPU machine)");
+        return;
+    }
+    let file = "llama_cache_ts.onnx";
+    let n = 2000;
+    let mut state = 12345u64;
+    let prompt: Vec<i64> = (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            1 + (state >> 33) as i64 % 511
+        })
+        .collect();
+    let step = step_bundle(file, 1, n, DType::F32);
+    let mut generator = Generator::new(&step, 0).unwrap();
+    let options = GenerateOptions { max_new_tokens: 1, ..Default::default() };
+    let generation = generator.generate(std::slice::from_ref(&prompt), &options, |_, _| {}).unwrap();
+    assert_eq!(generation.steps, n);
+    let ours = fusec::generate::Steps::read_output(generator.steps_mut(), "logits").unwrap();
+
+    let (heads, size) = cache_dims(file);
+    let ints = |shape: &[usize], v: Vec<i64>| {
+        Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
+    };
+    let mut mask = vec![1i64; n + 1];
+    mask[0] = 0;
+    let inputs =
+        [ints(&[1, n], prompt.clone()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
+    let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
+    let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
+    let outputs = run_tract(&common::model_path(file), &values).unwrap();
+    let all = outputs[0].to_f64_vec();
+    let last: Vec<f32> = all[(n - 1) * 512..n * 512].iter().map(|&v| v as f32).collect();
+    let theirs = Tensor::from_f64(
+        ArrayD::from_shape_vec(IxDyn(&[1, 1, 512]), last.iter().map(|&v| f64::from(v)).collect()).unwrap(),
+        DType::F32,
+    );
+    let error = fusec::ir::rel_l2(&ours, &theirs);
+    println!("2,000-token cache: the last step's logits against the whole sequence, rel-L2 {error:.2e}");
+    assert!(error <= 1e-5, "rel-L2 {error:.2e}");
+}

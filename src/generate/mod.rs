@@ -252,6 +252,12 @@ impl<S: Steps> Generator<S> {
         &self.layout
     }
 
+    /// What runs the one-token step (the session: its outputs after a generation are those
+    /// of the last step, such as the logits).
+    pub fn steps_mut(&mut self) -> &mut S {
+        &mut self.steps
+    }
+
     /// Generates up to `options.max_new_tokens` tokens after each prompt (at most the batch
     /// the bundle was compiled for), calling `on_token(sequence, token)` as each is chosen.
     pub fn generate(
