@@ -130,6 +130,22 @@ def main():
         session._session.run_host(items, [])
         binding.append(time.perf_counter() - start - inner)
     res["binding_overhead_no_outputs_us"] = statistics.median(binding) * 1e6
+    # Outputs allocated by NumPy (np.empty) and filled by one copy from the page-locked buffer,
+    # against the bytearray + frombuffer path `run` takes: the same pairs.
+    def run_numpy_outputs():
+        types = session._session.run_host_staged(items)
+        outs = [np.empty(shape, dtype) for dtype, shape in types]
+        for k, out in enumerate(outs):
+            session._session.read_output_into(k, out)
+        return outs
+    assert np.array_equal(run_numpy_outputs()[0], session.run(None, feed)[0])
+    empties = []
+    for _ in range(a.iters * 2):
+        inner = session.time_rust_run(feed, 1, raw=True, warmup=False)[0]
+        start = time.perf_counter()
+        run_numpy_outputs()
+        empties.append(time.perf_counter() - start - inner)
+    res["numpy_outputs_overhead_us"] = statistics.median(empties) * 1e6
     # The wrapper's Python alone, no GPU: the feed's arrays checked and listed.
     res["wrapper_feed_us"] = wall(lambda: [(n, np.asarray(v)) for n, v in feed.items() if np.asarray(v).flags.c_contiguous], a.iters) * 1e6
     res["rust_run_us"] = statistics.median(rust) * 1e6
@@ -143,7 +159,8 @@ def main():
           f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
           f"{res['python_overhead_us']:+.1f} µs (median of {len(pairs)} pairs); with no output fetched "
           f"{res['python_overhead_no_outputs_us']:+.1f} µs, of which the binding {res['binding_overhead_no_outputs_us']:+.1f} µs "
-          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs")
+          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs; outputs from np.empty filled by Rust "
+          f"{res['numpy_outputs_overhead_us']:+.1f} µs")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}

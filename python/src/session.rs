@@ -164,6 +164,28 @@ impl PySession {
             .collect()
     }
 
+    /// Runs on host arrays as `run_host` does, leaving every output in the session's
+    /// page-locked buffers; returns the outputs' `(dtype, shape)`: `read_output_into` copies
+    /// one into an array the caller allocated.
+    fn run_host_staged(
+        &mut self,
+        py: Python<'_>,
+        feed: Vec<(String, Bound<'_, PyAny>)>,
+    ) -> PyResult<Vec<(&'static str, Vec<usize>)>> {
+        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
+        let inputs = host_inputs(&feed, &arrays);
+        let session = &mut self.session;
+        let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
+        Ok(types.into_iter().map(|t| (numpy_name(Some(t.dtype)), t.shape)).collect())
+    }
+
+    /// Copies output `k` of the last `run_host_staged` into `out`, a C-contiguous writable
+    /// array of its type and size.
+    fn read_output_into(&self, k: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let bytes = self.session.0.staged_output(k).map_err(runtime)?;
+        crate::buffer::copy_into(out, bytes, k)
+    }
+
     /// Runs on device tensors, `[(name, address, dtype, shape)]`, in order with CUDA stream
     /// `stream` (a handle; 0 for the legacy default stream); returns `(name, capsule)` for
     /// every output: DLPack capsules of the session's buffers, valid until the next run.
