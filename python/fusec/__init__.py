@@ -233,7 +233,7 @@ class Session:
         """Runs on host arrays (NumPy, or anything `numpy.asarray` takes), `{name: array}`, each
         of its input's element type; returns the outputs named (all when None) as NumPy arrays,
         in order. For a range bundle the inputs' shapes choose the size. Inputs are copied
-        once, into page-locked memory; outputs once, out of it.
+        once, into page-locked memory; outputs once, out of it into new NumPy arrays.
         """
         wanted = self._wanted(output_names)
         items = []
@@ -242,10 +242,17 @@ class Session:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             items.append((name, array))
-        return [
-            np.frombuffer(data, dtype=dtype).reshape(shape)
-            for data, dtype, shape in self._session.run_host(items, wanted)
-        ]
+        # Each output wanted goes into an array NumPy allocates, in one copy out of the
+        # session's page-locked buffer (measured ~5 µs a run cheaper than a bytearray wrapped
+        # by numpy.frombuffer: benches/NOTES.md).
+        types = self._session.run_host_staged(items)
+        outputs = []
+        for k in range(len(types)) if wanted is None else wanted:
+            dtype, shape = types[k]
+            out = np.empty(shape, dtype)
+            self._session.read_output_into(k, out)
+            outputs.append(out)
+        return outputs
 
     def run_torch(self, feed: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
         """Runs on PyTorch CUDA tensors of this session's GPU, `{name: tensor}`; returns
