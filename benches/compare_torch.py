@@ -4,6 +4,7 @@ torch.compile(mode="reduce-overhead"), timed the way `fusec bench` times (CUDA e
 each call after a warm-up, several input sets rotated, median / p10 / p90).
 
     python3 benches/compare_torch.py --json OUT.json [--models ...] [--dtypes ...] [--micro-only]
+        [--decode 128x256 [--decode-batches 1,8]]
 
 Every compiled variant's output is checked against eager f32 before it is timed (rel-L2;
 bound 1e-4 for f32, 2e-2 for f16 whose reference is still f32); a failed check is recorded
@@ -110,6 +111,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--no-micro", action="store_true")
     parser.add_argument("--micro-only", action="store_true")
+    parser.add_argument("--decode", metavar="PROMPTxNEW",
+                        help="also PyTorch's greedy decoding (benches/decode_torch.py: eager with the dynamic "
+                             "cache, static cache under torch.compile) of the decoders models/export_cache.py "
+                             "exports (--size small), e.g. 128x256, into the JSON's \"decode\" list")
+    parser.add_argument("--decode-batches", default="1,8", help="batch sizes of --decode")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -153,9 +159,21 @@ def main():
                              dict(batch=batch, seq=seq), modes)
             del module
     save(args, records)
+    if args.decode:
+        # Decoding last: its own models (the decoders with a cache), its own timing
+        # (generate, wall clock around a synchronised call, as benches/decode_torch.py).
+        from decode_torch import measure as measure_decode
+        prompt, new = (int(n) for n in args.decode.split("x"))
+        decode = []
+        for name in ["gpt2", "llama"]:
+            for batch in (int(b) for b in args.decode_batches.split(",")):
+                for result in measure_decode(name, "small", prompt, new, batch, "fp16"):
+                    print(json.dumps(result), flush=True)
+                    decode.append(result)
+                    save(args, records, decode)
 
 
-def save(args, records):
+def save(args, records, decode=None):
     """Rewritten after every record, so a run cut short keeps what it measured."""
     meta = dict(torch=torch.__version__, device=torch.cuda.get_device_name(0),
                 cuda=torch.version.cuda)
@@ -164,8 +182,11 @@ def save(args, records):
         meta["transformers"] = transformers.__version__
     except ImportError:
         pass
+    document = dict(meta=meta, records=records)
+    if decode is not None:
+        document["decode"] = decode
     with open(args.json, "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+        json.dump(document, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ first token (a generate of one new token) and ms per token after it.
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, "models")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
 from export_cache import configs  # noqa: E402
 
 
@@ -31,6 +32,42 @@ def timed(fn, repeat):
     return times[len(times) // 2]
 
 
+def measure(name, size, prompt, new, batch, dtype_name="fp16", modes=("eager", "static-compiled")):
+    """PyTorch's greedy `generate` of `new` tokens after a random `prompt`-token prompt for
+    `batch` sequences, each mode: one dict a mode (time to first token, ms per token after
+    it, tokens/s; or the error)."""
+    model = dict(configs(size))[name]
+    dtype = torch.float16 if dtype_name == "fp16" else torch.float32
+    model = model.to("cuda", dtype).eval()
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
+    mask = torch.ones_like(ids)
+    results = []
+    for mode in modes:
+        kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+        if mode == "static-compiled":
+            # A static cache makes generate compile the forward itself (its compile_config:
+            # reduce-overhead, CUDA graphs).
+            kwargs["cache_implementation"] = "static"
+        try:
+            with torch.no_grad():
+                def run(n):
+                    return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, **kwargs)
+                run(new)  # warm-up (and compilation)
+                run(new)
+                first = timed(lambda: run(1), 5)
+                whole = timed(lambda: run(new), 5)
+            per_token = (whole - first) / (new - 1)
+            results.append({"model": f"{name}_{size}", "mode": mode, "dtype": dtype_name, "batch": batch,
+                            "prompt": prompt, "new": new, "first_token_ms": round(first, 3),
+                            "ms_per_token": round(per_token, 4), "tokens_per_s": round(batch * 1e3 / per_token, 1)})
+        except Exception as e:  # report and go on to the next mode
+            results.append({"model": f"{name}_{size}", "mode": mode, "error": str(e)[:300]})
+    del model
+    torch.cuda.empty_cache()
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gpt2")
@@ -41,33 +78,9 @@ def main():
     parser.add_argument("--dtype", default="fp16")
     parser.add_argument("--modes", default="eager,static-compiled")
     args = parser.parse_args()
-    model = dict(configs(args.size))[args.model]
-    dtype = torch.float16 if args.dtype == "fp16" else torch.float32
-    model = model.to("cuda", dtype).eval()
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (args.batch, args.prompt), device="cuda")
-    mask = torch.ones_like(ids)
-    for mode in args.modes.split(","):
-        kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
-        if mode == "static-compiled":
-            # A static cache makes generate compile the forward itself (its compile_config:
-            # reduce-overhead, CUDA graphs).
-            kwargs["cache_implementation"] = "static"
-        try:
-            with torch.no_grad():
-                def run(n):
-                    return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, **kwargs)
-                run(args.new)  # warm-up (and compilation)
-                run(args.new)
-                first = timed(lambda: run(1), 5)
-                whole = timed(lambda: run(args.new), 5)
-            per_token = (whole - first) / (args.new - 1)
-            print(json.dumps({"model": f"{args.model}_{args.size}", "mode": mode, "dtype": args.dtype,
-                              "batch": args.batch, "prompt": args.prompt, "new": args.new,
-                              "first_token_ms": round(first, 3), "ms_per_token": round(per_token, 4),
-                              "tokens_per_s": round(args.batch * 1e3 / per_token, 1)}), flush=True)
-        except Exception as e:  # report and go on to the next mode
-            print(json.dumps({"model": args.model, "mode": mode, "error": str(e)[:300]}), flush=True)
+    for result in measure(args.model, args.size, args.prompt, args.new, args.batch, args.dtype,
+                          args.modes.split(",")):
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
