@@ -106,61 +106,39 @@ def main():
         rust.append(statistics.median(session.time_rust_run(feed, a.iters)))
         raw.append(statistics.median(session.time_rust_run(feed, a.iters, raw=True)))
         python.append(wall(run, a.iters))
-    pairs = []
-    for _ in range(a.iters * 2):
-        inner = session.time_rust_run(feed, 1, raw=True, warmup=False)[0]
-        start = time.perf_counter()
-        run()
-        pairs.append(time.perf_counter() - start - inner)
+
+    def paired(fn, output_names=None):
+        """The median of (fn's wall time − one run_host timed inside Rust with the outputs
+        `output_names` copied out), the two alternating."""
+        diffs = []
+        for _ in range(a.iters * 2):
+            inner = session.time_rust_run(feed, 1, raw=True, warmup=False, output_names=output_names)[0]
+            start = time.perf_counter()
+            fn()
+            diffs.append(time.perf_counter() - start - inner)
+        return statistics.median(diffs)
+
+    pairs = a.iters * 2
+    res["python_overhead_us"] = paired(run) * 1e6
     # The same pairs with no output fetched (`run([], feed)`): the Python layer's fixed cost,
-    # apart from the output's bytes.
-    bare = []
-    for _ in range(a.iters * 2):
-        inner = session.time_rust_run(feed, 1, raw=True, warmup=False, output_names=[])[0]
-        start = time.perf_counter()
-        session.run([], feed)
-        bare.append(time.perf_counter() - start - inner)
-    res["python_overhead_no_outputs_us"] = statistics.median(bare) * 1e6
-    # The binding alone (the Rust module's run_host, no Python wrapper), no output fetched.
+    # apart from the output's bytes; and the binding alone (the Rust module's run_host_staged,
+    # no Python wrapper).
+    res["python_overhead_no_outputs_us"] = paired(lambda: session.run([], feed), []) * 1e6
     items = [(n, np.ascontiguousarray(v)) for n, v in feed.items()]
-    binding = []
-    for _ in range(a.iters * 2):
-        inner = session.time_rust_run(feed, 1, raw=True, warmup=False, output_names=[])[0]
-        start = time.perf_counter()
-        session._session.run_host(items, [])
-        binding.append(time.perf_counter() - start - inner)
-    res["binding_overhead_no_outputs_us"] = statistics.median(binding) * 1e6
-    # Outputs allocated by NumPy (np.empty) and filled by one copy from the page-locked buffer,
-    # against the bytearray + frombuffer path `run` takes: the same pairs.
-    def run_numpy_outputs():
-        types = session._session.run_host_staged(items)
-        outs = [np.empty(shape, dtype) for dtype, shape in types]
-        for k, out in enumerate(outs):
-            session._session.read_output_into(k, out)
-        return outs
-    assert np.array_equal(run_numpy_outputs()[0], session.run(None, feed)[0])
-    empties = []
-    for _ in range(a.iters * 2):
-        inner = session.time_rust_run(feed, 1, raw=True, warmup=False)[0]
-        start = time.perf_counter()
-        run_numpy_outputs()
-        empties.append(time.perf_counter() - start - inner)
-    res["numpy_outputs_overhead_us"] = statistics.median(empties) * 1e6
+    res["binding_overhead_no_outputs_us"] = paired(lambda: session._session.run_host_staged(items), []) * 1e6
     # The wrapper's Python alone, no GPU: the feed's arrays checked and listed.
     res["wrapper_feed_us"] = wall(lambda: [(n, np.asarray(v)) for n, v in feed.items() if np.asarray(v).flags.c_contiguous], a.iters) * 1e6
     res["rust_run_us"] = statistics.median(rust) * 1e6
     res["rust_run_host_us"] = statistics.median(raw) * 1e6
     res["python_run_us"] = statistics.median(python) * 1e6
-    res["python_overhead_us"] = statistics.median(pairs) * 1e6
     res["python_vs_session_run_us"] = res["python_run_us"] - res["rust_run_us"]
     us = lambda xs: [round(x * 1e6, 1) for x in xs]  # noqa: E731
     print(f"run, host arrays: Rust Session::run {res['rust_run_us']:.1f} µs, Rust run_host + output copies "
           f"{res['rust_run_host_us']:.1f} µs, Python Session.run {res['python_run_us']:.1f} µs "
           f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
-          f"{res['python_overhead_us']:+.1f} µs (median of {len(pairs)} pairs); with no output fetched "
+          f"{res['python_overhead_us']:+.1f} µs (median of {pairs} pairs); with no output fetched "
           f"{res['python_overhead_no_outputs_us']:+.1f} µs, of which the binding {res['binding_overhead_no_outputs_us']:+.1f} µs "
-          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs; outputs from np.empty filled by Rust "
-          f"{res['numpy_outputs_overhead_us']:+.1f} µs")
+          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}

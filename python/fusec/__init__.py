@@ -311,27 +311,7 @@ class Session:
         stream given to `run_torch`) and pass it to `run_torch`, which then copies nothing."""
         import torch
 
-        if shape is None:
-            spec = next((i for i in self.inputs if i["name"] == name), None)
-            if spec is None:
-                names = ", ".join(i["name"] for i in self.inputs)
-                raise InputError(f"the model has no input '{name}' (it has {names})")
-            shape = self._top_shape(name)
-        return torch.from_dlpack(self._session.input_buffer(name, list(shape)))
-
-    def _top_shape(self, name: str) -> list[int]:
-        ranges = dict(self.bundle.ranges)
-        spec = next(i for i in self.inputs if i["name"] == name)
-        shape = []
-        for dim in spec["shape"]:
-            if isinstance(dim, int):
-                shape.append(dim)
-            else:
-                value = 1
-                for factor in str(dim).split("*"):
-                    value *= ranges[factor][1] if factor in ranges else int(factor)
-                shape.append(value)
-        return shape
+        return torch.from_dlpack(self._session.input_buffer(name, None if shape is None else list(shape)))
 
     def input_address(self, name: str) -> int | None:
         """The device address of the session's buffer for input `name`."""

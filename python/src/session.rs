@@ -1,10 +1,11 @@
-//! A bundle loaded on a GPU, for Python: host arrays in and out (`run_host`), device
+//! A bundle loaded on a GPU, for Python: host arrays in and out (`run_host_staged`,
+//! `read_output_into`), device
 //! tensors in and out in order with the caller's stream (`run_device`), the session's own
 //! input buffers lent out for writing in place, and the Rust API timed from the same
 //! process (`time_rust_run`).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyDict};
+use pyo3::types::PyDict;
 
 use crate::buffer::HostArray;
 use crate::bundle::{io_dict, numpy_name, PyBundle};
@@ -13,9 +14,6 @@ use crate::errors::{runtime, InputError};
 use fusec::ir::DType;
 use fusec::runtime::{DeviceInput, HostInput, SessionOptions};
 use fusec::Session;
-
-/// An output copied to the host: its bytes, NumPy's name of its type, its shape.
-type HostOutput<'py> = (Bound<'py, PyByteArray>, &'static str, Vec<usize>);
 
 /// A session that moves between threads with its Python object, used by one at a time.
 struct Moving(Session);
@@ -70,17 +68,10 @@ fn host_inputs<'a>(feed: &'a [(String, Bound<'_, PyAny>)], arrays: &'a [HostArra
 }
 
 fn dtype_named(name: &str) -> PyResult<DType> {
-    let dtype = match name {
-        "float32" => DType::F32,
-        "float16" => DType::F16,
-        "bfloat16" => DType::BF16,
-        "float64" => DType::F64,
-        "int64" => DType::I64,
-        "int32" => DType::I32,
-        "bool" => DType::Bool,
-        other => return Err(InputError::new_err(format!("element type '{other}' is not one fusec takes"))),
-    };
-    Ok(dtype)
+    [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool]
+        .into_iter()
+        .find(|&d| numpy_name(Some(d)) == name)
+        .ok_or_else(|| InputError::new_err(format!("element type '{name}' is not one fusec takes")))
 }
 
 #[pymethods]
@@ -140,33 +131,9 @@ impl PySession {
         self.session.0.launches()
     }
 
-    /// Runs on host arrays, `[(name, array)]` (C-contiguous, of each input's type); returns
-    /// `(bytes, dtype, shape)` of the outputs at indices `wanted` (all when None), in order.
-    #[pyo3(signature = (feed, wanted=None))]
-    fn run_host<'py>(
-        &mut self,
-        py: Python<'py>,
-        feed: Vec<(String, Bound<'py, PyAny>)>,
-        wanted: Option<Vec<usize>>,
-    ) -> PyResult<Vec<HostOutput<'py>>> {
-        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
-        let inputs = host_inputs(&feed, &arrays);
-        let session = &mut self.session;
-        let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
-        let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
-        wanted
-            .into_iter()
-            .map(|k| {
-                let ty = types.get(k).ok_or_else(|| InputError::new_err(format!("no output {k}")))?;
-                let bytes = self.session.0.staged_output(k).map_err(runtime)?;
-                Ok((PyByteArray::new(py, bytes), numpy_name(Some(ty.dtype)), ty.shape.clone()))
-            })
-            .collect()
-    }
-
-    /// Runs on host arrays as `run_host` does, leaving every output in the session's
-    /// page-locked buffers; returns the outputs' `(dtype, shape)`: `read_output_into` copies
-    /// one into an array the caller allocated.
+    /// Runs on host arrays, `[(name, array)]` (C-contiguous, each of its input's type, read in
+    /// place), leaving every output in the session's page-locked buffers; returns the outputs'
+    /// `(dtype, shape)`: `read_output_into` copies one into an array the caller allocated.
     fn run_host_staged(
         &mut self,
         py: Python<'_>,
@@ -258,9 +225,10 @@ impl PySession {
     }
 
     /// A DLPack capsule of the session's own buffer for input `name`, seen as `shape` (the
-    /// input's shape at a point of the bundle's ranges): what is written there is read in
-    /// place by `run_device`, with no copy.
-    fn input_buffer(slf: &Bound<'_, Self>, name: &str, shape: Vec<usize>) -> PyResult<Py<PyAny>> {
+    /// input's shape at a point of the bundle's ranges; default: at the top of them): what is
+    /// written there is read in place by `run_device`, with no copy.
+    #[pyo3(signature = (name, shape=None))]
+    fn input_buffer(slf: &Bound<'_, Self>, name: &str, shape: Option<Vec<usize>>) -> PyResult<Py<PyAny>> {
         let this = slf.borrow();
         let session = &this.session.0;
         let spec = session.inputs().iter().find(|s| s.name == name).ok_or_else(|| {
@@ -270,6 +238,7 @@ impl PySession {
         let ty = spec
             .tensor_type()
             .ok_or_else(|| InputError::new_err(format!("input '{name}': {}", spec.dtype)))?;
+        let shape = shape.unwrap_or_else(|| ty.shape.clone());
         let fits = shape.len() == ty.shape.len() && shape.iter().zip(&ty.shape).all(|(a, b)| a <= b);
         if !fits {
             return Err(InputError::new_err(format!(

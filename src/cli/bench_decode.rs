@@ -71,12 +71,9 @@ fn measure(
         |_, _| {},
     )?;
     let generation = generator.generate(&prompts, &options, |_, _| {})?;
-    let mut steps = generation.step_ms.clone();
-    steps.sort_by(f64::total_cmp);
-    let ms_per_token = steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN);
     Ok(Measured {
         first_token_ms: generation.first_token_ms,
-        ms_per_token,
+        ms_per_token: generation.ms_per_token(),
         tokens: generation.tokens,
         launches,
     })

@@ -324,26 +324,14 @@ impl<S: Steps> Generator<S> {
             clock.lap(0);
             self.steps.execute()?;
             clock.lap(1);
-            // Greedy choice where the steps make it (on the GPU: only the ids come back).
-            let chosen = match options.sampling {
-                Sampling::Greedy => self.steps.argmax_rows(&self.layout.logits, batch, vocab)?,
-                _ => None,
-            };
-            if chosen.is_none() {
-                self.steps.read_output_f32(&self.layout.logits, &mut logits)?;
-            }
+            let chosen = logits_of(&mut self.steps, &self.layout.logits, batch, vocab, options, &mut logits)?;
             clock.lap(2);
             for b in 0..prompts.len() {
                 if done[b] || t + 1 < prompts[b].len() {
                     continue;
                 }
-                let token = match &chosen {
-                    Some(ids) => ids[b],
-                    None => sampler.choose(&logits[b * vocab..(b + 1) * vocab]) as i64,
-                };
-                out.tokens[b].push(token);
-                on_token(b, token);
-                done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
+                let token = pick(&chosen, &logits, &mut sampler, b, vocab);
+                record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
             }
             clock.lap(3);
             if t < capacity {
@@ -383,6 +371,50 @@ impl<S: Steps> Generator<S> {
     fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {
         write_input(&mut self.steps, name, shape, values)
     }
+}
+
+/// The choices of `rows` rows of `vocab` logits (output `name` of the last step): greedy
+/// choice where the steps make it (on the GPU: only the ids come back), else `None` with the
+/// logits read into `logits` for the host to choose from ([`pick`]).
+fn logits_of<S: Steps>(
+    steps: &mut S,
+    name: &str,
+    rows: usize,
+    vocab: usize,
+    options: &GenerateOptions,
+    logits: &mut Vec<f32>,
+) -> Result<Option<Vec<i64>>, GenerateError> {
+    let chosen = match options.sampling {
+        Sampling::Greedy => steps.argmax_rows(name, rows, vocab)?,
+        _ => None,
+    };
+    if chosen.is_none() {
+        steps.read_output_f32(name, logits)?;
+    }
+    Ok(chosen)
+}
+
+/// The token of logits row `row`: the steps' choice, or the sampler's from the logits read.
+fn pick(chosen: &Option<Vec<i64>>, logits: &[f32], sampler: &mut Sampler, row: usize, vocab: usize) -> i64 {
+    match chosen {
+        Some(ids) => ids[row],
+        None => sampler.choose(&logits[row * vocab..(row + 1) * vocab]) as i64,
+    }
+}
+
+/// Records `token` as sequence `b`'s next: streamed to `on_token`, the sequence done at
+/// `options.max_new_tokens` or its stop token.
+fn record(
+    tokens: &mut [Vec<i64>],
+    done: &mut [bool],
+    b: usize,
+    token: i64,
+    options: &GenerateOptions,
+    on_token: &mut impl FnMut(usize, i64),
+) {
+    tokens[b].push(token);
+    on_token(b, token);
+    done[b] = tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
 }
 
 /// Writes input `name` of `steps` from `values` of `shape`, in the input's element type.

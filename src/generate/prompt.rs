@@ -8,8 +8,8 @@
 
 use super::cache;
 use super::{
-    write_input, Bundle, CacheLayout, GenerateError, GenerateOptions, Generation, Generator, Sampler,
-    Sampling, Session, Steps,
+    logits_of, pick, record, write_input, Bundle, CacheLayout, GenerateError, GenerateOptions, Generation,
+    Generator, Sampler, Session, Steps,
 };
 
 impl Generator<Session> {
@@ -63,7 +63,7 @@ impl<S: Steps> Generator<S> {
         done: &mut [bool],
         on_token: &mut impl FnMut(usize, i64),
     ) -> Result<usize, GenerateError> {
-        let Generator { steps: step, layout: step_layout, prompt } = self;
+        let Generator { steps: step, prompt, .. } = self;
         let Some((steps, layout)) = prompt.as_mut() else { return Ok(0) };
         let p = layout.seq;
         let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
@@ -96,30 +96,16 @@ impl<S: Steps> Generator<S> {
                 }
             }
         }
-        debug_assert_eq!(step_layout.capacity, capacity);
         // The first tokens of the sequences whose prompt ends here, from the last position's
         // logits (greedy on the GPU where the steps can: only ids come back).
         if prompts.iter().any(|q| q.len() == p) {
-            let last_row = |b: usize| b * p + p - 1;
-            let chosen = match options.sampling {
-                Sampling::Greedy => steps.argmax_rows(&layout.logits, batch * p, vocab)?,
-                _ => None,
-            };
             let mut logits = Vec::new();
-            if chosen.is_none() {
-                steps.read_output_f32(&layout.logits, &mut logits)?;
-            }
+            let chosen = logits_of(steps, &layout.logits, batch * p, vocab, options, &mut logits)?;
             for (b, prompt) in prompts.iter().enumerate() {
-                if prompt.len() != p || done[b] {
-                    continue;
+                if prompt.len() == p && !done[b] {
+                    let token = pick(&chosen, &logits, sampler, b * p + p - 1, vocab);
+                    record(&mut out.tokens, done, b, token, options, on_token);
                 }
-                let token = match &chosen {
-                    Some(ids) => ids[last_row(b)],
-                    None => sampler.choose(&logits[last_row(b) * vocab..(last_row(b) + 1) * vocab]) as i64,
-                };
-                out.tokens[b].push(token);
-                on_token(b, token);
-                done[b] = out.tokens[b].len() >= options.max_new_tokens || options.stop == Some(token);
             }
         }
         out.steps += 1;

@@ -9,7 +9,6 @@ use cudarc::driver::sys;
 use super::{driver, RuntimeError, Session};
 use crate::bundle::{input_point_of, GivenInput, IoSpec};
 use crate::ir::{DType, TensorType};
-use crate::plan::Location;
 
 /// One input in host memory: its name, element type, shape and little-endian bytes.
 #[derive(Clone, Copy, Debug)]
@@ -83,19 +82,7 @@ impl Session {
                 )));
             }
             let k = self.inputs.iter().position(|s| s.name == input.name).unwrap_or_default();
-            let Location::Arena(offset) = self.inputs[k].location else { continue };
-            if bytes == 0 {
-                continue;
-            }
-            // Waits for the buffer's last copy (the previous run's) before writing it.
-            let host = self.staging_in[k].as_mut_slice().map_err(driver)?;
-            let host = host.get_mut(..bytes).ok_or_else(|| {
-                RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", input.name))
-            })?;
-            host.copy_from_slice(input.bytes);
-            let mut view = self.arena.slice_mut(offset..offset + bytes);
-            let staged = super::io::Prefix { inner: &mut self.staging_in[k], len: bytes };
-            self.stream.memcpy_htod(&staged, &mut view).map_err(driver)?;
+            self.stage_input(k, bytes, |host| host.copy_from_slice(input.bytes))?;
         }
         self.execute_all()?;
         self.copy_out()
@@ -114,7 +101,7 @@ impl Session {
     /// The device address of input `name` as the session keeps it: a [`DeviceInput`] at this
     /// address is read in place, with no copy.
     pub fn input_address(&self, name: &str) -> Option<u64> {
-        self.inputs.iter().find(|s| s.name == name).map(|s| self.address(s.location))
+        self.input_device_ptr(name).map(|(address, _)| address)
     }
 
     /// Runs the model on inputs in device memory, in order with the caller's CUDA `stream`

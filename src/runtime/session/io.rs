@@ -42,27 +42,39 @@ impl Session {
     pub fn upload(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
         let point = self.check_inputs(inputs)?;
         self.select(&point)?;
-        for (spec, staging) in self.inputs.iter().zip(self.staging_in.iter_mut()) {
+        for k in 0..self.inputs.len() {
             let (_, tensor) = inputs
                 .iter()
-                .find(|(n, _)| *n == spec.name)
-                .ok_or_else(|| RuntimeError::Input(spec.name.clone()))?;
-            let Location::Arena(offset) = spec.location else { continue };
-            let bytes = tensor.size_bytes();
-            if bytes == 0 {
-                continue;
-            }
-            // Waits for the buffer's last copy (the previous run's) before writing it.
-            let host = staging.as_mut_slice().map_err(driver)?;
-            let host = host.get_mut(..bytes).ok_or_else(|| {
-                RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", spec.name))
-            })?;
-            crate::plan::write_tensor_bytes(host, tensor);
-            let mut view = self.arena.slice_mut(offset..offset + bytes);
-            // The buffer is sized for the top of a range; the copy takes what this size fills.
-            self.stream.memcpy_htod(&Prefix { inner: staging, len: bytes }, &mut view).map_err(driver)?;
+                .find(|(n, _)| *n == self.inputs[k].name)
+                .ok_or_else(|| RuntimeError::Input(self.inputs[k].name.clone()))?;
+            self.stage_input(k, tensor.size_bytes(), |host| crate::plan::write_tensor_bytes(host, tensor))?;
         }
         Ok(())
+    }
+
+    /// Fills input `k`'s first `bytes` bytes of page-locked buffer with `fill` (after that
+    /// buffer's last copy, the previous run's, is done) and copies them to where the plan reads
+    /// the input, in stream order. An input outside the arena, or of no bytes, is left alone.
+    pub(super) fn stage_input(
+        &mut self,
+        k: usize,
+        bytes: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), RuntimeError> {
+        let spec = &self.inputs[k];
+        let Location::Arena(offset) = spec.location else { return Ok(()) };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let staging = &mut self.staging_in[k];
+        let host = staging.as_mut_slice().map_err(driver)?;
+        let host = host.get_mut(..bytes).ok_or_else(|| {
+            RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", spec.name))
+        })?;
+        fill(host);
+        let mut view = self.arena.slice_mut(offset..offset + bytes);
+        // The buffer is sized for the top of a range; the copy takes what this size fills.
+        self.stream.memcpy_htod(&Prefix { inner: staging, len: bytes }, &mut view).map_err(driver)
     }
 
     /// Copies every output into its page-locked buffer, then waits once; returns the

@@ -102,21 +102,13 @@ impl Session {
                 tensor.shape()
             )));
         }
-        let Location::Arena(offset) = spec.location else {
+        if !matches!(spec.location, Location::Arena(_)) {
             return Err(RuntimeError::Input(format!("input '{name}' is not in the arena")));
-        };
+        }
         let k = self.inputs.iter().position(|s| s.name == name).unwrap_or_default();
-        let bytes = tensor.size_bytes();
-        // Through the input's page-locked buffer, as `run` does: waits for that buffer's last
-        // copy before writing it, and the copy is in stream order before the next run.
-        let staging = &mut self.staging_in[k];
-        let host = staging.as_mut_slice().map_err(driver)?;
-        let host = host
-            .get_mut(..bytes)
-            .ok_or_else(|| RuntimeError::Input(format!("input '{name}' over its buffer")))?;
-        crate::plan::write_tensor_bytes(host, tensor);
-        let mut view = self.arena.slice_mut(offset..offset + bytes);
-        self.stream.memcpy_htod(&*staging, &mut view).map_err(driver)
+        // Through the input's page-locked buffer, as `run` does: in stream order before the
+        // next run.
+        self.stage_input(k, tensor.size_bytes(), |host| crate::plan::write_tensor_bytes(host, tensor))
     }
 
     /// Sets every byte of input `name` to zero on the device.
