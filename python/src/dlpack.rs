@@ -62,7 +62,8 @@ fn dl_dtype(dtype: DType) -> DLDataType {
     DLDataType { code, bits, lanes: 1 }
 }
 
-/// Frees a managed tensor and what it holds (the owner's reference dropped with the GIL).
+/// Frees a managed tensor and what it holds (the owner's reference dropped with the GIL, while
+/// there is an interpreter).
 unsafe extern "C" fn delete_managed(tensor: *mut DLManagedTensor) {
     if tensor.is_null() {
         return;
@@ -72,7 +73,15 @@ unsafe extern "C" fn delete_managed(tensor: *mut DLManagedTensor) {
     // SAFETY: the holder was boxed by `capsule` and belongs to this tensor alone.
     let mut holder = unsafe { Box::from_raw(managed.manager_ctx.cast::<Holder>()) };
     if let Some(owner) = holder.owner.take() {
-        Python::attach(|_| drop(owner));
+        // A consumer's tensor may outlive the interpreter (freed by its library at process
+        // exit): the reference is then let go without touching Python, as the interpreter
+        // has already let go of everything.
+        // SAFETY: a query the C API allows at any time.
+        if unsafe { ffi::Py_IsInitialized() } != 0 {
+            Python::attach(|_| drop(owner));
+        } else {
+            std::mem::forget(owner);
+        }
     }
 }
 

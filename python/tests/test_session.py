@@ -118,3 +118,21 @@ def test_any_dlpack_producer_and_consumer(bert):
         session.run_dlpack({**{k: torch.from_numpy(v).cuda() for k, v in feed.items()}, "input_ids": strided})
     with pytest.raises(fusec.InputError, match="has no __dlpack__"):
         session.run_dlpack({k: v.tolist() for k, v in feed.items()})
+
+
+def test_a_tensor_that_outlives_the_interpreter_ends_quietly():
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    # The tensor is a global: PyTorch frees it (and calls fusec's deleter) while the interpreter
+    # shuts down.
+    code = (
+        "import fusec, torch\n"
+        f"s = fusec.Session(fusec.compile({str(MODELS / 'mlp_block.onnx')!r}, dims={{'batch': 3}}))\n"
+        "t = s.input_tensor('x')\n"
+        "print(tuple(t.shape))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "panicked" not in done.stderr, done.stderr
+    assert done.stdout.strip() == "(3, 7, 40)"
