@@ -49,13 +49,95 @@ fn step_bundle(file: &str, batch: usize, capacity: usize, precision: DType) -> B
 /// `file` compiled for `seq` tokens a sequence after a cache of `capacity` (1: the one-token
 /// step; more: a prompt step).
 fn prompt_bundle(file: &str, batch: usize, seq: usize, capacity: usize, precision: DType) -> Bundle {
+    compiled(file, batch, seq, capacity, precision, false)
+}
+
+/// [`prompt_bundle`], the cache updated in place where `in_place`.
+fn compiled(
+    file: &str,
+    batch: usize,
+    seq: usize,
+    capacity: usize,
+    precision: DType,
+    in_place: bool,
+) -> Bundle {
     let options = CompileOptions {
         import: ImportOptions::new(specs(file, batch, seq, capacity), vec![]),
         precision,
         arch: Some("sm_90".into()),
+        cache_in_place: in_place,
         ..Default::default()
     };
     fusec::compile(&common::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// Compiled with the cache updated in place, each `past_key_values` input lies inside its
+/// `present` output (same place, rows `capacity + 1` positions apart), both in the storage type;
+/// the step no longer converts or copies the cache: fewer kernels in fp16, and at least the copy's
+/// bytes (every cached tensor read and written once) fewer moved. The prompt step's cache is
+/// in place the same way, `capacity + seq` apart.
+#[test]
+fn a_cache_updated_in_place_lies_inside_its_output() {
+    for file in DECODERS {
+        let (heads, size) = cache_dims(file);
+        for precision in [DType::F32, DType::F16] {
+            let copied = step_bundle(file, 2, 9, precision);
+            let bundle = compiled(file, 2, 1, 9, precision, true);
+            let h = &bundle.header;
+            let layout = CacheLayout::of(&h.inputs, &h.outputs).unwrap();
+            let element = precision.size_bytes();
+            for pair in &layout.pairs {
+                let past = h.inputs.iter().find(|s| s.name == pair.past).unwrap();
+                let present = h.outputs.iter().find(|s| s.name == pair.present).unwrap();
+                let inside =
+                    past.inside.as_ref().unwrap_or_else(|| panic!("{file}: {} not in place", pair.past));
+                assert_eq!(inside.output, pair.present);
+                assert_eq!(past.location, present.location, "{file} {}", pair.past);
+                assert_eq!(
+                    (past.dtype.as_str(), present.dtype.as_str()),
+                    (precision.name(), precision.name())
+                );
+                assert_eq!(
+                    (inside.rows, inside.row_bytes, inside.pitch_bytes),
+                    (2 * heads, 9 * size * element, 10 * size * element)
+                );
+                assert_eq!((pair.slots, pair.element_bytes), (10, element));
+                // The new position (slot 9 of `present`) into slot 4 of the same rows.
+                let copy = layout.append(pair, 4);
+                assert_eq!((copy.from_offset, copy.from_pitch), (9 * size * element, 10 * size * element));
+                assert_eq!((copy.to_offset, copy.to_pitch), (4 * size * element, 10 * size * element));
+            }
+            let cache_bytes = (layout.pairs.len() * 2 * heads * 9 * size * element) as u64;
+            // In fp16 the casts of the cache in and out are gone too.
+            let fewer = h.kernels < copied.header.kernels
+                || (precision == DType::F32 && h.kernels == copied.header.kernels);
+            assert!(
+                fewer,
+                "{file} {precision}: {} kernels, {} with the copy",
+                h.kernels, copied.header.kernels
+            );
+            assert!(
+                h.traffic_bytes + 2 * cache_bytes <= copied.header.traffic_bytes,
+                "{file} {precision}: {} bytes moved, {} with the copy",
+                h.traffic_bytes,
+                copied.header.traffic_bytes
+            );
+        }
+        let prompt = compiled(file, 2, 4, 9, DType::F16, true);
+        let layout = CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs).unwrap();
+        assert!(layout.pairs.iter().all(|p| p.slots == 13 && p.element_bytes == 2), "{file}");
+        // The unfused baseline too (the exports read `past` through a `Concat` of one input).
+        let options = CompileOptions {
+            import: ImportOptions::new(specs(file, 2, 1, 9), vec![]),
+            precision: DType::F16,
+            no_fuse: true,
+            cache_in_place: true,
+            ..Default::default()
+        };
+        let unfused = fusec::compile(&common::model_path(file), &options).unwrap();
+        let layout = CacheLayout::of(&unfused.header.inputs, &unfused.header.outputs).unwrap();
+        assert!(layout.pairs.iter().all(|p| p.slots == 10 && p.element_bytes == 2), "{file} unfused");
+    }
 }
 
 #[test]
@@ -165,17 +247,21 @@ fn greedy_tokens_match_recomputing_without_a_cache() {
         println!("skipped: no CUDA driver (greedy decoding is checked against tract on a GPU machine)");
         return;
     }
-    for file in DECODERS {
+    for (file, in_place) in DECODERS.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         // Prompts of different lengths in one batch; 10 new tokens each in a cache of 15.
         let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160, 33]];
         let bundle = step_bundle(file, 2, 15, DType::F32);
-        let mut generator = Generator::new(&bundle, 0).unwrap();
+        let mut generator = Generator::new(&compiled(file, 2, 1, 15, DType::F32, in_place), 0).unwrap();
         let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
         let mut streamed = vec![Vec::new(); 2];
         let generation = generator.generate(&prompts, &options, |b, t| streamed[b].push(t)).unwrap();
         assert_eq!(streamed, generation.tokens, "{file}: the callback sees every token");
         for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
-            assert_eq!(tokens, &reference_tokens(file, prompt, 10), "{file} after {prompt:?}");
+            assert_eq!(
+                tokens,
+                &reference_tokens(file, prompt, 10),
+                "{file} (in place: {in_place}) after {prompt:?}"
+            );
         }
         // Drawn tokens (top-k, one seed) are the CPU loop's.
         let sampled = GenerateOptions {
@@ -211,16 +297,17 @@ fn a_prompt_step_on_the_gpu_gives_the_same_tokens() {
         println!("skipped: no CUDA driver (the prompt step is checked against tract on a GPU machine)");
         return;
     }
-    for file in DECODERS {
+    for (file, in_place) in DECODERS.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         let prompts = vec![vec![5i64, 77, 300, 41], vec![11, 2, 480, 9, 160, 33]];
         let step = step_bundle(file, 2, 15, DType::F32);
-        let prompt = prompt_bundle(file, 2, 4, 15, DType::F32);
-        let mut generator = Generator::with_prompt(&step, &prompt, 0).unwrap();
+        let prompt = compiled(file, 2, 4, 15, DType::F32, in_place);
+        let mut generator =
+            Generator::with_prompt(&compiled(file, 2, 1, 15, DType::F32, in_place), &prompt, 0).unwrap();
         let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
         let generation = generator.generate(&prompts, &options, |_, _| {}).unwrap();
         assert_eq!(generation.steps, 1 + 6 + 10 - 1 - 4, "{file}");
         for (p, tokens) in prompts.iter().zip(&generation.tokens) {
-            assert_eq!(tokens, &reference_tokens(file, p, 10), "{file} after {p:?}");
+            assert_eq!(tokens, &reference_tokens(file, p, 10), "{file} (in place: {in_place}) after {p:?}");
         }
         let sampled = GenerateOptions {
             max_new_tokens: 8,
@@ -240,6 +327,55 @@ fn a_prompt_step_on_the_gpu_gives_the_same_tokens() {
         let theirs =
             fusec::generate::Generator::with_steps(steps, layout).generate(&prompts, &sampled, |_, _| {});
         assert_eq!(ours.tokens, theirs.unwrap().tokens, "{file}: top-k draws after a prompt step");
+    }
+}
+
+/// A step with its cache in place, run on inputs given in full (random cached keys and
+/// values written into the rows inside `present`): every output matches tract's on the ONNX
+/// file (fp32); in fp16, decoding gives the tokens of the build that copies the cache (which
+/// rounds the same values to fp16 on the way in).
+#[test]
+fn a_cache_in_place_matches_tract_and_the_copy() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (the cache in place is checked against tract on a GPU machine)");
+        return;
+    }
+    for file in DECODERS {
+        let (batch, past) = (3, 7);
+        let bundle = compiled(file, batch, 1, past, DType::F32, true);
+        let mut seed = 7u64;
+        let inputs: Vec<(String, Tensor)> = specs(file, batch, 1, past)
+            .into_iter()
+            .map(|spec| {
+                let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
+                seed += 1;
+                let value = match spec.name.as_str() {
+                    "attention_mask" => Tensor::full(&ty, 1.0),
+                    "position_ids" => Tensor::full(&ty, past as f64),
+                    "input_ids" => Tensor::from_i64(
+                        ArrayD::from_shape_vec(IxDyn(&spec.shape), vec![17, 300, 5]).unwrap(),
+                        DType::I64,
+                    ),
+                    _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
+                };
+                (spec.name, value)
+            })
+            .collect();
+        let mut session = fusec::Session::new(&bundle, 0).unwrap();
+        let ours = session.run(&inputs).unwrap();
+        let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let theirs = run_tract(&common::model_path(file), &values).unwrap();
+        for ((name, ours), theirs) in ours.iter().zip(&theirs) {
+            let error = fusec::ir::rel_l2(ours, theirs);
+            assert!(error <= 1e-5, "{file}: output '{name}' rel-L2 {error:.2e}");
+        }
+        let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160, 33]];
+        let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
+        let tokens = |in_place| {
+            let mut generator = Generator::new(&compiled(file, 2, 1, 15, DType::F16, in_place), 0).unwrap();
+            generator.generate(&prompts, &options, |_, _| {}).unwrap().tokens
+        };
+        assert_eq!(tokens(true), tokens(false), "{file}: fp16, in place against the copy");
     }
 }
 

@@ -246,7 +246,11 @@ impl PySession {
                 ty.shape
             )));
         }
-        let address = session.input_address(name).unwrap_or_default();
+        let address = session.input_address(name).ok_or_else(|| {
+            InputError::new_err(format!(
+                "input '{name}' is stored inside an output (a cache updated in place): it has no buffer of its own"
+            ))
+        })?;
         let owner = slf.clone().into_any().unbind();
         dlpack::capsule(slf.py(), address, this.device, ty.dtype, &shape, owner)
     }

@@ -24,7 +24,7 @@ use crate::plan::Location;
 /// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
 /// The format version this fusec writes and reads (no other is read).
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 
 /// A bundle that cannot be written or read; each names the file (`path`).
 #[derive(Debug, Error)]
@@ -98,6 +98,10 @@ pub struct IoSpec {
     /// is fixed).
     #[serde(default)]
     pub dims: Option<Vec<SymDim>>,
+    /// For an input stored inside an output's buffer (a key/value cache updated in place):
+    /// how its rows lie there. `None`: contiguous at `location`.
+    #[serde(default)]
+    pub inside: Option<crate::plan::Inside>,
 }
 
 impl IoSpec {
@@ -109,6 +113,7 @@ impl IoSpec {
             shape: ty.shape.clone(),
             location,
             dims: None,
+            inside: None,
         }
     }
 
@@ -131,6 +136,16 @@ impl IoSpec {
                 dims.iter().zip(&self.shape).map(|(d, &top)| d.eval(values).unwrap_or(top)).collect()
             }
             _ => self.shape.clone(),
+        }
+    }
+
+    /// The bytes it spans from its location: its size, or for an input stored inside an
+    /// output ([`IoSpec::inside`]) its rows there (0 for an element type this fusec does not
+    /// know).
+    pub fn span_bytes(&self) -> usize {
+        match &self.inside {
+            Some(inside) => inside.span_bytes(),
+            None => self.tensor_type().map_or(0, |t| t.size_bytes()),
         }
     }
 

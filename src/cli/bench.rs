@@ -29,6 +29,10 @@ pub struct Bench {
     /// Element type of weights and activations (for an ONNX model).
     #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
     precision: String,
+    /// A decoder's key/value cache updated in place, in both builds (as `compile
+    /// --cache-in-place`; `--decode` does it unless FUSEC_CACHE_IN_PLACE=0).
+    #[arg(long)]
+    cache_in_place: bool,
     /// Timed runs of each variant.
     #[arg(long, default_value_t = 200)]
     iters: usize,
@@ -392,7 +396,12 @@ impl Bench {
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
             let import = self.shapes.options();
             progress.set(format!("compiling {} (fused)", self.model.display()));
-            let options = CompileOptions { import: import.clone(), precision, ..Default::default() };
+            let options = CompileOptions {
+                import: import.clone(),
+                precision,
+                cache_in_place: self.cache_in_place,
+                ..Default::default()
+            };
             (fusec::compile(&self.model, &options)?, self.model.clone(), import)
         } else {
             let bundle = Bundle::load(&self.model)?;
@@ -414,8 +423,13 @@ impl Bench {
             return self.bench_sizes(&fused, &onnx, &import);
         }
         progress.set(format!("compiling {} (unfused)", onnx.display()));
-        let options =
-            CompileOptions { import, no_fuse: true, precision: fused.header.precision, ..Default::default() };
+        let options = CompileOptions {
+            import,
+            no_fuse: true,
+            precision: fused.header.precision,
+            cache_in_place: self.cache_in_place,
+            ..Default::default()
+        };
         let unfused = fusec::compile(&onnx, &options)?;
         let sets = input_sets(&fused.header.inputs)?;
         progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");

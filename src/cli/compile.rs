@@ -30,6 +30,12 @@ pub struct Compile {
     /// One kernel per node, no fusion (the baseline `fusec bench` compares against).
     #[arg(long)]
     no_fuse: bool,
+    /// A decoder's key/value cache updated in place: each `present.*` output that is
+    /// `Concat(past, new)` holds its `past_key_values.*` input in its own buffer, both in the
+    /// storage type (fp16 in an fp16 build), and a step writes only the new positions. What
+    /// `fusec generate` compiles; the cache inputs are then read from inside the outputs.
+    #[arg(long)]
+    cache_in_place: bool,
     /// Write every generated kernel's CUDA source into this directory.
     #[arg(long, value_name = "DIR")]
     emit_cuda: Option<PathBuf>,
@@ -60,6 +66,7 @@ impl Compile {
         let options = CompileOptions {
             import: self.shapes.options(),
             no_fuse: self.no_fuse,
+            cache_in_place: self.cache_in_place,
             arch: Some(self.arch.clone()),
             emit_cuda: self.emit_cuda.clone(),
             precision,

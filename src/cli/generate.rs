@@ -87,6 +87,7 @@ pub(super) fn compile_generator(
             import: ImportOptions::new(specs, vec![]),
             no_fuse,
             precision,
+            cache_in_place: cache_in_place(),
             ..Default::default()
         };
         fusec::compile(model, &options).with_context(|| {
@@ -103,6 +104,12 @@ pub(super) fn compile_generator(
         None => Generator::new(&step, device)?,
     };
     Ok((generator, step.header.launches))
+}
+
+/// Whether the decoder's cache is compiled to be updated in place (`--cache-in-place`): yes
+/// unless `FUSEC_CACHE_IN_PLACE=0` (the copy of the whole cache each step, for comparison).
+pub(super) fn cache_in_place() -> bool {
+    std::env::var("FUSEC_CACHE_IN_PLACE").map_or(true, |v| v.trim() != "0")
 }
 
 fn parse_sampling(text: &str) -> Result<Sampling, String> {

@@ -146,7 +146,14 @@ impl Inspect {
         }
         for (kind, specs) in [("input", &h.inputs), ("output", &h.outputs)] {
             for s in specs {
-                say(format!("{kind:<11} {} {}{}", s.name, s.dtype, s.shape_text(&h.ranges)));
+                let inside = s.inside.as_ref().map(|i| format!(" (in place, inside {})", i.output));
+                say(format!(
+                    "{kind:<11} {} {}{}{}",
+                    s.name,
+                    s.dtype,
+                    s.shape_text(&h.ranges),
+                    inside.unwrap_or_default()
+                ));
             }
         }
         if let Some(path) = &self.json {

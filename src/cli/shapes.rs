@@ -29,7 +29,8 @@ pub fn io_json(
         .iter()
         .map(|i| {
             let dims = i.dims.as_ref().map(|d| d.iter().map(|d| d.display(ranges)).collect::<Vec<_>>());
-            serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype, "dims": dims})
+            let inside = i.inside.as_ref().map(|i| &i.output);
+            serde_json::json!({"name": i.name, "shape": i.shape, "dtype": i.dtype, "dims": dims, "inside": inside})
         })
         .collect()
 }

@@ -9,7 +9,7 @@ use super::index::{delinearize, Coords, Dims};
 use super::kernel::{args, coords_decl, params, render, Body, GemmRaw, BLOCK, LANE, TILE_FIRST, TILE_OFFSET};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
-use crate::ir::{NodeId, SymDim};
+use crate::ir::{NodeId, Op, SymDim};
 use crate::plan::Plan;
 
 pub fn generate(
@@ -38,8 +38,15 @@ pub fn elementwise(
     body.gemm = gemm;
     let computed: Vec<NodeId> = kernel.nodes.iter().copied().filter(|&n| body.computes(n)).collect();
     let last = *kernel.nodes.last().ok_or("an empty kernel")?;
-    let shape = plan.dims(last);
-    let count = graph.node(last).ty.len();
+    // A cache appended to in place: one thread per element of the new part, stored after the
+    // part already there (`passes::CacheInPlace`).
+    let append = match graph.node(last).op {
+        Op::Append { axis } => Some((last, axis, graph.inputs_of(last))),
+        _ => None,
+    };
+    let domain = append.as_ref().map_or(last, |(_, _, inputs)| inputs[1]);
+    let shape = plan.dims(domain);
+    let count = graph.node(domain).ty.len();
     let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
     let tile = if lanes > 1 && gemm.is_none() { depthwise_tile(plan, kernel, &shape) } else { None };
     let (coord_decls, mut coords) = match tile {
@@ -62,7 +69,11 @@ pub fn elementwise(
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
         let s = plan.dims(n);
-        if s == shape {
+        if let Some((_, axis, inputs)) = append.as_ref().filter(|(a, _, _)| *a == n) {
+            let mut at = coords.clone();
+            at[*axis] = format!("({} + {})", at[*axis], plan.dims(inputs[0])[*axis].c());
+            at
+        } else if s == shape {
             coords.clone()
         } else if s.iter().chain(&shape).all(SymDim::is_static) {
             delinearize(&linear, &s)
@@ -71,7 +82,7 @@ pub fn elementwise(
         }
     };
     for &n in &computed {
-        if graph.node(n).ty.len() != count {
+        if graph.node(n).ty.len() != count && append.as_ref().is_none_or(|(a, _, _)| *a != n) {
             return Err(format!(
                 "'{}' is {} in a kernel over {:?}",
                 graph.node(n).name,
@@ -79,7 +90,8 @@ pub fn elementwise(
                 graph.node(last).ty.shape
             ));
         }
-        body.compute(n, &coords_of(n))?;
+        let at = if append.as_ref().is_some_and(|(a, _, _)| *a == n) { coords.clone() } else { coords_of(n) };
+        body.compute(n, &at)?;
     }
     for &o in &kernel.outputs {
         body.store(kernel, o, &coords_of(o))?;

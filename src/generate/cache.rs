@@ -6,6 +6,7 @@
 //! `present`) are copied on the device into the slot of its position.
 
 use crate::bundle::IoSpec;
+use crate::ir::DType;
 use crate::runtime::RowCopy;
 
 /// The token ids a decoder with a cache takes, `[batch, seq]`.
@@ -24,6 +25,12 @@ pub struct CachePair {
     pub present: String,
     /// `[batch, heads, capacity, head_dim]`.
     pub shape: [usize; 4],
+    /// Bytes an element (the cache's type: f32, or the storage type of a cache updated in
+    /// place).
+    pub element_bytes: usize,
+    /// Positions from one row of the input's buffer to the next: the capacity, or for an input
+    /// stored inside its output (a cache updated in place) the output's `capacity + seq`.
+    pub slots: usize,
 }
 
 /// A decoder's inputs and outputs read as a step with a cache.
@@ -100,17 +107,25 @@ impl CacheLayout {
                     spec.name, spec.shape
                 ));
             };
-            if b != batch
-                || present.shape != [b, heads, past + seq, dim]
-                || spec.dtype != "f32"
-                || present.dtype != "f32"
-            {
+            let dtype = DType::from_name(&spec.dtype).filter(|d| d.is_float() && spec.dtype == present.dtype);
+            let Some(dtype) = dtype.filter(|_| b == batch && present.shape == [b, heads, past + seq, dim])
+            else {
                 return Err(format!(
-                    "cache input '{}' is {}{:?} and output '{}' {}{:?}: expected f32 [{batch}, heads, past, head_dim] \
-                     and [{batch}, heads, past + {seq}, head_dim]",
+                    "cache input '{}' is {}{:?} and output '{}' {}{:?}: expected [{batch}, heads, past, head_dim] \
+                     and [{batch}, heads, past + {seq}, head_dim] of one floating-point type",
                     spec.name, spec.dtype, spec.shape, present.name, present.dtype, present.shape
                 ));
-            }
+            };
+            let slots = match &spec.inside {
+                Some(inside) if inside.output == present.name => past + seq,
+                Some(inside) => {
+                    return Err(format!(
+                        "cache input '{}' is stored inside output '{}', not '{}'",
+                        spec.name, inside.output, present.name
+                    ))
+                }
+                None => past,
+            };
             if *capacity.get_or_insert(past) != past {
                 return Err(format!(
                     "cache input '{}' holds {past} positions, the others {capacity:?}",
@@ -121,6 +136,8 @@ impl CacheLayout {
                 past: spec.name.clone(),
                 present: present.name.clone(),
                 shape: [b, heads, past, dim],
+                element_bytes: dtype.size_bytes(),
+                slots,
             });
         }
         let capacity = capacity.ok_or("the model has no cache inputs (past_key_values.{i}.key|value)")?;
@@ -144,18 +161,19 @@ impl CacheLayout {
         Ok(CacheLayout { batch, capacity, seq, vocab, logits: logits.name.clone(), pairs })
     }
 
-    /// The copy of a prompt step's keys or values (the last `seq` positions of `present`)
-    /// into the first `seq` cache slots of the one-token step's input of the same pair.
-    pub fn fill(&self, pair: &CachePair) -> RowCopy {
+    /// The copy of a prompt step's keys or values (the last `seq` positions of `present` of
+    /// `pair`, this layout's) into the first `seq` cache slots of `into`, the one-token
+    /// step's input of the same pair.
+    pub fn fill(&self, pair: &CachePair, into: &CachePair) -> RowCopy {
         let [b, heads, past, dim] = pair.shape;
-        let row = dim * 4;
+        let row = dim * pair.element_bytes;
         RowCopy {
             rows: b * heads,
             width: self.seq * row,
             from_offset: past * row,
             from_pitch: (past + self.seq) * row,
             to_offset: 0,
-            to_pitch: past * row,
+            to_pitch: into.slots * row,
         }
     }
 
@@ -163,14 +181,14 @@ impl CacheLayout {
     /// slot `slot` of `pair`'s input.
     pub fn append(&self, pair: &CachePair, slot: usize) -> RowCopy {
         let [b, heads, past, dim] = pair.shape;
-        let row = dim * 4;
+        let row = dim * pair.element_bytes;
         RowCopy {
             rows: b * heads,
             width: row,
             from_offset: past * row,
             from_pitch: (past + 1) * row,
             to_offset: slot * row,
-            to_pitch: past * row,
+            to_pitch: pair.slots * row,
         }
     }
 }

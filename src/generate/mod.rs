@@ -336,11 +336,9 @@ impl<S: Steps> Generator<S> {
             clock.lap(3);
             if t < capacity {
                 // One copy for all the cached tensors where they share a shape (one launch).
-                let first = self
-                    .layout
-                    .pairs
-                    .first()
-                    .filter(|f| self.layout.pairs.iter().all(|p| p.shape == f.shape));
+                let first = self.layout.pairs.first().filter(|f| {
+                    self.layout.pairs.iter().all(|p| self.layout.append(p, t) == self.layout.append(f, t))
+                });
                 if let Some(first) = first {
                     let pairs: Vec<(&str, &str)> =
                         self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();

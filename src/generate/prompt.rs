@@ -11,6 +11,7 @@ use super::{
     logits_of, pick, record, write_input, Bundle, CacheLayout, GenerateError, GenerateOptions, Generation,
     Generator, Sampler, Session, Steps,
 };
+use crate::runtime::RowCopy;
 
 impl Generator<Session> {
     /// Loads the one-token `step` bundle and the `prompt` bundle (the same decoder compiled
@@ -28,7 +29,11 @@ impl<S: Steps> Generator<S> {
     pub fn with_prompt_steps(mut self, steps: S, layout: CacheLayout) -> Result<Self, GenerateError> {
         let step = &self.layout;
         let same_pairs = layout.pairs.len() == step.pairs.len()
-            && layout.pairs.iter().all(|p| step.pairs.iter().any(|s| s.past == p.past && s.shape == p.shape));
+            && layout.pairs.iter().all(|p| {
+                step.pairs
+                    .iter()
+                    .any(|s| s.past == p.past && s.shape == p.shape && s.element_bytes == p.element_bytes)
+            });
         if layout.batch != step.batch
             || layout.capacity != step.capacity
             || layout.vocab != step.vocab
@@ -63,7 +68,7 @@ impl<S: Steps> Generator<S> {
         done: &mut [bool],
         on_token: &mut impl FnMut(usize, i64),
     ) -> Result<usize, GenerateError> {
-        let Generator { steps: step, prompt, .. } = self;
+        let Generator { steps: step, prompt, layout: step_layout } = self;
         let Some((steps, layout)) = prompt.as_mut() else { return Ok(0) };
         let p = layout.seq;
         let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
@@ -84,15 +89,20 @@ impl<S: Steps> Generator<S> {
         steps.execute()?;
         let pairs: Vec<(&str, &str)> =
             layout.pairs.iter().map(|q| (q.present.as_str(), q.past.as_str())).collect();
-        match layout.pairs.first().filter(|f| layout.pairs.iter().all(|q| q.shape == f.shape)) {
-            Some(first) => steps.copy_output_rows_into(step, &pairs, layout.fill(first))?,
+        // Each pair's copy, into the one-token step's input of the same name.
+        let copies: Vec<RowCopy> = layout
+            .pairs
+            .iter()
+            .map(|q| step_layout.pairs.iter().find(|s| s.past == q.past).map(|into| layout.fill(q, into)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                GenerateError::Layout("the prompt step's cache is not the one-token step's".into())
+            })?;
+        match copies.first().filter(|f| copies.iter().all(|c| c == *f)) {
+            Some(&copy) => steps.copy_output_rows_into(step, &pairs, copy)?,
             None => {
-                for q in &layout.pairs {
-                    steps.copy_output_rows_into(
-                        step,
-                        &[(q.present.as_str(), q.past.as_str())],
-                        layout.fill(q),
-                    )?;
+                for (pair, &copy) in pairs.iter().zip(&copies) {
+                    steps.copy_output_rows_into(step, &[*pair], copy)?;
                 }
             }
         }

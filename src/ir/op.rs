@@ -286,6 +286,13 @@ pub enum Op {
         /// The axis.
         axis: usize,
     },
+    /// `Concat(past, new)` along `axis` where `past` is a graph input stored inside this
+    /// value's own buffer (a key/value cache, `passes::CacheInPlace`): the same value, but its
+    /// kernel writes only `new`'s part, after the `past` already there.
+    Append {
+        /// The axis.
+        axis: usize,
+    },
     /// One entry per input axis.
     Slice {
         /// What each axis keeps.
@@ -379,6 +386,7 @@ impl Op {
             Op::Reshape { .. } => "Reshape".into(),
             Op::Transpose { .. } => "Transpose".into(),
             Op::Concat { .. } => "Concat".into(),
+            Op::Append { .. } => "Append".into(),
             Op::Slice { .. } => "Slice".into(),
             Op::Gather { .. } => "Gather".into(),
             Op::GatherElements { .. } => "GatherElements".into(),
@@ -398,7 +406,8 @@ impl Op {
             | Op::MatMul
             | Op::Gather { .. }
             | Op::GatherElements { .. }
-            | Op::GatherNd { .. } => (2, 2),
+            | Op::GatherNd { .. }
+            | Op::Append { .. } => (2, 2),
             Op::Where => (3, 3),
             Op::Gemm { .. } | Op::Conv { .. } => (2, 3),
             Op::LayerNorm { .. } => (1, 3),
@@ -441,7 +450,7 @@ impl fmt::Display for Op {
                     kind = self.kind()
                 )
             }
-            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } | Op::Append { axis } => {
                 write!(f, "{kind}<axis={axis}>")
             }
             Op::Gather { axis } | Op::GatherElements { axis } => write!(f, "{kind}<axis={axis}>"),

@@ -2,6 +2,7 @@
 //! verifies the graph after each; [`standard`] is the list compilation uses.
 
 mod attention_masks;
+mod cache_in_place;
 mod channels_last;
 mod const_fold;
 mod cse;
@@ -14,6 +15,7 @@ mod precision;
 mod split_reductions;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
+pub use cache_in_place::CacheInPlace;
 pub use channels_last::ChannelsLast;
 pub use const_fold::ConstFold;
 pub use cse::Cse;

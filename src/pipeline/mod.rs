@@ -79,6 +79,10 @@ pub struct CompileOptions {
     /// on unless `FUSEC_CHANNELS_LAST=0`; it measured 1.1–4× faster than NCHW on the CNN
     /// suite (`benches/NOTES.md`).
     pub channels_last: bool,
+    /// A key/value cache updated in place (`passes::CacheInPlace`): each `present =
+    /// Concat(past, new)` output holds its `past` input in its own buffer, both in the
+    /// storage type, so a step writes only the new positions.
+    pub cache_in_place: bool,
 }
 
 impl Default for CompileOptions {
@@ -91,6 +95,7 @@ impl Default for CompileOptions {
             precision: DType::F32,
             attention: None,
             channels_last: std::env::var("FUSEC_CHANNELS_LAST").map_or(true, |v| v.trim() != "0"),
+            cache_in_place: false,
         }
     }
 }
@@ -147,6 +152,7 @@ pub fn compile_reporting(
             .iter()
             .map(|b| IoSpec {
                 dims: plan.symbolic.as_ref().map(|_| plan.dims(b.value)),
+                inside: b.inside.clone(),
                 ..IoSpec::new(&b.name, &graph.node(b.value).ty, b.location)
             })
             .collect()
@@ -277,6 +283,13 @@ pub(crate) fn plan_unplaced(
         use passes::Pass;
         passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;
+    }
+    if options.cache_in_place {
+        use passes::Pass;
+        passes::CacheInPlace
+            .run(&mut graph)
+            .map_err(|source| PassError { pass: "cache-in-place", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "cache-in-place", source })?;
     }
     if mode == Mode::Fused {
         use passes::Pass;

@@ -74,6 +74,9 @@ pub enum PlanError {
     /// A kernel reads a value that no kernel writes and no constant or input holds.
     #[error("plan: value '{0}' is read but nothing computes or stores it")]
     Unmaterialised(String),
+    /// An append in place whose first input is not a graph input, or that is two outputs.
+    #[error("plan: '{0}' appends in place to something other than a graph input of its own")]
+    Append(String),
 }
 
 /// Where a value lives in device memory (byte offsets).
@@ -94,6 +97,46 @@ pub struct Binding {
     pub value: NodeId,
     /// Where it lives.
     pub location: Location,
+    /// For an input stored inside an output ([`Op::Append`]): how its rows lie there.
+    pub inside: Option<Inside>,
+}
+
+/// An input stored inside an output's buffer: `rows` rows of `row_bytes` bytes, one every
+/// `pitch_bytes` from the input's location (the output's), the rest of each row the output's
+/// own. A key/value cache `[batch, heads, past, dim]` inside `present` `[batch, heads, past +
+/// new, dim]`: `batch·heads` rows of `past·dim` elements, `(past + new)·dim` apart.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Inside {
+    /// The output it is stored in.
+    pub output: String,
+    /// Rows.
+    pub rows: usize,
+    /// Bytes of the input in each row.
+    pub row_bytes: usize,
+    /// Bytes from one row's start to the next.
+    pub pitch_bytes: usize,
+}
+
+impl Inside {
+    /// The bytes the input spans from its location (the last row only to its end).
+    pub fn span_bytes(&self) -> usize {
+        match self.rows {
+            0 => 0,
+            rows => (rows - 1) * self.pitch_bytes + self.row_bytes,
+        }
+    }
+}
+
+/// How input `past` of `append` (an [`Op::Append`] along `axis`) lies inside its buffer.
+fn inside_of(graph: &Graph, append: NodeId, past: NodeId, axis: usize, output: &str) -> Inside {
+    let (p, a) = (&graph.node(past).ty, &graph.node(append).ty);
+    let inner = |shape: &[usize]| shape[axis..].iter().product::<usize>() * p.dtype.size_bytes();
+    Inside {
+        output: output.to_string(),
+        rows: p.shape[..axis].iter().product(),
+        row_bytes: inner(&p.shape),
+        pitch_bytes: inner(&a.shape),
+    }
 }
 
 /// The partition's kernels in order, with every value given a place in device memory: one
@@ -342,15 +385,26 @@ impl Plan {
         }
         let mut arena = Arena::default();
         let bytes = |id: NodeId| graph.node(id).ty.size_bytes();
+        // A cache appended to in place: its buffer is there from the start, the input inside.
+        let mut inside = HashMap::new();
+        for (out_name, id) in graph.outputs() {
+            let Op::Append { axis } = graph.node(*id).op else { continue };
+            let past = graph.inputs_of(*id)[0];
+            if !graph.inputs().contains(&past) || locations.contains_key(id) {
+                return Err(PlanError::Append(graph.node(*id).name.clone()));
+            }
+            let offset = arena.allocate(bytes(*id));
+            locations.insert(*id, Location::Arena(offset));
+            inside.insert(past, (offset, inside_of(&graph, *id, past, axis, out_name)));
+        }
         let mut inputs = Vec::new();
         for &id in graph.inputs() {
-            let offset = arena.allocate(bytes(id));
-            locations.insert(id, Location::Arena(offset));
-            inputs.push(Binding {
-                name: graph.node(id).name.clone(),
-                value: id,
-                location: Location::Arena(offset),
-            });
+            let (location, within) = match inside.remove(&id) {
+                Some((offset, within)) => (Location::Arena(offset), Some(within)),
+                None => (Location::Arena(arena.allocate(bytes(id))), None),
+            };
+            locations.insert(id, location);
+            inputs.push(Binding { name: graph.node(id).name.clone(), value: id, location, inside: within });
         }
         for (k, kernel) in kernels.iter().enumerate() {
             let written: Vec<NodeId> = kernel
@@ -359,6 +413,9 @@ impl Plan {
                 .map(|&o| kernel.store_views.iter().find(|(v, _)| *v == o).map_or(o, |&(_, view)| view))
                 .collect();
             for w in written {
+                if matches!(graph.node(w).op, Op::Append { .. }) && locations.contains_key(&w) {
+                    continue;
+                }
                 let offset = arena.allocate(bytes(w));
                 locations.insert(w, Location::Arena(offset));
             }
@@ -372,7 +429,7 @@ impl Plan {
         }
         let outputs = outputs_stored
             .into_iter()
-            .map(|(name, value, source)| Binding { name, value, location: locations[&source] })
+            .map(|(name, value, source)| Binding { name, value, location: locations[&source], inside: None })
             .collect();
         Ok(Plan {
             graph,
@@ -411,15 +468,22 @@ impl Plan {
         let graph = &self.graph;
         let stored = |id: NodeId| self.locations.contains_key(&id);
         let mut read = std::collections::HashSet::new();
+        // An append in place reads nothing of the part already there and writes only the new
+        // part.
+        let appended = |id: NodeId| match graph.node(id).op {
+            Op::Append { .. } => Some(graph.inputs_of(id)),
+            _ => None,
+        };
         for &node in &kernel.nodes {
+            let skip = appended(node).map(|inputs| inputs[0]);
             for input in graph.inputs_of(node) {
-                if !kernel.nodes.contains(&input) {
+                if !kernel.nodes.contains(&input) && Some(input) != skip {
                     read.extend(stored_value(graph, input, &stored));
                 }
             }
         }
-        let written = kernel.outputs.iter();
-        read.iter().chain(written).map(|&id| graph.node(id).ty.size_bytes() as u64).sum()
+        let written = kernel.outputs.iter().map(|&o| appended(o).map_or(o, |inputs| inputs[1]));
+        read.iter().copied().chain(written).map(|id| graph.node(id).ty.size_bytes() as u64).sum()
     }
 
     /// Floating-point operations of one run in its matrix products (GEMMs and attention),

@@ -319,6 +319,8 @@ impl<'a> Body<'a> {
                 data[*axis] = k;
                 self.read(inputs[0], data)?
             }
+            // Run over the new part only (`elementwise`): the coordinates are the new part's.
+            Op::Append { .. } => self.read(inputs[1], coords.clone())?,
             Op::Concat { axis } => {
                 let out = self.fresh("cat");
                 self.statements.push(format!("{ty} {out};"));

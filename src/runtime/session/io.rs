@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, HostSlice, PinnedHostSlice, SyncOnDrop};
+use cudarc::driver::{sys, CudaStream, HostSlice, PinnedHostSlice, SyncOnDrop};
 
 use super::{driver, tensor_from_bytes, RuntimeError, Session};
 use crate::bundle::IoSpec;
@@ -66,12 +66,34 @@ impl Session {
         if bytes == 0 {
             return Ok(());
         }
+        let target = self.address(spec.location);
         let staging = &mut self.staging_in[k];
         let host = staging.as_mut_slice().map_err(driver)?;
         let host = host.get_mut(..bytes).ok_or_else(|| {
             RuntimeError::Input(format!("input '{}' has {bytes} bytes, over its buffer", spec.name))
         })?;
         fill(host);
+        if let Some(inside) = &spec.inside {
+            // Rows into the output the input is stored in.
+            if bytes != inside.rows * inside.row_bytes {
+                return Err(RuntimeError::Input(format!(
+                    "input '{}' has {bytes} bytes, not its size",
+                    spec.name
+                )));
+            }
+            // SAFETY: the copy reads the page-locked buffer on the session's stream (the
+            // returned guard records that use); it writes `inside.rows` rows inside the
+            // output's buffer (checked at load).
+            let (host, _recorded) = unsafe { staging.stream_synced_slice(&self.stream) };
+            let params = super::state::copy_2d(
+                (sys::CUmemorytype::CU_MEMORYTYPE_HOST, host.as_ptr() as u64, inside.row_bytes),
+                (target, inside.pitch_bytes),
+                (inside.row_bytes, inside.rows),
+            );
+            return unsafe {
+                sys::cuMemcpy2DAsync_v2(&params, self.stream.cu_stream()).result().map_err(driver)
+            };
+        }
         let mut view = self.arena.slice_mut(offset..offset + bytes);
         // The buffer is sized for the top of a range; the copy takes what this size fills.
         self.stream.memcpy_htod(&Prefix { inner: staging, len: bytes }, &mut view).map_err(driver)
@@ -118,7 +140,10 @@ impl Session {
 
     /// Device address and size of input `name`, for callers that keep data on the GPU: write
     /// the input there (on any stream, finished before the next call), then `execute_all`.
+    /// `None` also for an input stored inside an output (a cache updated in place), which
+    /// has no buffer of its own.
     pub fn input_device_ptr(&self, name: &str) -> Option<(u64, usize)> {
+        self.inputs.iter().find(|s| s.name == name).filter(|s| s.inside.is_none())?;
         self.device_ptr(&self.inputs, name)
     }
 

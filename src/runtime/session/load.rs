@@ -318,9 +318,26 @@ pub(super) fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> 
             }
         }
         let ty = spec.tensor_type().ok_or_else(|| bad(&format!("has unknown type {}", spec.dtype)))?;
-        let bytes = ty
+        let mut bytes = ty
             .checked_size_bytes()
             .ok_or_else(|| bad(&format!("has a size that overflows ({:?})", ty.shape)))?;
+        if let Some(inside) = &spec.inside {
+            // Rows of the input, each inside a row of the output it is stored in.
+            let output = header.outputs.iter().find(|o| o.name == inside.output);
+            let fits = kind == "input"
+                && spec.dims.is_none()
+                && inside.rows.checked_mul(inside.row_bytes) == Some(bytes)
+                && inside.row_bytes <= inside.pitch_bytes
+                && output.is_some_and(|o| {
+                    o.location == spec.location
+                        && o.tensor_type().and_then(|t| t.checked_size_bytes())
+                            == inside.rows.checked_mul(inside.pitch_bytes)
+                });
+            if !fits {
+                return Err(bad(&format!("is not laid out inside output '{}' as it says", inside.output)));
+            }
+            bytes = inside.span_bytes();
+        }
         let (offset, limit) = match spec.location {
             Location::Arena(o) => (o, header.arena_bytes),
             Location::Weights(o) if kind == "output" => (o, weights_bytes),

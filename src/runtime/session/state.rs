@@ -60,7 +60,7 @@ impl StateKernels {
 /// Rows of bytes copied from an output into an input, both on the device: `rows` rows of
 /// `width` bytes, row `r` from `from_offset + r · from_pitch` of the output to
 /// `to_offset + r · to_pitch` of the input.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowCopy {
     /// Rows copied.
     pub rows: usize,
@@ -114,7 +114,7 @@ impl Session {
     /// Sets every byte of input `name` to zero on the device.
     pub fn zero_input(&mut self, name: &str) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.inputs, name, "input")?;
-        let bytes = spec.tensor_type().map_or(0, |t| t.size_bytes());
+        let bytes = spec.span_bytes();
         let ptr = self.address(spec.location);
         // SAFETY: the input's buffer of `bytes` bytes, on the session's stream.
         unsafe { sys::cuMemsetD8Async(ptr, 0, bytes, self.stream.cu_stream()).result().map_err(driver) }
@@ -218,7 +218,7 @@ impl Session {
     ) -> Result<(u64, u64), RuntimeError> {
         let (source, input) =
             (Self::spec(&self.outputs, from, "output")?, Self::spec(&target.inputs, to, "input")?);
-        let size = |s: &IoSpec| s.tensor_type().map_or(0, |t| t.size_bytes());
+        let size = |s: &IoSpec| s.span_bytes();
         let last = |offset: usize, pitch: usize| offset + (copy.rows.max(1) - 1) * pitch + copy.width;
         if copy.rows > 0
             && (last(copy.from_offset, copy.from_pitch) > size(source)
@@ -340,26 +340,41 @@ impl Session {
     /// One 2-D copy of `copy.rows` rows from device address `source` (the first row's first
     /// byte) to `target`, on the session's stream.
     fn copy_rows_2d(&self, source: u64, target: u64, copy: RowCopy) -> Result<(), RuntimeError> {
-        let params = sys::CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            srcHost: std::ptr::null(),
-            srcDevice: source,
-            srcArray: std::ptr::null_mut(),
-            srcPitch: copy.from_pitch,
-            dstXInBytes: 0,
-            dstY: 0,
-            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            dstHost: std::ptr::null_mut(),
-            dstDevice: target,
-            dstArray: std::ptr::null_mut(),
-            dstPitch: copy.to_pitch,
-            WidthInBytes: copy.width,
-            Height: copy.rows,
-        };
+        let params = copy_2d(
+            (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, source, copy.from_pitch),
+            (target, copy.to_pitch),
+            (copy.width, copy.rows),
+        );
         // SAFETY: both ends lie inside an output's and an input's buffers (`copy_ends`), which
         // the session owns; the copy is on the session's stream.
         unsafe { sys::cuMemcpy2DAsync_v2(&params, self.stream.cu_stream()).result().map_err(driver) }
+    }
+}
+
+/// A 2-D copy's parameters: from (memory type, address, pitch) to device (address, pitch),
+/// (bytes a row, rows).
+pub(super) fn copy_2d(
+    (kind, source, from_pitch): (sys::CUmemorytype, u64, usize),
+    (target, to_pitch): (u64, usize),
+    (width, rows): (usize, usize),
+) -> sys::CUDA_MEMCPY2D {
+    let host = kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: kind,
+        srcHost: if host { source as *const std::ffi::c_void } else { std::ptr::null() },
+        srcDevice: if host { 0 } else { source },
+        srcArray: std::ptr::null_mut(),
+        srcPitch: from_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: target,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: to_pitch,
+        WidthInBytes: width,
+        Height: rows,
     }
 }
