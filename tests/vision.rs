@@ -8,104 +8,15 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
+use common::onnx::{float, int, ints, node, weight, write_model};
 use fusec::fusion::{self, FusionLimits};
 use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType};
 use fusec::passes::{run_passes, standard};
 use fusec::pipeline::{plan_reporting, CompileOptions};
-use prost::Message;
-use tract_onnx::pb::{
-    attribute_proto::AttributeType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto,
-    NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use tract_onnx::pb::{attribute_proto::AttributeType, AttributeProto};
 
 const TOLERANCE: f64 = 1e-5;
-
-fn ints(name: &str, values: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        ints: values.to_vec(),
-        r#type: AttributeType::Ints as i32,
-        ..Default::default()
-    }
-}
-
-fn int(name: &str, value: i64) -> AttributeProto {
-    AttributeProto { name: name.into(), i: value, r#type: AttributeType::Int as i32, ..Default::default() }
-}
-
-fn float(name: &str, value: f32) -> AttributeProto {
-    AttributeProto { name: name.into(), f: value, r#type: AttributeType::Float as i32, ..Default::default() }
-}
-
-fn node(op: &str, inputs: &[&str], output: &str, attributes: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        name: format!("{op}_{output}"),
-        op_type: op.into(),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.into()],
-        attribute: attributes,
-        ..Default::default()
-    }
-}
-
-/// An f32 initializer of `dims` with seeded values in [lo, lo + span).
-fn weight(name: &str, dims: &[i64], seed: u64, lo: f32, span: f32) -> TensorProto {
-    let mut next = common::xorshift(seed);
-    let count: i64 = dims.iter().product();
-    let values: Vec<f32> = (0..count).map(|_| lo + span * (next() % 10_000) as f32 / 10_000.0).collect();
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: 1,
-        raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        ..Default::default()
-    }
-}
-
-fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    let dim = |d: i64| tensor_shape_proto::Dimension {
-        value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-        ..Default::default()
-    };
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
-                shape: Some(TensorShapeProto { dim: dims.iter().map(|&d| dim(d)).collect() }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn write_model(
-    dir: &Path,
-    name: &str,
-    input: &[i64],
-    nodes: Vec<NodeProto>,
-    init: Vec<TensorProto>,
-) -> std::path::PathBuf {
-    let output = nodes.last().unwrap().output[0].clone();
-    let model = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 18 }],
-        graph: Some(GraphProto {
-            name: name.into(),
-            node: nodes,
-            initializer: init,
-            input: vec![value_info("x", input)],
-            output: vec![ValueInfoProto { name: output, ..Default::default() }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let path = dir.join(format!("{name}.onnx"));
-    std::fs::write(&path, model.encode_to_vec()).unwrap();
-    path
-}
 
 /// A block of a small CNN: convolution (asymmetric pads, stride 2), BatchNormalization,
 /// HardSwish, a ceil-mode max pool with padding, an average pool counting its padding,

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use crate::bundle::Bundle;
 use crate::ir::{DType, Element, Tensor};
-use crate::runtime::{RowCopy, RuntimeError, Session};
+use crate::runtime::{RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 pub use cache::CacheLayout;
 pub use sampling::{Sampler, Sampling};
 pub use text::TextCodec;
@@ -157,6 +157,20 @@ pub trait Steps {
         let _ = (name, rows, width);
         Ok(None)
     }
+    /// A token drawn from each of rows `at` of f32 output `name` (`draws[i]` the `i`-th row's
+    /// draw), where these steps draw it themselves (on the GPU); `None`: read the output
+    /// instead.
+    fn sample_rows(
+        &mut self,
+        name: &str,
+        at: SampledRows,
+        draw: RowDraw,
+        temperature: f64,
+        draws: &[f64],
+    ) -> Result<Option<Vec<i64>>, GenerateError> {
+        let _ = (name, at, draw, temperature, draws);
+        Ok(None)
+    }
     /// Copies rows of output `from` of the last step into input `to`.
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
     /// The same copy for several (output, input) pairs.
@@ -201,6 +215,21 @@ impl Steps for Session {
         width: usize,
     ) -> Result<Option<Vec<i64>>, GenerateError> {
         Ok(Some(Session::argmax_rows(self, name, rows, width)?))
+    }
+    fn sample_rows(
+        &mut self,
+        name: &str,
+        at: SampledRows,
+        draw: RowDraw,
+        temperature: f64,
+        draws: &[f64],
+    ) -> Result<Option<Vec<i64>>, GenerateError> {
+        // `FUSEC_SAMPLE_ON_HOST=1`: the logits come back and the host draws (for comparison).
+        static ON_HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON_HOST.get_or_init(|| std::env::var("FUSEC_SAMPLE_ON_HOST").is_ok_and(|v| v.trim() == "1")) {
+            return Ok(None);
+        }
+        Ok(Some(Session::sample_rows(self, name, at, draw, temperature, draws)?))
     }
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows(self, from, to, copy)?)
@@ -324,13 +353,15 @@ impl<S: Steps> Generator<S> {
             clock.lap(0);
             self.steps.execute()?;
             clock.lap(1);
-            let chosen = logits_of(&mut self.steps, &self.layout.logits, batch, vocab, options, &mut logits)?;
+            // The sequences that take a token now, each with its draw (in order).
+            let picks: Vec<bool> =
+                (0..batch).map(|b| b < prompts.len() && !done[b] && t + 1 >= prompts[b].len()).collect();
+            let draws = draws_for(&mut sampler, &picks);
+            let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
+            let chosen = logits_of(&mut self.steps, &self.layout.logits, at, &sampler, &draws, &mut logits)?;
             clock.lap(2);
-            for b in 0..prompts.len() {
-                if done[b] || t + 1 < prompts[b].len() {
-                    continue;
-                }
-                let token = pick(&chosen, &logits, &mut sampler, b, vocab);
+            for b in (0..prompts.len()).filter(|&b| picks[b]) {
+                let token = pick(&chosen, &logits, &sampler, at, b, &draws);
                 record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
             }
             clock.lap(3);
@@ -371,20 +402,30 @@ impl<S: Steps> Generator<S> {
     }
 }
 
-/// The choices of `rows` rows of `vocab` logits (output `name` of the last step): greedy
-/// choice where the steps make it (on the GPU: only the ids come back), else `None` with the
-/// logits read into `logits` for the host to choose from ([`pick`]).
+/// One draw each for the rows that take a token (`picks`), in order, where the sampler draws;
+/// 0 for the others.
+fn draws_for(sampler: &mut Sampler, picks: &[bool]) -> Vec<f64> {
+    picks.iter().map(|&p| if p && sampler.draws() { sampler.draw() } else { 0.0 }).collect()
+}
+
+/// The choices for rows `at` of the logits (output `name` of the last step), made where the
+/// steps make them (on the GPU: greedy or drawn with `draws`, only the ids come back), else
+/// `None` with the logits read into `logits` for the host to choose from ([`pick`]).
 fn logits_of<S: Steps>(
     steps: &mut S,
     name: &str,
-    rows: usize,
-    vocab: usize,
-    options: &GenerateOptions,
+    at: SampledRows,
+    sampler: &Sampler,
+    draws: &[f64],
     logits: &mut Vec<f32>,
 ) -> Result<Option<Vec<i64>>, GenerateError> {
-    let chosen = match options.sampling {
-        Sampling::Greedy => steps.argmax_rows(name, rows, vocab)?,
-        _ => None,
+    let chosen = match sampler.row_draw() {
+        None => {
+            let rows = (at.rows - 1) * at.step + at.offset + 1;
+            let ids = steps.argmax_rows(name, rows, at.width)?;
+            ids.map(|ids| (0..at.rows).map(|i| ids[i * at.step + at.offset]).collect())
+        }
+        Some((draw, temperature)) => steps.sample_rows(name, at, draw, temperature, draws)?,
     };
     if chosen.is_none() {
         steps.read_output_f32(name, logits)?;
@@ -392,11 +433,22 @@ fn logits_of<S: Steps>(
     Ok(chosen)
 }
 
-/// The token of logits row `row`: the steps' choice, or the sampler's from the logits read.
-fn pick(chosen: &Option<Vec<i64>>, logits: &[f32], sampler: &mut Sampler, row: usize, vocab: usize) -> i64 {
+/// The token of the `i`-th row of `at`: the steps' choice, or the sampler's from the logits
+/// read with that row's draw.
+fn pick(
+    chosen: &Option<Vec<i64>>,
+    logits: &[f32],
+    sampler: &Sampler,
+    at: SampledRows,
+    i: usize,
+    draws: &[f64],
+) -> i64 {
     match chosen {
-        Some(ids) => ids[row],
-        None => sampler.choose(&logits[row * vocab..(row + 1) * vocab]) as i64,
+        Some(ids) => ids[i],
+        None => {
+            let row = i * at.step + at.offset;
+            sampler.choose_with(&logits[row * at.width..(row + 1) * at.width], draws[i]) as i64
+        }
     }
 }
 

@@ -8,10 +8,10 @@
 
 use super::cache;
 use super::{
-    logits_of, pick, record, write_input, Bundle, CacheLayout, GenerateError, GenerateOptions, Generation,
-    Generator, Sampler, Session, Steps,
+    draws_for, logits_of, pick, record, write_input, Bundle, CacheLayout, GenerateError, GenerateOptions,
+    Generation, Generator, Sampler, Session, Steps,
 };
-use crate::runtime::RowCopy;
+use crate::runtime::{RowCopy, SampledRows};
 
 impl Generator<Session> {
     /// Loads the one-token `step` bundle and the `prompt` bundle (the same decoder compiled
@@ -110,12 +110,15 @@ impl<S: Steps> Generator<S> {
         // logits (greedy on the GPU where the steps can: only ids come back).
         if prompts.iter().any(|q| q.len() == p) {
             let mut logits = Vec::new();
-            let chosen = logits_of(steps, &layout.logits, batch * p, vocab, options, &mut logits)?;
-            for (b, prompt) in prompts.iter().enumerate() {
-                if prompt.len() == p && !done[b] {
-                    let token = pick(&chosen, &logits, sampler, b * p + p - 1, vocab);
-                    record(&mut out.tokens, done, b, token, options, on_token);
-                }
+            // Each sequence's last position: row b·p + p − 1.
+            let picks: Vec<bool> =
+                (0..batch).map(|b| prompts.get(b).is_some_and(|q| q.len() == p) && !done[b]).collect();
+            let draws = draws_for(sampler, &picks);
+            let at = SampledRows { rows: batch, width: vocab, step: p, offset: p - 1 };
+            let chosen = logits_of(steps, &layout.logits, at, sampler, &draws, &mut logits)?;
+            for b in (0..prompts.len()).filter(|&b| picks[b]) {
+                let token = pick(&chosen, &logits, sampler, at, b, &draws);
+                record(&mut out.tokens, done, b, token, options, on_token);
             }
         }
         out.steps += 1;

@@ -69,20 +69,45 @@ impl Sampler {
         Ok(Sampler { sampling, temperature, rng: SplitMix64(seed) })
     }
 
-    /// The token chosen from one row of logits (one per vocabulary entry).
+    /// The token chosen from one row of logits (one per vocabulary entry): greedy, or drawn
+    /// ([`Sampler::draw`], then [`Sampler::choose_with`]).
     pub fn choose(&mut self, logits: &[f32]) -> usize {
-        let greedy = || {
-            // NaNs never win; the first of equals does.
-            let (mut best, mut top) = (0, f32::NEG_INFINITY);
-            for (i, &v) in logits.iter().enumerate() {
-                if v > top {
-                    (best, top) = (i, v);
-                }
+        match self.sampling {
+            Sampling::Greedy => greedy(logits),
+            _ => {
+                let u = self.draw();
+                self.choose_with(logits, u)
             }
-            best
-        };
+        }
+    }
+
+    /// The next draw in [0, 1): one per token a drawing sampler chooses.
+    pub fn draw(&mut self) -> f64 {
+        self.rng.unit()
+    }
+
+    /// Whether choices are drawn (one [`Sampler::draw`] each) rather than greedy.
+    pub fn draws(&self) -> bool {
+        self.sampling != Sampling::Greedy
+    }
+
+    /// What the GPU is to draw from, and at which temperature (`None` for greedy choice).
+    pub fn row_draw(&self) -> Option<(crate::runtime::RowDraw, f64)> {
+        match self.sampling {
+            Sampling::Greedy => None,
+            Sampling::TopK(k) => Some((crate::runtime::RowDraw::TopK(k), self.temperature)),
+            Sampling::TopP(p) => Some((crate::runtime::RowDraw::TopP(p), self.temperature)),
+        }
+    }
+
+    /// The token drawn from one row of logits with draw `u` in [0, 1): tokens ordered by
+    /// logit (highest first, ties by id, NaNs left out), weighted exp((logit − top) /
+    /// temperature); the first k of them, or the shortest run whose weights reach p of the
+    /// total; the first kept token whose running weight passes `u` times the kept weight.
+    /// Greedy choice ignores `u`. `kernels/sample_rows.cu` makes the same choice on the GPU.
+    pub fn choose_with(&self, logits: &[f32], u: f64) -> usize {
         let keep = match self.sampling {
-            Sampling::Greedy => return greedy(),
+            Sampling::Greedy => return greedy(logits),
             Sampling::TopK(k) => Keep::Count(k),
             Sampling::TopP(p) => Keep::Mass(p),
         };
@@ -110,7 +135,7 @@ impl Sampler {
             }
         };
         let sum: f64 = weights[..kept].iter().sum();
-        let mut u = self.rng.unit() * sum;
+        let mut u = u * sum;
         for (k, w) in weights[..kept].iter().enumerate() {
             if u < *w {
                 return order[k];
@@ -119,6 +144,18 @@ impl Sampler {
         }
         order[kept - 1]
     }
+}
+
+/// The largest value's index (the first of equals; NaNs never win; 0 where none is above
+/// -inf).
+fn greedy(logits: &[f32]) -> usize {
+    let (mut best, mut top) = (0, f32::NEG_INFINITY);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > top {
+            (best, top) = (i, v);
+        }
+    }
+    best
 }
 
 enum Keep {

@@ -15,7 +15,7 @@ pub use lt::{
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
     driver_available, driver_version, run_once, tensor_from_bytes, DeviceInput, DeviceOutput, HostInput,
-    RowCopy, Session, SessionOptions, StepProfile, PROFILE_REPEAT,
+    RowCopy, RowDraw, SampledRows, Session, SessionOptions, StepProfile, PROFILE_REPEAT,
 };
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -2,6 +2,8 @@
 //! random inputs for them.
 #![allow(dead_code)]
 
+pub mod onnx;
+
 use std::path::PathBuf;
 
 use std::path::Path;

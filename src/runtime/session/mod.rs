@@ -3,7 +3,8 @@
 //! (`sizes`), staging inputs and outputs (`io`), inputs and outputs in the caller's memory
 //! (`external`), running the steps and capturing them as a
 //! CUDA graph (`graph`), launching a step (`launch`), choosing GEMM algorithms by timing
-//! (`tuning`) and timing steps and runs (`profile`).
+//! (`tuning`), timing steps and runs (`profile`), state kept between runs (`state`) and
+//! drawing tokens from rows of logits (`sample`).
 //!
 //! Thread safety: a `Session` owns its stream, arena and cuBLAS handle; `run` takes
 //! `&mut self`, so one session serves one thread at a time. Use one session per thread to run
@@ -18,6 +19,7 @@ mod io;
 mod launch;
 mod load;
 mod profile;
+mod sample;
 mod sizes;
 mod state;
 mod tuning;
@@ -34,6 +36,7 @@ use launch::Loaded;
 
 pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use profile::{StepProfile, PROFILE_REPEAT};
+pub use sample::{RowDraw, SampledRows};
 pub use state::RowCopy;
 
 pub(super) fn driver(e: impl std::fmt::Debug) -> RuntimeError {

@@ -18,7 +18,12 @@ const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
-    ids: Option<CudaSlice<i64>>,
+    pub(super) ids: Option<CudaSlice<i64>>,
+    /// `kernels/sample_rows.cu`, and the device arrays of each row's draw (`sample`).
+    pub(super) sample: Option<CudaFunction>,
+    pub(super) draws: Option<CudaSlice<f64>>,
+    /// Room for each drawn row's token weights (`sample`).
+    pub(super) weights: Option<CudaSlice<f64>>,
     /// The bases of the last copy of many tensors, and the device array holding them.
     bases: Vec<u64>,
     bases_on_device: Option<CudaSlice<u64>>,
@@ -77,7 +82,7 @@ pub struct RowCopy {
 }
 
 impl Session {
-    fn spec<'a>(list: &'a [IoSpec], name: &str, what: &str) -> Result<&'a IoSpec, RuntimeError> {
+    pub(super) fn spec<'a>(list: &'a [IoSpec], name: &str, what: &str) -> Result<&'a IoSpec, RuntimeError> {
         list.iter().find(|s| s.name == name).ok_or_else(|| {
             let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
             RuntimeError::Input(format!("the model has no {what} '{name}' (it has {})", names.join(", ")))
@@ -163,7 +168,7 @@ impl Session {
         Ok(())
     }
 
-    fn load_kernel(&self, ptx: &str, name: &str) -> Result<CudaFunction, RuntimeError> {
+    pub(super) fn load_kernel(&self, ptx: &str, name: &str) -> Result<CudaFunction, RuntimeError> {
         let module = self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
         module.load_function(name).map_err(driver)
     }

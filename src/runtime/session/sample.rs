@@ -1,0 +1,127 @@
+//! Tokens drawn from rows of logits on the GPU (`kernels/sample_rows.cu`): top-k or top-p at a
+//! temperature, one draw in [0, 1) a row given by the caller, so that only the chosen ids leave
+//! the GPU. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
+//! draw.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{driver, RuntimeError, Session};
+
+/// PTX of `kernels/sample_rows.cu` (see kernels/README.md).
+const SAMPLE_PTX: &str = include_str!("../../../kernels/sample_rows.ptx");
+
+/// Which tokens a draw is among.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowDraw {
+    /// The `k` most likely.
+    TopK(usize),
+    /// The most likely whose probabilities reach `p` (0 < p ≤ 1).
+    TopP(f64),
+}
+
+/// Which rows of an output are drawn from: row `offset`, then every `step`-th after it, `rows`
+/// of them, each `width` wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampledRows {
+    /// Rows drawn from.
+    pub rows: usize,
+    /// Values a row.
+    pub width: usize,
+    /// Rows from one drawn to the next.
+    pub step: usize,
+    /// The first row drawn from.
+    pub offset: usize,
+}
+
+impl Session {
+    /// One token drawn from each of `at`'s rows of f32 output `name` of the last run, `draw`
+    /// at `temperature`, with `draws[i]` (in [0, 1)) the draw of the `i`-th row: on the GPU,
+    /// only the ids come back.
+    pub fn sample_rows(
+        &mut self,
+        name: &str,
+        at: SampledRows,
+        draw: RowDraw,
+        temperature: f64,
+        draws: &[f64],
+    ) -> Result<Vec<i64>, RuntimeError> {
+        let spec = Self::spec(&self.outputs, name, "output")?;
+        let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
+        let SampledRows { rows, width, step, offset } = at;
+        let last_row = (rows.max(1) - 1) * step + offset;
+        if spec.dtype != "f32" || (last_row + 1) * width * 4 > size || width == 0 || rows == 0 {
+            return Err(RuntimeError::Input(format!(
+                "output '{name}' ({}{:?}) does not hold {rows} f32 rows of {width}, {step} apart from row {offset}",
+                spec.dtype, spec.shape
+            )));
+        }
+        let bad_draw = draws.iter().any(|u| !(0.0..1.0).contains(u));
+        let (mode, k, p) = match draw {
+            RowDraw::TopK(k) if k >= 1 => (1i32, k as u64, 1.0f64),
+            RowDraw::TopP(p) if p > 0.0 && p <= 1.0 => (2, 0, p),
+            _ => return Err(RuntimeError::Input(format!("{draw:?} is not a draw: k ≥ 1, 0 < p ≤ 1"))),
+        };
+        if draws.len() != rows || bad_draw || !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(RuntimeError::Input(format!(
+                "{} draws in [0, 1) for {rows} rows, at temperature {temperature} (> 0)",
+                draws.len()
+            )));
+        }
+        let x = self.address(spec.location) + (offset * width * 4) as u64;
+        if self.state.sample.is_none() {
+            self.state.sample = Some(self.load_kernel(SAMPLE_PTX, "fusec_sample_rows")?);
+        }
+        if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
+            self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows).map_err(driver)?);
+        }
+        if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
+            self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
+        }
+        if self.state.weights.as_ref().is_none_or(|w| w.len() < rows * width) {
+            self.state.weights = Some(self.stream.alloc_zeros::<f64>(rows * width).map_err(driver)?);
+        }
+        let (Some(function), Some(ids), Some(on_device), Some(weights)) = (
+            self.state.sample.clone(),
+            self.state.ids.as_mut(),
+            self.state.draws.as_mut(),
+            self.state.weights.as_mut(),
+        ) else {
+            return Err(RuntimeError::Driver("the sampling kernel did not load".into()));
+        };
+        self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
+        // The row in shared memory where it fits beside the kernel's own 9 KB (50,257 logits:
+        // 197 KB), every pass of the searches reading it there.
+        let row_bytes = width * 4;
+        let optin = self
+            .stream
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_or(0, |b| b.max(0) as usize);
+        let shared_row = row_bytes + 10 * 1024 <= optin
+            && function
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    row_bytes as i32,
+                )
+                .is_ok();
+        let config = LaunchConfig {
+            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: if shared_row { row_bytes as u32 } else { 0 },
+        };
+        let shared_row = i32::from(shared_row);
+        let (width, row_pitch) = (width as u64, (step * width) as u64);
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&x).arg(&mut *ids).arg(&width).arg(&row_pitch).arg(&*on_device).arg(&mut *weights);
+        args.arg(&shared_row);
+        args.arg(&mode).arg(&k).arg(&p).arg(&temperature);
+        // SAFETY: the kernel reads `rows` rows of `width` f32s, `row_pitch` apart, from the
+        // output's buffer (checked above to hold them), and `rows` draws; it writes `rows` ids
+        // into `ids` and `rows · width` weights into `weights`, which hold at least that many.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        let mut out = vec![0i64; rows];
+        self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
+        self.stream.synchronize().map_err(driver)?;
+        Ok(out)
+    }
+}
