@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::onnx::{float, int, ints, node, weight, write_model};
+use common::onnx::{float, floats, int, int64s, ints, node, string, weight, write_model};
 use fusec::fusion::{self, FusionLimits};
 use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType};
@@ -99,6 +99,49 @@ fn pools(dir: &Path) -> std::path::PathBuf {
     write_model(dir, "pools", &[3, 4, 13, 17], nodes, vec![])
 }
 
+/// Resizes and pads at awkward sizes: linear (half_pixel) to 11×5 by sizes, reflect padding,
+/// nearest (asymmetric, round_prefer_ceil) by scales 1.5×2, edge padding, linear
+/// (align_corners) by sizes, constant padding.
+fn resizes(dir: &Path) -> std::path::PathBuf {
+    let resize = |x: &str, scales: &str, sizes: &str, y: &str, attrs: Vec<AttributeProto>| {
+        node("Resize", &[x, "", scales, sizes], y, attrs)
+    };
+    let nodes = vec![
+        resize("x", "", "sizes1", "r1", vec![string("mode", "linear")]),
+        node("Pad", &["r1", "pads1"], "p1", vec![string("mode", "reflect")]),
+        resize(
+            "p1",
+            "scales2",
+            "",
+            "r2",
+            vec![
+                string("coordinate_transformation_mode", "asymmetric"),
+                string("nearest_mode", "round_prefer_ceil"),
+            ],
+        ),
+        node("Pad", &["r2", "pads2"], "p2", vec![string("mode", "edge")]),
+        resize(
+            "p2",
+            "",
+            "sizes3",
+            "r3",
+            vec![string("mode", "linear"), string("coordinate_transformation_mode", "align_corners")],
+        ),
+        node("Pad", &["r3", "pads3", "value"], "y", vec![]),
+    ];
+    let init = vec![
+        int64s("sizes1", &[2, 3, 11, 5]),
+        int64s("pads1", &[0, 0, 2, 1, 0, 0, 1, 3]),
+        floats("scales2", &[1.0, 1.0, 1.5, 2.0]),
+        int64s("pads2", &[0, 0, 1, 0, 0, 0, 0, 2]),
+        int64s("sizes3", &[2, 3, 9, 13]),
+        int64s("pads3", &[0, 0, 0, 2, 0, 0, 1, 1]),
+        // A scalar, as Pad's constant_value is.
+        tract_onnx::pb::TensorProto { dims: vec![], ..floats("value", &[0.75]) },
+    ];
+    write_model(dir, "resizes", &[2, 3, 7, 9], nodes, init)
+}
+
 fn random_feeds(
     path: &Path,
     seed: u64,
@@ -143,6 +186,35 @@ fn a_cnn_block_matches_tract() {
 fn pools_at_awkward_shapes_match_tract() {
     let dir = tempfile::tempdir().unwrap();
     check(&pools(dir.path()));
+}
+
+#[test]
+fn resizes_and_pads_at_awkward_shapes_match_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    check(&resizes(dir.path()));
+}
+
+/// Negative pads crop (tract panics on them, so against values written out): a 3×4 image
+/// cropped by one row at the top and two columns on the right, then padded by one row below
+/// and one column on the left with the value 9.
+#[test]
+fn negative_pads_crop() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = node("Pad", &["x", "pads", "value"], "y", vec![]);
+    let init = vec![
+        int64s("pads", &[0, 0, -1, 1, 0, 0, 1, -2]),
+        tract_onnx::pb::TensorProto { dims: vec![], ..floats("value", &[9.0]) },
+    ];
+    let path = write_model(dir.path(), "crop", &[1, 1, 3, 4], vec![pad], init);
+    let model = import(&path, &ImportOptions::default()).unwrap();
+    let x = ir::Tensor::from_f64(
+        ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[1, 1, 3, 4]), |i| (i[2] * 4 + i[3]) as f64),
+        DType::F32,
+    );
+    let feeds = HashMap::from([("x".to_string(), x)]);
+    let y = &ir::evaluate(&model.graph, &feeds).unwrap()[0].1;
+    assert_eq!(y.shape(), &[1, 1, 3, 3]);
+    assert_eq!(y.to_f64_vec(), [9.0, 4.0, 5.0, 9.0, 8.0, 9.0, 9.0, 9.0, 9.0]);
 }
 
 /// BatchNormalization's statistics fold into one scale and one shift per channel: the
@@ -207,7 +279,7 @@ fn every_kernel_compiles_with_nvrtc() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for path in [cnn_block(dir.path()), pools(dir.path())] {
+    for path in [cnn_block(dir.path()), pools(dir.path()), resizes(dir.path())] {
         for (no_fuse, precision) in [(false, DType::F32), (true, DType::F32), (false, DType::F16)] {
             let options = CompileOptions { no_fuse, precision, ..Default::default() };
             let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();

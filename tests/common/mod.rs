@@ -148,9 +148,10 @@ pub fn case_op(name: &str, ops: &[String]) -> String {
         })
 }
 
-/// Imports a case. Node tests pass axes, shapes and repeats as graph inputs, which fusec needs
-/// at compile time: when import says so, the integer inputs are frozen to the first data set's
-/// values (the data set then feeds only the others).
+/// Imports a case. Node tests pass axes, shapes, repeats and scales as graph inputs, which
+/// fusec needs at compile time: when import says so, the integer inputs and the small 1-D ones
+/// after the first are frozen to the first data set's values (the data set then feeds only the
+/// others).
 pub fn import_case(
     case: &Path,
     inputs: &[Tensor],
@@ -159,8 +160,12 @@ pub fn import_case(
     match import(&path, &ImportOptions::default()) {
         Err(ImportError::Node { message, .. }) if message.contains("must be a constant") => {
             let summary = summarize(&path)?;
-            let frozen: Vec<usize> =
-                (0..summary.inputs.len()).filter(|&k| inputs[k].dtype().is_int()).collect();
+            // Integer inputs, and small 1-D float ones after the first (Resize's scales and
+            // roi, Pad's value).
+            let small = |t: &Tensor| t.shape().len() <= 1 && t.shape().iter().product::<usize>() <= 16;
+            let frozen: Vec<usize> = (0..summary.inputs.len())
+                .filter(|&k| inputs[k].dtype().is_int() || (k > 0 && small(&inputs[k])))
+                .collect();
             let constants =
                 frozen.iter().map(|&k| (summary.inputs[k].name.clone(), inputs[k].clone())).collect();
             let options = ImportOptions { constants, ..ImportOptions::default() };

@@ -94,3 +94,35 @@ pub fn write_model(
     std::fs::write(&path, model.encode_to_vec()).unwrap();
     path
 }
+
+/// An int64 initializer of `values` (1-D).
+pub fn int64s(name: &str, values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![values.len() as i64],
+        data_type: 7,
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// An f32 initializer of `values` (1-D).
+pub fn floats(name: &str, values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![values.len() as i64],
+        data_type: 1,
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A string attribute.
+pub fn string(name: &str, value: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        s: value.as_bytes().to_vec(),
+        r#type: AttributeType::String as i32,
+        ..Default::default()
+    }
+}

@@ -10,6 +10,7 @@ mod layout;
 mod linalg;
 mod rearrange;
 mod reduce;
+mod resize;
 mod shape;
 mod vision;
 
@@ -28,6 +29,7 @@ pub(crate) fn registry() -> &'static Registry {
         shape::register(&mut reg);
         vision::register(&mut reg);
         rearrange::register(&mut reg);
+        resize::register(&mut reg);
         reg
     })
 }

@@ -1,6 +1,7 @@
 //! Ops of image and normalisation models written in other ops: `DepthToSpace` and
-//! `SpaceToDepth` (a reshape, a transpose, a reshape), `Pad` in constant mode (concatenated
-//! constant blocks), `InstanceNormalization` and `GroupNormalization` (a LayerNorm over the
+//! `SpaceToDepth` (a reshape, a transpose, a reshape), `Pad` (concatenated constant blocks,
+//! or slices of the input itself: reversed for `reflect`, its first or last element expanded
+//! for `edge`, its other end for `wrap`; negative pads slice), `InstanceNormalization` and `GroupNormalization` (a LayerNorm over the
 //! normalised axes, then the per-channel scale and bias), `LpNormalization`, and the
 //! `ReduceL1`, `ReduceL2`, `ReduceSumSquare` reductions.
 
@@ -9,7 +10,7 @@ use ndarray::{ArrayD, IxDyn};
 use super::Registry;
 use crate::import::context::{NodeCtx, Translated};
 use crate::import::ImportError;
-use crate::ir::{BinaryOp, NodeId, Op, ReduceOp, Tensor, UnaryOp};
+use crate::ir::{BinaryOp, NodeId, Op, ReduceOp, SliceAxis, Tensor, UnaryOp};
 
 pub(super) fn register(reg: &mut Registry) {
     reg.insert("DepthToSpace", depth_to_space);
@@ -81,8 +82,10 @@ fn pad(ctx: &mut NodeCtx) -> Translated {
     let ty = ctx.ty(0)?;
     let rank = ty.rank();
     let mode = ctx.attr_string("mode")?.unwrap_or_else(|| "constant".into());
-    if mode != "constant" {
-        return Err(ctx.error(format!("mode \"{mode}\" is not supported (only constant padding)")));
+    if !["constant", "reflect", "edge", "wrap"].contains(&mode.as_str()) {
+        return Err(
+            ctx.error(format!("mode \"{mode}\" is not a padding mode (constant, reflect, edge, wrap)"))
+        );
     }
     let (pads, value) = if ctx.opset < 11 {
         let pads = ctx.attr_ints("pads")?.ok_or_else(|| ctx.error("attribute 'pads' is required"))?;
@@ -90,8 +93,10 @@ fn pad(ctx: &mut NodeCtx) -> Translated {
     } else {
         let pads = ctx.const_ints(1, "pads")?;
         let value = match ctx.opt_input(2) {
-            Some(_) => ctx.const_input(2, "constant_value")?.to_f64_vec().first().copied().unwrap_or(0.0),
-            None => 0.0,
+            Some(_) if mode == "constant" => {
+                ctx.const_input(2, "constant_value")?.to_f64_vec().first().copied().unwrap_or(0.0)
+            }
+            _ => 0.0,
         };
         (pads, value)
     };
@@ -99,31 +104,67 @@ fn pad(ctx: &mut NodeCtx) -> Translated {
         Some(_) => ctx.axes(&ctx.const_ints(3, "axes")?, rank)?,
         None => (0..rank).collect(),
     };
-    if pads.len() != 2 * axes.len() || pads.iter().any(|&p| p < 0) {
-        return Err(ctx.error(format!("pads {pads:?}: only non-negative pads, two per axis, are supported")));
+    if pads.len() != 2 * axes.len() {
+        return Err(ctx.error(format!("pads {pads:?}: two per axis of {axes:?}")));
     }
     let mut current = ctx.input(0)?;
     let mut shape = ty.shape.clone();
     for (k, &axis) in axes.iter().enumerate() {
-        let (before, after) = (pads[k] as usize, pads[k + axes.len()] as usize);
+        let (before, after) = (pads[k], pads[k + axes.len()]);
+        // Negative pads crop first.
+        let n = shape[axis] as i64;
+        let (crop_before, crop_after) = ((-before).max(0), (-after).max(0));
+        if crop_before + crop_after > n {
+            return Err(ctx.error(format!("pads {pads:?} crop more than axis {axis}'s {n} elements")));
+        }
+        if crop_before + crop_after > 0 {
+            let len = (n - crop_before - crop_after) as usize;
+            current = slice_axis(ctx, current, &shape, axis, crop_before as usize, 1, len)?;
+            shape[axis] = len;
+        }
+        let (before, after) = (before.max(0) as usize, after.max(0) as usize);
         if before == 0 && after == 0 {
             continue;
         }
-        let mut parts = Vec::with_capacity(3);
-        for (count, first) in [(before, true), (after, false)] {
-            if count == 0 {
-                continue;
-            }
-            let mut block = shape.clone();
-            block[axis] = count;
-            ctx.check_constant_size(&block)?;
-            let fill = Tensor::from_f64(ArrayD::from_elem(IxDyn(&block), value), ty.dtype);
-            let id = ctx.constant(fill);
-            parts.push((first, id));
+        let n = shape[axis];
+        let fits = match mode.as_str() {
+            "reflect" => before < n && after < n,
+            "edge" | "wrap" => n > 0 && (mode == "edge" || (before <= n && after <= n)),
+            _ => true,
+        };
+        if !fits {
+            return Err(ctx.error(format!(
+                "{mode} padding of {before} and {after} along axis {axis} of {n} elements is not supported"
+            )));
         }
-        let mut inputs: Vec<NodeId> = parts.iter().filter(|(first, _)| *first).map(|(_, id)| *id).collect();
+        let mut block = shape.clone();
+        let mut part = |ctx: &mut NodeCtx, count: usize, first: bool| -> Result<NodeId, ImportError> {
+            block[axis] = count;
+            match mode.as_str() {
+                // x[count], …, x[1] before; x[n−2], …, x[n−1−count] after.
+                "reflect" if first => slice_axis(ctx, current, &shape, axis, count, -1, count),
+                "reflect" => slice_axis(ctx, current, &shape, axis, n - 2, -1, count),
+                "edge" => {
+                    let one = slice_axis(ctx, current, &shape, axis, if first { 0 } else { n - 1 }, 1, 1)?;
+                    ctx.add(Op::Expand { shape: block.clone() }, &[one])
+                }
+                "wrap" if first => slice_axis(ctx, current, &shape, axis, n - count, 1, count),
+                "wrap" => slice_axis(ctx, current, &shape, axis, 0, 1, count),
+                _ => {
+                    ctx.check_constant_size(&block)?;
+                    let fill = Tensor::from_f64(ArrayD::from_elem(IxDyn(&block), value), ty.dtype);
+                    Ok(ctx.constant(fill))
+                }
+            }
+        };
+        let mut inputs = Vec::with_capacity(3);
+        if before > 0 {
+            inputs.push(part(ctx, before, true)?);
+        }
         inputs.push(current);
-        inputs.extend(parts.iter().filter(|(first, _)| !*first).map(|(_, id)| *id));
+        if after > 0 {
+            inputs.push(part(ctx, after, false)?);
+        }
         current = ctx.add(Op::Concat { axis }, &inputs)?;
         shape[axis] += before + after;
     }
@@ -131,6 +172,32 @@ fn pad(ctx: &mut NodeCtx) -> Translated {
         current = ctx.add(Op::Identity, &[current])?;
     }
     Ok(vec![current])
+}
+
+/// `len` elements of `x` (of `shape`) along `axis` from `start`, `step` apart; the other axes
+/// whole.
+fn slice_axis(
+    ctx: &mut NodeCtx,
+    x: NodeId,
+    shape: &[usize],
+    axis: usize,
+    start: usize,
+    step: i64,
+    len: usize,
+) -> Result<NodeId, ImportError> {
+    let axes =
+        shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                if i == axis {
+                    SliceAxis { start, step, len }
+                } else {
+                    SliceAxis { start: 0, step: 1, len: d }
+                }
+            })
+            .collect();
+    ctx.add(Op::Slice { axes }, &[x])
 }
 
 /// `y · scale + bias` with `scale` and `bias` of shape `[C]` against `y`'s `[N, C, …]`.
