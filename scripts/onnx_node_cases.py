@@ -29,7 +29,7 @@ Tile
 Shape Size ConstantOfShape Range Trilu CumSum
 MaxPool AveragePool GlobalAveragePool GlobalMaxPool BatchNormalization HardSigmoid HardSwish
 Softplus Mish DepthToSpace SpaceToDepth Pad InstanceNormalization GroupNormalization
-LpNormalization ReduceL1 ReduceL2 ReduceSumSquare Mod Resize Upsample
+LpNormalization ReduceL1 ReduceL2 ReduceSumSquare Mod Resize Upsample ConvTranspose
 """.split())
 
 

@@ -142,6 +142,45 @@ fn resizes(dir: &Path) -> std::path::PathBuf {
     write_model(dir, "resizes", &[2, 3, 7, 9], nodes, init)
 }
 
+/// Transposed convolutions at awkward sizes: groups, unequal strides, dilation, asymmetric
+/// pads and output_padding; then `auto_pad` SAME_UPPER; then asymmetric pads at stride 1
+/// (`output_shape` is ONNX's own node cases': tract panics on it).
+fn upconvs(dir: &Path) -> std::path::PathBuf {
+    let nodes = vec![
+        node(
+            "ConvTranspose",
+            &["x", "w1", "b1"],
+            "u1",
+            vec![
+                int("group", 2),
+                ints("strides", &[2, 3]),
+                ints("dilations", &[1, 2]),
+                ints("pads", &[1, 0, 0, 2]),
+                ints("output_padding", &[1, 1]),
+            ],
+        ),
+        node(
+            "ConvTranspose",
+            &["u1", "w2"],
+            "u2",
+            vec![ints("strides", &[2, 2]), string("auto_pad", "SAME_UPPER")],
+        ),
+        node(
+            "ConvTranspose",
+            &["u2", "w3"],
+            "y",
+            vec![ints("strides", &[1, 1]), ints("pads", &[0, 1, 1, 0])],
+        ),
+    ];
+    let init = vec![
+        weight("w1", &[4, 3, 3, 3], 51, -0.5, 1.0),
+        weight("b1", &[6], 52, -0.2, 0.4),
+        weight("w2", &[6, 2, 3, 3], 53, -0.5, 1.0),
+        weight("w3", &[2, 3, 3, 2], 54, -0.5, 1.0),
+    ];
+    write_model(dir, "upconvs", &[2, 4, 5, 6], nodes, init)
+}
+
 fn random_feeds(
     path: &Path,
     seed: u64,
@@ -192,6 +231,12 @@ fn pools_at_awkward_shapes_match_tract() {
 fn resizes_and_pads_at_awkward_shapes_match_tract() {
     let dir = tempfile::tempdir().unwrap();
     check(&resizes(dir.path()));
+}
+
+#[test]
+fn transposed_convolutions_match_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    check(&upconvs(dir.path()));
 }
 
 /// Negative pads crop (tract panics on them, so against values written out): a 3×4 image
@@ -279,7 +324,7 @@ fn every_kernel_compiles_with_nvrtc() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for path in [cnn_block(dir.path()), pools(dir.path()), resizes(dir.path())] {
+    for path in [cnn_block(dir.path()), pools(dir.path()), resizes(dir.path()), upconvs(dir.path())] {
         for (no_fuse, precision) in [(false, DType::F32), (true, DType::F32), (false, DType::F16)] {
             let options = CompileOptions { no_fuse, precision, ..Default::default() };
             let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use super::context::{NodeCtx, Translated};
 
+mod conv_transpose;
 mod elementwise;
 mod layout;
 mod linalg;
@@ -30,6 +31,7 @@ pub(crate) fn registry() -> &'static Registry {
         vision::register(&mut reg);
         rearrange::register(&mut reg);
         resize::register(&mut reg);
+        conv_transpose::register(&mut reg);
         reg
     })
 }
