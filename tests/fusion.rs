@@ -139,14 +139,19 @@ fn handbuilt_variants_are_recognised() {
 }
 
 /// The kernels of each encoder layer, from the ONNX node names they cover
-/// (`/encoder/layer.N/...` in the TorchScript export).
+/// (`/encoder/layer.N/...` in the TorchScript export): the layer most of them name (a node
+/// merged from several layers, such as a shared mask, names the others too).
 fn kernels_per_layer(part: &Partition) -> BTreeMap<usize, Vec<String>> {
     let mut layers: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for kernel in &part.kernels {
-        let layer = kernel.covers.iter().find_map(|name| {
-            let rest = name.split("/layer.").nth(1)?;
-            rest.split('/').next()?.parse::<usize>().ok()
-        });
+        let mut votes: BTreeMap<usize, usize> = BTreeMap::new();
+        for name in &kernel.covers {
+            let layer = name.split("/layer.").nth(1).and_then(|r| r.split('/').next()?.parse::<usize>().ok());
+            if let Some(layer) = layer {
+                *votes.entry(layer).or_default() += 1;
+            }
+        }
+        let layer = votes.iter().max_by_key(|(_, &n)| n).map(|(&l, _)| l);
         if let Some(layer) = layer {
             layers.entry(layer).or_default().push(kernel.kind.name());
         }

@@ -220,8 +220,18 @@ impl Analysis<FusionLang> for FusionAnalysis {
                 let ty = types.and_then(|t| ops::infer(&op, &t).ok());
                 let values: Option<Vec<&Tensor>> =
                     inputs.iter().map(|&i| data(i).constant.as_deref()).collect();
+                // A small constant expanded stays a view, as the passes keep it
+                // ([`crate::ir::UNIFORM_ELEMENTS`]).
+                let kept_expanded = |t: &TensorType, values: &[&Tensor]| {
+                    matches!(op, crate::ir::Op::Expand { .. })
+                        && (t.dtype.is_float() || t.dtype == crate::ir::DType::Bool)
+                        && t.len() >= crate::ir::UNIFORM_ELEMENTS
+                        && values.first().is_some_and(|v| v.len() < t.len())
+                };
                 let constant = match (&ty, values) {
-                    (Some(t), Some(values)) if t.len() <= FOLD_LIMIT && !inputs.is_empty() => {
+                    (Some(t), Some(values))
+                        if t.len() <= FOLD_LIMIT && !inputs.is_empty() && !kept_expanded(t, &values) =>
+                    {
                         ops::evaluate(&op, &values).ok().map(Arc::new)
                     }
                     _ => None,

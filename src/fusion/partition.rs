@@ -612,6 +612,7 @@ fn assemble(b: Builder<'_>, covers: &HashMap<NodeId, Vec<String>>) -> Partition 
     let covered = |id: NodeId| -> Vec<String> {
         covers
             .get(&id)
+            .filter(|c| !c.is_empty())
             .cloned()
             .unwrap_or_else(|| graph.node(id).origin.onnx_nodes().map(String::from).collect())
     };

@@ -134,8 +134,13 @@ impl NodeCtx<'_> {
     }
 
     /// Adds `op` on `inputs` as the value of output 0.
+    /// The name of the node's first output (what [`NodeCtx::add`] names its value).
+    pub fn output_name(&self) -> String {
+        self.proto.output.first().cloned().unwrap_or_default()
+    }
+
     pub fn add(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId, ImportError> {
-        let name = self.proto.output.first().cloned().unwrap_or_default();
+        let name = self.output_name();
         self.add_named(op, inputs, &name)
     }
 
@@ -147,13 +152,78 @@ impl NodeCtx<'_> {
             self.check_constant_size(&ty.shape)?;
             let args: Vec<&Tensor> = values.iter().map(|t| t.as_ref()).collect();
             let value = ir::ops::evaluate(&op, &args).map_err(|m| self.error(m))?;
-            return Ok(self.constant_named(value, name));
+            return self.folded(value, &ty.shape, name);
+        }
+        // Constants some of which are kept expanded: a pointwise op of them is computed on
+        // what is expanded (its broadcast gives the same values), and a view of one value is
+        // that value.
+        let sources: Option<Vec<Tensor>> = inputs.iter().map(|&i| self.expanded_source(i)).collect();
+        if let (Some(sources), false) = (sources, inputs.is_empty()) {
+            let ty = self.graph.infer(&op, inputs).map_err(|m| self.error(m))?;
+            let value = if op.is_pointwise() {
+                let args: Vec<&Tensor> = sources.iter().collect();
+                Some(ir::ops::evaluate(&op, &args).map_err(|m| self.error(m))?)
+            } else if sources.iter().all(|s| s.len() == 1)
+                && (op.is_view()
+                    || (matches!(op, Op::Concat { .. }) && sources.windows(2).all(|w| w[0] == w[1])))
+            {
+                Some(sources[0].clone())
+            } else {
+                None
+            };
+            if let Some(value) = value {
+                let value = match value.shape().len() == ty.rank() {
+                    true => value,
+                    false => value
+                        .reshaped(&vec![1; ty.rank()])
+                        .ok_or_else(|| self.error("a view of one value"))?,
+                };
+                return self.expanded(value, &ty.shape, name);
+            }
         }
         let origin = self.origin();
         self.graph.add_op(op, inputs, name, origin).map_err(|e| match e {
             ir::IrError::Op { message, .. } => self.error(message),
             other => self.error(other.to_string()),
         })
+    }
+
+    /// A folded `value` of `shape`: a constant, or where it is large and a broadcast of a
+    /// smaller one ([`ir::UNIFORM_ELEMENTS`]), that smaller one expanded.
+    fn folded(&mut self, value: Tensor, shape: &[usize], name: &str) -> Result<NodeId, ImportError> {
+        // Floating-point and boolean values only: integer constants are shapes, axes and
+        // indices that ops read at import.
+        let kept = value.dtype().is_float() || value.dtype() == ir::DType::Bool;
+        if kept && value.len() >= ir::UNIFORM_ELEMENTS {
+            if let Some(source) = value.broadcast_source() {
+                return self.expanded(source, shape, name);
+            }
+        }
+        Ok(self.constant_named(value, name))
+    }
+
+    /// `value` (of the rank of `shape`, a broadcast of it) expanded to `shape`: a view of a
+    /// small constant where a constant of `shape` would hold the same values many times.
+    pub fn expanded(&mut self, value: Tensor, shape: &[usize], name: &str) -> Result<NodeId, ImportError> {
+        if value.shape() == shape {
+            return self.folded(value, shape, name);
+        }
+        let small = self.constant_named(value, &format!("{name}.value"));
+        let origin = self.origin();
+        self.graph
+            .add_op(Op::Expand { shape: shape.to_vec() }, &[small], name, origin)
+            .map_err(|e| self.error(e.to_string()))
+    }
+
+    /// The values of `id` where it is a constant, or a constant expanded
+    /// ([`NodeCtx::expanded`]): that constant, of `id`'s rank.
+    fn expanded_source(&self, id: NodeId) -> Option<Tensor> {
+        let source = match self.graph.node(id).op {
+            Op::Expand { .. } => self.graph.inputs_of(id)[0],
+            _ => id,
+        };
+        let value = self.graph.constant(source)?;
+        (value.shape().len() == self.graph.node(id).ty.rank()).then(|| value.as_ref().clone())
     }
 
     /// An error unless a constant of `shape` stays within [`MAX_CONSTANT_ELEMENTS`]: what a

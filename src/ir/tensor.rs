@@ -232,6 +232,48 @@ impl Tensor {
         Tensor::from_f64(ArrayD::from_elem(IxDyn(&ty.shape), value), ty.dtype)
     }
 
+    /// The smallest tensor this one is a broadcast of: every axis along which all the slices
+    /// are the same (bit for bit) kept at size 1; `None` where there is none.
+    pub fn broadcast_source(&self) -> Option<Tensor> {
+        let shape = self.shape().to_vec();
+        let mut current = self.clone();
+        let mut reduced = false;
+        for (axis, &size) in shape.iter().enumerate() {
+            if size <= 1 {
+                continue;
+            }
+            let first = current.slice_axis_first(axis);
+            let same = current.equals_broadcast_of(&first, axis);
+            if same {
+                current = first;
+                reduced = true;
+            }
+        }
+        reduced.then_some(current)
+    }
+
+    /// Slice 0 along `axis`, the axis kept at size 1.
+    fn slice_axis_first(&self, axis: usize) -> Tensor {
+        map_array!(self, a => a.slice_axis(ndarray::Axis(axis), ndarray::Slice::from(0..1)).to_owned())
+    }
+
+    /// Whether every slice along `axis` equals `first` (bit for bit).
+    fn equals_broadcast_of(&self, first: &Tensor, axis: usize) -> bool {
+        fn all<T>(a: &ArrayD<T>, f: &ArrayD<T>, axis: usize, same: impl Fn(&T, &T) -> bool) -> bool {
+            a.axis_iter(ndarray::Axis(axis)).all(|s| s.iter().zip(f.iter()).all(|(x, y)| same(x, y)))
+        }
+        match (self, first) {
+            (Tensor::F32(a), Tensor::F32(f)) => all(a, f, axis, |x, y| x.to_bits() == y.to_bits()),
+            (Tensor::F16(a), Tensor::F16(f)) => all(a, f, axis, |x, y| x.to_bits() == y.to_bits()),
+            (Tensor::BF16(a), Tensor::BF16(f)) => all(a, f, axis, |x, y| x.to_bits() == y.to_bits()),
+            (Tensor::F64(a), Tensor::F64(f)) => all(a, f, axis, |x, y| x.to_bits() == y.to_bits()),
+            (Tensor::I64(a), Tensor::I64(f)) => all(a, f, axis, |x, y| x == y),
+            (Tensor::I32(a), Tensor::I32(f)) => all(a, f, axis, |x, y| x == y),
+            (Tensor::Bool(a), Tensor::Bool(f)) => all(a, f, axis, |x, y| x == y),
+            _ => false,
+        }
+    }
+
     /// Reshapes (row-major) to `shape`, which must have the same element count.
     pub fn reshaped(&self, shape: &[usize]) -> Option<Tensor> {
         fn reshape<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Option<ArrayD<T>> {
@@ -416,3 +458,10 @@ pub fn max_abs_diff(actual: &Tensor, reference: &Tensor) -> f64 {
         }
     })
 }
+
+/// Folded floating-point and boolean constants of at least this many elements that are a
+/// broadcast of a smaller one are kept as that smaller one expanded (a view) by the import and
+/// by constant folding: an export's attention mask of ones, broadcast to `[batch, 1, seq, seq]`
+/// and folded, is one value, not 8.4 million at 32 × 512. Every size alike (not only the
+/// large ones), so that a program's structure does not change along its ranges.
+pub const UNIFORM_ELEMENTS: usize = 2;

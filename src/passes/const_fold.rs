@@ -21,6 +21,15 @@ impl Pass for ConstFold {
                 continue;
             }
             let inputs = graph.inputs_of(id);
+            // A small constant expanded to a large one stays a view
+            // ([`crate::ir::UNIFORM_ELEMENTS`]).
+            let kept_expanded = matches!(node.op, Op::Expand { .. })
+                && (node.ty.dtype.is_float() || node.ty.dtype == crate::ir::DType::Bool)
+                && node.ty.len() >= crate::ir::UNIFORM_ELEMENTS
+                && graph.constant(inputs[0]).is_some_and(|c| c.len() < node.ty.len());
+            if kept_expanded {
+                continue;
+            }
             let Some(values) = inputs.iter().map(|&i| graph.constant(i)).collect::<Option<Vec<_>>>() else {
                 continue;
             };

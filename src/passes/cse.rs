@@ -35,6 +35,14 @@ impl Pass for Cse {
             };
             match seen.get(&key) {
                 Some(&first) => {
+                    // The kept node stands for the ONNX nodes of both.
+                    let names: Vec<String> = graph.node(id).origin.onnx_nodes().map(String::from).collect();
+                    let origin = &mut graph.node_mut(first).origin;
+                    for name in names {
+                        if !origin.onnx_nodes().any(|n| n == name) {
+                            origin.merged.push(name);
+                        }
+                    }
                     graph.replace_uses(id, first);
                     graph.remove_node(id);
                     merged += 1;

@@ -43,6 +43,13 @@ fn constant_of_shape(ctx: &mut NodeCtx) -> Translated {
     }
     let fill = value.to_f64_vec()[0];
     ctx.check_constant_size(&shape)?;
+    let kept = value.dtype().is_float() || value.dtype() == crate::ir::DType::Bool;
+    if kept && shape.iter().product::<usize>() >= crate::ir::UNIFORM_ELEMENTS {
+        let name = ctx.output_name();
+        let one =
+            value.reshaped(&vec![1; shape.len()]).ok_or_else(|| ctx.error("value must hold one element"))?;
+        return Ok(vec![ctx.expanded(one, &shape, &name)?]);
+    }
     Ok(vec![ctx.constant(Tensor::full(&TensorType::new(value.dtype(), shape), fill))])
 }
 
