@@ -12,6 +12,9 @@
 // -arch=compute_75) without NVRTC; regenerate it from this file after a change.
 
 #define THREADS 1024
+// Kept sets of at most this many tokens (with the ties at their last key) are picked from a
+// sorted copy in shared memory, as the host does, rather than by searches over the row.
+#define CANDIDATES 1024
 
 // A float's key: larger value, larger key; NaN has none (0 here, with `valid` false).
 __device__ __forceinline__ unsigned int key_of(float v, bool& valid) {
@@ -170,6 +173,72 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
             }
             ties = j;
         }
+    }
+    // Few candidates (every key from `last`): sort them as the host does (key down, id up),
+    // add the kept ones' weights in that order and walk them with the draw.
+    __shared__ unsigned int cand_key[CANDIDATES];
+    __shared__ unsigned int cand_id[CANDIDATES];
+    __shared__ double cand_w[CANDIDATES];
+    __shared__ unsigned int cand_n;
+    const unsigned long long candidates = count_from(r, last, counts);
+    if (candidates <= CANDIDATES) {
+        const unsigned int kept_n = (unsigned int)(count_from(r, last + 1, counts) + ties);
+        if (threadIdx.x == 0) cand_n = 0;
+        __syncthreads();
+        for (unsigned long long i = threadIdx.x; i < width; i += blockDim.x) {
+            bool valid;
+            const unsigned int key = key_of(r.x[i], valid);
+            if (valid && key >= last) {
+                const unsigned int at = atomicAdd(&cand_n, 1u);
+                cand_key[at] = key;
+                cand_id[at] = (unsigned int)i;
+            }
+        }
+        __syncthreads();
+        unsigned int size = 1;
+        while (size < (unsigned int)candidates) size <<= 1;
+        for (unsigned int i = (unsigned int)candidates + threadIdx.x; i < size; i += blockDim.x) {
+            cand_key[i] = 0;
+            cand_id[i] = 0xffffffffu;
+        }
+        __syncthreads();
+        // Bitonic sort: `a` before `b` when its key is larger, or equal with a smaller id.
+        for (unsigned int k2 = 2; k2 <= size; k2 <<= 1) {
+            for (unsigned int j = k2 >> 1; j > 0; j >>= 1) {
+                for (unsigned int i = threadIdx.x; i < size; i += blockDim.x) {
+                    const unsigned int l = i ^ j;
+                    if (l > i) {
+                        const bool first = (i & k2) == 0;
+                        const unsigned int ka = cand_key[i], kb = cand_key[l], ia = cand_id[i], ib = cand_id[l];
+                        const bool b_before_a = kb > ka || (kb == ka && ib < ia);
+                        if (first == b_before_a) {
+                            cand_key[i] = kb;
+                            cand_key[l] = ka;
+                            cand_id[i] = ib;
+                            cand_id[l] = ia;
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        for (unsigned int i = threadIdx.x; i < kept_n; i += blockDim.x) cand_w[i] = weight(r, value_of(cand_key[i]));
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (unsigned int i = 0; i < kept_n; ++i) sum += cand_w[i];
+            double u = draws[blockIdx.x] * sum;
+            long long pick = (long long)cand_id[kept_n - 1];
+            for (unsigned int i = 0; i < kept_n; ++i) {
+                if (u < cand_w[i]) {
+                    pick = (long long)cand_id[i];
+                    break;
+                }
+                u -= cand_w[i];
+            }
+            out[blockIdx.x] = pick;
+        }
+        return;
     }
     const double w_last = weight(r, value_of((unsigned int)last));
     const double kept = weight_from(r, last + 1, sums) + (double)ties * w_last;
