@@ -410,7 +410,9 @@ fn the_gpu_argmax_is_the_hosts() {
 }
 
 /// Top-k and top-p draws on the GPU (`Session::sample_rows`) pick what the host's sampler
-/// picks for the same draws (`Sampler::choose_with`), on rows of 997 logits built to be
+/// picks for the same draws (`Sampler::choose_with`) — both of the kernel's ways: kept sets of
+/// at most 1,024 candidates sorted, larger ones searched (top-k 2000, the wide nuclei) — on
+/// rows of 1,997 logits built to be
 /// awkward: spread out, quantized to a few values (ties), with NaNs and -inf, flat, all -inf,
 /// all NaN; at several k, p and temperatures, with draws near 0 and near 1; rows taken every
 /// third from the third (a prompt step's last positions) as well.
@@ -422,7 +424,7 @@ fn the_gpu_draws_are_the_hosts() {
         println!("skipped: no CUDA driver");
         return;
     }
-    let (rows, width) = (12usize, 997usize);
+    let (rows, width) = (12usize, 1997usize);
     let dir = tempfile::tempdir().unwrap();
     let nodes = vec![common::onnx::node("Add", &["x", "c"], "y", vec![])];
     let c = common::onnx::weight("c", &[1], 1, 0.5, 0.0);
