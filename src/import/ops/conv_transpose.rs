@@ -6,11 +6,12 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use super::rearrange::slice_axis;
 use super::vision::pair;
 use super::Registry;
 use crate::import::context::{NodeCtx, Translated};
 use crate::import::ImportError;
-use crate::ir::{NodeId, Op, SliceAxis, Tensor};
+use crate::ir::{NodeId, Op, Tensor};
 
 pub(super) fn register(reg: &mut Registry) {
     reg.insert("ConvTranspose", conv_transpose);
@@ -46,13 +47,9 @@ fn conv_transpose(ctx: &mut NodeCtx) -> Translated {
         ctx.add(Op::Reshape { shape: vec![group, in_group, per_group, kh, kw] }, &[ctx.input(1)?])?;
     let swapped = ctx.add(Op::Transpose { perm: vec![0, 2, 1, 3, 4] }, &[grouped])?;
     let filters = ctx.add(Op::Reshape { shape: vec![outputs, in_group, kh, kw] }, &[swapped])?;
-    let axes = vec![
-        SliceAxis { start: 0, step: 1, len: outputs },
-        SliceAxis { start: 0, step: 1, len: in_group },
-        SliceAxis { start: kh - 1, step: -1, len: kh },
-        SliceAxis { start: kw - 1, step: -1, len: kw },
-    ];
-    let filters = ctx.add(Op::Slice { axes }, &[filters])?;
+    let flipped_shape = [outputs, in_group, kh, kw];
+    let filters = slice_axis(ctx, filters, &flipped_shape, 2, kh - 1, -1, kh)?;
+    let filters = slice_axis(ctx, filters, &flipped_shape, 3, kw - 1, -1, kw)?;
     // The input spread out: `stride − 1` zeros after each element but the last, along H and W.
     let mut spread = ctx.input(0)?;
     let mut shape = x.shape.clone();
@@ -73,19 +70,10 @@ fn conv_transpose(ctx: &mut NodeCtx) -> Translated {
         (conv_pads[i], crop[i].0) = if begin >= 0 { (begin as usize, 0) } else { (0, (-begin) as usize) };
         (conv_pads[i + 2], crop[i].1) = if end >= 0 { (end as usize, 0) } else { (0, (-end) as usize) };
     }
-    if crop.iter().any(|&(a, b)| a + b > 0) {
-        let axes = shape
-            .iter()
-            .enumerate()
-            .map(|(a, &d)| match a {
-                2 | 3 => {
-                    let (begin, end) = crop[a - 2];
-                    SliceAxis { start: begin, step: 1, len: d.saturating_sub(begin + end) }
-                }
-                _ => SliceAxis { start: 0, step: 1, len: d },
-            })
-            .collect();
-        spread = ctx.add(Op::Slice { axes }, &[spread])?;
+    for (i, &(begin, end)) in crop.iter().enumerate().filter(|(_, &(b, e))| b + e > 0) {
+        let len = shape[2 + i].saturating_sub(begin + end);
+        spread = slice_axis(ctx, spread, &shape, 2 + i, begin, 1, len)?;
+        shape[2 + i] = len;
     }
     let mut inputs = vec![spread, filters];
     inputs.extend(ctx.opt_input(2));
@@ -152,14 +140,5 @@ fn spread_out(
     let mut wide = shape.to_vec();
     wide[axis] *= stride;
     let flat = ctx.add(Op::Reshape { shape: wide.clone() }, &[joined])?;
-    let axes = wide
-        .iter()
-        .enumerate()
-        .map(|(a, &d)| SliceAxis {
-            start: 0,
-            step: 1,
-            len: if a == axis { (shape[axis] - 1) * stride + 1 } else { d },
-        })
-        .collect();
-    ctx.add(Op::Slice { axes }, &[flat])
+    slice_axis(ctx, flat, &wide, axis, 0, 1, (shape[axis] - 1) * stride + 1)
 }

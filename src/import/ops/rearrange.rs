@@ -176,7 +176,7 @@ fn pad(ctx: &mut NodeCtx) -> Translated {
 
 /// `len` elements of `x` (of `shape`) along `axis` from `start`, `step` apart; the other axes
 /// whole.
-fn slice_axis(
+pub(super) fn slice_axis(
     ctx: &mut NodeCtx,
     x: NodeId,
     shape: &[usize],
