@@ -405,7 +405,7 @@ impl<S: Steps> Generator<S> {
 /// One draw each for the rows that take a token (`picks`), in order, where the sampler draws;
 /// 0 for the others.
 fn draws_for(sampler: &mut Sampler, picks: &[bool]) -> Vec<f64> {
-    picks.iter().map(|&p| if p && sampler.draws() { sampler.draw() } else { 0.0 }).collect()
+    picks.iter().map(|&p| if p && sampler.row_draw().is_some() { sampler.draw() } else { 0.0 }).collect()
 }
 
 /// The choices for rows `at` of the logits (output `name` of the last step), made where the

@@ -86,12 +86,8 @@ impl Sampler {
         self.rng.unit()
     }
 
-    /// Whether choices are drawn (one [`Sampler::draw`] each) rather than greedy.
-    pub fn draws(&self) -> bool {
-        self.sampling != Sampling::Greedy
-    }
-
-    /// What the GPU is to draw from, and at which temperature (`None` for greedy choice).
+    /// What the GPU is to draw from, and at which temperature: `None` for greedy choice,
+    /// which takes no draw.
     pub fn row_draw(&self) -> Option<(crate::runtime::RowDraw, f64)> {
         match self.sampling {
             Sampling::Greedy => None,
