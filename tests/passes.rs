@@ -185,3 +185,138 @@ fn gather_of_every_position_in_order_becomes_a_reshape() {
         assert_eq!((changed, ops.get("Reshape"), ops.get("Gather")), expected, "{values:?}: {ops:?}");
     }
 }
+
+#[test]
+fn gather_of_one_position_becomes_a_slice() {
+    // PyTorch's multi-head attention: the packed projection [3, s, b, e], then proj[0], proj[1],
+    // proj[2]; also a [1]-shaped index (the axis kept) and positions counted from the end.
+    let shape = vec![3usize, 5, 2, 7];
+    let cases: [(Vec<usize>, i64, usize, bool); 6] = [
+        (vec![], 0, 0, true),
+        (vec![], 2, 0, true),
+        (vec![], -1, 0, true),
+        (vec![1], 3, 1, true),
+        (vec![], -3, 3, true),
+        // Out of range: left for the gather to report at run time.
+        (vec![], 7, 3, false),
+    ];
+    for (index_shape, position, axis, view) in cases {
+        let mut g = Graph::new();
+        let x = g.add_input("x", TensorType::new(DType::F32, shape.clone()));
+        let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&index_shape), vec![position]).unwrap();
+        let idx = g.add_constant("idx", Arc::new(Tensor::from_i64(array, DType::I64)), origin("idx"));
+        let Ok(y) = g.add_op(Op::Gather { axis }, &[x, idx], "y", origin("gather")) else {
+            assert!(!view, "position {position} of axis {axis}");
+            continue;
+        };
+        g.set_outputs(vec![("y".into(), y)]);
+        let feeds: HashMap<_, _> =
+            [("x".to_string(), ir::random_tensor(&TensorType::new(DType::F32, shape.clone()), 9, -1.0, 1.0))]
+                .into();
+        let before = ir::evaluate(&g, &feeds);
+        let changed = GatherNdViews.run(&mut g).unwrap();
+        ir::verify(&g).unwrap();
+        let ops = g.op_histogram();
+        if !view {
+            assert_eq!((changed, ops.get("Gather")), (0, Some(&1)), "{position}: {ops:?}");
+            continue;
+        }
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.to_f64_vec(), before.unwrap()[0].1.to_f64_vec(), "{position} of axis {axis}");
+        assert_eq!(
+            (changed, ops.get("Slice"), ops.get("Gather")),
+            (1, Some(&1), None),
+            "{position}: {ops:?}"
+        );
+    }
+}
+
+#[test]
+fn an_add_of_zeros_is_removed_through_a_broadcast_view() {
+    let zero = |g: &mut Graph, shape: Vec<usize>, value: f64| {
+        let t = Tensor::full(&TensorType::new(DType::F32, shape), value);
+        g.add_constant("zeros", Arc::new(t), origin("zeros"))
+    };
+    // (the constant's shape, expanded to the bias's, its value, whether the add goes)
+    let cases = [(vec![1], true, 0.0, true), (vec![6], false, 0.0, true), (vec![1], true, 0.5, false)];
+    for (shape, expanded, value, removed) in cases {
+        let mut g = Graph::new();
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![4, 6]));
+        let mut b = zero(&mut g, shape.clone(), value);
+        if expanded {
+            b = g.add_op(Op::Expand { shape: vec![6] }, &[b], "bias", origin("expand")).unwrap();
+        }
+        let y = g.add_op(Op::Binary(BinaryOp::Add), &[b, x], "y", origin("add")).unwrap();
+        let z = g.add_op(Op::Unary(UnaryOp::Tanh), &[y], "z", origin("tanh")).unwrap();
+        g.set_outputs(vec![("z".into(), z)]);
+        let feeds: HashMap<_, _> =
+            [("x".to_string(), ir::random_tensor(&TensorType::new(DType::F32, vec![4, 6]), 3, -1.0, 1.0))]
+                .into();
+        let before = ir::evaluate(&g, &feeds).unwrap();
+        RemoveNoops.run(&mut g).unwrap();
+        ir::verify(&g).unwrap();
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.to_f64_vec(), before[0].1.to_f64_vec(), "{shape:?} {value}");
+        assert_eq!(!g.op_histogram().contains_key("Add"), removed, "{shape:?} {value}");
+    }
+    // A sum broadcast wider than its other operand is not that operand.
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![6]));
+    let b = zero(&mut g, vec![4, 6], 0.0);
+    let y = g.add_op(Op::Binary(BinaryOp::Add), &[x, b], "y", origin("add")).unwrap();
+    g.set_outputs(vec![("y".into(), y)]);
+    assert_eq!(RemoveNoops.run(&mut g).unwrap(), 0);
+}
+
+#[test]
+fn constants_several_graphs_hold_are_halved_once() {
+    let weight = Arc::new(ir::random_tensor(&TensorType::new(DType::F32, vec![8, 4]), 2, -1.0, 1.0));
+    let graph = |rows: usize| {
+        let mut g = Graph::new();
+        let x = g.add_input("x", TensorType::new(DType::F32, vec![rows, 8]));
+        let w = g.add_constant("w", weight.clone(), origin("w"));
+        let y = g.add_op(Op::MatMul, &[x, w], "y", origin("matmul")).unwrap();
+        g.set_outputs(vec![("y".into(), y)]);
+        (g, w)
+    };
+    let ((mut a, wa), (mut b, wb)) = (graph(2), graph(5));
+    let halved = fusec::passes::halve_constants(&mut [&mut a, &mut b], DType::F16, None);
+    assert!(Arc::ptr_eq(&halved[0][&wa], &halved[1][&wb]), "one conversion for both graphs");
+    assert_eq!(*halved[0][&wa], weight.cast(DType::F16));
+    // The graphs no longer hold the f32 value: the test's handle is the only one left.
+    assert_eq!(Arc::strong_count(&weight), 1);
+    for (g, halved) in [(a, &halved[0]), (b, &halved[1])] {
+        let (lowered, _) =
+            fusec::passes::lower_precision_halved(g, DType::F16, None, Some(halved.clone())).unwrap();
+        let w = lowered.node_ids().find(|&id| lowered.node(id).name == "w").unwrap();
+        assert!(Arc::ptr_eq(lowered.constant(w).unwrap(), &halved[&wa]));
+    }
+}
+
+#[test]
+fn a_gemms_c_of_zeros_is_dropped() {
+    for (value, dropped) in [(0.0, true), (0.25, false)] {
+        let mut g = Graph::new();
+        let a = g.add_input("a", TensorType::new(DType::F32, vec![5, 3]));
+        let w = Arc::new(ir::random_tensor(&TensorType::new(DType::F32, vec![3, 4]), 4, -1.0, 1.0));
+        let w = g.add_constant("w", w, origin("w"));
+        let c = Tensor::full(&TensorType::new(DType::F32, vec![1]), value);
+        let c = g.add_constant("c", Arc::new(c), origin("c"));
+        let c = g.add_op(Op::Expand { shape: vec![4] }, &[c], "c_view", origin("expand")).unwrap();
+        let gemm = Op::Gemm { alpha: 1.5, beta: 2.0, trans_a: false, trans_b: false };
+        let y = g.add_op(gemm, &[a, w, c], "y", origin("gemm")).unwrap();
+        g.set_outputs(vec![("y".into(), y)]);
+        let feeds: HashMap<_, _> =
+            [("a".to_string(), ir::random_tensor(&TensorType::new(DType::F32, vec![5, 3]), 6, -1.0, 1.0))]
+                .into();
+        let before = ir::evaluate(&g, &feeds).unwrap();
+        RemoveNoops.run(&mut g).unwrap();
+        ir::verify(&g).unwrap();
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.to_f64_vec(), before[0].1.to_f64_vec(), "C = {value}");
+        let (_, y) = &g.outputs()[0];
+        assert_eq!(g.inputs_of(*y).len() == 2, dropped, "C = {value}");
+        // The kernel computing the product still names the ONNX node of C's view.
+        assert_eq!(g.node(*y).origin.onnx_nodes().any(|n| n == "expand"), dropped);
+    }
+}

@@ -75,6 +75,14 @@ fn op_error(graph: &Graph, id: NodeId, message: String) -> IrError {
     IrError::Op { node: node.origin.node.clone(), op: node.op.kind(), message }
 }
 
+/// Lets go of constant `id`'s value once nothing reads it (the pass removes the node at its
+/// end): a network's filters are not held in both layouts at once.
+fn release_if_unread(graph: &mut Graph, id: NodeId) {
+    if graph.users_of(id).is_empty() && !graph.outputs().iter().any(|(_, o)| *o == id) {
+        graph.take_constant(id);
+    }
+}
+
 /// Rewrites convolution `id` as `T(conv_nhwc(T(x), W in KRSC))`, if it is one cuDNN takes.
 fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let node = graph.node(id).clone();
@@ -141,6 +149,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let back = graph.add_op(Op::Transpose { perm: TO_NCHW.to_vec() }, &[conv], &node.name, origin)?;
     graph.replace_uses(id, back);
     graph.remove_node(id);
+    release_if_unread(graph, inputs[1]);
     Ok(true)
 }
 
@@ -223,6 +232,7 @@ fn windows_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     }
     graph.replace_uses(id, out);
     graph.remove_node(id);
+    release_if_unread(graph, inputs[1]);
     Ok(true)
 }
 

@@ -5,10 +5,13 @@
 //! arange(k)]`); as views they fuse with the mask arithmetic around them. Likewise a `Gather`
 //! whose constant indices are `0, 1, …, n-1` in order along an axis of size n only splits that
 //! axis: it becomes a `Reshape` (the TorchScript exporter's padding mask gathers the flattened
-//! mask at `b·seq + s`).
+//! mask at `b·seq + s`). A `Gather` of one constant position is a `Slice` of that position
+//! (then a `Reshape` dropping the axis where the index is a scalar): PyTorch's multi-head
+//! attention picks its Q, K and V from the packed projection this way (`proj[0]`), and as
+//! views they are read in place by the attention kernel rather than copied out.
 
 use super::Pass;
-use crate::ir::{Graph, IrError, NodeId, Op, Tensor};
+use crate::ir::{Graph, IrError, NodeId, Op, SliceAxis, Tensor};
 
 /// Turns a GatherND whose constant indices only re-address its data into Reshape/Expand views,
 /// and a Gather of every position of an axis in order into a Reshape.
@@ -71,6 +74,35 @@ fn replace_by_view(graph: &mut Graph, id: NodeId, data: NodeId, reshaped: Vec<us
     Ok(())
 }
 
+/// Replaces Gather `id` of the one position `at` along `axis` of `data` by a `Slice` of it,
+/// reshaped to the gather's shape.
+fn replace_by_slice(
+    graph: &mut Graph,
+    id: NodeId,
+    data: NodeId,
+    axis: usize,
+    at: usize,
+) -> Result<(), IrError> {
+    let node = graph.node(id);
+    let (out_shape, name, origin) = (node.ty.shape.clone(), node.name.clone(), node.origin.clone());
+    let mut axes: Vec<SliceAxis> =
+        graph.node(data).ty.shape.iter().map(|&len| SliceAxis { start: 0, step: 1, len }).collect();
+    axes[axis] = SliceAxis { start: at, step: 1, len: 1 };
+    let slice = graph.add_op(Op::Slice { axes }, &[data], &format!("{name}/slice"), origin.clone())?;
+    let view = graph.add_op(Op::Reshape { shape: out_shape }, &[slice], &name, origin)?;
+    graph.replace_uses(id, view);
+    graph.remove_node(id);
+    Ok(())
+}
+
+/// The one position a Gather's constant indices take along an axis of size `size`, if they
+/// hold one that is in range (negative ones counted from the end).
+fn one_position(indices: &Tensor, size: usize) -> Option<usize> {
+    let [v] = indices.to_i64_vec()[..] else { return None };
+    let v = if v < 0 { v + size as i64 } else { v };
+    (0..size as i64).contains(&v).then_some(v as usize)
+}
+
 impl Pass for GatherNdViews {
     fn name(&self) -> &'static str {
         "gathernd-views"
@@ -100,6 +132,12 @@ impl Pass for GatherNdViews {
                     reshaped.extend_from_slice(index_values.shape());
                     reshaped.extend_from_slice(&data_shape[axis + 1..]);
                     reshaped
+                }
+                Op::Gather { axis } if axis < data_shape.len() && index_values.len() == 1 => {
+                    let Some(at) = one_position(&index_values, data_shape[axis]) else { continue };
+                    replace_by_slice(graph, id, data, axis, at)?;
+                    changed += 1;
+                    continue;
                 }
                 _ => continue,
             };

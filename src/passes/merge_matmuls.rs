@@ -5,13 +5,24 @@
 
 use std::sync::Arc;
 
-use super::Pass;
+use super::{Pass, SharedConstants};
 use crate::ir::ops::layout;
 use crate::ir::{BinaryOp, Graph, IrError, NodeId, Op, Origin, SliceAxis, Tensor};
 
 /// Merges MatMuls that share their left operand into one over concatenated weights (Q, K and V
-/// projections become one GEMM), sliced after.
-pub struct MergeSiblingMatMuls;
+/// projections become one GEMM), sliced after. The concatenations are made through the
+/// shared constants where given: the same weights merged at several sizes are held once.
+#[derive(Default)]
+pub struct MergeSiblingMatMuls<'s> {
+    shared: Option<&'s SharedConstants>,
+}
+
+impl<'s> MergeSiblingMatMuls<'s> {
+    /// The pass, its concatenations made through `shared` where given.
+    pub fn sharing(shared: Option<&'s SharedConstants>) -> Self {
+        MergeSiblingMatMuls { shared }
+    }
+}
 
 /// One MatMul to merge: the node, its constant weight `[K, N]`, and its bias add if any.
 struct Sibling {
@@ -51,12 +62,15 @@ fn siblings(graph: &Graph, lhs: NodeId) -> Vec<Sibling> {
     found
 }
 
-fn concat_last(parts: &[&Tensor]) -> Result<Tensor, String> {
-    let axis = parts[0].shape().len() - 1;
-    layout::eval_concat(parts, axis)
+/// `parts` concatenated along their last axis, through `shared` where given.
+fn concat_last(shared: Option<&SharedConstants>, parts: &[&Arc<Tensor>]) -> Result<Arc<Tensor>, String> {
+    SharedConstants::derive_or_make(shared, "concat last", parts, || {
+        let tensors: Vec<&Tensor> = parts.iter().map(|p| p.as_ref()).collect();
+        layout::eval_concat(&tensors, tensors[0].shape().len() - 1)
+    })
 }
 
-impl Pass for MergeSiblingMatMuls {
+impl Pass for MergeSiblingMatMuls<'_> {
     fn name(&self) -> &'static str {
         "merge-sibling-matmuls"
     }
@@ -74,27 +88,27 @@ impl Pass for MergeSiblingMatMuls {
             let first = graph.node(group[0].matmul).origin.clone();
             let fail =
                 |message: String| IrError::Op { node: first.node.clone(), op: "MatMul".into(), message };
-            let weights: Vec<&Tensor> = group.iter().map(|s| s.weight.as_ref()).collect();
-            let weight = concat_last(&weights).map_err(fail)?;
+            let weights: Vec<&Arc<Tensor>> = group.iter().map(|s| &s.weight).collect();
+            let weight = concat_last(self.shared, &weights).map_err(fail)?;
             let mut origin = first.clone();
             for s in &group[1..] {
                 origin.merged.extend(graph.node(s.matmul).origin.onnx_nodes().map(String::from));
             }
             let name = format!("{}_merged", graph.node(group[0].matmul).name);
-            let w = graph.add_constant(&format!("{name}_weight"), Arc::new(weight), origin.clone());
+            let w = graph.add_constant(&format!("{name}_weight"), weight, origin.clone());
             let mut out = graph.add_op(Op::MatMul, &[lhs, w], &name, origin.clone())?;
             let with_bias = group.iter().all(|s| s.bias.is_some());
             if with_bias {
-                let biases: Vec<&Tensor> =
-                    group.iter().filter_map(|s| s.bias.as_ref().map(|b| b.1.as_ref())).collect();
-                let bias = concat_last(&biases).map_err(fail)?;
+                let biases: Vec<&Arc<Tensor>> =
+                    group.iter().filter_map(|s| s.bias.as_ref().map(|b| &b.1)).collect();
+                let bias = concat_last(self.shared, &biases).map_err(fail)?;
                 let mut bias_origin = origin.clone();
                 bias_origin.merged.extend(
                     group.iter().filter_map(|s| s.bias.as_ref()).flat_map(|b| {
                         graph.node(b.0).origin.onnx_nodes().map(String::from).collect::<Vec<_>>()
                     }),
                 );
-                let b = graph.add_constant(&format!("{name}_bias"), Arc::new(bias), bias_origin.clone());
+                let b = graph.add_constant(&format!("{name}_bias"), bias, bias_origin.clone());
                 out = graph.add_op(
                     Op::Binary(BinaryOp::Add),
                     &[out, b],

@@ -12,6 +12,7 @@ mod gather_views;
 mod merge_matmuls;
 mod noop;
 mod precision;
+mod shared;
 mod split_reductions;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
@@ -24,7 +25,8 @@ pub use fold_conv_affine::FoldConvAffine;
 pub use gather_views::GatherNdViews;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
-pub use precision::{lower_precision, lower_precision_sharing, SharedConversions};
+pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
+pub use shared::SharedConstants;
 pub use split_reductions::SplitReductions;
 
 use thiserror::Error;
@@ -51,13 +53,19 @@ pub struct PassError {
 
 /// The passes compilation runs, in order.
 pub fn standard() -> Vec<Box<dyn Pass>> {
+    standard_sharing(None)
+}
+
+/// [`standard`], the constants its passes derive from the model's made through `shared` where
+/// given (the planner for ranges plans one model at several sizes).
+pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + '_>> {
     vec![
         Box::new(ConstFold),
         Box::new(FoldConvAffine),
         Box::new(GatherNdViews),
         Box::new(RemoveNoops),
         Box::new(Cse),
-        Box::new(MergeSiblingMatMuls),
+        Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
     ]
 }
@@ -65,7 +73,7 @@ pub fn standard() -> Vec<Box<dyn Pass>> {
 /// Runs `passes` in order, verifying after each; returns (pass, nodes changed) per pass.
 pub fn run_passes(
     graph: &mut Graph,
-    passes: &[Box<dyn Pass>],
+    passes: &[Box<dyn Pass + '_>],
 ) -> Result<Vec<(&'static str, usize)>, PassError> {
     let mut report = Vec::with_capacity(passes.len());
     for pass in passes {

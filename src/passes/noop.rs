@@ -1,10 +1,13 @@
 //! Removes ops that return their input unchanged: a `Cast` to the same type, a `Reshape` or
 //! `Expand` to the same shape, an identity `Transpose`, a `Slice` that keeps everything, a
-//! `Concat` of one input.
+//! `Concat` of one input, an `Add` of zeros (a constant or a broadcast view of one: PyTorch
+//! initialises attention's projection biases to zeros, and a GEMM whose bias add reads such a
+//! view could not take it into its epilogue), and a `Gemm`'s C of zeros (the GEMM then needs
+//! no epilogue kernel).
 //! (`Identity` and `Dropout` are left to fusion, which accounts for them.)
 
 use super::Pass;
-use crate::ir::{Graph, IrError, Node, Op};
+use crate::ir::{BinaryOp, Graph, IrError, Node, NodeId, Op};
 
 /// Removes ops that return their input unchanged (the module's list).
 pub struct RemoveNoops;
@@ -22,6 +25,58 @@ fn is_noop(op: &Op, input: &Node) -> bool {
     }
 }
 
+/// Constants larger than this are not read for zeros (biases are far smaller).
+const MOST_READ: usize = 1 << 16;
+
+/// Whether `id` holds only zeros: a constant, or a view of one (`Expand`, `Reshape`).
+fn zeros(graph: &Graph, mut id: NodeId) -> bool {
+    loop {
+        match &graph.node(id).op {
+            Op::Expand { .. } | Op::Reshape { .. } => id = graph.inputs_of(id)[0],
+            Op::Constant(value) => {
+                return !value.is_empty()
+                    && value.len() <= MOST_READ
+                    && value.to_f64_vec().iter().all(|&v| v == 0.0)
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// The operand `id` returns unchanged if it is an `Add` of zeros to it (same type as the sum).
+fn added_to_zeros(graph: &Graph, id: NodeId) -> Option<NodeId> {
+    if graph.node(id).op != Op::Binary(BinaryOp::Add) {
+        return None;
+    }
+    let inputs = graph.inputs_of(id);
+    let [a, b] = inputs[..] else { return None };
+    let ty = &graph.node(id).ty;
+    [(a, b), (b, a)]
+        .into_iter()
+        .find(|&(kept, other)| graph.node(kept).ty == *ty && zeros(graph, other))
+        .map(|(kept, _)| kept)
+}
+
+/// A `Gemm` whose C holds only zeros (its beta finite): the same `Gemm` without C.
+fn drop_zero_c(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
+    let node = graph.node(id);
+    let Op::Gemm { beta, .. } = node.op else { return Ok(false) };
+    let inputs = graph.inputs_of(id);
+    if inputs.len() != 3 || !beta.is_finite() || !zeros(graph, inputs[2]) {
+        return Ok(false);
+    }
+    let (op, name, mut origin) = (node.op.clone(), node.name.clone(), node.origin.clone());
+    let mut view = Some(inputs[2]);
+    while let Some(v) = view.filter(|&v| matches!(graph.node(v).op, Op::Expand { .. } | Op::Reshape { .. })) {
+        origin.merged.extend(graph.node(v).origin.onnx_nodes().map(String::from));
+        view = graph.inputs_of(v).first().copied();
+    }
+    let new = graph.add_op(op, &inputs[..2], &name, origin)?;
+    graph.replace_uses(id, new);
+    graph.remove_node(id);
+    Ok(true)
+}
+
 impl Pass for RemoveNoops {
     fn name(&self) -> &'static str {
         "remove-noops"
@@ -30,6 +85,32 @@ impl Pass for RemoveNoops {
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         let mut removed = 0;
         for id in graph.topo_order()? {
+            if drop_zero_c(graph, id)? {
+                removed += 1;
+                continue;
+            }
+            if let Some(kept) = added_to_zeros(graph, id) {
+                // The kept value stands for the ONNX nodes of the add and of the zeros' views
+                // (the kernel that computes it reports them).
+                let mut names: Vec<String> = graph.node(id).origin.onnx_nodes().map(String::from).collect();
+                let mut view = graph.inputs_of(id).into_iter().find(|&i| i != kept);
+                while let Some(v) =
+                    view.filter(|&v| matches!(graph.node(v).op, Op::Expand { .. } | Op::Reshape { .. }))
+                {
+                    names.extend(graph.node(v).origin.onnx_nodes().map(String::from));
+                    view = graph.inputs_of(v).first().copied();
+                }
+                let origin = &mut graph.node_mut(kept).origin;
+                for name in names {
+                    if !origin.onnx_nodes().any(|n| n == name) {
+                        origin.merged.push(name);
+                    }
+                }
+                graph.replace_uses(id, kept);
+                graph.remove_node(id);
+                removed += 1;
+                continue;
+            }
             let inputs = graph.inputs_of(id);
             let [input] = inputs.as_slice() else { continue };
             let node = graph.node(id);

@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::SharedConstants;
 use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor};
 
 /// The graph in `target` precision, and where each old node went.
@@ -30,33 +31,64 @@ pub fn lower_precision(graph: Graph, target: DType) -> Result<(Graph, HashMap<No
     lower_precision_sharing(graph, target, None)
 }
 
-/// Constants converted to another type, shared by the graphs lowered with it: the planner
-/// for ranges lowers the same model at several sizes, and each weight is converted (and held)
-/// once. Keyed by the source value (held, so that its address is not reused) and the type.
-#[derive(Default)]
-pub struct SharedConversions(std::sync::Mutex<HashMap<(usize, DType), Converted>>);
-
-/// A source value (held) and its conversion.
-type Converted = (Arc<Tensor>, Arc<Tensor>);
-
-impl SharedConversions {
-    /// `value` in `dtype`, converted once.
-    fn cast(&self, value: &Arc<Tensor>, dtype: DType) -> Arc<Tensor> {
-        let key = (Arc::as_ptr(value) as usize, dtype);
-        let lock = || self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, done)) = lock().get(&key) {
-            return done.clone();
-        }
-        let done = Arc::new(value.cast(dtype));
-        lock().entry(key).or_insert_with(|| (value.clone(), done)).1.clone()
-    }
-}
-
 /// [`lower_precision`], constants converted through `shared` where given.
 pub fn lower_precision_sharing(
+    graph: Graph,
+    target: DType,
+    shared: Option<&SharedConstants>,
+) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
+    lower_precision_halved(graph, target, shared, None)
+}
+
+/// The f32 constants of `graphs` taken out and converted to `target` on every core, per graph
+/// its nodes' converted values: a value several graphs hold (the planner for ranges plans one
+/// model at several sizes) is converted once, and let go as soon as it is — so the model's
+/// weights are never all held in both types. Through `shared` where given.
+pub fn halve_constants(
+    graphs: &mut [&mut Graph],
+    target: DType,
+    shared: Option<&SharedConstants>,
+) -> Vec<HashMap<NodeId, Arc<Tensor>>> {
+    // Each value once, with every (graph, node) holding it.
+    let mut holders: HashMap<usize, Holders> = HashMap::new();
+    for (g, graph) in graphs.iter_mut().enumerate() {
+        let ids: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).ty.dtype == DType::F32).collect();
+        for id in ids {
+            if let Some(value) = graph.take_constant(id) {
+                holders
+                    .entry(Arc::as_ptr(&value) as usize)
+                    .or_insert_with(|| (value, Vec::new()))
+                    .1
+                    .push((g, id));
+            }
+        }
+    }
+    let converted = crate::parallel::map_owned(holders.into_values().collect(), |(value, at)| {
+        let half = match shared {
+            Some(shared) => shared.cast(&value, target),
+            None => Arc::new(value.cast(target)),
+        };
+        (half, at)
+    });
+    let mut halved = vec![HashMap::new(); graphs.len()];
+    for (half, at) in converted {
+        for (g, id) in at {
+            halved[g].insert(id, half.clone());
+        }
+    }
+    halved
+}
+
+/// A value and the (graph, node) pairs holding it.
+type Holders = (Arc<Tensor>, Vec<(usize, NodeId)>);
+
+/// [`lower_precision_sharing`] where the f16 policy's constants were already taken out and
+/// converted ([`halve_constants`]): `halved`, given, is this graph's.
+pub fn lower_precision_halved(
     mut graph: Graph,
     target: DType,
-    shared: Option<&SharedConversions>,
+    shared: Option<&SharedConstants>,
+    halved: Option<HashMap<NodeId, Arc<Tensor>>>,
 ) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
     let mixed = target == DType::BF16;
     // Readers (one per use) still to lower, per constant; graph outputs hold theirs to the end.
@@ -72,22 +104,12 @@ pub fn lower_precision_sharing(
         *readers.entry(*id).or_insert(0) += 1;
     }
     // Everything in the target type (f16): every f32 constant is only ever wanted rounded,
-    // so all are converted up front on every core, each f32 value let go once converted.
-    let mut halved: HashMap<NodeId, Arc<Tensor>> = HashMap::new();
-    if !mixed {
-        let ids: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).ty.dtype == DType::F32).collect();
-        let taken: Vec<(NodeId, Arc<Tensor>)> =
-            ids.into_iter().filter_map(|id| Some((id, graph.take_constant(id)?))).collect();
-        halved = crate::parallel::map_owned(taken, |(id, value)| {
-            let half = match shared {
-                Some(shared) => shared.cast(&value, target),
-                None => Arc::new(value.cast(target)),
-            };
-            (id, half)
-        })
-        .into_iter()
-        .collect();
-    }
+    // so all are converted up front, each f32 value let go once converted.
+    let mut halved = match (mixed, halved) {
+        (true, _) => HashMap::new(),
+        (false, Some(halved)) => halved,
+        (false, None) => halve_constants(&mut [&mut graph], target, shared).pop().unwrap_or_default(),
+    };
     let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new(), shared };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();
     for &input in graph.inputs() {
@@ -169,7 +191,7 @@ fn pure(op: &Op, target: DType) -> (Op, Option<DType>) {
 }
 
 struct Lowering<'s> {
-    shared: Option<&'s SharedConversions>,
+    shared: Option<&'s SharedConstants>,
     out: Graph,
     /// Each constant of the new graph, with its value before rounding.
     constants: HashMap<NodeId, Arc<Tensor>>,

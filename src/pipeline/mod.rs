@@ -238,8 +238,41 @@ pub(crate) fn plan_unplaced(
     path: &Path,
     options: &CompileOptions,
     done: &mut dyn FnMut(&'static str),
-    shared: Option<&passes::SharedConversions>,
+    shared: Option<&passes::SharedConstants>,
 ) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
+    let fused = fuse_model(model, path, options, done, shared)?;
+    lower_fused(fused, options, done, shared, None)
+}
+
+/// A model through the passes and fusion, not yet lowered to the precision.
+pub(crate) struct FusedModel {
+    graph: crate::ir::Graph,
+    covers: std::collections::HashMap<crate::ir::NodeId, Vec<String>>,
+    mode: Mode,
+    report: Option<fusion::FusionReport>,
+}
+
+impl FusedModel {
+    /// Fusion's report, unless the build is unfused.
+    pub(crate) fn report(&self) -> Option<&fusion::FusionReport> {
+        self.report.as_ref()
+    }
+
+    /// The graph, whose f32 constants [`passes::halve_constants`] may take.
+    pub(crate) fn graph_mut(&mut self) -> &mut crate::ir::Graph {
+        &mut self.graph
+    }
+}
+
+/// The stages of [`plan_unplaced`] up to fusion, constants derived from the model's through
+/// `shared` where given.
+pub(crate) fn fuse_model(
+    model: import::Model,
+    path: &Path,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+    shared: Option<&passes::SharedConstants>,
+) -> Result<FusedModel, CompileError> {
     tracing::info!(
         "imported {}: {} ONNX nodes, {} IR nodes ({} folded into constants)",
         path.display(),
@@ -248,11 +281,16 @@ pub(crate) fn plan_unplaced(
         model.folded_nodes
     );
     done("import");
-    let (graph, covers, mode, report) = if options.no_fuse {
-        (model.graph, Default::default(), Mode::OneKernelPerNode, None)
+    let fused = if options.no_fuse {
+        FusedModel {
+            graph: model.graph,
+            covers: Default::default(),
+            mode: Mode::OneKernelPerNode,
+            report: None,
+        }
     } else {
         let mut graph = model.graph;
-        passes::run_passes(&mut graph, &passes::standard())?;
+        passes::run_passes(&mut graph, &passes::standard_sharing(shared))?;
         done("passes");
         let limits = FusionLimits {
             precision: options.precision,
@@ -261,13 +299,27 @@ pub(crate) fn plan_unplaced(
         };
         let fused = fusion::fuse(&graph, &limits)?;
         tracing::info!("fusion: {}", fused.report);
-        (fused.graph, fused.covers, Mode::Fused, Some(fused.report))
+        FusedModel { graph: fused.graph, covers: fused.covers, mode: Mode::Fused, report: Some(fused.report) }
     };
     done("fuse");
+    Ok(fused)
+}
+
+/// The stages of [`plan_unplaced`] after fusion: lowered to the precision (its f16 constants
+/// `halved` already where given, [`passes::halve_constants`]), the passes on the lowered
+/// graph, the partition and the plan.
+pub(crate) fn lower_fused(
+    fused: FusedModel,
+    options: &CompileOptions,
+    done: &mut dyn FnMut(&'static str),
+    shared: Option<&passes::SharedConstants>,
+    halved: Option<std::collections::HashMap<crate::ir::NodeId, std::sync::Arc<crate::ir::Tensor>>>,
+) -> Result<(Plan, Option<fusion::FusionReport>), CompileError> {
+    let FusedModel { graph, covers, mode, report } = fused;
     let (graph, covers) = match options.precision {
         DType::F32 => (graph, covers),
         DType::F16 | DType::BF16 => {
-            let (lowered, moved) = passes::lower_precision_sharing(graph, options.precision, shared)
+            let (lowered, moved) = passes::lower_precision_halved(graph, options.precision, shared, halved)
                 .map_err(|source| PassError { pass: "lower-precision", source })?;
             let covers =
                 covers.into_iter().filter_map(|(old, names)| Some((*moved.get(&old)?, names))).collect();

@@ -19,9 +19,11 @@ use std::path::Path;
 
 use thiserror::Error;
 
-use super::{plan_unplaced, CompileError, CompileOptions};
-use crate::ir::{ranges_text, tops, DimRange, NodeId, SymDim, SymbolicShapes};
-use crate::passes::SharedConversions;
+use std::sync::Arc;
+
+use super::{fuse_model, lower_fused, CompileError, CompileOptions, FusedModel};
+use crate::ir::{ranges_text, tops, DType, DimRange, Graph, NodeId, SymDim, SymbolicShapes, Tensor};
+use crate::passes::{self, SharedConstants};
 use crate::plan::Plan;
 
 /// Why a program cannot serve a range of sizes.
@@ -110,58 +112,84 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     // with its choices: one program.
     let deciding = if points.len() > symbols.len() + 1 { points.len() - 1 } else { 0 };
     let clock = std::time::Instant::now();
-    // The file is read and its weights converted once (`with_translator`), each weight
-    // converted to the precision once for every size (`shared`), and every size is planned
-    // with its constants still in its graph. A size other than the top is compared with the
-    // top's program as soon as it is planned, and its constants then let go (the shapes are
-    // what the fit needs): the weights are held about once, and one size's folded constants
-    // (masks, position ids) beside the top's at a time per core, not every size's at once.
-    let conversions = SharedConversions::default();
-    let shared = &conversions;
-    let (base, decided, mut checks) = crate::import::with_translator(path, |translate| {
-        let plan_at = |i: usize, attention: &Option<Vec<bool>>| {
-            let mut options = at(&points[i]);
-            if attention.is_some() {
-                options.attention = attention.clone();
-            }
-            let model = translate(&options.import)?;
-            plan_unplaced(model, path, &options, &mut |_| {}, Some(shared))
-        };
-        let (first, report) = plan_at(deciding, &None)?;
-        let decided = report.map(|r| r.attention);
-        let (base, first) = match deciding {
-            0 => (first, None),
-            _ => (plan_at(0, &decided)?.0, Some(first)),
-        };
-        let compare =
-            |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
-        let others: Vec<usize> = (1..points.len()).filter(|&i| i != deciding).collect();
-        let (decided_ref, compare, plan_at) = (&decided, &compare, &plan_at);
-        // At most `planners()` sizes at a time: each holds its own folded constants until
-        // it is compared.
-        let mut planned: Vec<Result<Compared, CompileError>> = Vec::with_capacity(others.len());
-        for group in others.chunks(planners()) {
-            planned.extend(std::thread::scope(|scope| {
-                let handles: Vec<_> = group
-                    .iter()
-                    .map(|&i| scope.spawn(move || compare(i, plan_at(i, decided_ref)?.0)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-                    .collect::<Vec<_>>()
-            }));
+    let options_at = |i: usize, attention: &Option<Vec<bool>>| {
+        let mut options = at(&points[i]);
+        if attention.is_some() {
+            options.attention = attention.clone();
         }
-        let mut checks: Vec<(usize, Compared)> = Vec::with_capacity(points.len() - 1);
-        for (&i, result) in others.iter().zip(planned) {
+        options
+    };
+    // Three stages, every size through each before the next, so that the model's weights are
+    // held about once. (1) The file is read and its weights converted once
+    // (`with_translator`), and every size imported, put through the passes and fused; the
+    // constants the passes derive from the weights (the merged Q, K and V projections) are
+    // made once for every size (`derived`). (2) In f16, every size's f32 constants are
+    // converted together, each value once and let go as soon as it is
+    // (`passes::halve_constants`): the weights are never held in both types. (3) Each size
+    // lowered and planned, the top's first; every other size compared with the top's program
+    // as soon as it is planned, and its constants then let go (the shapes are what the fit
+    // needs).
+    let derived = SharedConstants::default();
+    let (mut fused, decided) = crate::import::with_translator(path, |translate| {
+        let fuse_at = |i: usize, attention: &Option<Vec<bool>>| {
+            let options = options_at(i, attention);
+            let model = translate(&options.import)?;
+            fuse_model(model, path, &options, &mut |_| {}, Some(&derived))
+        };
+        let first = fuse_at(deciding, &None)?;
+        let decided = first.report().map(|r| r.attention.clone());
+        let mut fused: Vec<Option<FusedModel>> = (0..points.len()).map(|_| None).collect();
+        fused[deciding] = Some(first);
+        let others: Vec<usize> = (0..points.len()).filter(|&i| i != deciding).collect();
+        let (decided_ref, fuse_at) = (&decided, &fuse_at);
+        for group in others.chunks(planners()) {
+            let done = in_parallel(group, |i| fuse_at(i, decided_ref));
+            for (&i, result) in group.iter().zip(done) {
+                fused[i] = Some(result?);
+            }
+        }
+        Ok::<_, CompileError>((fused.into_iter().flatten().collect::<Vec<_>>(), decided))
+    })??;
+    // The concatenations' sources and results go: the graphs hold what they use.
+    drop(derived);
+    let mut halved: Vec<Option<Halved>> = match options.precision {
+        DType::F16 => {
+            let mut graphs: Vec<&mut Graph> = fused.iter_mut().map(|f| f.graph_mut()).collect();
+            passes::halve_constants(&mut graphs, DType::F16, None).into_iter().map(Some).collect()
+        }
+        _ => (0..fused.len()).map(|_| None).collect(),
+    };
+    // bf16 converts each constant as its readers want it: once for every size.
+    let casts = SharedConstants::default();
+    let attention_of = |i: usize| if i == deciding { None } else { decided.clone() };
+    // Each size, in the order of `points` (the top first).
+    let mut sizes: Vec<Size> = fused
+        .into_iter()
+        .zip(halved.drain(..))
+        .enumerate()
+        .map(|(i, (fused, halved))| (i, fused, halved))
+        .collect();
+    let others_at = sizes.split_off(1);
+    let lower = |(i, fused, halved): Size| {
+        lower_fused(fused, &options_at(i, &attention_of(i)), &mut |_| {}, Some(&casts), halved)
+            .map(|(plan, _)| plan)
+    };
+    // `points` starts with the top: `sizes` holds it alone.
+    let base = lower(sizes.remove(0))?;
+    let mut others = others_at;
+    let compare =
+        |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
+    let mut checks: Vec<(usize, Compared)> = Vec::with_capacity(others.len());
+    while !others.is_empty() {
+        let group: Vec<Size> = others.drain(..planners().min(others.len())).collect();
+        let done = in_parallel_owned(group, |job| {
+            let i = job.0;
+            (i, lower(job).and_then(|plan| compare(i, plan)))
+        });
+        for (i, result) in done {
             checks.push((i, result?));
         }
-        if let Some(first) = first {
-            checks.push((deciding, compare(deciding, first)?));
-        }
-        checks.sort_by_key(|(i, _)| *i);
-        Ok::<_, CompileError>((base, decided, checks))
-    })??;
+    }
     let planned = clock.elapsed().as_secs_f64();
     let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, c)| &c.plan).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
@@ -182,14 +210,18 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         points.len(),
         clock.elapsed().as_secs_f64() - planned
     );
-    // The other sizes' plans and the converted values they share go before the top's
-    // weights are written.
+    // The other sizes' plans go before the top's weights are written.
     checks.clear();
-    drop(conversions);
     let mut base = base;
     base.place_weights();
     Ok((base, symbolic))
 }
+
+/// A size to lower: its place in the points, its fused graph, its halved constants.
+type Size = (usize, FusedModel, Option<Halved>);
+
+/// A size's f32 constants converted to f16 ([`passes::halve_constants`]), by node.
+type Halved = HashMap<NodeId, Arc<Tensor>>;
 
 /// A size's plan compared with the top's: its constants checked and let go.
 struct Compared {
@@ -240,6 +272,23 @@ fn compared(
         plan.graph.take_constant(id);
     }
     Ok(Compared { plan, by_name })
+}
+
+/// `work` on each of `items`, each on a thread of its own, the results in order.
+fn in_parallel<T: Copy + Send + Sync, R: Send>(items: &[T], work: impl Fn(T) -> R + Sync) -> Vec<R> {
+    in_parallel_owned(items.to_vec(), work)
+}
+
+/// [`in_parallel`] on owned items.
+fn in_parallel_owned<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let work = &work;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items.into_iter().map(|item| scope.spawn(move || work(item))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
 }
 
 /// How many sizes other than the top's are planned side by side (`FUSEC_RANGE_PLANNERS`,
