@@ -5,8 +5,12 @@
 // first k, top-p the shortest prefix whose weights reach p of the total (all of them where
 // rounding never gets there); the draw u in [0, 1) of the row picks the first kept token whose
 // running weight passes u times the kept weight (the last kept one where rounding runs out).
-// Nothing is sorted: the kept set and the pick are found by binary searches over the logits'
-// order-preserving 32-bit keys, each step a block-wide count or sum over the row.
+// Nothing is sorted: the kept set and the pick are found by searches over the logits'
+// order-preserving 32-bit keys, four bits a step (`largest_from`): each step one pass over the
+// row adding up the count or weight of each of the next digit's 16 values among the keys
+// that share the digits found so far — eight passes where a bit-by-bit search took 32. Every
+// sum is added in a fixed order (each thread's own, then lanes, then warps), so a row gives
+// the same token every time.
 //
 // The runtime loads the PTX beside it (kernels/sample_rows.ptx, NVRTC 13.0,
 // -arch=compute_75) without NVRTC; regenerate it from this file after a change.
@@ -96,6 +100,68 @@ __device__ double weight_from(const Row& r, unsigned long long t, double* scratc
     return block_sum(w, scratch);
 }
 
+// The count (`weights` false) or weight of the keys of each of the 16 values of the digit at
+// `shift` among the keys whose digits above it are `prefix`'s, into `digit[0..16]`; `warps`
+// is room for 32 x 16 partial sums. Ends synchronised.
+__device__ void digit_sums(const Row& r, bool weights, unsigned int prefix, int shift, double* digit, double* warps) {
+    double acc[16];
+#pragma unroll
+    for (int d = 0; d < 16; ++d) acc[d] = 0.0;
+    const unsigned int high = shift == 28 ? 0u : prefix >> (shift + 4);
+    for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
+        bool valid;
+        const unsigned int key = key_of(r.x[i], valid);
+        if (!valid || (shift != 28 && (key >> (shift + 4)) != high)) continue;
+        const unsigned int d = (key >> shift) & 15u;
+        const double v = weights ? r.w[i] : 1.0;
+#pragma unroll
+        for (int b = 0; b < 16; ++b) acc[b] += b == (int)d ? v : 0.0;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int b = 0; b < 16; ++b) {
+        double v = acc[b];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) warps[warp * 16 + b] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        double v = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v += warps[w * 16 + threadIdx.x];
+        digit[threadIdx.x] = v;
+    }
+    __syncthreads();
+}
+
+// The largest t (0 where there is none) for which `holds` is true of the count (or weight)
+// of the keys from t, `holds` being true for a count or weight no less than one it holds for:
+// digit by digit from the highest, each the largest value for which it still holds.
+template <class Holds>
+__device__ unsigned long long largest_from(const Row& r, bool weights, Holds holds, double* digit, double* warps) {
+    unsigned int prefix = 0;
+    // The count or weight of the keys above every key with the digits found so far.
+    double above = 0.0;
+    for (int shift = 28; shift >= 0; shift -= 4) {
+        digit_sums(r, weights, prefix, shift, digit, warps);
+        unsigned int chosen = 0;
+        double from = above, beyond = above;
+        for (int d = 15; d >= 0; --d) {
+            from += digit[d];
+            if (holds(from)) {
+                chosen = (unsigned int)d;
+                break;
+            }
+            beyond = from;
+        }
+        // Where it holds for no value, the digit is 0 (as a bit-by-bit search leaves it) and
+        // every key of a larger digit is above.
+        above = beyond;
+        prefix |= chosen << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
 // mode 1: top-k (k); mode 2: top-p (p). Rows of `width`, `row_pitch` apart from `x`; `draws`:
 // one u in [0, 1) a row; `weights`: room for `width` doubles a row, each token's weight
 // computed once there (the searches read it rather than computing exp again); `shared_row`:
@@ -108,6 +174,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
     __shared__ double sums[32];
     __shared__ unsigned long long counts[32];
     __shared__ unsigned long long before[THREADS];
+    __shared__ double digit[16];
+    __shared__ double warp_digits[32 * 16];
     extern __shared__ float row_copy[];
     Row r{x + (unsigned long long)blockIdx.x * row_pitch, weights + (unsigned long long)blockIdx.x * width, width,
           0.0f, temperature};
@@ -143,11 +211,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
     unsigned long long last = least, ties = valid_count - count_from(r, (unsigned long long)least + 1, counts);
     if (mode == 1 && k < valid_count) {
         // The largest t with at least k keys from it: the k-th largest key.
-        unsigned long long t = 0;
-        for (int bit = 31; bit >= 0; --bit) {
-            const unsigned long long c = t | (1ull << bit);
-            if (count_from(r, c, counts) >= k) t = c;
-        }
+        const double kk = (double)k;
+        const unsigned long long t =
+            largest_from(r, false, [kk](double n) { return n >= kk; }, digit, warp_digits);
         last = t;
         ties = k - count_from(r, t + 1, counts);
     } else if (mode == 2) {
@@ -155,11 +221,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
         // The largest t whose keys from it hold at least p of the weight (an existing key);
         // where rounding keeps even all of them under p, all are kept.
         if (total / total >= p) {
-            unsigned long long t = 0;
-            for (int bit = 31; bit >= 0; --bit) {
-                const unsigned long long c = t | (1ull << bit);
-                if (weight_from(r, c, sums) / total >= p) t = c;
-            }
+            const unsigned long long t =
+                largest_from(r, true, [total, p](double w) { return w / total >= p; }, digit, warp_digits);
             last = t < least ? least : t;
             const unsigned long long equal = count_from(r, last, counts) - count_from(r, last + 1, counts);
             const double above = weight_from(r, last + 1, sums), w = weight(r, value_of((unsigned int)last));
@@ -245,11 +308,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
     const double target = draws[blockIdx.x] * kept;
     // The pick's key: the largest t whose keys from it weigh more than the target, where that
     // is above `last` (every token from it kept); else `last`.
-    unsigned long long t = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-        const unsigned long long c = t | (1ull << bit);
-        if (weight_from(r, c, sums) > target) t = c;
-    }
+    unsigned long long t = largest_from(r, true, [target](double w) { return w > target; }, digit, warp_digits);
     if (t <= last) t = last;
     const double above = weight_from(r, t + 1, sums), w = weight(r, value_of((unsigned int)t));
     const unsigned long long equal = count_from(r, t, counts) - count_from(r, t + 1, counts);

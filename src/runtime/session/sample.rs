@@ -89,15 +89,16 @@ impl Session {
             return Err(RuntimeError::Driver("the sampling kernel did not load".into()));
         };
         self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
-        // The row in shared memory where it fits beside the kernel's own 25 KB (50,257
+        // The row in shared memory where it fits beside the kernel's own (~29 KB; 50,257
         // logits: 197 KB), every pass of the searches reading it there.
         let row_bytes = width * 4;
+        let own = function.shared_size_bytes().map_or(32 * 1024, |b| b.max(0) as usize);
         let optin = self
             .stream
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_or(0, |b| b.max(0) as usize);
-        let shared_row = row_bytes + 26 * 1024 <= optin
+        let shared_row = row_bytes + own <= optin
             && function
                 .set_attribute(
                     cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
