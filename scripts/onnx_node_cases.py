@@ -30,6 +30,7 @@ Shape Size ConstantOfShape Range Trilu CumSum
 MaxPool AveragePool GlobalAveragePool GlobalMaxPool BatchNormalization HardSigmoid HardSwish
 Softplus Mish DepthToSpace SpaceToDepth Pad InstanceNormalization GroupNormalization
 LpNormalization ReduceL1 ReduceL2 ReduceSumSquare Mod Resize Upsample ConvTranspose
+LeakyRelu PRelu Elu Selu Celu ThresholdedRelu Softsign Shrink
 """.split())
 
 

@@ -181,6 +181,30 @@ fn upconvs(dir: &Path) -> std::path::PathBuf {
     write_model(dir, "upconvs", &[2, 4, 5, 6], nodes, init)
 }
 
+/// Every piecewise activation (`activations.rs`) but `Celu` on the same awkward image `x·4`
+/// (values spread across each one's break points), attributes away from their defaults where
+/// they have them, the branches added up. (tract's `Celu` is not ONNX's — ONNX Runtime and the
+/// ONNX package's node cases agree with fusec's — so it is checked against its definition.)
+fn activations(dir: &Path) -> std::path::PathBuf {
+    let branches: Vec<(&str, Vec<AttributeProto>)> = vec![
+        ("LeakyRelu", vec![float("alpha", 0.15)]),
+        ("Elu", vec![float("alpha", 0.7)]),
+        ("Selu", vec![float("alpha", 1.5), float("gamma", 1.1)]),
+        ("ThresholdedRelu", vec![float("alpha", 0.4)]),
+        ("Softsign", vec![]),
+        ("Shrink", vec![float("bias", 0.25), float("lambd", 0.6)]),
+    ];
+    let mut nodes = vec![node("Mul", &["x", "four"], "spread", vec![])];
+    nodes.push(node("PRelu", &["spread", "slope"], "a0", vec![]));
+    for (i, (op, attributes)) in branches.into_iter().enumerate() {
+        nodes.push(node(op, &["spread"], &format!("b{i}"), attributes));
+        let sum = if i == 5 { "y".to_string() } else { format!("a{}", i + 1) };
+        nodes.push(node("Add", &[&format!("a{i}"), &format!("b{i}")], &sum, vec![]));
+    }
+    let init = vec![weight("four", &[1], 1, 4.0, 0.0), weight("slope", &[5, 1, 1], 2, -0.5, 0.8)];
+    write_model(dir, "activations", &[2, 5, 7, 9], nodes, init)
+}
+
 fn random_feeds(
     path: &Path,
     seed: u64,
@@ -231,6 +255,36 @@ fn pools_at_awkward_shapes_match_tract() {
 fn resizes_and_pads_at_awkward_shapes_match_tract() {
     let dir = tempfile::tempdir().unwrap();
     check(&resizes(dir.path()));
+}
+
+#[test]
+fn piecewise_activations_match_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    check(&activations(dir.path()));
+}
+
+/// `Celu` against its definition, `max(0, x) + min(0, α·(e^(x/α) − 1))`, in f64.
+#[test]
+fn celu_follows_its_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let alpha = 1.3f64;
+    let nodes = vec![
+        node("Mul", &["x", "four"], "spread", vec![]),
+        node("Celu", &["spread"], "y", vec![float("alpha", alpha as f32)]),
+    ];
+    let path = write_model(dir.path(), "celu", &[3, 7, 5], nodes, vec![weight("four", &[1], 1, 4.0, 0.0)]);
+    let (model, feeds, values) = random_feeds(&path, 3);
+    let ours = ir::evaluate(&model.graph, &feeds).unwrap();
+    let x: Vec<f64> = values[0].to_f64_vec().iter().map(|v| f64::from(*v as f32 * 4.0)).collect();
+    assert!(x.iter().any(|&v| v < -1.0) && x.iter().any(|&v| v > 1.0), "values on both sides");
+    let expected: Vec<f64> =
+        x.iter().map(|&v| v.max(0.0) + (alpha * ((v / alpha).exp() - 1.0)).min(0.0)).collect();
+    let expected = ir::Tensor::from_f64(
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[3, 7, 5]), expected).unwrap(),
+        DType::F64,
+    );
+    let err = rel_l2(&ours[0].1, &expected);
+    assert!(err <= 1e-6, "rel-L2 {err:e}");
 }
 
 #[test]
@@ -324,7 +378,14 @@ fn every_kernel_compiles_with_nvrtc() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for path in [cnn_block(dir.path()), pools(dir.path()), resizes(dir.path()), upconvs(dir.path())] {
+    let models = [
+        cnn_block(dir.path()),
+        pools(dir.path()),
+        resizes(dir.path()),
+        upconvs(dir.path()),
+        activations(dir.path()),
+    ];
+    for path in models {
         for (no_fuse, precision) in [(false, DType::F32), (true, DType::F32), (false, DType::F16)] {
             let options = CompileOptions { no_fuse, precision, ..Default::default() };
             let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use super::context::{NodeCtx, Translated};
 
+mod activations;
 mod conv_transpose;
 mod elementwise;
 mod layout;
@@ -29,6 +30,7 @@ pub(crate) fn registry() -> &'static Registry {
         layout::register(&mut reg);
         shape::register(&mut reg);
         vision::register(&mut reg);
+        activations::register(&mut reg);
         rearrange::register(&mut reg);
         resize::register(&mut reg);
         conv_transpose::register(&mut reg);
