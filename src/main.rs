@@ -59,9 +59,15 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
+    // The long version names the NVRTC and driver versions, which loads both libraries
+    // (~30 MB of the process, before a compile has read anything): only when it is asked for.
     // Computed once per process, so leaking it costs nothing.
-    let version: &'static str = Box::leak(long_version().into_boxed_str());
-    let matches = cli::Cli::command().long_version(version).get_matches();
+    let mut command = cli::Cli::command();
+    if std::env::args_os().skip(1).any(|a| a == "--version") {
+        let version: &'static str = Box::leak(long_version().into_boxed_str());
+        command = command.long_version(version);
+    }
+    let matches = command.get_matches();
     let cli = match cli::Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

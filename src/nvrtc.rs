@@ -189,7 +189,7 @@ pub fn compile_all_cached(
     let mut seen = std::collections::HashSet::new();
     let distinct: Vec<&KernelSource> = kernels.iter().copied().filter(|k| seen.insert(&k.function)).collect();
     tracing::info!("NVRTC: {} kernels, {} distinct functions, for {arch}", kernels.len(), distinct.len());
-    let results = crate::parallel::map(&distinct, |kernel| {
+    let results = crate::parallel::map_on(crate::parallel::COMPILERS, &distinct, |kernel| {
         compile_cached(kernel, arch).map(|ptx| (kernel.function.clone(), ptx))
     });
     results.into_iter().collect()

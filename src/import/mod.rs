@@ -437,9 +437,11 @@ pub fn with_translator<R>(
         });
     }
     let onnx_graph = graph_of(proto, path)?;
-    // Converted on every core (the file's bytes to IR tensors), kept in the file's order.
+    // Converted on a few cores (the file's bytes to IR tensors), kept in the file's order.
     let indexed: Vec<(usize, &pb::TensorProto)> = onnx_graph.initializer.iter().enumerate().collect();
-    let tensors = crate::parallel::map(&indexed, |&(index, t)| source.initializer(index, t, path));
+    let tensors = crate::parallel::map_on(crate::parallel::CONVERSIONS, &indexed, |&(index, t)| {
+        source.initializer(index, t, path)
+    });
     let mut initializers = Vec::with_capacity(indexed.len());
     for ((_, t), value) in indexed.into_iter().zip(tensors) {
         let value = value.map_err(|message| ImportError::Initializer {

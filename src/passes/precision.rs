@@ -40,7 +40,7 @@ pub fn lower_precision_sharing(
     lower_precision_halved(graph, target, shared, None)
 }
 
-/// The f32 constants of `graphs` taken out and converted to `target` on every core, per graph
+/// The f32 constants of `graphs` taken out and converted to `target` on a few cores, per graph
 /// its nodes' converted values: a value several graphs hold (the planner for ranges plans one
 /// model at several sizes) is converted once, and let go as soon as it is — so the model's
 /// weights are never all held in both types. Through `shared` where given.
@@ -63,13 +63,17 @@ pub fn halve_constants(
             }
         }
     }
-    let converted = crate::parallel::map_owned(holders.into_values().collect(), |(value, at)| {
-        let half = match shared {
-            Some(shared) => shared.cast(&value, target),
-            None => Arc::new(value.cast(target)),
-        };
-        (half, at)
-    });
+    let converted = crate::parallel::map_owned_on(
+        crate::parallel::CONVERSIONS,
+        holders.into_values().collect(),
+        |(value, at)| {
+            let half = match shared {
+                Some(shared) => shared.cast(&value, target),
+                None => Arc::new(value.cast(target)),
+            };
+            (half, at)
+        },
+    );
     let mut halved = vec![HashMap::new(); graphs.len()];
     for (half, at) in converted {
         for (g, id) in at {
