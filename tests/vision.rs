@@ -435,6 +435,49 @@ fn convolutions_go_to_cudnn_where_it_takes_them() {
     assert!(!steps.iter().any(|s| matches!(s, Step::Conv { .. })), "asymmetric padding stays a loop");
 }
 
+/// A convolution followed by SiLU (`x·σ(x)`) and a depthwise one followed by HardSwish
+/// (`x·HardSigmoid(x)`): each activation reads the convolution's result twice, and joins the
+/// convolution's kernel whole (one output), in every precision; the values stay tract's.
+#[test]
+fn an_activation_reading_a_convolution_twice_joins_its_kernel() {
+    use fusec::fusion::KernelKind;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![
+        node("Conv", &["x", "w1", "b1"], "c1", vec![ints("pads", &[1, 1, 1, 1])]),
+        node("Sigmoid", &["c1"], "s1", vec![]),
+        node("Mul", &["c1", "s1"], "a1", vec![]),
+        node("Conv", &["a1", "w2", "b2"], "c2", vec![ints("pads", &[1, 1, 1, 1]), int("group", 6)]),
+        node("HardSwish", &["c2"], "y", vec![]),
+    ];
+    let init = vec![
+        weight("w1", &[6, 3, 3, 3], 1, -0.4, 0.8),
+        weight("b1", &[6], 2, -0.2, 0.4),
+        weight("w2", &[6, 1, 3, 3], 3, -0.5, 1.0),
+        weight("b2", &[6], 4, -0.3, 0.6),
+    ];
+    let path = write_model(dir.path(), "activated", &[2, 3, 9, 11], nodes, init);
+    check(&path);
+    for precision in [DType::F32, DType::F16] {
+        let options = CompileOptions { precision, ..Default::default() };
+        let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
+        let convs: Vec<_> = plan.kernels.iter().filter(|k| k.kind == KernelKind::Conv).collect();
+        assert_eq!(convs.len(), 2, "{precision}");
+        for conv in convs {
+            let ops: Vec<String> = conv.nodes.iter().map(|&n| plan.graph.node(n).op.kind()).collect();
+            assert!(
+                ops.iter().any(|o| o == "Mul"),
+                "{precision}: the activation is in the convolution's kernel: {ops:?}"
+            );
+            assert_eq!(conv.outputs.len(), 1, "{precision}: {ops:?}");
+        }
+        assert!(
+            !plan.kernels.iter().any(|k| k.kind == KernelKind::Pointwise
+                && k.nodes.iter().any(|&n| plan.graph.node(n).op.kind() == "Mul")),
+            "{precision}: no activation kernel of its own"
+        );
+    }
+}
+
 /// A stem convolution and max pool, a residual block (conv, BN, ReLU, depthwise conv, conv, BN, add of the skip through
 /// a 1×1 convolution, ReLU), a squeeze-and-excitation gate (global pool, 1×1 convolution,
 /// sigmoid, scale), then the global average pool: symmetric padding throughout, so every
