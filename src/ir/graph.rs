@@ -39,6 +39,16 @@ impl Origin {
     pub fn onnx_nodes(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.node.as_str()).chain(self.merged.iter().map(String::as_str))
     }
+
+    /// Makes this node stand for `names` as well (each once): a pass that removes nodes
+    /// keeps their ONNX names on the node that now computes their value.
+    pub fn absorb(&mut self, names: impl IntoIterator<Item = String>) {
+        for name in names {
+            if !self.onnx_nodes().any(|n| n == name) {
+                self.merged.push(name);
+            }
+        }
+    }
 }
 
 /// One node: an op and the type of its output.

@@ -37,12 +37,7 @@ impl Pass for Cse {
                 Some(&first) => {
                     // The kept node stands for the ONNX nodes of both.
                     let names: Vec<String> = graph.node(id).origin.onnx_nodes().map(String::from).collect();
-                    let origin = &mut graph.node_mut(first).origin;
-                    for name in names {
-                        if !origin.onnx_nodes().any(|n| n == name) {
-                            origin.merged.push(name);
-                        }
-                    }
+                    graph.node_mut(first).origin.absorb(names);
                     graph.replace_uses(id, first);
                     graph.remove_node(id);
                     merged += 1;

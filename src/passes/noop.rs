@@ -68,7 +68,7 @@ fn drop_zero_c(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let (op, name, mut origin) = (node.op.clone(), node.name.clone(), node.origin.clone());
     let mut view = Some(inputs[2]);
     while let Some(v) = view.filter(|&v| matches!(graph.node(v).op, Op::Expand { .. } | Op::Reshape { .. })) {
-        origin.merged.extend(graph.node(v).origin.onnx_nodes().map(String::from));
+        origin.absorb(graph.node(v).origin.onnx_nodes().map(String::from).collect::<Vec<_>>());
         view = graph.inputs_of(v).first().copied();
     }
     let new = graph.add_op(op, &inputs[..2], &name, origin)?;
@@ -100,12 +100,7 @@ impl Pass for RemoveNoops {
                     names.extend(graph.node(v).origin.onnx_nodes().map(String::from));
                     view = graph.inputs_of(v).first().copied();
                 }
-                let origin = &mut graph.node_mut(kept).origin;
-                for name in names {
-                    if !origin.onnx_nodes().any(|n| n == name) {
-                        origin.merged.push(name);
-                    }
-                }
+                graph.node_mut(kept).origin.absorb(names);
                 graph.replace_uses(id, kept);
                 graph.remove_node(id);
                 removed += 1;
