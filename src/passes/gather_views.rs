@@ -20,6 +20,15 @@ pub struct GatherNdViews;
 /// Index tensors larger than this are not inspected (real masks are far smaller).
 const MOST_INDICES: usize = 1 << 22;
 
+/// Index `v` of an axis of `size`, a negative one counted from the end.
+fn from_end(v: i64, size: usize) -> i64 {
+    if v < 0 {
+        v + size as i64
+    } else {
+        v
+    }
+}
+
 /// The output axis each index component copies, in increasing order, when component `t` at
 /// every position equals the position's coordinate on one output axis of the data's size.
 fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
@@ -40,7 +49,7 @@ fn copied_axes(indices: &Tensor, data_shape: &[usize]) -> Option<Vec<usize>> {
             rows[a] == size
                 && (0..count).all(|p| {
                     let v = values[p * depth + t];
-                    let v = if v < 0 { v + size as i64 } else { v };
+                    let v = from_end(v, size);
                     v == (p / stride[a] % size) as i64
                 })
         })?;
@@ -55,7 +64,7 @@ fn in_order(indices: &Tensor, size: usize) -> bool {
     indices.len() == size
         && size <= MOST_INDICES
         && indices.to_i64_vec().iter().enumerate().all(|(p, &v)| {
-            let v = if v < 0 { v + size as i64 } else { v };
+            let v = from_end(v, size);
             v == p as i64
         })
 }
@@ -99,7 +108,7 @@ fn replace_by_slice(
 /// hold one that is in range (negative ones counted from the end).
 fn one_position(indices: &Tensor, size: usize) -> Option<usize> {
     let [v] = indices.to_i64_vec()[..] else { return None };
-    let v = if v < 0 { v + size as i64 } else { v };
+    let v = from_end(v, size);
     (0..size as i64).contains(&v).then_some(v as usize)
 }
 

@@ -28,23 +28,35 @@ fn is_noop(op: &Op, input: &Node) -> bool {
 /// Constants larger than this are not read for zeros (biases are far smaller).
 const MOST_READ: usize = 1 << 16;
 
-/// Whether `id` holds only zeros: a constant, or a view of one (`Expand`, `Reshape`).
-fn zeros(graph: &Graph, mut id: NodeId) -> bool {
+/// The views (`Expand`, `Reshape`) from `id` down to a constant holding only zeros, `id`
+/// first, if that is what `id` is (empty where `id` is that constant).
+fn zero_views(graph: &Graph, mut id: NodeId) -> Option<Vec<NodeId>> {
+    let mut views = Vec::new();
     loop {
         match &graph.node(id).op {
-            Op::Expand { .. } | Op::Reshape { .. } => id = graph.inputs_of(id)[0],
-            Op::Constant(value) => {
-                return !value.is_empty()
-                    && value.len() <= MOST_READ
-                    && value.to_f64_vec().iter().all(|&v| v == 0.0)
+            Op::Expand { .. } | Op::Reshape { .. } => {
+                views.push(id);
+                id = graph.inputs_of(id)[0];
             }
-            _ => return false,
+            Op::Constant(value) => {
+                let zeros = !value.is_empty()
+                    && value.len() <= MOST_READ
+                    && value.to_f64_vec().iter().all(|&v| v == 0.0);
+                return zeros.then_some(views);
+            }
+            _ => return None,
         }
     }
 }
 
-/// The operand `id` returns unchanged if it is an `Add` of zeros to it (same type as the sum).
-fn added_to_zeros(graph: &Graph, id: NodeId) -> Option<NodeId> {
+/// The ONNX names of `views`, which a node that no longer reads them stands for.
+fn names_of(graph: &Graph, views: &[NodeId]) -> Vec<String> {
+    views.iter().flat_map(|&v| graph.node(v).origin.onnx_nodes().map(String::from)).collect()
+}
+
+/// Where `id` is an `Add` of zeros to an operand of its own type: that operand, and the views
+/// of the zeros.
+fn added_to_zeros(graph: &Graph, id: NodeId) -> Option<(NodeId, Vec<NodeId>)> {
     if graph.node(id).op != Op::Binary(BinaryOp::Add) {
         return None;
     }
@@ -53,8 +65,8 @@ fn added_to_zeros(graph: &Graph, id: NodeId) -> Option<NodeId> {
     let ty = &graph.node(id).ty;
     [(a, b), (b, a)]
         .into_iter()
-        .find(|&(kept, other)| graph.node(kept).ty == *ty && zeros(graph, other))
-        .map(|(kept, _)| kept)
+        .filter(|&(kept, _)| graph.node(kept).ty == *ty)
+        .find_map(|(kept, other)| Some((kept, zero_views(graph, other)?)))
 }
 
 /// A `Gemm` whose C holds only zeros (its beta finite): the same `Gemm` without C.
@@ -62,15 +74,13 @@ fn drop_zero_c(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let node = graph.node(id);
     let Op::Gemm { beta, .. } = node.op else { return Ok(false) };
     let inputs = graph.inputs_of(id);
-    if inputs.len() != 3 || !beta.is_finite() || !zeros(graph, inputs[2]) {
+    if inputs.len() != 3 || !beta.is_finite() {
         return Ok(false);
     }
+    let Some(views) = zero_views(graph, inputs[2]) else { return Ok(false) };
+    let node = graph.node(id);
     let (op, name, mut origin) = (node.op.clone(), node.name.clone(), node.origin.clone());
-    let mut view = Some(inputs[2]);
-    while let Some(v) = view.filter(|&v| matches!(graph.node(v).op, Op::Expand { .. } | Op::Reshape { .. })) {
-        origin.absorb(graph.node(v).origin.onnx_nodes().map(String::from).collect::<Vec<_>>());
-        view = graph.inputs_of(v).first().copied();
-    }
+    origin.absorb(names_of(graph, &views));
     let new = graph.add_op(op, &inputs[..2], &name, origin)?;
     graph.replace_uses(id, new);
     graph.remove_node(id);
@@ -89,17 +99,11 @@ impl Pass for RemoveNoops {
                 removed += 1;
                 continue;
             }
-            if let Some(kept) = added_to_zeros(graph, id) {
+            if let Some((kept, views)) = added_to_zeros(graph, id) {
                 // The kept value stands for the ONNX nodes of the add and of the zeros' views
                 // (the kernel that computes it reports them).
-                let mut names: Vec<String> = graph.node(id).origin.onnx_nodes().map(String::from).collect();
-                let mut view = graph.inputs_of(id).into_iter().find(|&i| i != kept);
-                while let Some(v) =
-                    view.filter(|&v| matches!(graph.node(v).op, Op::Expand { .. } | Op::Reshape { .. }))
-                {
-                    names.extend(graph.node(v).origin.onnx_nodes().map(String::from));
-                    view = graph.inputs_of(v).first().copied();
-                }
+                let names =
+                    names_of(graph, &[id]).into_iter().chain(names_of(graph, &views)).collect::<Vec<_>>();
                 graph.node_mut(kept).origin.absorb(names);
                 graph.replace_uses(id, kept);
                 graph.remove_node(id);

@@ -66,13 +66,7 @@ pub fn halve_constants(
     let converted = crate::parallel::map_owned_on(
         crate::parallel::CONVERSIONS,
         holders.into_values().collect(),
-        |(value, at)| {
-            let half = match shared {
-                Some(shared) => shared.cast(&value, target),
-                None => Arc::new(value.cast(target)),
-            };
-            (half, at)
-        },
+        |(value, at)| (SharedConstants::cast_through(shared, &value, target), at),
     );
     let mut halved = vec![HashMap::new(); graphs.len()];
     for (half, at) in converted {
@@ -205,10 +199,9 @@ struct Lowering<'s> {
 
 impl Lowering<'_> {
     fn constant(&mut self, name: &str, value: &Arc<Tensor>, dtype: DType, origin: Origin) -> NodeId {
-        let stored = match self.shared {
-            _ if value.dtype() == dtype => value.clone(),
-            Some(shared) => shared.cast(value, dtype),
-            None => Arc::new(value.cast(dtype)),
+        let stored = match value.dtype() == dtype {
+            true => value.clone(),
+            false => SharedConstants::cast_through(self.shared, value, dtype),
         };
         let id = self.out.add_constant(name, stored, origin);
         self.constants.insert(id, value.clone());

@@ -64,6 +64,14 @@ impl SharedConstants {
         }
     }
 
+    /// `value` in `dtype`, through `shared` where given, else converted here.
+    pub fn cast_through(shared: Option<&Self>, value: &Arc<Tensor>, dtype: DType) -> Arc<Tensor> {
+        match shared {
+            Some(shared) => shared.cast(value, dtype),
+            None => Arc::new(value.cast(dtype)),
+        }
+    }
+
     /// `make` through `shared` where given, else made here.
     pub fn derive_or_make<E>(
         shared: Option<&Self>,

@@ -141,18 +141,15 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         let mut fused: Vec<Option<FusedModel>> = (0..points.len()).map(|_| None).collect();
         fused[deciding] = Some(first);
         let others: Vec<usize> = (0..points.len()).filter(|&i| i != deciding).collect();
-        let (decided_ref, fuse_at) = (&decided, &fuse_at);
-        for group in others.chunks(planners()) {
-            let done = in_parallel(group, |i| fuse_at(i, decided_ref));
-            for (&i, result) in group.iter().zip(done) {
-                fused[i] = Some(result?);
-            }
+        let done = crate::parallel::map_on(planners(), &others, |&i| fuse_at(i, &decided));
+        for (&i, result) in others.iter().zip(done) {
+            fused[i] = Some(result?);
         }
         Ok::<_, CompileError>((fused.into_iter().flatten().collect::<Vec<_>>(), decided))
     })??;
     // The concatenations' sources and results go: the graphs hold what they use.
     drop(derived);
-    let mut halved: Vec<Option<Halved>> = match options.precision {
+    let halved: Vec<Option<Halved>> = match options.precision {
         DType::F16 => {
             let mut graphs: Vec<&mut Graph> = fused.iter_mut().map(|f| f.graph_mut()).collect();
             passes::halve_constants(&mut graphs, DType::F16, None).into_iter().map(Some).collect()
@@ -162,34 +159,23 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     // bf16 converts each constant as its readers want it: once for every size.
     let casts = SharedConstants::default();
     let attention_of = |i: usize| if i == deciding { None } else { decided.clone() };
-    // Each size, in the order of `points` (the top first).
-    let mut sizes: Vec<Size> = fused
-        .into_iter()
-        .zip(halved.drain(..))
-        .enumerate()
-        .map(|(i, (fused, halved))| (i, fused, halved))
-        .collect();
-    let others_at = sizes.split_off(1);
     let lower = |(i, fused, halved): Size| {
         lower_fused(fused, &options_at(i, &attention_of(i)), &mut |_| {}, Some(&casts), halved)
             .map(|(plan, _)| plan)
     };
-    // `points` starts with the top: `sizes` holds it alone.
+    // Each size, in the order of `points`: the top first, lowered alone, then the others.
+    let mut sizes: Vec<Size> =
+        fused.into_iter().zip(halved).enumerate().map(|(i, (fused, halved))| (i, fused, halved)).collect();
+    let others = sizes.split_off(1);
     let base = lower(sizes.remove(0))?;
-    let mut others = others_at;
     let compare =
         |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
-    let mut checks: Vec<(usize, Compared)> = Vec::with_capacity(others.len());
-    while !others.is_empty() {
-        let group: Vec<Size> = others.drain(..planners().min(others.len())).collect();
-        let done = in_parallel_owned(group, |job| {
-            let i = job.0;
-            (i, lower(job).and_then(|plan| compare(i, plan)))
-        });
-        for (i, result) in done {
-            checks.push((i, result?));
-        }
-    }
+    let checks: Vec<(usize, Compared)> = crate::parallel::map_owned_on(planners(), others, |job| {
+        let i = job.0;
+        Ok::<_, CompileError>((i, compare(i, lower(job)?)?))
+    })
+    .into_iter()
+    .collect::<Result<_, _>>()?;
     let planned = clock.elapsed().as_secs_f64();
     let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, c)| &c.plan).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
@@ -211,7 +197,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         clock.elapsed().as_secs_f64() - planned
     );
     // The other sizes' plans go before the top's weights are written.
-    checks.clear();
+    drop(checks);
     let mut base = base;
     base.place_weights();
     Ok((base, symbolic))
@@ -274,25 +260,9 @@ fn compared(
     Ok(Compared { plan, by_name })
 }
 
-/// `work` on each of `items`, each on a thread of its own, the results in order.
-fn in_parallel<T: Copy + Send + Sync, R: Send>(items: &[T], work: impl Fn(T) -> R + Sync) -> Vec<R> {
-    in_parallel_owned(items.to_vec(), work)
-}
-
-/// [`in_parallel`] on owned items.
-fn in_parallel_owned<T: Send, R: Send>(items: Vec<T>, work: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let work = &work;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items.into_iter().map(|item| scope.spawn(move || work(item))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-            .collect()
-    })
-}
-
-/// How many sizes other than the top's are planned side by side (`FUSEC_RANGE_PLANNERS`,
-/// default every one: the compile's time against its peak memory, `benches/NOTES.md`).
+/// How many sizes other than the top's are fused, and then lowered, side by side
+/// (`FUSEC_RANGE_PLANNERS`, default as many as there are cores: the compile's time against
+/// its peak memory, `benches/NOTES.md`).
 fn planners() -> usize {
     std::env::var("FUSEC_RANGE_PLANNERS")
         .ok()
