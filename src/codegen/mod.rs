@@ -9,6 +9,7 @@ mod attention;
 mod conv;
 mod elementwise;
 mod expr;
+mod gate;
 mod gemm;
 pub mod index;
 mod kernel;
@@ -35,6 +36,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("row_cached", include_str!("../../templates/row_cached.cu.hbs")),
     ("attention", include_str!("../../templates/attention.cu.hbs")),
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
+    ("gate", include_str!("../../templates/gate.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.
@@ -290,6 +292,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let mut step = match &kernel.kind {
                 KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 KernelKind::Conv => conv::generate(plan, kernel, &name, &hb).map_err(fail)?,
+                KernelKind::Single { op } if op == "ChannelGate" => {
+                    gate::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?
+                }
                 _ => elementwise::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?,
             };
             if plan.scaled() {

@@ -337,6 +337,14 @@ pub enum Op {
     /// `concat(-x[.., h:], x[.., :h])`, as exporters spell it with two slices, a negation
     /// and a concat.
     RotateHalf,
+    /// A squeeze-and-excitation gate after its pool's first stage (`ops/gate.rs`): inputs x,
+    /// w1, b1, w2, b2.
+    ChannelGate {
+        /// The activation between the two products.
+        hidden: super::ops::gate::GateActivation,
+        /// The activation of the gate.
+        gate: super::ops::gate::GateActivation,
+    },
 }
 
 impl Op {
@@ -395,6 +403,7 @@ impl Op {
             Op::Tile { .. } => "Tile".into(),
             Op::Trilu { .. } => "Trilu".into(),
             Op::RotateHalf => "RotateHalf".into(),
+            Op::ChannelGate { .. } => "ChannelGate".into(),
         }
     }
 
@@ -413,6 +422,7 @@ impl Op {
             Op::LayerNorm { .. } => (1, 3),
             Op::RmsNorm { .. } => (1, 2),
             Op::Attention { .. } => (3, 4),
+            Op::ChannelGate { .. } => (5, 5),
             Op::Concat { .. } => (1, usize::MAX),
             _ => (1, 1),
         }
@@ -476,6 +486,7 @@ impl fmt::Display for Op {
                 write!(f, "{kind}<{}>", parts.join(", "))
             }
             Op::Trilu { upper, k } => write!(f, "{kind}<upper={upper}, k={k}>"),
+            Op::ChannelGate { hidden, gate } => write!(f, "{kind}<{hidden:?}, {gate:?}>"),
             _ => f.write_str(&kind),
         }
     }

@@ -14,6 +14,7 @@ mod noop;
 mod precision;
 mod shared;
 mod split_reductions;
+mod squeeze_excite;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use cache_in_place::CacheInPlace;
@@ -28,6 +29,7 @@ pub use noop::RemoveNoops;
 pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
 pub use shared::SharedConstants;
 pub use split_reductions::SplitReductions;
+pub use squeeze_excite::squeeze_excite;
 
 use thiserror::Error;
 

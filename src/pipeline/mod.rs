@@ -349,6 +349,9 @@ pub(crate) fn lower_fused(
             .run(&mut graph)
             .map_err(|source| PassError { pass: "split-reductions", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "split-reductions", source })?;
+        passes::squeeze_excite(&mut graph, &mut covers)
+            .map_err(|source| PassError { pass: "squeeze-excite", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "squeeze-excite", source })?;
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;
     }

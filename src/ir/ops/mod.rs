@@ -2,6 +2,7 @@
 //! [`infer`] and [`evaluate`] are the only dispatch over [`Op`].
 
 pub mod elementwise;
+pub mod gate;
 pub mod layout;
 pub mod linalg;
 pub mod pool;
@@ -60,6 +61,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> OpResult<TensorType> {
         Op::Tile { repeats } => layout::infer_tile(x(), repeats),
         Op::Trilu { .. } => layout::infer_trilu(x()),
         Op::RotateHalf => layout::infer_rotate_half(x()),
+        Op::ChannelGate { .. } => gate::infer_gate(inputs),
     }
 }
 
@@ -105,5 +107,6 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Tile { repeats } => layout::eval_tile(x(), repeats),
         Op::Trilu { upper, k } => layout::eval_trilu(x(), *upper, *k),
         Op::RotateHalf => layout::eval_rotate_half(x()),
+        Op::ChannelGate { hidden, gate } => gate::eval_gate(inputs, *hidden, *gate),
     }
 }
