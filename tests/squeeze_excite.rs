@@ -1,5 +1,6 @@
 //! Squeeze-and-excitation gates (global pool → product → activation → product → gate →
-//! scale) compile to the pool's first stage, one gate kernel and the scale: the
+//! scale) compile to the pool's first stage and one gate kernel, the gate folded into the
+//! weights of the projection after it: the
 //! `squeeze-excite` pass keeps the meaning (exactly in f32 on the IR, against tract through
 //! the whole f16 pipeline), and the gate kernel compiles with NVRTC where it is found.
 
@@ -95,6 +96,20 @@ fn gates_compile_to_one_kernel_and_match_tract() {
         let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
         let small = steps.iter().any(|s| matches!(s, Step::Gemm { gemm, .. } if gemm.m * gemm.batch <= 3));
         assert!(!small, "{name}: a GEMM of the gate's rows is left");
+        // The projection (16 outputs, 63 positions a sample) takes the gate folded into its
+        // weights: a batch of 3 products, its bias on cuBLASLt; no scaling kernel is left.
+        let projections: Vec<_> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { gemm, .. } if gemm.batch == 3 => {
+                    Some((gemm.m, gemm.n, gemm.k, gemm.lt_epilogue.is_some()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(projections, [(63, 16, 24, true)], "{name}");
+        let pointwise = plan.kernels.iter().filter(|k| k.kind == KernelKind::Pointwise).count();
+        assert_eq!(pointwise, 2, "{name}: the input's cast and the output's, no scaling: {kinds:?}");
         if fusec::nvrtc::available() {
             for source in steps.iter().flat_map(Step::sources) {
                 fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -114,12 +129,13 @@ fn constant(g: &mut Graph, name: &str, shape: &[usize], seed: u64) -> ir::NodeId
 }
 
 /// On the IR in f32: the rewrite is exact (its f64 evaluation against the chain's), takes
-/// the zero-padded product, the 1×1 channels-last convolution and HardSigmoid, keeps the
+/// the zero-padded product, the 1×1 channels-last convolution and HardSigmoid, folds the gate
+/// into a projection after it (one batched product left, no scaling), keeps the
 /// ONNX names of what it replaces, and leaves a chain read from outside alone.
 #[test]
 fn the_rewrite_is_exact_on_the_ir() {
     let origin = |name: &str| Origin::new(name, "Test");
-    for (variant, outside) in [(0, false), (1, false), (0, true)] {
+    for (variant, outside) in [(0, false), (1, false), (0, true), (2, false)] {
         let mut g = Graph::new();
         let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 5, 1, 12]));
         let pool = g
@@ -136,7 +152,7 @@ fn the_rewrite_is_exact_on_the_ir() {
         let a1 = g.add_op(Op::Binary(BinaryOp::Add), &[m1, b1], "a1", origin("fc1_bias")).unwrap();
         let s1 = g.add_op(Op::Unary(UnaryOp::Sigmoid), &[a1], "s1", origin("silu_sigmoid")).unwrap();
         let h = g.add_op(Op::Binary(BinaryOp::Mul), &[a1, s1], "h", origin("silu")).unwrap();
-        let (gated, zeros_concat) = if variant == 0 {
+        let (gated, zeros_concat) = if variant != 1 {
             // Zero padding to 8, a MatMul, a bias, a sigmoid.
             let zeros = g.add_constant(
                 "zeros",
@@ -162,7 +178,12 @@ fn the_rewrite_is_exact_on_the_ir() {
             let a = g.add_op(Op::Binary(BinaryOp::Add), &[m, beta], "hs_add", origin("hs")).unwrap();
             (g.add_op(Op::Clip { min: 0.0, max: 1.0 }, &[a], "gate", origin("gate")).unwrap(), false)
         };
-        let y = g.add_op(Op::Binary(BinaryOp::Mul), &[x, gated], "y", origin("scale")).unwrap();
+        let mut y = g.add_op(Op::Binary(BinaryOp::Mul), &[x, gated], "y", origin("scale")).unwrap();
+        if variant == 2 {
+            // A projection to 4 outputs of 5 positions a sample: the gate folds into it.
+            let wp = constant(&mut g, "wp", &[12, 4], 5);
+            y = g.add_op(Op::MatMul, &[y, wp], "projected", origin("projection")).unwrap();
+        }
         let mut outputs = vec![("y".to_string(), y)];
         if outside {
             outputs.push(("hidden".into(), h));
@@ -184,7 +205,10 @@ fn the_rewrite_is_exact_on_the_ir() {
         assert_eq!(made, 1, "variant {variant}");
         let histogram = g.op_histogram();
         assert_eq!(histogram.get("ChannelGate"), Some(&1), "{histogram:?}");
-        for gone in ["MatMul", "Sigmoid", "Conv", "Clip", "Concat", "ReduceMean"] {
+        let folded = usize::from(variant == 2);
+        assert_eq!(histogram.get("MatMul").copied().unwrap_or(0), folded, "{histogram:?}");
+        assert_eq!(histogram.get("Mul").copied().unwrap_or(0), 1 - folded, "{histogram:?}");
+        for gone in ["Sigmoid", "Conv", "Clip", "Concat", "ReduceMean"] {
             assert_eq!(histogram.get(gone), None, "variant {variant}: {histogram:?}");
         }
         let gate = g.node_ids().find(|&n| g.node(n).op.kind() == "ChannelGate").unwrap();

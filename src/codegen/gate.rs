@@ -9,12 +9,20 @@ use super::expr::{c_type, header, load, narrow};
 use super::kernel::render;
 use super::{KernelSource, LaunchScale};
 use crate::fusion::Kernel;
-use crate::ir::ops::gate::MAX_CHANNELS;
+use crate::ir::ops::gate::MAX_WIDTH;
 use crate::ir::{Op, SymDim};
 use crate::plan::Plan;
 
-/// Threads per block, and output channels per block.
-const BLOCK: usize = 256;
+/// Threads per block.
+const BLOCK: usize = 512;
+
+/// Output channels per block.
+const TILE: usize = 256;
+
+/// Consecutive elements of `width` a thread reads as one pack (16 bytes at most).
+fn lanes(width: usize, element: usize) -> usize {
+    [8, 4, 2, 1].into_iter().find(|&v| v * element <= 16 && width % v == 0).unwrap_or(1)
+}
 
 pub fn generate(
     plan: &Plan,
@@ -36,42 +44,58 @@ pub fn generate(
     let x = plan.dims(inputs[0]);
     let channels = x.last().and_then(SymDim::value).ok_or("a gate over a range of channels")?;
     let units = graph.node(inputs[1]).ty.shape[1];
-    if channels > MAX_CHANNELS || units > MAX_CHANNELS {
-        return Err(format!("a gate of {channels} channels through {units}: more than {MAX_CHANNELS}"));
+    if channels + units > MAX_WIDTH {
+        return Err(format!("a gate of {channels} channels through {units}: more than {MAX_WIDTH}"));
     }
     let rows = SymDim::product(&x[1..x.len() - 1]);
     let batch = x[0].clone();
-    let tiles = channels.div_ceil(BLOCK);
-    let stride = (BLOCK / units).max(1);
-    let mut args = Vec::with_capacity(6);
+    let tiles = channels.div_ceil(TILE);
+    let element = dtype.size_bytes();
+    let (lanes1, lanes2) = (lanes(units, element), lanes(channels, element));
+    let (groups1, groups2) = (units / lanes1, TILE / lanes2);
+    let (splits1, splits2) = ((BLOCK / groups1).max(1), (BLOCK / groups2).max(1));
+    let mut args = Vec::with_capacity(7);
     for &id in inputs.iter().chain([&gate]) {
         args.push(
             *plan.locations.get(&id).ok_or_else(|| format!("'{}' has no memory", graph.node(id).name))?,
         );
     }
-    let names = ["x", "w1", "b1", "w2", "b2"];
-    let mut params: Vec<String> = names.iter().map(|n| format!("const {t}* __restrict__ {n}")).collect();
+    // The projection's width, where the gate is folded into its weights.
+    let project = inputs.get(5).map(|&wp| graph.node(wp).ty.shape[1]);
+    let names = ["x", "w1", "b1", "w2", "b2", "wp"];
+    let mut params: Vec<String> =
+        names[..inputs.len()].iter().map(|n| format!("const {t}* __restrict__ {n}")).collect();
     params.push(format!("{t}* __restrict__ out"));
     let scaled = plan.scaled();
     let data = json!({
         "name": name,
         "headers": header(dtype).into_iter().collect::<Vec<_>>(),
         "block": BLOCK,
+        "tile": TILE,
         "channels": channels,
         "hidden": units,
-        "parts": units * stride,
-        "stride": stride,
+        "parts": (splits1 * units).max(splits2 * TILE),
+        "lanes1": lanes1,
+        "lanes2": lanes2,
+        "groups1": groups1,
+        "groups2": groups2,
+        "splits1": splits1,
+        "splits2": splits2,
         "tiles": tiles,
         "rows": rows.c(),
         "t": t,
         "params": super::with_limit(plan, params.join(", "), false),
         "load_x": load(&format!("xs[p * {channels}LL + k]"), dtype),
-        "load_w1": load(&format!("w1[k * {units} + j]"), dtype),
+        "load_w1": load("w.v[v]", dtype),
         "load_b1": load("b1[j]", dtype),
-        "load_w2": load(&format!("w2[j * {channels} + c]"), dtype),
+        "load_w2": load("w.v[v]", dtype),
         "load_b2": load("b2[c]", dtype),
         "act_hidden": hidden.cuda("a"),
-        "store": narrow(&activation.cuda("a"), dtype),
+        "activation": activation.cuda("a"),
+        "store": narrow("a", dtype),
+        "project": project.is_some(),
+        "outputs": project.unwrap_or(1),
+        "load_wp": load(&format!("wp[row * {}LL + e % {}]", project.unwrap_or(1), project.unwrap_or(1)), dtype),
     });
     let grid = batch.value().unwrap_or_else(|| graph.node(gate).ty.shape[0]) * tiles;
     let mut source =

@@ -234,11 +234,16 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly a bias vector over N (a
 /// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1) then at most one ReLU or
-/// tanh-GELU, on a GEMM that is not batched.
+/// tanh-GELU, on a GEMM that is not batched or whose operands are both batches (the bias
+/// shared by every product).
 fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
     use crate::ir::{BinaryOp, UnaryOp};
     let graph = &plan.graph;
-    if spec.batch != 1 || kernel.outputs.len() != 1 || kernel.outputs[0] != *kernel.nodes.last()? {
+    let strided = spec.a.batch_stride != 0 && spec.b.batch_stride != 0;
+    if (spec.batch != 1 && !strided)
+        || kernel.outputs.len() != 1
+        || kernel.outputs[0] != *kernel.nodes.last()?
+    {
         return None;
     }
     let mut bias = match graph.node(gemm).op {

@@ -338,7 +338,7 @@ pub enum Op {
     /// and a concat.
     RotateHalf,
     /// A squeeze-and-excitation gate after its pool's first stage (`ops/gate.rs`): inputs x,
-    /// w1, b1, w2, b2.
+    /// w1, b1, w2, b2, and the projection's weights it is folded into where it is.
     ChannelGate {
         /// The activation between the two products.
         hidden: super::ops::gate::GateActivation,
@@ -422,7 +422,7 @@ impl Op {
             Op::LayerNorm { .. } => (1, 3),
             Op::RmsNorm { .. } => (1, 2),
             Op::Attention { .. } => (3, 4),
-            Op::ChannelGate { .. } => (5, 5),
+            Op::ChannelGate { .. } => (5, 6),
             Op::Concat { .. } => (1, usize::MAX),
             _ => (1, 1),
         }

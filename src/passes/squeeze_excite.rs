@@ -6,6 +6,11 @@
 //! zero-padding concat, the pool's last stage); as one op it is one kernel
 //! (`codegen/gate.rs`).
 //!
+//! Where the 1×1 projection after the block reads the scaled activations alone, the gate is
+//! folded into its weights (`[N, C, O]` per sample, [`Fold`]) and the projection becomes a
+//! batch of products: the scaling is never written, and the block is two kernels (the pool's
+//! first stage, the gate) besides its convolutions.
+//!
 //! The weights must be constants, the biases constants or broadcasts of one (a missing bias
 //! is zeros), and every value inside the chain read only inside it. Activations recognised:
 //! ReLU, SiLU (`x·σ(x)`), identity between the products; sigmoid and HardSigmoid
@@ -15,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::ir::ops::gate::MAX_CHANNELS;
+use crate::ir::ops::gate::MAX_WIDTH;
 use crate::ir::{BinaryOp, GateActivation, Graph, IrError, NodeId, Op, ReduceOp, Tensor, UnaryOp};
 
 /// Rewrites every squeeze-and-excitation chain of `graph` into a `ChannelGate`, the ONNX
@@ -55,21 +60,111 @@ pub fn squeeze_excite(
         }
         names.sort();
         names.dedup();
-        let gate = graph.add_op(op, &[chain.x, w1, b1, w2, b2], &end.name, origin)?;
-        if graph.node(gate).ty != end.ty {
-            return Err(IrError::Op {
-                node: end.name.clone(),
-                op: "ChannelGate".into(),
-                message: format!("a channel gate of {} for {}", graph.node(gate).ty, end.ty),
-            });
+        let fold = Fold::find(graph, chain.end, &outputs);
+        let mut inputs = vec![chain.x, w1, b1, w2, b2];
+        if let Some(fold) = &fold {
+            inputs.push(fold.weights);
+            for n in [fold.scale, fold.product] {
+                origin.absorb(graph.node(n).origin.onnx_nodes().map(str::to_string).collect::<Vec<_>>());
+                names.extend(covers.get(&n).cloned().unwrap_or_default());
+            }
+        }
+        let gate = graph.add_op(op, &inputs, &end.name, origin)?;
+        match fold {
+            None if graph.node(gate).ty != end.ty => {
+                return Err(IrError::Op {
+                    node: end.name.clone(),
+                    op: "ChannelGate".into(),
+                    message: format!("a channel gate of {} for {}", graph.node(gate).ty, end.ty),
+                });
+            }
+            None => graph.replace_uses(chain.end, gate),
+            Some(fold) => fold.apply(graph, gate, covers)?,
         }
         covers.insert(gate, names);
-        graph.replace_uses(chain.end, gate);
         graph.remove_unused();
         made += 1;
     }
     Ok(made)
 }
+
+/// The 1×1 projection that reads the gated activations, where the gate folds into its
+/// weights: `MatMul(Mul(x, gate), wp)` with `wp [C, O]` constant, the scaled activations read
+/// by it alone, and `O` at most the positions of a sample (the folded weights, `[N, C, O]`, no
+/// larger than the scaled activations they spare).
+struct Fold {
+    /// The activations the gate scales, `[N, …, C]`.
+    activations: NodeId,
+    /// The scaling `Mul`.
+    scale: NodeId,
+    /// The projection `MatMul`.
+    product: NodeId,
+    /// Its weights.
+    weights: NodeId,
+}
+
+impl Fold {
+    fn find(graph: &Graph, gate: NodeId, outputs: &HashSet<NodeId>) -> Option<Fold> {
+        let [scale] = graph.users_of(gate)[..] else { return None };
+        let inputs = graph.inputs_of(scale);
+        if graph.node(scale).op != Op::Binary(BinaryOp::Mul)
+            || outputs.contains(&scale)
+            || outputs.contains(&gate)
+        {
+            return None;
+        }
+        let activations = if inputs[0] == gate { inputs[1] } else { inputs[0] };
+        let shape = graph.node(activations).ty.shape.clone();
+        if graph.node(scale).ty.shape != shape || shape.len() < 3 || activations == gate {
+            return None;
+        }
+        let [product] = graph.users_of(scale)[..] else { return None };
+        let weights = graph.inputs_of(product).get(1).copied()?;
+        let w = graph.constant(weights)?;
+        let positions: usize = shape[1..shape.len() - 1].iter().product();
+        let fits =
+            w.shape().len() == 2 && w.shape()[0] == shape[shape.len() - 1] && w.shape()[1] <= positions;
+        (graph.node(product).op == Op::MatMul && graph.inputs_of(product)[0] == scale && fits)
+            .then_some(Fold { activations, scale, product, weights })
+    }
+
+    /// Replaces the projection by `x[n] · folded[n]` per sample, `folded` the gate with the
+    /// weights folded in.
+    fn apply(
+        &self,
+        graph: &mut Graph,
+        folded: NodeId,
+        covers: &mut HashMap<NodeId, Vec<String>>,
+    ) -> Result<(), IrError> {
+        let shape = graph.node(self.activations).ty.shape.clone();
+        let (n, c) = (shape[0], shape[shape.len() - 1]);
+        let positions: usize = shape[1..shape.len() - 1].iter().product();
+        let product = graph.node(self.product).clone();
+        let rows = Op::Reshape { shape: vec![n, positions, c] };
+        let rows = graph.add_op(
+            rows,
+            &[self.activations],
+            &format!("{}/rows", product.name),
+            product.origin.clone(),
+        )?;
+        let batched = graph.add_op(Op::MatMul, &[rows, folded], &product.name, product.origin.clone())?;
+        let back = Op::Reshape { shape: product.ty.shape.clone() };
+        let back =
+            graph.add_op(back, &[batched], &format!("{}/back", product.name), product.origin.clone())?;
+        if let Some(names) = covers.get(&self.product).cloned() {
+            covers.insert(batched, names);
+        }
+        graph.replace_uses(self.product, back);
+        Ok(())
+    }
+}
+
+/// The largest first product (channels × hidden units) made a gate. Each block of the gate's
+/// kernel reads the first product's weights whole, once per sample and tile: on the H100,
+/// MobileNetV3-Large's gates of 672 × 168 and 960 × 240 took 8–15 µs at batch 8, slower than
+/// the cuBLAS products and small kernels they replaced; EfficientNet-B0's (up to 1152 × 48)
+/// and MobileNetV3's smaller ones are faster as gates (`benches/NOTES.md`).
+const MAX_PRODUCT: usize = 65_536;
 
 /// One squeeze-and-excitation chain found in the graph.
 struct Chain {
@@ -104,7 +199,7 @@ impl Chain {
             return None;
         }
         let c = shape[rank - 1];
-        if graph.node(x).op.is_view() || c > MAX_CHANNELS {
+        if graph.node(x).op.is_view() {
             return None;
         }
         let mut nodes = vec![pool];
@@ -117,7 +212,7 @@ impl Chain {
         let m1 = only(pool)?;
         let (w1, conv_b1) = product(graph, m1, pool, c)?;
         let h = w1.shape()[1];
-        if h > MAX_CHANNELS {
+        if c + h > MAX_WIDTH || c * h > MAX_PRODUCT {
             return None;
         }
         nodes.push(m1);

@@ -186,8 +186,8 @@ impl Lt {
         Ok(Some(Lt { handle, device, workspace, workspace_ptr }))
     }
 
-    /// Descriptors and the heuristic's candidate algorithms for `g` (one matrix product, no
-    /// batch), with its epilogue when it has one (the bias at `bias`); `None` when cuBLASLt
+    /// Descriptors and the heuristic's candidate algorithms for `g` (one matrix product, or a
+    /// batch of them with both operands strided), with its epilogue when it has one (the bias at `bias`); `None` when cuBLASLt
     /// offers no algorithm (the caller then runs cuBLAS and the epilogue kernel).
     pub(super) fn prepare(&self, g: &GemmSpec, bias: Option<u64>) -> Option<LtGemm> {
         self.prepare_with(g, bias, candidates_wanted(), variants_wanted())
@@ -206,7 +206,9 @@ impl Lt {
         wanted: usize,
         variants: usize,
     ) -> Option<LtGemm> {
-        if g.batch != 1 {
+        // A batch where cuBLASLt runs the epilogue, both operands strided (a shared operand's
+        // GEMM folds its batch into M); plain batches stay on cuBLAS.
+        if g.batch != 1 && (g.lt_epilogue.is_none() || g.a.batch_stride == 0 || g.b.batch_stride == 0) {
             return None;
         }
         let ty = match g.dtype {
@@ -234,6 +236,30 @@ impl Lt {
             heuristic: 0,
         };
         gemm.layouts = [layout(a)?, layout(b)?, layout((n, m, n))?];
+        if g.batch != 1 {
+            let count = i32::try_from(g.batch).ok()?;
+            let strides = [g.b.batch_stride, g.a.batch_stride, g.m * g.n].map(|s| s as i64);
+            use sys::cublasLtMatrixLayoutAttribute_t as Layout;
+            for (layout, stride) in gemm.layouts.iter().zip(strides) {
+                // SAFETY: the layouts are live; the attributes take an int32 and an int64.
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        *layout,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        size_of::<i32>(),
+                    )
+                    .ok()?;
+                    lt::set_matrix_layout_attribute(
+                        *layout,
+                        Layout::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&stride as *const i64).cast(),
+                        size_of::<i64>(),
+                    )
+                    .ok()?;
+                }
+            }
+        }
         let code = match g.lt_epilogue.map(|e| e.activation) {
             None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
             Some(LtActivation::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,

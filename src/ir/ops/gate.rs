@@ -4,7 +4,10 @@
 //!
 //! Inputs: `x [N, …, C]` (averaged over every axis but the first and the last), `w1 [C, H]`,
 //! `b1 [H]`, `w2 [H', C]` with `H' ≥ H` (rows past `H` are the zero padding a GEMM's
-//! alignment added and are not read), `b2 [C]`. Output `[N, 1, …, 1, C]` of x's rank.
+//! alignment added and are not read), `b2 [C]`. Output `[N, 1, …, 1, C]` of x's rank; or,
+//! given a sixth input `wp [C, O]` (the weights of the 1×1 projection that reads the scaled
+//! activations), the gate folded into them: `[N, C, O]`, `gate[n, c] · wp[c, o]`, so that the
+//! projection of sample n is `x[n] · out[n]` and the scaled activations are never written.
 
 use ndarray::{ArrayD, IxDyn};
 
@@ -12,8 +15,9 @@ use super::OpResult;
 use crate::ir::dtype::TensorType;
 use crate::ir::tensor::Tensor;
 
-/// The most channels (and hidden units) of a gate: its kernel keeps them in shared memory.
-pub const MAX_CHANNELS: usize = 8192;
+/// The most channels and hidden units of a gate together: its kernel keeps the pooled
+/// channels and the hidden units in shared memory (28 KB, beside 17 KB of partial sums).
+pub const MAX_WIDTH: usize = 7168;
 
 /// A pointwise activation inside a [`crate::ir::Op::ChannelGate`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -66,7 +70,7 @@ impl GateActivation {
 
 /// `(N, C, H)` of a gate over inputs of these types, or why they do not fit.
 pub fn gate_sizes(inputs: &[&TensorType]) -> OpResult<(usize, usize, usize)> {
-    let [x, w1, b1, w2, b2] = inputs else {
+    let [x, w1, b1, w2, b2, rest @ ..] = inputs else {
         return Err(format!("ChannelGate takes 5 inputs, got {}", inputs.len()));
     };
     let (Some(&n), Some(&c)) = (x.shape.first(), x.shape.last()) else {
@@ -79,21 +83,29 @@ pub fn gate_sizes(inputs: &[&TensorType]) -> OpResult<(usize, usize, usize)> {
         ([k, h], [h2, c2]) if *k == c && *c2 == c && h2 >= h => *h,
         _ => return Err(format!("ChannelGate weights {w1} and {w2} for {c} channels")),
     };
-    if c > MAX_CHANNELS || hidden > MAX_CHANNELS {
-        return Err(format!("ChannelGate of {c} channels through {hidden}: at most {MAX_CHANNELS} each"));
+    if c + hidden > MAX_WIDTH {
+        return Err(format!("ChannelGate of {c} channels through {hidden}: at most {MAX_WIDTH} together"));
     }
     if b1.shape != [hidden] || b2.shape != [c] {
         return Err(format!("ChannelGate biases {b1} and {b2} for {hidden} and {c}"));
     }
-    if [w1, b1, w2, b2].iter().any(|t| t.dtype != x.dtype) {
+    if [*w1, *b1, *w2, *b2].iter().chain(rest).any(|t| t.dtype != x.dtype) {
         return Err("ChannelGate inputs of different types".into());
+    }
+    match rest {
+        [] => {}
+        [wp] if wp.rank() == 2 && wp.shape[0] == c => {}
+        _ => return Err(format!("ChannelGate projection {:?} for {c} channels", rest)),
     }
     Ok((n, c, hidden))
 }
 
 pub fn infer_gate(inputs: &[&TensorType]) -> OpResult<TensorType> {
-    gate_sizes(inputs)?;
+    let (n, c, _) = gate_sizes(inputs)?;
     let x = inputs[0];
+    if let Some(wp) = inputs.get(5) {
+        return Ok(TensorType::new(x.dtype, vec![n, c, wp.shape[1]]));
+    }
     let mut shape = vec![1; x.rank()];
     shape[0] = x.shape[0];
     shape[x.rank() - 1] = x.shape[x.rank() - 1];
@@ -105,6 +117,7 @@ pub fn eval_gate(inputs: &[&Tensor], hidden: GateActivation, gate: GateActivatio
     let (n, c, h) = gate_sizes(&types.iter().collect::<Vec<_>>())?;
     let out = infer_gate(&types.iter().collect::<Vec<_>>())?;
     let [x, w1, b1, w2, b2] = [0, 1, 2, 3, 4].map(|i| inputs[i].to_f64_vec());
+    let projection = inputs.get(5).map(|wp| (wp.shape()[1], wp.to_f64_vec()));
     let per = x.len() / (n * c).max(1);
     let mut result = Vec::with_capacity(n * c);
     for s in 0..n {
@@ -114,9 +127,15 @@ pub fn eval_gate(inputs: &[&Tensor], hidden: GateActivation, gate: GateActivatio
         let inner: Vec<f64> = (0..h)
             .map(|j| hidden.apply(b1[j] + (0..c).map(|k| mean[k] * w1[k * h + j]).sum::<f64>()))
             .collect();
-        result.extend(
-            (0..c).map(|k| gate.apply(b2[k] + (0..h).map(|j| inner[j] * w2[j * c + k]).sum::<f64>())),
-        );
+        let gates = (0..c).map(|k| gate.apply(b2[k] + (0..h).map(|j| inner[j] * w2[j * c + k]).sum::<f64>()));
+        match &projection {
+            None => result.extend(gates),
+            Some((o, wp)) => {
+                for (k, g) in gates.enumerate() {
+                    result.extend(wp[k * o..(k + 1) * o].iter().map(|w| g * w));
+                }
+            }
+        }
     }
     let values = ArrayD::from_shape_vec(IxDyn(&out.shape), result).map_err(|e| e.to_string())?;
     Ok(Tensor::from_f64(values, out.dtype))
