@@ -149,7 +149,7 @@ fn depthwise_on_cudnn() -> bool {
 }
 
 /// The stored value `id` is read from: itself, or what a chain of free reshapes reads.
-fn source(plan: &Plan, mut id: NodeId) -> Option<NodeId> {
+pub(super) fn source(plan: &Plan, mut id: NodeId) -> Option<NodeId> {
     while !plan.locations.contains_key(&id) {
         let node = plan.graph.node(id);
         match node.op {

@@ -98,6 +98,10 @@ pub struct LtEpilogue {
     pub bias: Location,
     /// Applied after the bias.
     pub activation: LtActivation,
+    /// A stored value of the result's type and layout added with the bias, before the
+    /// activation (cuBLASLt's `β·C`, β = 1).
+    #[serde(default)]
+    pub residual: Option<Location>,
 }
 
 /// An activation cuBLASLt can apply in its epilogue.
@@ -233,7 +237,8 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly a bias vector over N (a
-/// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1) then at most one ReLU or
+/// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1), at most one residual (an
+/// `Add` of a stored value of the result's type, cuBLASLt's β·C) then at most one ReLU or
 /// tanh-GELU, on a GEMM that is not batched or whose operands are both batches (the bias
 /// shared by every product).
 fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
@@ -255,13 +260,22 @@ fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> O
         }
         _ => None,
     };
-    let mut activation = None;
+    let (mut activation, mut residual) = (None, None);
     for &id in &kernel.nodes[1..] {
         match graph.node(id).op {
             Op::Reshape { .. } => {}
             Op::Binary(BinaryOp::Add) if bias.is_none() && activation.is_none() => {
                 let inputs = graph.inputs_of(id);
                 bias = Some(*inputs.iter().find(|i| !kernel.nodes.contains(i))?);
+            }
+            // A residual: a stored value of the result's type, after the bias.
+            Op::Binary(BinaryOp::Add) if bias.is_some() && activation.is_none() && residual.is_none() => {
+                let inputs = graph.inputs_of(id);
+                let other = *inputs.iter().find(|i| !kernel.nodes.contains(i))?;
+                if graph.constant(other).is_some() || graph.node(other).ty != graph.node(id).ty {
+                    return None;
+                }
+                residual = Some(*plan.locations.get(&super::conv::source(plan, other)?)?);
             }
             Op::Unary(UnaryOp::Relu) if bias.is_some() && activation.is_none() => {
                 activation = Some(LtActivation::Relu)
@@ -280,7 +294,7 @@ fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> O
         return None;
     }
     let location @ Location::Weights(_) = *plan.locations.get(&bias)? else { return None };
-    Some(LtEpilogue { bias: location, activation: activation.unwrap_or(LtActivation::None) })
+    Some(LtEpilogue { bias: location, activation: activation.unwrap_or(LtActivation::None), residual })
 }
 
 /// The GEMM's raw result sits in the output buffer; this kernel reads it there and writes

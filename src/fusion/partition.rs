@@ -267,10 +267,14 @@ impl Builder<'_> {
                     let inputs = self.graph.inputs_of(u);
                     let other = if inputs[0] == tail { inputs[1] } else { inputs[0] };
                     let width = node.ty.shape.last().copied();
-                    self.graph
-                        .constant(other)
-                        .filter(|c| c.shape().last().copied() == width || c.len() == 1)
-                        .map(|_| "bias".to_string())
+                    match self.graph.constant(other) {
+                        Some(c) => {
+                            (c.shape().last().copied() == width || c.len() == 1).then(|| "bias".to_string())
+                        }
+                        None => {
+                            self.gemm_residual(gemm, u, other, &epilogue, k).then(|| "residual".to_string())
+                        }
+                    }
                 }
                 _ => None,
             };
@@ -287,6 +291,19 @@ impl Builder<'_> {
             }
         }
         epilogue
+    }
+
+    /// Whether `add` (of the GEMM's biased result and `other`) joins GEMM `gemm`'s kernel as a
+    /// residual, which cuBLASLt adds as `β·C`: right after the bias, a stored value of the
+    /// result's type computed before the GEMM, and not read by a row reduction (a LayerNorm
+    /// takes the sum in its prologue, at no extra pass).
+    fn gemm_residual(&self, gemm: NodeId, add: NodeId, other: NodeId, epilogue: &[String], k: usize) -> bool {
+        let graph = self.graph;
+        epilogue.last().map(String::as_str) == Some("bias")
+            && graph.node(other).ty == graph.node(add).ty
+            && self.position.get(&other).is_some_and(|&p| p < self.position[&gemm])
+            && graph.users_of(add).iter().all(|u| self.roles[u] != Role::Row)
+            && !self.meets_kernel(vec![other], k, false)
     }
 
     fn row_prologue(&mut self, row: NodeId, k: usize) {

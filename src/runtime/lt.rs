@@ -443,15 +443,19 @@ impl Lt {
         unsafe { sys::cublasLtGetVersion() }
     }
 
-    /// Issues `gemm` on `stream`: our A at `a`, B at `b`, the result written to `c`.
+    /// Issues `gemm` on `stream`: our A at `a`, B at `b`, the result written to `c`, the
+    /// residual at `residual` added where the epilogue has one.
     pub(super) fn run(
         &self,
         gemm: &LtGemm,
         g: &GemmSpec,
         (a, b, c): (u64, u64, u64),
+        residual: Option<u64>,
         stream: &CudaStream,
     ) -> Result<(), RuntimeError> {
-        let (alpha, beta) = (g.alpha, 0.0f32);
+        // A residual is cuBLASLt's C (β = 1), of D's layout; else C is D, unread.
+        let (alpha, beta) = (g.alpha, if residual.is_some() { 1.0f32 } else { 0.0 });
+        let input = residual.unwrap_or(c);
         // SAFETY: the descriptors were built for these shapes; the pointers are inside the
         // session's arena and weights at offsets the plan sized; the workspace is ours.
         unsafe {
@@ -464,7 +468,7 @@ impl Lt {
                 gemm.layouts[0],
                 a as *const c_void,
                 gemm.layouts[1],
-                c as *const c_void,
+                input as *const c_void,
                 gemm.layouts[2],
                 c as *mut c_void,
                 gemm.layouts[2],

@@ -157,7 +157,8 @@ impl Session {
                 let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
                 let addresses =
                     (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
-                lt.run(prepared, gemm, addresses, &self.stream)
+                let residual = gemm.lt_epilogue.and_then(|e| e.residual).map(|r| self.address(r));
+                lt.run(prepared, gemm, addresses, residual, &self.stream)
             }
             Loaded::Gemm { gemm, .. } => self.gemm(gemm),
             Loaded::Conv { call, .. } => {
