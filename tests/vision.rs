@@ -595,7 +595,8 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     assert_eq!(library, [true, true, true]);
     // Each convolution's epilogue is one cuDNN's fused form can run: the stem's bias and
     // ReLU, the first block convolution's (BatchNormalization folded) bias and ReLU, the
-    // second's bias, the skip path's sum and ReLU.
+    // second's bias; the sum and ReLU go with the skip path's 1×1 convolution, a GEMM that
+    // follows the second convolution (cuBLASLt's residual, below).
     let fused: Vec<_> = steps
         .iter()
         .filter_map(|s| match s {
@@ -605,9 +606,22 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
             _ => None,
         })
         .collect();
-    assert_eq!(fused, [Some((false, true)), Some((false, true)), Some((true, true))], "{fused:?}");
-    let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
-    assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
+    assert_eq!(fused, [Some((false, true)), Some((false, true)), Some((false, false))], "{fused:?}");
+    let gemms: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            fusec::codegen::Step::Gemm { gemm, .. } => {
+                Some(gemm.lt_epilogue.map(|e| (e.residual.is_some(), e.activation)))
+            }
+            _ => None,
+        })
+        .collect();
+    use fusec::codegen::LtActivation;
+    assert_eq!(
+        gemms,
+        [Some((true, LtActivation::Relu)), None],
+        "the 1×1 convolutions run as GEMMs, the skip path's with the sum and ReLU (the gate's sigmoid is an epilogue kernel)"
+    );
     // The depthwise convolution is the one generated convolution kernel: its threads take
     // 8 channels of 4 columns each, reading each input row's columns once as packs (zeros
     // in the padding) and each tap's filters as one pack.
