@@ -672,3 +672,62 @@ fn a_patch_embedding_becomes_a_gemm() {
     let err = rel_l2(&ours[0].1, &theirs[0]);
     assert!(err <= TOLERANCE, "patches: rel-L2 {err:e}");
 }
+
+/// A ConvNeXt block whose layer scale is uniform (stored as a broadcast of one element, as
+/// every uniform initializer is): the channels-last pass moves the transposes past the scale
+/// and the residual add as it does past a constant, so nothing between the two depthwise
+/// convolutions is transposed, and the rewritten graph matches tract.
+#[test]
+fn a_uniform_layer_scale_keeps_the_block_channels_last() {
+    use fusec::passes::{ChannelsLast, Pass};
+    let dir = tempfile::tempdir().unwrap();
+    let depthwise = |x: &str, w: &str, y: &str| {
+        node("Conv", &[x, w], y, vec![ints("pads", &[3, 3, 3, 3]), int("group", 16)])
+    };
+    let nodes = vec![
+        node("Conv", &["x", "ws"], "s", vec![ints("pads", &[1, 1, 1, 1])]),
+        depthwise("s", "wd", "d"),
+        node("Transpose", &["d"], "t", vec![ints("perm", &[0, 2, 3, 1])]),
+        node("MatMul", &["t", "w1"], "m1", vec![]),
+        node("Relu", &["m1"], "h", vec![]),
+        node("MatMul", &["h", "w2"], "m2", vec![]),
+        node("Transpose", &["m2"], "back", vec![ints("perm", &[0, 3, 1, 2])]),
+        // The TorchScript exporter reads shared parameters through `Identity` nodes; a
+        // folded uniform value is kept as a broadcast of one element.
+        node("Identity", &["gamma_init"], "gamma", vec![]),
+        node("Mul", &["gamma", "back"], "scaled", vec![]),
+        node("Add", &["scaled", "s"], "sum", vec![]),
+        depthwise("sum", "wd2", "y"),
+    ];
+    let mut init = vec![
+        weight("ws", &[16, 16, 3, 3], 70, -0.3, 0.6),
+        weight("wd", &[16, 1, 7, 7], 71, -0.3, 0.6),
+        weight("w1", &[16, 32], 72, -0.5, 1.0),
+        weight("w2", &[32, 16], 73, -0.5, 1.0),
+        weight("wd2", &[16, 1, 7, 7], 74, -0.3, 0.6),
+    ];
+    init.push(weight("gamma_init", &[16, 1, 1], 75, 0.25, 0.0));
+    let path = write_model(dir.path(), "layer_scale", &[2, 16, 9, 7], nodes, init);
+    let (model, feeds, values) = random_feeds(&path, 3);
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    let scale = graph.node_ids().find(|&n| graph.node(n).op.kind() == "Mul").unwrap();
+    let inputs: Vec<String> = graph.inputs_of(scale).iter().map(|&i| graph.node(i).op.kind()).collect();
+    assert!(inputs.contains(&"Expand".to_string()), "the uniform scale is a broadcast: {inputs:?}");
+    assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
+    ir::verify(&graph).unwrap();
+    graph.remove_unused();
+    let transposes: Vec<String> = graph
+        .node_ids()
+        .filter(|&n| graph.node(n).op.kind() == "Transpose")
+        .map(|n| graph.inputs_of(n).iter().map(|&i| graph.node(i).op.kind()).collect::<Vec<_>>().join(","))
+        .collect();
+    // The image in, the result out, the depthwise filters (tap-major): nothing between the
+    // stem and the last convolution.
+    assert_eq!(transposes.len(), 4, "{transposes:?}");
+    assert_eq!(transposes.iter().filter(|t| *t == "Constant").count(), 2, "{transposes:?}");
+    let ours = ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= TOLERANCE, "layer scale: rel-L2 {err:e}");
+}

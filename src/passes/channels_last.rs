@@ -280,7 +280,7 @@ fn sink_reduce(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
 }
 
 /// Moves the transposes feeding pointwise op `id` past it: `p(T(a, P), k)` becomes
-/// `T(p(a, k'), P)`, with every constant `k` permuted to `a`'s layout. Only where every
+/// `T(p(a, k'), P)`, with every constant `k` (or broadcast of one) permuted to `a`'s layout. Only where every
 /// non-constant input is a transpose by the same permutation of a 4-D value (broadcasting
 /// goes axis by axis, so it holds through the permutation).
 fn sink(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
@@ -299,25 +299,37 @@ fn sink(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
                 perm = Some(p.clone());
             }
             Op::Constant(value) if value.shape().len() <= 4 => {}
+            Op::Expand { .. } if broadcast_constant(graph, i).is_some() => {}
             _ => return Ok(false),
         }
     }
     let Some(perm) = perm else { return Ok(false) };
     let inv = inverse(&perm);
     let mut moved = Vec::with_capacity(inputs.len());
+    // A constant of rank ≤ 4 in `a`'s layout: left-padded to rank 4, then permuted.
+    let permute = |graph: &mut Graph, value: &Tensor, name: String, origin| -> Result<NodeId, IrError> {
+        let mut shape = vec![1; 4 - value.shape().len()];
+        shape.extend_from_slice(value.shape());
+        let reshaped = ops::evaluate(&Op::Reshape { shape }, &[value]).map_err(|m| op_error(graph, id, m))?;
+        let permuted = ops::evaluate(&Op::Transpose { perm: inv.clone() }, &[&reshaped])
+            .map_err(|m| op_error(graph, id, m))?;
+        Ok(graph.add_constant(&name, Arc::new(permuted), origin))
+    };
     for &i in &inputs {
-        let input = match graph.constant(i) {
-            Some(value) => {
-                let mut shape = vec![1; 4 - value.shape().len()];
-                shape.extend_from_slice(value.shape());
-                let reshaped =
-                    ops::evaluate(&Op::Reshape { shape }, &[value]).map_err(|m| op_error(graph, id, m))?;
-                let permuted = ops::evaluate(&Op::Transpose { perm: inv.clone() }, &[&reshaped])
-                    .map_err(|m| op_error(graph, id, m))?;
-                let name = format!("{}/{}", node.name, graph.node(i).name);
-                graph.add_constant(&name, Arc::new(permuted), graph.node(i).origin.clone())
+        let name = format!("{}/{}", node.name, graph.node(i).name);
+        let origin = graph.node(i).origin.clone();
+        let input = match (graph.constant(i).cloned(), broadcast_constant(graph, i)) {
+            (Some(value), _) => permute(graph, &value, name, origin)?,
+            // A broadcast of a constant (a uniform constant is stored as one): the constant
+            // permuted, broadcast to the permuted shape.
+            (None, Some(value)) => {
+                let mut shape = vec![1; 4 - graph.node(i).ty.rank()];
+                shape.extend_from_slice(&graph.node(i).ty.shape);
+                let source = permute(graph, &value, format!("{name}/source"), origin.clone())?;
+                let shape = inv.iter().map(|&k| shape[k]).collect();
+                graph.add_op(Op::Expand { shape }, &[source], &name, origin)?
             }
-            None => graph.inputs_of(i)[0],
+            (None, None) => graph.inputs_of(i)[0],
         };
         moved.push(input);
     }
@@ -327,6 +339,13 @@ fn sink(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     graph.replace_uses(id, outer);
     graph.remove_node(id);
     Ok(true)
+}
+
+/// The constant that `Expand` node `id` broadcasts, where both are of rank ≤ 4.
+fn broadcast_constant(graph: &Graph, id: NodeId) -> Option<Tensor> {
+    let Op::Expand { .. } = graph.node(id).op else { return None };
+    let value = graph.constant(graph.inputs_of(id)[0])?;
+    (graph.node(id).ty.rank() <= 4 && value.shape().len() <= 4).then(|| value.as_ref().clone())
 }
 
 /// `T(T(a, P1), P2)` as one transpose, or `a` where the two cancel.
