@@ -320,3 +320,41 @@ fn a_gemms_c_of_zeros_is_dropped() {
         assert_eq!(g.node(*y).origin.onnx_nodes().any(|n| n == "expand"), dropped);
     }
 }
+
+/// A broadcast of a constant to a short vector (a LayerNorm's weights of ones, a zero bias)
+/// is stored after fusion rather than copied out by a kernel on every run; a longer or
+/// higher-rank broadcast stays a view. The values are the same.
+#[test]
+fn small_broadcast_vectors_are_stored() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![3, 5, 16]));
+    let one = g.add_constant("one", Arc::new(Tensor::scalar_f32(1.0)), origin("one"));
+    let zero = g.add_constant("zero", Arc::new(Tensor::scalar_f32(0.25)), origin("zero"));
+    let weight = g.add_op(Op::Expand { shape: vec![16] }, &[one], "weight", origin("w")).unwrap();
+    let bias = g.add_op(Op::Expand { shape: vec![16] }, &[zero], "bias", origin("b")).unwrap();
+    let norm = Op::LayerNorm { axis: 2, epsilon: 1e-5 };
+    let y = g.add_op(norm, &[x, weight, bias], "y", origin("norm")).unwrap();
+    let wide = g.add_op(Op::Expand { shape: vec![3, 5, 16] }, &[zero], "wide", origin("wide")).unwrap();
+    let z = g.add_op(Op::Binary(BinaryOp::Add), &[y, wide], "z", origin("add")).unwrap();
+    g.set_outputs(vec![("z".into(), z)]);
+    let model_feeds = HashMap::from([(
+        "x".to_string(),
+        Tensor::from_f64(
+            ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[3, 5, 16]), |i| {
+                (i[2] * 7 % 5) as f64 - i[1] as f64
+            }),
+            DType::F32,
+        ),
+    )]);
+    let before = ir::evaluate(&g, &model_feeds).unwrap();
+    assert_eq!(fusec::passes::store_small_vectors(&mut g).unwrap(), 2);
+    ir::verify(&g).unwrap();
+    let expands: Vec<Vec<usize>> = g
+        .node_ids()
+        .filter(|&n| g.node(n).op.kind() == "Expand")
+        .map(|n| g.node(n).ty.shape.clone())
+        .collect();
+    assert_eq!(expands, [vec![3, 5, 16]], "only the rank-3 broadcast stays a view");
+    let after = ir::evaluate(&g, &model_feeds).unwrap();
+    assert_eq!(rel_l2(&after[0].1, &before[0].1), 0.0);
+}

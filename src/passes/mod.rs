@@ -13,6 +13,7 @@ mod merge_matmuls;
 mod noop;
 mod precision;
 mod shared;
+mod small_views;
 mod split_reductions;
 mod squeeze_excite;
 
@@ -28,6 +29,7 @@ pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
 pub use shared::SharedConstants;
+pub use small_views::store_small_vectors;
 pub use split_reductions::SplitReductions;
 pub use squeeze_excite::squeeze_excite;
 

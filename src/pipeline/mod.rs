@@ -352,6 +352,9 @@ pub(crate) fn lower_fused(
         passes::squeeze_excite(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "squeeze-excite", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "squeeze-excite", source })?;
+        passes::store_small_vectors(&mut graph)
+            .map_err(|source| PassError { pass: "small-vectors", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "small-vectors", source })?;
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;
     }
