@@ -3,7 +3,7 @@
 //! ones) but turns a LayerNorm's weight of ones, a zero bias or a uniform layer scale into a
 //! view that a kernel reading it as a buffer (a norm's weights, a GEMM's or a convolution's
 //! bias) had copied out on every run. After fusion, a broadcast of a constant to a vector of
-//! at most [`MAX_ELEMENTS`] is made a constant of its own: a few kilobytes of weights, once.
+//! at most `MAX_ELEMENTS` is made a constant of its own: a few kilobytes of weights, once.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use crate::ir::{Graph, IrError, Op};
 /// The longest vector stored.
 pub const MAX_ELEMENTS: usize = 65_536;
 
-/// Replaces every broadcast of a constant to a vector of at most [`MAX_ELEMENTS`] elements by
+/// Replaces every broadcast of a constant to a vector of at most `MAX_ELEMENTS` elements by
 /// that vector stored; returns how many.
 pub fn store_small_vectors(graph: &mut Graph) -> Result<usize, IrError> {
     let mut stored = 0;
