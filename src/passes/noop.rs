@@ -30,7 +30,7 @@ const MOST_READ: usize = 1 << 16;
 
 /// The views (`Expand`, `Reshape`) from `id` down to a constant holding only zeros, `id`
 /// first, if that is what `id` is (empty where `id` is that constant).
-fn zero_views(graph: &Graph, mut id: NodeId) -> Option<Vec<NodeId>> {
+pub(super) fn zero_views(graph: &Graph, mut id: NodeId) -> Option<Vec<NodeId>> {
     let mut views = Vec::new();
     loop {
         match &graph.node(id).op {

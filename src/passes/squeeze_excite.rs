@@ -36,39 +36,30 @@ pub fn squeeze_excite(
             continue;
         }
         let Some(chain) = Chain::find(graph, id, &outputs) else { continue };
-        let dtype = graph.node(chain.end).ty.dtype;
-        let constant = |graph: &mut Graph, tensor: Tensor, what: &str| {
-            let name = format!("{}/{what}", graph.node(chain.end).name);
-            graph.add_constant(&name, Arc::new(tensor.cast(dtype)), graph.node(chain.end).origin.clone())
-        };
-        let b1 = constant(graph, chain.b1.clone(), "b1");
-        let b2 = constant(graph, chain.b2.clone(), "b2");
-        let origin = graph.node(chain.end).origin.clone();
-        let w1 = graph.add_constant(
-            &format!("{}/w1", graph.node(chain.end).name),
-            chain.w1.clone(),
-            origin.clone(),
-        );
-        let w2 = graph.add_constant(&format!("{}/w2", graph.node(chain.end).name), chain.w2.clone(), origin);
         let end = graph.node(chain.end).clone();
+        let add = |graph: &mut Graph, tensor: Arc<Tensor>, what: &str| {
+            graph.add_constant(&format!("{}/{what}", end.name), tensor, end.origin.clone())
+        };
+        let b1 = add(graph, Arc::new(chain.b1.cast(end.ty.dtype)), "b1");
+        let b2 = add(graph, Arc::new(chain.b2.cast(end.ty.dtype)), "b2");
+        let w1 = add(graph, chain.w1.clone(), "w1");
+        let w2 = add(graph, chain.w2.clone(), "w2");
         let op = Op::ChannelGate { hidden: chain.hidden, gate: chain.gate };
+        let fold = Fold::find(graph, chain.end, &outputs);
+        let mut inputs = vec![chain.x, w1, b1, w2, b2];
+        let mut replaced = chain.nodes.clone();
+        if let Some(fold) = &fold {
+            inputs.push(fold.weights);
+            replaced.extend([fold.scale, fold.product]);
+        }
         let mut origin = end.origin.clone();
         let mut names: Vec<String> = covers.get(&chain.end).cloned().unwrap_or_default();
-        for &n in &chain.nodes {
+        for &n in &replaced {
             origin.absorb(graph.node(n).origin.onnx_nodes().map(str::to_string).collect::<Vec<_>>());
             names.extend(covers.get(&n).cloned().unwrap_or_default());
         }
         names.sort();
         names.dedup();
-        let fold = Fold::find(graph, chain.end, &outputs);
-        let mut inputs = vec![chain.x, w1, b1, w2, b2];
-        if let Some(fold) = &fold {
-            inputs.push(fold.weights);
-            for n in [fold.scale, fold.product] {
-                origin.absorb(graph.node(n).origin.onnx_nodes().map(str::to_string).collect::<Vec<_>>());
-                names.extend(covers.get(&n).cloned().unwrap_or_default());
-            }
-        }
         let gate = graph.add_op(op, &inputs, &end.name, origin)?;
         match fold {
             None if graph.node(gate).ty != end.ty => {
@@ -226,7 +217,11 @@ impl Chain {
         let mut next = only(value)?;
         if let Op::Concat { axis } = graph.node(next).op {
             let inputs = graph.inputs_of(next);
-            if axis + 1 != rank || inputs.len() != 2 || inputs[0] != value || !zeros(graph, inputs[1]) {
+            if axis + 1 != rank
+                || inputs.len() != 2
+                || inputs[0] != value
+                || super::noop::zero_views(graph, inputs[1]).is_none()
+            {
                 return None;
             }
             nodes.push(next);
@@ -331,15 +326,6 @@ fn vector(graph: &Graph, id: NodeId, width: usize) -> Option<Tensor> {
     }
     let value = source.to_f64_vec()[0];
     Some(Tensor::full(&crate::ir::TensorType::new(ty.dtype, vec![width]), value))
-}
-
-/// Whether `id` is all zeros: a constant, or a broadcast of one.
-fn zeros(graph: &Graph, id: NodeId) -> bool {
-    let source = match graph.node(id).op {
-        Op::Expand { .. } => graph.inputs_of(id)[0],
-        _ => id,
-    };
-    graph.constant(source).is_some_and(|t| t.to_f64_vec().iter().all(|&v| v == 0.0))
 }
 
 /// The activation between the products, read from `value`, and the value after it.
