@@ -33,6 +33,12 @@ pub struct Bench {
     /// --cache-in-place`; `--decode` does it unless FUSEC_CACHE_IN_PLACE=0).
     #[arg(long)]
     cache_in_place: bool,
+    /// Half-type builds keep an erf-GELU after a GEMM exact, in an epilogue kernel of its own
+    /// (by default it is computed in its tanh form inside cuBLASLt's epilogue: at most 4.7e-4
+    /// apart, rel-L2 2e-4 over unit-normal inputs, about f16's own rounding). Also
+    /// `FUSEC_EXACT_GELU=1`.
+    #[arg(long)]
+    exact_gelu: bool,
     /// Timed runs of each variant.
     #[arg(long, default_value_t = 200)]
     iters: usize,
@@ -400,6 +406,7 @@ impl Bench {
                 import: import.clone(),
                 precision,
                 cache_in_place: self.cache_in_place,
+                exact_gelu: self.exact_gelu || CompileOptions::default().exact_gelu,
                 ..Default::default()
             };
             (fusec::compile(&self.model, &options)?, self.model.clone(), import)

@@ -91,27 +91,54 @@ impl GemmSpec {
     }
 }
 
-/// What cuBLASLt applies to the product before it is stored: `act(A·B + bias)`.
+/// What cuBLASLt applies to the product before it is stored:
+/// `act(scale·A·B + residual + bias)`.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LtEpilogue {
     /// A vector of N elements (the GEMM's element type), added to every row.
-    pub bias: Location,
-    /// Applied after the bias.
+    pub bias: Option<Location>,
+    /// Applied after the bias and the residual.
     pub activation: LtActivation,
     /// A stored value of the result's type and layout added with the bias, before the
     /// activation (cuBLASLt's `β·C`, β = 1).
-    #[serde(default)]
     pub residual: Option<Location>,
+    /// A uniform factor of the product (a `Mul` by one value right after the GEMM), which
+    /// cuBLASLt applies as α (on top of the GEMM's own); f32 bits, so that the type stays `Eq`.
+    pub scale_bits: u32,
+}
+
+impl LtEpilogue {
+    /// The product's factor.
+    pub fn scale(&self) -> f32 {
+        f32::from_bits(self.scale_bits)
+    }
+
+    /// Its steps in order, e.g. `scale+bias+residual+relu`.
+    pub fn describe(&self) -> String {
+        let steps = [
+            (self.scale() != 1.0).then_some("scale"),
+            self.bias.map(|_| "bias"),
+            self.residual.map(|_| "residual"),
+            match self.activation {
+                LtActivation::None => None,
+                LtActivation::Relu => Some("relu"),
+                LtActivation::GeluTanh => Some("gelutanh"),
+            },
+        ];
+        steps.into_iter().flatten().collect::<Vec<_>>().join("+")
+    }
 }
 
 /// An activation cuBLASLt can apply in its epilogue.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum LtActivation {
-    /// The bias only.
+    /// None: the bias and residual only.
     None,
     /// max(x, 0).
     Relu,
-    /// cuBLASLt's GELU is the tanh approximation: only `GeluTanh` maps to it, never erf-GELU.
+    /// cuBLASLt's GELU is the tanh approximation: only `GeluTanh` maps to it, never erf-GELU
+    /// (half-type programs compute an erf-GELU after a GEMM in this form unless asked not to:
+    /// `passes::gelu_after_gemm_as_tanh`).
     GeluTanh,
 }
 
@@ -236,9 +263,10 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
     Ok(Step::Gemm { gemm: spec, epilogue })
 }
 
-/// The kernel's epilogue as cuBLASLt runs it, when it is exactly a bias vector over N (a
-/// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1), at most one residual (an
-/// `Add` of a stored value of the result's type, cuBLASLt's β·C) then at most one ReLU or
+/// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a
+/// uniform constant right after the GEMM (cuBLASLt's α), at most one bias vector over N (a
+/// MatMul's `Add` of a constant, or an ONNX Gemm's C with beta 1) and at most one residual
+/// (an `Add` of a stored value of the result's type, cuBLASLt's β·C), then at most one ReLU or
 /// tanh-GELU, on a GEMM that is not batched or whose operands are both batches (the bias
 /// shared by every product).
 fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
@@ -260,41 +288,71 @@ fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> O
         }
         _ => None,
     };
-    let (mut activation, mut residual) = (None, None);
-    for &id in &kernel.nodes[1..] {
+    let (mut activation, mut residual, mut scale) = (None, None, None);
+    for (position, &id) in kernel.nodes.iter().enumerate().skip(1) {
+        let other = || graph.inputs_of(id).into_iter().find(|i| !kernel.nodes.contains(i));
         match graph.node(id).op {
             Op::Reshape { .. } => {}
-            Op::Binary(BinaryOp::Add) if bias.is_none() && activation.is_none() => {
-                let inputs = graph.inputs_of(id);
-                bias = Some(*inputs.iter().find(|i| !kernel.nodes.contains(i))?);
+            // A uniform factor, right after the GEMM (before a bias it would scale too).
+            Op::Binary(BinaryOp::Mul) if position == 1 && bias.is_none() => {
+                scale = Some(uniform(plan, other()?)? as f32);
             }
-            // A residual: a stored value of the result's type, after the bias.
-            Op::Binary(BinaryOp::Add) if bias.is_some() && activation.is_none() && residual.is_none() => {
-                let inputs = graph.inputs_of(id);
-                let other = *inputs.iter().find(|i| !kernel.nodes.contains(i))?;
-                if graph.constant(other).is_some() || graph.node(other).ty != graph.node(id).ty {
-                    return None;
+            Op::Binary(BinaryOp::Add) if activation.is_none() => {
+                let other = other()?;
+                if graph.constant(other).is_some() {
+                    if bias.replace(other).is_some() {
+                        return None;
+                    }
+                } else {
+                    // A residual: a stored value of the result's type.
+                    if residual.is_some() || graph.node(other).ty != graph.node(id).ty {
+                        return None;
+                    }
+                    residual = Some(*plan.locations.get(&super::conv::source(plan, other)?)?);
                 }
-                residual = Some(*plan.locations.get(&super::conv::source(plan, other)?)?);
             }
-            Op::Unary(UnaryOp::Relu) if bias.is_some() && activation.is_none() => {
-                activation = Some(LtActivation::Relu)
+            Op::Unary(UnaryOp::Relu) if activation.is_none() => activation = Some(LtActivation::Relu),
+            Op::Unary(UnaryOp::GeluTanh) if activation.is_none() => activation = Some(LtActivation::GeluTanh),
+            _ => return None,
+        }
+    }
+    let bias = match bias {
+        Some(bias) => {
+            // A constant: its value is in the weights blob, its type on the node.
+            graph.constant(bias)?;
+            let ty = &graph.node(bias).ty;
+            if ty.len() != spec.n || ty.shape.last() != Some(&spec.n) || ty.dtype != spec.dtype {
+                return None;
             }
-            Op::Unary(UnaryOp::GeluTanh) if bias.is_some() && activation.is_none() => {
-                activation = Some(LtActivation::GeluTanh)
+            let location @ Location::Weights(_) = *plan.locations.get(&bias)? else { return None };
+            Some(location)
+        }
+        None if activation.is_none() && residual.is_none() && scale.is_none() => return None,
+        None => None,
+    };
+    Some(LtEpilogue {
+        bias,
+        activation: activation.unwrap_or(LtActivation::None),
+        residual,
+        scale_bits: scale.unwrap_or(1.0).to_bits(),
+    })
+}
+
+/// The one value of constant `id` (or a broadcast or reshape of one), if all its elements are
+/// alike.
+fn uniform(plan: &Plan, mut id: NodeId) -> Option<f64> {
+    while !plan.locations.contains_key(&id) {
+        match plan.graph.node(id).op {
+            Op::Expand { .. } | Op::Reshape { .. } | Op::Identity => {
+                id = *plan.graph.inputs_of(id).first()?
             }
             _ => return None,
         }
     }
-    let bias = bias?;
-    // A constant: its value is in the weights blob, its type on the node.
-    graph.constant(bias)?;
-    let ty = &graph.node(bias).ty;
-    if ty.len() != spec.n || ty.shape.last() != Some(&spec.n) || ty.dtype != spec.dtype {
-        return None;
+    match plan.constant_pattern(id)? {
+        crate::plan::Pattern::Uniform(value) => Some(value),
+        crate::plan::Pattern::Lower { .. } => None,
     }
-    let location @ Location::Weights(_) = *plan.locations.get(&bias)? else { return None };
-    Some(LtEpilogue { bias: location, activation: activation.unwrap_or(LtActivation::None), residual })
 }
 
 /// The GEMM's raw result sits in the output buffer; this kernel reads it there and writes

@@ -276,6 +276,12 @@ impl Builder<'_> {
                         }
                     }
                 }
+                // A uniform factor right after the product: cuBLASLt's α.
+                Op::Binary(crate::ir::BinaryOp::Mul) if epilogue.is_empty() => {
+                    let inputs = self.graph.inputs_of(u);
+                    let other = if inputs[0] == tail { inputs[1] } else { inputs[0] };
+                    uniform_constant(self.graph, other).then(|| "scale".to_string())
+                }
                 _ => None,
             };
             match step {
@@ -293,13 +299,13 @@ impl Builder<'_> {
         epilogue
     }
 
-    /// Whether `add` (of the GEMM's biased result and `other`) joins GEMM `gemm`'s kernel as a
-    /// residual, which cuBLASLt adds as `β·C`: right after the bias, a stored value of the
-    /// result's type computed before the GEMM, and not read by a row reduction (a LayerNorm
-    /// takes the sum in its prologue, at no extra pass).
+    /// Whether `add` (of the GEMM's result, scaled or biased, and `other`) joins GEMM `gemm`'s
+    /// kernel as a residual, which cuBLASLt adds as `β·C`: before any activation, a stored
+    /// value of the result's type computed before the GEMM, and not read by a row reduction
+    /// (a LayerNorm takes the sum in its prologue, at no extra pass).
     fn gemm_residual(&self, gemm: NodeId, add: NodeId, other: NodeId, epilogue: &[String], k: usize) -> bool {
         let graph = self.graph;
-        epilogue.last().map(String::as_str) == Some("bias")
+        epilogue.iter().all(|step| step == "bias" || step == "scale")
             && graph.node(other).ty == graph.node(add).ty
             && self.position.get(&other).is_some_and(|&p| p < self.position[&gemm])
             && graph.users_of(add).iter().all(|u| self.roles[u] != Role::Row)
@@ -755,4 +761,20 @@ fn kernel_order(b: &Builder<'_>, kernels: &[Kernel]) -> Vec<usize> {
     }
     debug_assert_eq!(order.len(), n, "the partition's kernels form a cycle");
     order
+}
+
+/// Whether `id` is a constant, or a broadcast or reshape of one, whose elements are all alike.
+fn uniform_constant(graph: &Graph, mut id: NodeId) -> bool {
+    loop {
+        match &graph.node(id).op {
+            Op::Expand { .. } | Op::Reshape { .. } => id = graph.inputs_of(id)[0],
+            Op::Constant(value) => {
+                let values = value.to_f64_vec();
+                return values
+                    .first()
+                    .is_some_and(|first| values.iter().all(|v| v.to_bits() == first.to_bits()));
+            }
+            _ => return false,
+        }
+    }
 }

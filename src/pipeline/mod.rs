@@ -83,6 +83,10 @@ pub struct CompileOptions {
     /// Concat(past, new)` output holds its `past` input in its own buffer, both in the
     /// storage type, so a step writes only the new positions.
     pub cache_in_place: bool,
+    /// An erf-GELU after a GEMM stays erf in half-type programs (by default it is computed in
+    /// its tanh form inside cuBLASLt's epilogue, `passes::gelu_after_gemm_as_tanh`): on with
+    /// `--exact-gelu` or `FUSEC_EXACT_GELU=1`.
+    pub exact_gelu: bool,
 }
 
 impl Default for CompileOptions {
@@ -96,6 +100,7 @@ impl Default for CompileOptions {
             attention: None,
             channels_last: std::env::var("FUSEC_CHANNELS_LAST").map_or(true, |v| v.trim() != "0"),
             cache_in_place: false,
+            exact_gelu: std::env::var("FUSEC_EXACT_GELU").is_ok_and(|v| v.trim() == "1"),
         }
     }
 }
@@ -355,6 +360,10 @@ pub(crate) fn lower_fused(
         passes::store_small_vectors(&mut graph)
             .map_err(|source| PassError { pass: "small-vectors", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "small-vectors", source })?;
+        if options.precision != DType::F32 && !options.exact_gelu {
+            passes::gelu_after_gemm_as_tanh(&mut graph)
+                .map_err(|source| PassError { pass: "gelu-tanh", source })?;
+        }
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;
     }

@@ -260,13 +260,17 @@ impl Lt {
                 }
             }
         }
-        let code = match g.lt_epilogue.map(|e| e.activation) {
-            None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-            Some(LtActivation::None) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            Some(LtActivation::Relu) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
-            Some(LtActivation::GeluTanh) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        use sys::cublasLtEpilogue_t as Code;
+        let activation = g.lt_epilogue.map_or(LtActivation::None, |e| e.activation);
+        let code = match (activation, bias.is_some()) {
+            (LtActivation::None, false) => Code::CUBLASLT_EPILOGUE_DEFAULT,
+            (LtActivation::None, true) => Code::CUBLASLT_EPILOGUE_BIAS,
+            (LtActivation::Relu, false) => Code::CUBLASLT_EPILOGUE_RELU,
+            (LtActivation::Relu, true) => Code::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (LtActivation::GeluTanh, false) => Code::CUBLASLT_EPILOGUE_GELU,
+            (LtActivation::GeluTanh, true) => Code::CUBLASLT_EPILOGUE_GELU_BIAS,
         };
-        if g.lt_epilogue.is_some() != bias.is_some() {
+        if g.lt_epilogue.and_then(|e| e.bias).is_some() != bias.is_some() {
             return None;
         }
         let (trans_a, trans_b) = (i32::from(g.b.transposed), i32::from(g.a.transposed));
@@ -454,7 +458,8 @@ impl Lt {
         stream: &CudaStream,
     ) -> Result<(), RuntimeError> {
         // A residual is cuBLASLt's C (β = 1), of D's layout; else C is D, unread.
-        let (alpha, beta) = (g.alpha, if residual.is_some() { 1.0f32 } else { 0.0 });
+        let scale = g.lt_epilogue.map_or(1.0, |e| e.scale());
+        let (alpha, beta) = (g.alpha * scale, if residual.is_some() { 1.0f32 } else { 0.0 });
         let input = residual.unwrap_or(c);
         // SAFETY: the descriptors were built for these shapes; the pointers are inside the
         // session's arena and weights at offsets the plan sized; the workspace is ours.
@@ -570,11 +575,16 @@ pub(super) fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
 
 /// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue.
 pub(super) fn gemm_key(g: &GemmSpec) -> String {
-    let epilogue = match g.lt_epilogue.map(|e| e.activation) {
-        None => "",
-        Some(LtActivation::None) => " +bias",
-        Some(LtActivation::Relu) => " +bias+relu",
-        Some(LtActivation::GeluTanh) => " +bias+gelutanh",
+    let bias = if g.lt_epilogue.is_some_and(|e| e.bias.is_some()) { " +bias" } else { "" };
+    let activation = match g.lt_epilogue.map(|e| e.activation) {
+        None | Some(LtActivation::None) => "",
+        Some(LtActivation::Relu) => "+relu",
+        Some(LtActivation::GeluTanh) => "+gelutanh",
+    };
+    let epilogue = match (bias, activation) {
+        ("", "") => String::new(),
+        ("", activation) => format!(" {activation}"),
+        (bias, activation) => format!("{bias}{activation}"),
     };
     let t = |transposed: bool| if transposed { "T" } else { "N" };
     format!("{}x{}x{} {} {}{}{epilogue}", g.m, g.n, g.k, g.dtype, t(g.a.transposed), t(g.b.transposed))

@@ -127,7 +127,8 @@ impl Loaded {
                 let library = if lt.is_some() && !on_cublas { "cuBLASLt" } else { "cuBLAS" };
                 match epilogue {
                     None if gemm.lt_epilogue.is_some() && lt.is_some() => {
-                        format!("cuBLASLt gemm+bias {shape}")
+                        let e = gemm.lt_epilogue.map(|e| e.describe()).unwrap_or_default();
+                        format!("cuBLASLt gemm {shape}{batch} +{e}")
                     }
                     Some(e) => format!("{library} gemm {shape}{batch} + {}", e.name),
                     None => format!("{library} gemm {shape}{batch}"),

@@ -175,7 +175,10 @@ impl Session {
                     Loaded::Kernel(launch.at(&top)?)
                 }
                 Step::Gemm { gemm, epilogue } => {
-                    let bias = gemm.lt_epilogue.map(|e| device_address(e.bias, arena_ptr, weights_ptr));
+                    let bias = gemm
+                        .lt_epilogue
+                        .and_then(|e| e.bias)
+                        .map(|b| device_address(b, arena_ptr, weights_ptr));
                     let plain = gemm.lt_epilogue.is_none();
                     let prepared = lt
                         .as_ref()

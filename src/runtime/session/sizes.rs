@@ -133,8 +133,9 @@ impl Session {
                                     .lt
                                     .as_ref()
                                     .ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
-                                let prepared =
-                                    lt.prepare_first(&gemm, Some(self.address(e.bias))).ok_or_else(|| {
+                                let prepared = lt
+                                    .prepare_first(&gemm, e.bias.map(|b| self.address(b)))
+                                    .ok_or_else(|| {
                                         RuntimeError::Driver(format!(
                                         "cuBLASLt has no algorithm for the {}x{}x{} GEMM with its epilogue",
                                         gemm.m, gemm.n, gemm.k

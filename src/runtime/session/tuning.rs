@@ -24,7 +24,7 @@ impl Session {
         let mut prepared = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
             if let Loaded::Gemm { gemm, .. } = step {
-                let bias = gemm.lt_epilogue.map(|e| self.address(e.bias));
+                let bias = gemm.lt_epilogue.and_then(|e| e.bias).map(|b| self.address(b));
                 prepared.push((i, lt.prepare(gemm, bias).map(Box::new)));
             }
         }
