@@ -671,6 +671,14 @@ fn a_patch_embedding_becomes_a_gemm() {
     let ours = ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
     let err = rel_l2(&ours[0].1, &theirs[0]);
     assert!(err <= TOLERANCE, "patches: rel-L2 {err:e}");
+    // In f16 the image's cast runs over the patches' layout: whole packs stored, the image's
+    // rows read in runs of four.
+    let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
+    let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
+    let cast = steps.iter().flat_map(fusec::codegen::Step::sources).next().expect("a kernel");
+    let packed = cast.source.contains("*reinterpret_cast<fusec::Pack<__half, 8>*>(out0");
+    assert!(packed && !cast.source.contains("out0[("), "{}", cast.source);
 }
 
 /// A ConvNeXt block whose layer scale is uniform (stored as a broadcast of one element, as

@@ -215,6 +215,9 @@ impl Body<'_> {
         dilations: [usize; 2],
         (group, channels_last): (usize, bool),
     ) -> Result<String, String> {
+        if let Some(tile) = self.shared_depthwise {
+            return self.shared_depthwise_value(id, strides, pads, dilations, tile);
+        }
         let graph = &self.plan.graph;
         let inputs = graph.inputs_of(id);
         let mut x: Vec<String> = self.dims(inputs[0]).iter().map(SymDim::c).collect();

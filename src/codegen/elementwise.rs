@@ -5,7 +5,7 @@
 use handlebars::Handlebars;
 use serde_json::json;
 
-use super::index::{delinearize, Coords, Dims};
+use super::index::{delinearize, trace_back, Coords, Dims};
 use super::kernel::{args, coords_decl, params, render, Body, GemmRaw, BLOCK, LANE, TILE_FIRST, TILE_OFFSET};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
@@ -44,9 +44,18 @@ pub fn elementwise(
         Op::Append { axis } => Some((last, axis, graph.inputs_of(last))),
         _ => None,
     };
-    let domain = append.as_ref().map_or(last, |(_, _, inputs)| inputs[1]);
+    // A pointwise kernel whose one output is stored through a transposing view runs over
+    // that view's layout (`stored_layout`).
+    let relayout =
+        if append.is_none() && gemm.is_none() { stored_layout(plan, kernel, last, &computed) } else { None };
+    let domain = relayout.or(append.as_ref().map(|(_, _, inputs)| inputs[1])).unwrap_or(last);
     let shape = plan.dims(domain);
     let count = graph.node(domain).ty.len();
+    if let Some(tile) = super::depthwise::tile(plan, kernel, &shape).filter(|_| gemm.is_none()) {
+        if let Some(source) = super::depthwise::generate(plan, kernel, name, hb, tile)? {
+            return Ok(source);
+        }
+    }
     let lanes = lane_count(plan, kernel, gemm.is_some(), &shape);
     let tile = if lanes > 1 && gemm.is_none() { depthwise_tile(plan, kernel, &shape) } else { None };
     let (coord_decls, mut coords) = match tile {
@@ -66,10 +75,22 @@ pub fn elementwise(
             body.begin_tile(columns);
         }
     }
+    // In a kernel over its stored layout, every node's element is the one the view's element
+    // traces back to.
+    let traced = match relayout {
+        Some(view) => Some(
+            trace_back(graph, &|n| plan.dims(n), view, coords.clone(), &|n| n == last)
+                .ok_or("a stored layout that does not trace back to its value")?
+                .1,
+        ),
+        None => None,
+    };
     // Nodes of another shape with as many elements (behind a reshape) share the linear index.
     let coords_of = |n: NodeId| {
         let s = plan.dims(n);
-        if let Some((_, axis, inputs)) = append.as_ref().filter(|(a, _, _)| *a == n) {
+        if let Some(traced) = &traced {
+            traced.clone()
+        } else if let Some((_, axis, inputs)) = append.as_ref().filter(|(a, _, _)| *a == n) {
             let mut at = coords.clone();
             at[*axis] = format!("({} + {})", at[*axis], plan.dims(inputs[0])[*axis].c());
             at
@@ -94,7 +115,10 @@ pub fn elementwise(
         body.compute(n, &at)?;
     }
     for &o in &kernel.outputs {
-        body.store(kernel, o, &coords_of(o))?;
+        match relayout {
+            Some(view) => body.store_in_layout(o, view, &coords)?,
+            None => body.store(kernel, o, &coords_of(o))?,
+        }
     }
     let prologue = body.prologue();
     let (before, after) = body.end_lanes();
@@ -203,4 +227,65 @@ fn tile_decls(shape: &Dims, columns: usize) -> Result<(Vec<String>, Coords), Str
         })
         .collect();
     Ok((decls, names))
+}
+
+/// The view a pointwise kernel stores its one output through, where the kernel is better run
+/// over that view's layout than over its own: the view transposes (its stores from the
+/// value's layout would be scattered elements, not packs), while its first four elements are
+/// four consecutive elements of the value (so the reads, gathered, still come in runs) — an
+/// image cast into the patches a GEMM reads. Static shapes, every node of the value's shape.
+fn stored_layout(plan: &Plan, kernel: &Kernel, last: NodeId, computed: &[NodeId]) -> Option<NodeId> {
+    let graph = &plan.graph;
+    if kernel.kind != KernelKind::Pointwise || kernel.outputs != [last] {
+        return None;
+    }
+    let &(_, view) = kernel.store_views.iter().find(|(v, _)| *v == last)?;
+    let sizes = |n: NodeId| plan.dims(n).iter().map(SymDim::value).collect::<Option<Vec<usize>>>();
+    let shape = sizes(last)?;
+    if sizes(view)?.last().is_none_or(|&w| w % 4 != 0)
+        || computed.iter().any(|&n| sizes(n).as_ref() != Some(&shape))
+    {
+        return None;
+    }
+    let lanes = 16 / graph.node(last).ty.dtype.size_bytes().clamp(1, 16);
+    if super::index::stores_pack_along(graph, &|n| plan.dims(n), last, view, lanes) {
+        return None;
+    }
+    let first = traced_index(plan, last, view, 0)?;
+    (1..4).all(|e| traced_index(plan, last, view, e) == Some(first + e)).then_some(view)
+}
+
+/// The linear index in `value` of element `e` of `view`, a chain of reshapes and transposes of
+/// it (static shapes).
+fn traced_index(plan: &Plan, value: NodeId, view: NodeId, e: usize) -> Option<usize> {
+    let graph = &plan.graph;
+    let sizes = |n: NodeId| plan.dims(n).iter().map(SymDim::value).collect::<Option<Vec<usize>>>();
+    let unravel = |mut at: usize, shape: &[usize]| {
+        let mut coords = vec![0; shape.len()];
+        for (c, &d) in coords.iter_mut().zip(shape).rev() {
+            (*c, at) = (at % d.max(1), at / d.max(1));
+        }
+        coords
+    };
+    let ravel =
+        |coords: &[usize], shape: &[usize]| coords.iter().zip(shape).fold(0, |acc, (&c, &d)| acc * d + c);
+    let (mut id, mut coords) = (view, unravel(e, &sizes(view)?));
+    while id != value {
+        let input = *graph.inputs_of(id).first()?;
+        coords = match &graph.node(id).op {
+            Op::Reshape { .. } | Op::Identity | Op::Dropout => {
+                unravel(ravel(&coords, &sizes(id)?), &sizes(input)?)
+            }
+            Op::Transpose { perm } => {
+                let mut inner = vec![0; perm.len()];
+                for (o, &p) in perm.iter().enumerate() {
+                    inner[p] = coords[o];
+                }
+                inner
+            }
+            _ => return None,
+        };
+        id = input;
+    }
+    Some(ravel(&coords, &sizes(value)?))
 }

@@ -7,6 +7,7 @@
 
 mod attention;
 mod conv;
+mod depthwise;
 mod elementwise;
 mod expr;
 mod gate;
@@ -37,6 +38,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("attention", include_str!("../../templates/attention.cu.hbs")),
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
     ("gate", include_str!("../../templates/gate.cu.hbs")),
+    ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

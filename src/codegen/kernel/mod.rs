@@ -53,6 +53,9 @@ pub struct Body<'a> {
     /// The constants [`Body::evaluate`] wrote as expressions: the coordinates read and the
     /// pattern that stood in for the read.
     pub patterns: Vec<(Coords, Pattern)>,
+    /// Set in a depthwise convolution's kernel that stages its input in shared memory
+    /// (`codegen::depthwise`).
+    pub(super) shared_depthwise: Option<super::depthwise::Tile>,
 }
 
 /// A pointer parameter of a kernel: `{qualifier}{ty}* name`, pointing at `location`.
@@ -79,6 +82,7 @@ impl<'a> Body<'a> {
             lanes: None,
             known: Vec::new(),
             patterns: Vec::new(),
+            shared_depthwise: None,
         }
     }
 
@@ -503,9 +507,37 @@ impl<'a> Body<'a> {
             .ok_or("store through a view that is not a reshape/transpose chain")?;
         let (shape, dtype) = (self.dims(id), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
-        let value = narrow(&format!("v{}", id.index()), dtype);
         let base = if target == id { self.lane_base(coords, &shape) } else { None };
         let base = base.map(|b| self.index_of(&b, &shape));
+        self.write(id, dtype, &pointer, base, &index)
+    }
+
+    /// Stores `id`'s element at `coords` of `view`, the layout it is stored in, in a kernel
+    /// that runs over that layout: its threads' lanes are consecutive there.
+    pub(super) fn store_in_layout(
+        &mut self,
+        id: NodeId,
+        view: NodeId,
+        coords: &Coords,
+    ) -> Result<(), String> {
+        let (shape, dtype) = (self.dims(view), self.plan.graph.node(id).ty.dtype);
+        let pointer = self.pointer(view, true)?;
+        let base = self.lane_base(coords, &shape).map(|b| self.index_of(&b, &shape));
+        let index = self.index_of(coords, &shape);
+        self.write(id, dtype, &pointer, base, &index)
+    }
+
+    /// Writes `id`'s value at `pointer[index]`; in a lane loop where `base` is the first lane's
+    /// index, as one pack after the loop.
+    fn write(
+        &mut self,
+        id: NodeId,
+        dtype: DType,
+        pointer: &str,
+        base: Option<String>,
+        index: &str,
+    ) -> Result<(), String> {
+        let value = narrow(&format!("v{}", id.index()), dtype);
         match (base, self.lanes.as_mut()) {
             (Some(base), Some(lanes)) => {
                 let (ty, n) = (c_type(dtype)?, lanes.count);
