@@ -74,6 +74,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Sum and maximum over each group of `N` lanes (a power of two under 32) of a warp; every
+// lane of the group gets its group's result.
+template <int N>
+__device__ __forceinline__ float lanes_sum(float v) {
+    for (int o = N / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <int N>
+__device__ __forceinline__ float lanes_max(float v) {
+    for (int o = N / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;

@@ -230,10 +230,11 @@ fn tile_decls(shape: &Dims, columns: usize) -> Result<(Vec<String>, Coords), Str
 }
 
 /// The view a pointwise kernel stores its one output through, where the kernel is better run
-/// over that view's layout than over its own: the view transposes (its stores from the
-/// value's layout would be scattered elements, not packs), while its first four elements are
-/// four consecutive elements of the value (so the reads, gathered, still come in runs) — an
-/// image cast into the patches a GEMM reads. Static shapes, every node of the value's shape.
+/// over that view's layout than over its own: the view transposes so that the value's lanes
+/// are not consecutive there (its stores would be scattered elements, not packs), while the
+/// view's first four elements are four consecutive elements of the value (so the reads,
+/// gathered, still come in runs) — an image cast into the 4×4 patches a GEMM reads. Static
+/// shapes, every node of the value's shape.
 fn stored_layout(plan: &Plan, kernel: &Kernel, last: NodeId, computed: &[NodeId]) -> Option<NodeId> {
     let graph = &plan.graph;
     if kernel.kind != KernelKind::Pointwise || kernel.outputs != [last] {

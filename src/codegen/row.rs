@@ -23,6 +23,8 @@ use crate::plan::Plan;
 const ROW_BLOCK: u32 = 256;
 /// Rows a warp-per-row kernel's block holds.
 const WARP_ROWS_PER_BLOCK: usize = 4;
+/// Fewest lanes a row of the cached kernel takes.
+const SUB_WARP_MIN: usize = 8;
 /// Most elements a thread of the cached kernel keeps in registers.
 const MAX_CACHED: usize = 32;
 
@@ -115,6 +117,9 @@ struct StatPass {
 enum Reduction {
     /// Across one warp (shuffles only).
     Warp,
+    /// Across this many lanes of a warp, a power of two under 32 (shuffles only): a narrow
+    /// row's threads, several rows to a warp.
+    Lanes(usize),
     /// Across the block, through 32 floats of `scratch`.
     Block,
 }
@@ -123,6 +128,7 @@ impl Reduction {
     fn sum(self, acc: &str) -> String {
         match self {
             Reduction::Warp => format!("fusec::warp_sum({acc})"),
+            Reduction::Lanes(n) => format!("fusec::lanes_sum<{n}>({acc})"),
             Reduction::Block => format!("fusec::block_sum({acc}, scratch)"),
         }
     }
@@ -130,6 +136,7 @@ impl Reduction {
     fn max(self, acc: &str) -> String {
         match self {
             Reduction::Warp => format!("fusec::warp_max({acc})"),
+            Reduction::Lanes(n) => format!("fusec::lanes_max<{n}>({acc})"),
             Reduction::Block => format!("fusec::block_max({acc}, scratch)"),
         }
     }
@@ -231,6 +238,20 @@ fn cached_layout(plan: &Plan, kernel: &Kernel, row: &Row) -> Option<Layout> {
     };
     let (threads, rows_per_block) =
         if row.width <= 1024 { (32, WARP_ROWS_PER_BLOCK) } else { (ROW_BLOCK as usize, 1) };
+    // A row of at most 16 accesses (ConvNeXt's 96 channels in packs of 8) takes the lanes it
+    // needs, several rows to a warp, where every warp's rows are all there (no lane returns
+    // before the shuffles).
+    let lanes = row.width.div_ceil(pack).next_power_of_two().max(SUB_WARP_MIN);
+    let rows_per_warp = 32 / lanes;
+    let (threads, rows_per_block) = if threads == 32
+        && lanes < 32
+        && !plan.scaled()
+        && row.rows % (WARP_ROWS_PER_BLOCK * rows_per_warp) == 0
+    {
+        (lanes, WARP_ROWS_PER_BLOCK * rows_per_warp)
+    } else {
+        (threads, rows_per_block)
+    };
     let packs = row.width.div_ceil(threads * pack);
     (packs * pack <= MAX_CACHED).then_some(Layout { threads, rows_per_block, pack, packs })
 }
@@ -283,7 +304,11 @@ fn cached(
     let load = std::mem::take(&mut body.statements);
     let (load_before, load_after) = body.end_lanes();
     // The statistics, from registers.
-    let reduce = if layout.threads == 32 { Reduction::Warp } else { Reduction::Block };
+    let reduce = match layout.threads {
+        32 => Reduction::Warp,
+        n if n < 32 => Reduction::Lanes(n),
+        _ => Reduction::Block,
+    };
     let (stats, y) = normalisation(&node.op, "x", &row.width_dims, reduce)
         .ok_or_else(|| format!("no cached row code for {}", node.op.kind()))?;
     let passes: Vec<serde_json::Value> =
@@ -310,7 +335,7 @@ fn cached(
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "block": threads,
-        "warp_rows": layout.threads == 32,
+        "warp_rows": layout.threads <= 32,
         "rows_per_block": layout.rows_per_block,
         "limit": super::limit(row.rows, plan.scaled()),
         "threads_per_row": layout.threads,

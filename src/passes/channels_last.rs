@@ -191,7 +191,15 @@ fn windows_as_matmul(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     // each window row S elements in a row of the source; of an NHWC value, `[R, S, C]`.
     let source = inputs[0];
     let nchw = match &graph.node(source).op {
-        Op::Transpose { perm } if perm[..] == TO_NHWC && [r, s] != [1, 1] => Some(graph.inputs_of(source)[0]),
+        Op::Transpose { perm } if perm[..] == TO_NHWC && [r, s] != [1, 1] => {
+            let inner = graph.inputs_of(source)[0];
+            match &graph.node(inner).op {
+                // NHWC put back into NCHW (ConvNeXt's LayerNorm2d before its downsampling):
+                // the two transposes cancel later, and the value is NHWC.
+                Op::Transpose { perm } if perm[..] == TO_NCHW => None,
+                _ => Some(inner),
+            }
+        }
         _ => None,
     };
     let filters = match nchw {

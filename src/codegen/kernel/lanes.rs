@@ -36,6 +36,27 @@ pub(in crate::codegen) const TILE_FIRST: &str = "q0";
 /// A column's offset in its tile, inside the loop over the tile's columns.
 pub(in crate::codegen) const TILE_OFFSET: &str = "tw";
 
+/// `expr` without parentheses around the whole of it (`((cj))` is `cj`).
+fn unwrapped(mut expr: &str) -> &str {
+    while let Some(inner) = expr.strip_prefix('(').and_then(|e| e.strip_suffix(')')) {
+        // Only where the first parenthesis closes at the end: not `(a) + (b)`.
+        let mut depth = 0i32;
+        let whole = inner.chars().all(|c| {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            depth >= 0
+        });
+        if !whole {
+            break;
+        }
+        expr = inner;
+    }
+    expr
+}
+
 /// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
 fn lane_invariant(expr: &str) -> bool {
     let bytes = expr.as_bytes();
@@ -150,7 +171,7 @@ impl Body<'_> {
     fn first_lane(&self, coords: &[String], shape: &Dims, invariant: bool) -> Option<Coords> {
         let lanes = self.lanes.as_ref()?;
         let (last, rest) = coords.split_last()?;
-        if last != LANE
+        if unwrapped(last) != LANE
             || shape.last() != Some(&lanes.width)
             || (invariant && !rest.iter().all(|c| lane_invariant(c)))
         {

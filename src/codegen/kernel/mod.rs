@@ -507,8 +507,18 @@ impl<'a> Body<'a> {
             .ok_or("store through a view that is not a reshape/transpose chain")?;
         let (shape, dtype) = (self.dims(id), graph.node(id).ty.dtype);
         let pointer = self.pointer(target, true)?;
-        let base = if target == id { self.lane_base(coords, &shape) } else { None };
-        let base = base.map(|b| self.index_of(&b, &shape));
+        // Packs where the lanes are consecutive in memory: in the value's own layout, or in a
+        // view's whose chain keeps the last axis last (a row order transposed, patches).
+        let packs_through = |count: usize| {
+            target != id && super::index::stores_pack_along(graph, &|n| self.plan.dims(n), id, target, count)
+        };
+        let base = match (self.lane_base(coords, &shape), self.lanes.as_ref().map(|l| l.count)) {
+            (Some(b), _) if target == id => Some(self.index_of(&b, &shape)),
+            (Some(b), Some(count)) if packs_through(count) => {
+                self.store_target(kernel, id, &b).map(|(_, at)| at)
+            }
+            _ => None,
+        };
         self.write(id, dtype, &pointer, base, &index)
     }
 
