@@ -3,7 +3,8 @@
 //! attention's `[seq, batch, E]`) and one reading rows so transposed; a ConvNeXt downsampling
 //! (LayerNorm2d, then a 2×2 convolution of stride 2 as a GEMM over patches) whose LayerNorm
 //! stores each pixel's channels together in the patches' rows; narrow rows (a LayerNorm over 96
-//! channels, a softmax over 64) several to a warp. f16 programs; the rewritten
+//! channels, a softmax over 64) several to a warp; a nearest 2× upsampling and a DepthToSpace
+//! read through by their consumers, no kernel of their own. f16 programs; the rewritten
 //! graph against tract on the CPU, every kernel through NVRTC where it is found, and the bundle
 //! against tract on a GPU.
 
@@ -12,7 +13,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::onnx::{float, int, ints, node, weight, write_model};
+use common::onnx::{float, floats, int, ints, node, string, weight, write_model};
 use fusec::codegen::{KernelSource, Step};
 use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType, Tensor};
@@ -198,5 +199,46 @@ fn narrow_rows_share_a_warp() {
     let inputs = common::random_inputs(&model, 5);
     let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    on_the_gpu(&path, &theirs, &inputs);
+}
+
+/// A nearest 2× upsampling (half-pixel, as PyTorch exports `Upsample(scale_factor=2)`), ReLU,
+/// DepthToSpace of blocks of 2, sigmoid; batch 2, 16 channels at 5×7.
+fn upsampling(dir: &Path) -> std::path::PathBuf {
+    let nodes = vec![
+        node(
+            "Resize",
+            &["x", "", "scales"],
+            "r",
+            vec![string("mode", "nearest"), string("coordinate_transformation_mode", "half_pixel")],
+        ),
+        node("Relu", &["r"], "a", vec![]),
+        node("DepthToSpace", &["a"], "d", vec![int("blocksize", 2)]),
+        node("Sigmoid", &["d"], "out", vec![]),
+    ];
+    let init = vec![floats("scales", &[1.0, 1.0, 2.0, 2.0])];
+    write_model(dir, "upsampling", &[2, 16, 5, 7], nodes, init)
+}
+
+#[test]
+fn an_upsampling_is_read_through_by_its_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = upsampling(dir.path());
+    let options = CompileOptions { precision: DType::F16, ..Default::default() };
+    let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    // The upsampling and the ReLU in one kernel (a Gather per axis before), the DepthToSpace
+    // and the sigmoid in the next.
+    let kinds: Vec<String> = plan.kernels.iter().map(|k| k.kind.name()).collect();
+    assert!(!kinds.iter().any(|k| k == "gather" || k == "copy"), "{kinds:?}");
+    assert_eq!(kinds.len(), 3, "the input's cast, two pointwise kernels: {kinds:?}");
+    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, 6);
+    let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
+    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let ours = ir::evaluate(&model.graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= 1e-6, "imported graph: rel-L2 {err:e}");
+    kernels(&path);
     on_the_gpu(&path, &theirs, &inputs);
 }

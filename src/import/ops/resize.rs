@@ -1,9 +1,10 @@
 //! `Resize` and `Upsample` as index maps: along each resized axis, every output position reads
 //! one input position (`nearest`), or a weighted sum of two (`linear`) or four (`cubic`), with
 //! the positions and weights computed here, at import, from the sizes, the scales and the
-//! coordinate transformation mode. Each axis becomes `Gather`s of constant indices (views the
-//! consumers read through) and, for the interpolating modes, products with constant weights
-//! and a sum, which fusion puts in one kernel with the neighbours. N-linear and N-cubic
+//! coordinate transformation mode. Each axis becomes `Gather`s of constant indices and, for the
+//! interpolating modes, products with constant weights and a sum, which fusion puts in one
+//! kernel with the neighbours; a nearest upsampling by a whole factor becomes views (a new
+//! axis broadcast and merged) that the consumers read through. N-linear and N-cubic
 //! interpolation are separable: one axis after the other gives the same values.
 
 use ndarray::{ArrayD, IxDyn};
@@ -244,6 +245,24 @@ fn resample(
 ) -> Result<NodeId, ImportError> {
     let out = taps.len();
     let count = taps[0].0.len();
+    // Nearest by a whole factor `s` (each input position read by `s` outputs in a row: the 2×
+    // and 4× upsampling of detectors and segmenters): views — a new axis of one after `axis`,
+    // broadcast to `s`, merged into it — that the consumers read through; no kernel.
+    let n = shape[axis];
+    if count == 1 && n > 0 && out > n && out % n == 0 {
+        let s = out / n;
+        if taps.iter().enumerate().all(|(i, (at, _))| at[0] == i / s) {
+            let mut split = shape.to_vec();
+            split.insert(axis + 1, 1);
+            let mut wide = split.clone();
+            wide[axis + 1] = s;
+            let mut merged = shape.to_vec();
+            merged[axis] = out;
+            let column = ctx.add(Op::Reshape { shape: split }, &[x])?;
+            let repeated = ctx.add(Op::Expand { shape: wide }, &[column])?;
+            return ctx.add(Op::Reshape { shape: merged }, &[repeated]);
+        }
+    }
     // The weights broadcast along the axis: [out, 1, …] over the axes after it.
     let mut weight_shape = vec![out];
     weight_shape.extend(std::iter::repeat_n(1, shape.len() - axis - 1));
