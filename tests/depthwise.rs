@@ -13,67 +13,41 @@ use std::path::Path;
 use common::onnx::{int, ints, node, weight, write_model};
 use fusec::codegen::Step;
 use fusec::import::{import, run_tract, ImportOptions};
-use fusec::ir::{rel_l2, DType};
-use fusec::pipeline::{plan_reporting, CompileOptions};
+use fusec::ir::DType;
+use fusec::pipeline::CompileOptions;
 
 const HALF_TOLERANCE: f64 = 1e-2;
 
+/// A depthwise convolution: `channels` at `size`, a square window, the same pad on every side,
+/// the same stride and dilation along both axes.
 struct Case {
     name: &'static str,
     channels: i64,
     size: [i64; 2],
     window: i64,
-    pads: [i64; 4],
-    strides: [i64; 2],
-    dilations: [i64; 2],
+    pad: i64,
+    stride: i64,
+    dilation: i64,
+}
+
+const fn case(
+    name: &'static str,
+    channels: i64,
+    size: [i64; 2],
+    window: i64,
+    pad: i64,
+    stride: i64,
+    dilation: i64,
+) -> Case {
+    Case { name, channels, size, window, pad, stride, dilation }
 }
 
 const CASES: [Case; 5] = [
-    Case {
-        name: "dw7",
-        channels: 96,
-        size: [13, 11],
-        window: 7,
-        pads: [3, 3, 3, 3],
-        strides: [1, 1],
-        dilations: [1, 1],
-    },
-    Case {
-        name: "dw5s2",
-        channels: 64,
-        size: [17, 15],
-        window: 5,
-        pads: [2, 2, 2, 2],
-        strides: [2, 2],
-        dilations: [1, 1],
-    },
-    Case {
-        name: "dw5d2",
-        channels: 160,
-        size: [9, 12],
-        window: 5,
-        pads: [4, 4, 4, 4],
-        strides: [1, 1],
-        dilations: [2, 2],
-    },
-    Case {
-        name: "dw5c48",
-        channels: 48,
-        size: [10, 9],
-        window: 5,
-        pads: [2, 2, 2, 2],
-        strides: [1, 1],
-        dilations: [1, 1],
-    },
-    Case {
-        name: "dw3",
-        channels: 32,
-        size: [10, 9],
-        window: 3,
-        pads: [1, 1, 1, 1],
-        strides: [1, 1],
-        dilations: [1, 1],
-    },
+    case("dw7", 96, [13, 11], 7, 3, 1, 1),
+    case("dw5s2", 64, [17, 15], 5, 2, 2, 1),
+    case("dw5d2", 160, [9, 12], 5, 4, 1, 2),
+    case("dw5c48", 48, [10, 9], 5, 2, 1, 1),
+    case("dw3", 32, [10, 9], 3, 1, 1, 1),
 ];
 
 /// A depthwise convolution with a bias, then SiLU (`x · sigmoid(x)`); batch 3.
@@ -86,9 +60,9 @@ fn model(dir: &Path, case: &Case) -> std::path::PathBuf {
             "conv",
             vec![
                 ints("kernel_shape", &[case.window, case.window]),
-                ints("pads", &case.pads),
-                ints("strides", &case.strides),
-                ints("dilations", &case.dilations),
+                ints("pads", &[case.pad; 4]),
+                ints("strides", &[case.stride; 2]),
+                ints("dilations", &[case.dilation; 2]),
                 int("group", c),
             ],
         ),
@@ -104,14 +78,9 @@ fn model(dir: &Path, case: &Case) -> std::path::PathBuf {
 fn large_depthwise_windows_stage_their_tiles_in_shared_memory() {
     let dir = tempfile::tempdir().unwrap();
     let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
-    let gpu = fusec::runtime::driver_available();
-    if !gpu {
-        println!("skipping the GPU runs: no CUDA driver on this machine");
-    }
     for case in &CASES {
         let path = model(dir.path(), case);
-        let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
-        let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
+        let steps = common::compiled_steps(&path, &options);
         let convs: Vec<_> = steps
             .iter()
             .filter_map(|s| match s {
@@ -127,26 +96,10 @@ fn large_depthwise_windows_stage_their_tiles_in_shared_memory() {
             // The SiLU is the tile kernel's epilogue: no kernel reads the convolution back.
             assert!(source.contains("fusec::sigmoid(v"), "{}:\n{source}", case.name);
         }
-        if fusec::nvrtc::available() {
-            for source in steps.iter().flat_map(Step::sources) {
-                fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            }
-        } else {
-            eprintln!("skipping NVRTC compilation: NVRTC not found");
-        }
-        if !gpu {
-            continue;
-        }
         let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
         let inputs = common::random_inputs(&model, 9);
         let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
         let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
-        let bundle = fusec::compile(&path, &CompileOptions { arch: Some("sm_90".into()), ..options.clone() })
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
-        let ours = session.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
-        let err = rel_l2(&ours[0].1, &theirs[0]);
-        println!("{}: rel-L2 {err:e} against tract", case.name);
-        assert!(err <= HALF_TOLERANCE, "{} on the GPU: rel-L2 {err:e}", case.name);
+        common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
     }
 }

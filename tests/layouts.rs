@@ -72,20 +72,14 @@ fn downsampling(dir: &Path) -> std::path::PathBuf {
     write_model(dir, "downsampling", &[2, 32, 10, 6], nodes, init)
 }
 
-/// The f16 program's generated kernels (each through NVRTC where it is found).
+/// The f16 channels-last program's generated kernels (each through NVRTC where it is found).
 fn kernels(path: &Path) -> Vec<KernelSource> {
-    let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
-    let (plan, _) = plan_reporting(path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
-    let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
-    let sources: Vec<KernelSource> = steps.iter().flat_map(Step::sources).cloned().collect();
-    if fusec::nvrtc::available() {
-        for source in &sources {
-            fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));
-        }
-    } else {
-        eprintln!("skipping NVRTC compilation: NVRTC not found");
-    }
-    sources
+    let steps = common::compiled_steps(path, &half());
+    steps.iter().flat_map(Step::sources).cloned().collect()
+}
+
+fn half() -> CompileOptions {
+    CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() }
 }
 
 /// Element-at-a-time accesses of a kernel's buffers (`in3[`, `out0[`): none where every
@@ -105,19 +99,9 @@ fn scalar_accesses(source: &str) -> Vec<String> {
     found
 }
 
-/// The program on the GPU against tract, where a driver is found.
+/// The f16 program on the GPU against tract, where a driver is found.
 fn on_the_gpu(path: &Path, theirs: &[Tensor], inputs: &[(String, Tensor)]) {
-    if !fusec::runtime::driver_available() {
-        println!("skipped the GPU run: no CUDA driver on this machine");
-        return;
-    }
-    let options = CompileOptions { precision: DType::F16, arch: Some("sm_90".into()), ..Default::default() };
-    let bundle = fusec::compile(path, &options).unwrap_or_else(|e| panic!("{e}"));
-    let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
-    let ours = session.run(inputs).unwrap_or_else(|e| panic!("{e}"));
-    let err = rel_l2(&ours[0].1, &theirs[0]);
-    println!("{}: rel-L2 {err:e} against tract on the GPU", path.display());
-    assert!(err <= HALF_TOLERANCE, "on the GPU: rel-L2 {err:e}");
+    common::gpu_matches_tract(path, &half(), inputs, theirs, HALF_TOLERANCE);
 }
 
 #[test]
@@ -224,8 +208,7 @@ fn upsampling(dir: &Path) -> std::path::PathBuf {
 fn an_upsampling_is_read_through_by_its_consumer() {
     let dir = tempfile::tempdir().unwrap();
     let path = upsampling(dir.path());
-    let options = CompileOptions { precision: DType::F16, ..Default::default() };
-    let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let (plan, _) = plan_reporting(&path, &half(), &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
     // The upsampling and the ReLU in one kernel (a Gather per axis before), the DepthToSpace
     // and the sigmoid in the next.
     let kinds: Vec<String> = plan.kernels.iter().map(|k| k.kind.name()).collect();

@@ -62,15 +62,7 @@ fn block(dir: &Path) -> std::path::PathBuf {
 fn lt_epilogues(path: &Path, options: &CompileOptions) -> (Vec<String>, Vec<Option<LtEpilogue>>) {
     let (plan, _) = plan_reporting(path, options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
     let kinds: Vec<String> = plan.kernels.iter().map(|k| k.kind.name()).collect();
-    let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
-    if fusec::nvrtc::available() {
-        for source in steps.iter().flat_map(Step::sources) {
-            fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));
-        }
-    } else {
-        eprintln!("skipping NVRTC compilation: NVRTC not found");
-    }
-    let lts = steps
+    let lts = common::compiled_steps(path, options)
         .iter()
         .filter_map(|s| match s {
             Step::Gemm { gemm, .. } => Some(gemm.lt_epilogue),
@@ -125,16 +117,7 @@ fn a_convnext_mlp_runs_its_epilogues_in_cublaslt() {
     assert!(err <= HALF_TOLERANCE, "f16 program with tanh-GELU: rel-L2 {err:e}");
 
     // On a GPU: the bundle, cuBLASLt's epilogues included, against tract.
-    if !fusec::runtime::driver_available() {
-        println!("skipped the GPU run: no CUDA driver on this machine");
-        return;
-    }
-    let bundle = fusec::compile(&path, &CompileOptions { arch: Some("sm_90".into()), ..options })
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
-    let ours = session.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
-    let err = rel_l2(&ours[0].1, &theirs[0]);
-    assert!(err <= HALF_TOLERANCE, "on the GPU: rel-L2 {err:e}");
+    common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
 }
 
 /// Only an erf-GELU reading a GEMM's result (behind its bias) alone is rewritten: not one of

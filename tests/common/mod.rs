@@ -113,6 +113,45 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
         .collect()
 }
 
+/// The program `fusec compile` makes of `path` with `options`, as steps, each generated kernel
+/// compiled with NVRTC for sm_90 where NVRTC is found (a reason printed where not).
+pub fn compiled_steps(path: &Path, options: &fusec::pipeline::CompileOptions) -> Vec<fusec::codegen::Step> {
+    let (plan, _) =
+        fusec::pipeline::plan_reporting(path, options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
+    if fusec::nvrtc::available() {
+        for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
+            fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{}: {e}", source.name));
+        }
+    } else {
+        eprintln!("skipping NVRTC compilation: NVRTC not found");
+    }
+    steps
+}
+
+/// The bundle of `path` (compiled with `options` for sm_90) run on the GPU on `inputs`, its
+/// first output against `theirs` (tract's) within `tolerance` rel-L2; a printed reason and
+/// nothing else where no CUDA driver is found.
+pub fn gpu_matches_tract(
+    path: &Path,
+    options: &fusec::pipeline::CompileOptions,
+    inputs: &[(String, Tensor)],
+    theirs: &[Tensor],
+    tolerance: f64,
+) {
+    if !fusec::runtime::driver_available() {
+        println!("skipped the GPU run of {}: no CUDA driver on this machine", path.display());
+        return;
+    }
+    let options = fusec::pipeline::CompileOptions { arch: Some("sm_90".into()), ..options.clone() };
+    let bundle = fusec::compile(path, &options).unwrap_or_else(|e| panic!("{e}"));
+    let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
+    let ours = session.run(inputs).unwrap_or_else(|e| panic!("{e}"));
+    let err = fusec::ir::rel_l2(&ours[0].1, &theirs[0]);
+    println!("{}: rel-L2 {err:e} against tract on the GPU", path.display());
+    assert!(err <= tolerance, "{} on the GPU: rel-L2 {err:e}", path.display());
+}
+
 /// ptxas: `$FUSEC_PTXAS`, the wheel that `.ci/run` installs under `.nvrtc/`, or `PATH`.
 pub fn ptxas() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FUSEC_PTXAS") {
