@@ -77,6 +77,7 @@ def compile(
     precision: str = "fp32",
     fuse: bool = True,
     arch: str = "sm_90",
+    exact_gelu: bool = False,
 ) -> Bundle:
     """Compiles the ONNX file `model` into a `Bundle` (written to `output` too when given).
 
@@ -86,6 +87,9 @@ def compile(
     precision: storage type of weights and activations: "fp32", "fp16" or "bf16" (inputs and
         outputs stay as the model declares them; reductions accumulate in f32).
     fuse: False compiles one kernel per ONNX node (the unfused baseline).
+    exact_gelu: in fp16/bf16 builds an erf-GELU right after a GEMM is computed in its tanh form
+        inside cuBLASLt's epilogue (at most 4.7e-4 apart); True keeps erf, as an epilogue
+        kernel of its own (also `FUSEC_EXACT_GELU=1`).
     arch: the GPU architecture PTX is compiled for when NVRTC is available (else the bundle
         keeps CUDA sources and the session compiles them at load).
 
@@ -106,6 +110,7 @@ def compile(
         fuse=fuse,
         arch=arch,
         progress=progress,
+        exact_gelu=exact_gelu,
     )
     if output is not None:
         bundle.save(os.fspath(output))

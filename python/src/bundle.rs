@@ -164,7 +164,7 @@ fn dim_spec(symbol: &str, value: &Bound<'_, PyAny>) -> PyResult<DimSpec> {
 // The arguments are the Python function's keywords.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (model, dims=None, inputs=None, precision="fp32", fuse=true, arch="sm_90", progress=None))]
+#[pyo3(signature = (model, dims=None, inputs=None, precision="fp32", fuse=true, arch="sm_90", progress=None, exact_gelu=false))]
 pub fn compile(
     py: Python<'_>,
     model: PathBuf,
@@ -174,6 +174,7 @@ pub fn compile(
     fuse: bool,
     arch: &str,
     progress: Option<Py<PyAny>>,
+    exact_gelu: bool,
 ) -> PyResult<PyBundle> {
     let mut dim_specs = Vec::new();
     for (symbol, value) in dims.into_iter().flat_map(|d| d.iter()) {
@@ -199,6 +200,7 @@ pub fn compile(
         no_fuse: !fuse,
         arch: Some(arch.to_string()),
         precision,
+        exact_gelu: exact_gelu || CompileOptions::default().exact_gelu,
         ..Default::default()
     };
     let bundle = py.detach(|| {

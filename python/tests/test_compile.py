@@ -41,6 +41,16 @@ def test_a_range_bundle_names_its_dims():
     assert "batch=1..4" in repr(bundle)
 
 
+def test_exact_gelu_keeps_erf_in_an_epilogue_kernel():
+    # The tiny BERT's two erf-GELUs after their GEMMs: cuBLASLt's tanh form by default in fp16
+    # (one launch a GEMM), an epilogue kernel each with exact_gelu.
+    dims = {"batch": 2, "seq": 16}
+    tanh = fusec.compile(MODELS / "bert_ts.onnx", dims=dims, precision="fp16")
+    exact = fusec.compile(MODELS / "bert_ts.onnx", dims=dims, precision="fp16", exact_gelu=True)
+    assert exact.info["kernels"] == tanh.info["kernels"]
+    assert exact.info["launches"] == tanh.info["launches"] + 2
+
+
 def test_bundles_round_trip_through_files_and_bytes(tmp_path):
     path = tmp_path / "gpt2.bundle"
     bundle = fusec.compile(MODELS / "gpt2_ts.onnx", path, dims={"batch": 1, "seq": 7})
