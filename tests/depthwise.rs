@@ -2,8 +2,8 @@
 //! the shared-memory tile kernel (`codegen::depthwise`) at awkward sizes — odd heights and
 //! widths, stride 2, dilation 2, 32 to 160 channels — with a bias and SiLU in their epilogue;
 //! a 3×3 and a 5×5 over 48 channels keep the generated loop.
-//! (Asymmetric pads keep a convolution NCHW: `passes::channels_last` gives cuDNN only
-//! symmetric ones.) Every kernel compiles with NVRTC where it is found; on a GPU each
+//! Asymmetric pads (TensorFlow's SAME padding at stride 2) keep a depthwise convolution
+//! channels-last (cuDNN, which takes only symmetric ones, never runs it). Every kernel compiles with NVRTC where it is found; on a GPU each
 //! model runs against tract.
 
 mod common;
@@ -102,4 +102,64 @@ fn large_depthwise_windows_stage_their_tiles_in_shared_memory() {
         let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
         common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
     }
+}
+
+/// A TensorFlow-style block: a depthwise 5×5 of stride 2 padded 1 before and 2 after (SAME on
+/// an even size) over 64 channels, ReLU, a depthwise 3×3 of stride 2 padded 0 before and 1
+/// after over the same; batch 2 at 18×14.
+fn same_padded(dir: &Path) -> std::path::PathBuf {
+    let depthwise = |x: &str, w: &str, y: &str, window: i64, pads: [i64; 4]| {
+        node(
+            "Conv",
+            &[x, w],
+            y,
+            vec![
+                ints("kernel_shape", &[window, window]),
+                ints("pads", &pads),
+                ints("strides", &[2, 2]),
+                int("group", 64),
+            ],
+        )
+    };
+    let nodes = vec![
+        depthwise("x", "w5", "a", 5, [1, 1, 2, 2]),
+        node("Relu", &["a"], "r", vec![]),
+        depthwise("r", "w3", "y", 3, [0, 0, 1, 1]),
+    ];
+    let init = vec![weight("w5", &[64, 1, 5, 5], 93, -0.3, 0.6), weight("w3", &[64, 1, 3, 3], 94, -0.3, 0.6)];
+    write_model(dir, "same_padded", &[2, 64, 18, 14], nodes, init)
+}
+
+#[test]
+fn asymmetric_pads_keep_depthwise_convolutions_channels_last() {
+    use fusec::passes::{run_passes, standard, ChannelsLast, Pass};
+    let dir = tempfile::tempdir().unwrap();
+    let path = same_padded(dir.path());
+    let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
+    let steps = common::compiled_steps(&path, &options);
+    let convs: Vec<&str> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Launch(k) if k.source.contains(": conv\n") => Some(k.source.as_str()),
+            _ => None,
+        })
+        .collect();
+    // The 5×5 as the shared-memory tile kernel, the 3×3 as the NHWC loop over channel packs.
+    assert_eq!(convs.len(), 2);
+    assert!(convs[0].contains("float dw_in"), "{}", convs[0]);
+    assert!(convs[1].contains("float dw") && !convs[1].contains("dw_in"), "{}", convs[1]);
+
+    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, 7);
+    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let feeds: std::collections::HashMap<_, _> = inputs.iter().cloned().collect();
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let mut graph = model.graph.clone();
+    run_passes(&mut graph, &standard()).unwrap();
+    assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
+    fusec::ir::verify(&graph).unwrap();
+    let ours = fusec::ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
+    let err = fusec::ir::rel_l2(&ours[0].1, &theirs[0]);
+    assert!(err <= 1e-5, "channels-last graph: rel-L2 {err:e}");
+    common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
 }

@@ -83,7 +83,8 @@ fn release_if_unread(graph: &mut Graph, id: NodeId) {
     }
 }
 
-/// Rewrites convolution `id` as `T(conv_nhwc(T(x), W in KRSC))`, if it is one cuDNN takes.
+/// Rewrites convolution `id` as `T(conv_nhwc(T(x), W in KRSC))`, if it is one cuDNN takes or a
+/// depthwise one the generated kernels run.
 fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let node = graph.node(id).clone();
     let Op::Conv { strides, pads, dilations, group, channels_last: false } = node.op else {
@@ -92,7 +93,11 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let inputs = graph.inputs_of(id);
     let symmetric = pads[0] == pads[2] && pads[1] == pads[3];
     let Some(filters) = graph.constant(inputs[1]).cloned() else { return Ok(false) };
-    if !symmetric || node.ty.rank() != 4 {
+    // Asymmetric padding (TensorFlow exports' SAME padding of stride-2 layers) only where the
+    // convolution is depthwise and runs as a generated kernel: cuDNN takes symmetric padding.
+    let depthwise = group > 1 && filters.shape().get(1) == Some(&1);
+    let generated = depthwise && std::env::var("FUSEC_DEPTHWISE").map_or(true, |v| v.trim() != "cudnn");
+    if !(symmetric || generated) || node.ty.rank() != 4 {
         return Ok(false);
     }
     let mut krsc = ops::evaluate(&Op::Transpose { perm: TO_NHWC.to_vec() }, &[&filters])
