@@ -163,3 +163,56 @@ fn asymmetric_pads_keep_depthwise_convolutions_channels_last() {
     assert!(err <= 1e-5, "channels-last graph: rel-L2 {err:e}");
     common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
 }
+
+/// In a program for ranges of sizes every kernel is launched scaled to the point it runs at: a
+/// depthwise convolution whose shapes do not follow the range (a second input carries the
+/// range) keeps the loop, never the tile kernel planned for one size.
+#[test]
+fn a_program_for_ranges_keeps_the_loop() {
+    use prost::Message;
+    use tract_onnx::pb::{tensor_shape_proto::dimension::Value, ModelProto, ValueInfoProto};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![
+        node("Conv", &["x", "w"], "a", vec![ints("pads", &[3, 3, 3, 3]), int("group", 64)]),
+        node("Relu", &["t"], "b", vec![]),
+    ];
+    let path = write_model(
+        dir.path(),
+        "two",
+        &[2, 64, 9, 9],
+        nodes,
+        vec![weight("w", &[64, 1, 7, 7], 95, -0.3, 0.6)],
+    );
+    // A second input `t` of [batch, 8], and both results as outputs.
+    let mut model = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
+    let graph = model.graph.as_mut().unwrap();
+    let mut t = common::onnx::value_info("t", &[1, 8]);
+    let shape = t.r#type.as_mut().and_then(|ty| match ty.value.as_mut() {
+        Some(tract_onnx::pb::type_proto::Value::TensorType(tensor)) => tensor.shape.as_mut(),
+        _ => None,
+    });
+    shape.unwrap().dim[0].value = Some(Value::DimParam("batch".into()));
+    graph.input.push(t);
+    graph.output =
+        ["a", "b"].iter().map(|&n| ValueInfoProto { name: n.into(), ..Default::default() }).collect();
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+
+    let dims = vec!["batch=1..4".parse().unwrap()];
+    let options = CompileOptions {
+        precision: DType::F16,
+        import: fusec::import::ImportOptions::new(vec![], dims),
+        ..Default::default()
+    };
+    let plan = fusec::pipeline::plan_range(&path, &options).unwrap_or_else(|e| panic!("{e}"));
+    let steps = fusec::codegen::generate(&plan).unwrap_or_else(|e| panic!("{e}"));
+    let launches: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Launch(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    let conv = launches.iter().find(|k| k.source.contains(": conv\n")).expect("a convolution kernel");
+    assert!(!conv.source.contains("dw_in"), "{}", conv.source);
+    assert!(launches.iter().all(|k| k.scale.is_some()), "every launch follows the range");
+}

@@ -50,10 +50,12 @@ fn tiles_allowed() -> bool {
 }
 
 /// The tile of a kernel that is a depthwise convolution in NHWC (one filter per channel) with
-/// at least [`MIN_TAPS`] taps, a multiple of 32 channels, static shapes, and every node of the
-/// output's shape; `None` for any other kernel.
+/// at least [`MIN_TAPS`] taps, a multiple of 32 channels, static shapes (in a program for one
+/// size), and every node of the output's shape; `None` for any other kernel.
 pub(super) fn tile(plan: &Plan, kernel: &Kernel, shape: &Dims) -> Option<Tile> {
-    if !tiles_allowed() {
+    // A program for ranges of sizes launches every kernel scaled to the point it runs at; the
+    // tile kernel's grid is for one size.
+    if !tiles_allowed() || plan.scaled() {
         return None;
     }
     let graph = &plan.graph;
@@ -145,7 +147,7 @@ pub(super) fn generate(
         "headers": body.headers.iter().collect::<Vec<_>>(),
         "about": kernel.kind.name(),
         "threads": tile.threads(),
-        "params": super::with_limit(plan, params(&body), false),
+        "params": params(&body),
         "prologue": prologue,
         "columns": tile.columns,
         "width": dims[2],
