@@ -71,6 +71,7 @@ pub(super) fn tile(plan: &Plan, kernel: &Kernel, shape: &Dims) -> Option<Tile> {
     if kernel.kind != KernelKind::Conv
         || !graph.is_depthwise_conv(conv)
         || dims.len() != 4
+        || dims.contains(&0)
         || w.len() != 4
         || w[0] != dims[3]
         || w[3] != 1
