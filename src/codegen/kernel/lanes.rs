@@ -213,3 +213,18 @@ impl Body<'_> {
         Ok(load(&format!("{pack}.v[j]"), dtype))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::unwrapped;
+
+    #[test]
+    fn only_parentheses_around_the_whole_are_taken_off() {
+        assert_eq!(unwrapped("(cj)"), "cj");
+        assert_eq!(unwrapped("((cj))"), "cj");
+        assert_eq!(unwrapped("cj"), "cj");
+        assert_eq!(unwrapped("(cj) + (c2)"), "(cj) + (c2)");
+        assert_eq!(unwrapped("((cj) % 4)"), "(cj) % 4");
+        assert_eq!(unwrapped("()"), "");
+    }
+}
