@@ -12,6 +12,7 @@ use super::kernel::{Body, GemmRaw, LANE, TILE_FIRST, TILE_OFFSET};
 use super::Step;
 use crate::fusion::Kernel;
 use crate::ir::{BinaryOp, DType, NodeId, Op, SymDim, UnaryOp};
+use crate::passes::Depthwise;
 use crate::plan::{Location, Plan};
 
 /// One cuDNN convolution forward, NCHW or NHWC, `y = conv(x, w)` (no bias: the epilogue adds
@@ -82,7 +83,7 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     };
     let dtype = graph.node(conv).ty.dtype;
     let symmetric = pads[0] == pads[2] && pads[1] == pads[3];
-    if graph.is_depthwise_conv(conv) && !depthwise_on_cudnn() {
+    if graph.is_depthwise_conv(conv) && Depthwise::from_env() != Depthwise::Cudnn {
         return None;
     }
     let static_shapes = [inputs[0], conv].iter().all(|&id| plan.dims(id).iter().all(|d| d.is_static()));
@@ -139,13 +140,6 @@ fn fusion(plan: &Plan, kernel: &Kernel) -> Option<ConvFusion> {
 /// The four axes of an NHWC (or KRSC) value in NCHW (KCRS) order.
 pub(super) fn nchw_order<T: Clone>(v: &[T]) -> Vec<T> {
     vec![v[0].clone(), v[3].clone(), v[1].clone(), v[2].clone()]
-}
-
-/// Whether depthwise convolutions (one group per channel) go to cuDNN (`FUSEC_DEPTHWISE=cudnn`)
-/// rather than the generated loop kernel with their epilogue fused, the default: it measured
-/// faster on the H100 (MobileNetV3-Large fp16 b8 2.042 → 1.747 ms, `benches/NOTES.md`).
-fn depthwise_on_cudnn() -> bool {
-    std::env::var("FUSEC_DEPTHWISE").is_ok_and(|v| v.trim() == "cudnn")
 }
 
 /// The stored value `id` is read from: itself, or what a chain of free reshapes reads.

@@ -14,6 +14,7 @@ use super::kernel::{args, params, render, Body, LANE, TILE_FIRST, TILE_OFFSET};
 use super::KernelSource;
 use crate::fusion::{Kernel, KernelKind};
 use crate::ir::{Op, SymDim};
+use crate::passes::Depthwise;
 use crate::plan::Plan;
 
 /// Windows of fewer taps stay with the generated loop.
@@ -43,19 +44,13 @@ impl Tile {
     }
 }
 
-/// Whether large depthwise windows may take the tile kernel: not with `FUSEC_DEPTHWISE=loop`
-/// (the generated loop for every window, to measure one against the other).
-fn tiles_allowed() -> bool {
-    std::env::var("FUSEC_DEPTHWISE").map_or(true, |v| v.trim() != "loop")
-}
-
 /// The tile of a kernel that is a depthwise convolution in NHWC (one filter per channel) with
 /// at least [`MIN_TAPS`] taps, a multiple of 32 channels, static shapes (in a program for one
 /// size), and every node of the output's shape; `None` for any other kernel.
 pub(super) fn tile(plan: &Plan, kernel: &Kernel, shape: &Dims) -> Option<Tile> {
     // A program for ranges of sizes launches every kernel scaled to the point it runs at; the
     // tile kernel's grid is for one size.
-    if !tiles_allowed() || plan.scaled() {
+    if Depthwise::from_env() != Depthwise::Tile || plan.scaled() {
         return None;
     }
     let graph = &plan.graph;
@@ -127,7 +122,7 @@ pub(super) fn generate(
         return Ok(None);
     }
     let shape = plan.dims(last);
-    let dims: Vec<usize> = shape.iter().map(SymDim::value).collect::<Option<_>>().ok_or("a dynamic shape")?;
+    let dims = plan.sizes(last).ok_or("a dynamic shape")?;
     let coords: Coords = vec!["c0".into(), "c1".into(), "c2".into(), LANE.into()];
     body.begin_lanes(PAIR, shape[3].clone(), CHANNEL_BASE);
     body.begin_tile(tile.columns);

@@ -241,10 +241,9 @@ fn stored_layout(plan: &Plan, kernel: &Kernel, last: NodeId, computed: &[NodeId]
         return None;
     }
     let &(_, view) = kernel.store_views.iter().find(|(v, _)| *v == last)?;
-    let sizes = |n: NodeId| plan.dims(n).iter().map(SymDim::value).collect::<Option<Vec<usize>>>();
-    let shape = sizes(last)?;
-    if sizes(view)?.last().is_none_or(|&w| w % 4 != 0)
-        || computed.iter().any(|&n| sizes(n).as_ref() != Some(&shape))
+    let shape = plan.sizes(last)?;
+    if plan.sizes(view)?.last().is_none_or(|&w| w % 4 != 0)
+        || computed.iter().any(|&n| plan.sizes(n).as_ref() != Some(&shape))
     {
         return None;
     }
@@ -260,7 +259,6 @@ fn stored_layout(plan: &Plan, kernel: &Kernel, last: NodeId, computed: &[NodeId]
 /// it (static shapes).
 fn traced_index(plan: &Plan, value: NodeId, view: NodeId, e: usize) -> Option<usize> {
     let graph = &plan.graph;
-    let sizes = |n: NodeId| plan.dims(n).iter().map(SymDim::value).collect::<Option<Vec<usize>>>();
     let unravel = |mut at: usize, shape: &[usize]| {
         let mut coords = vec![0; shape.len()];
         for (c, &d) in coords.iter_mut().zip(shape).rev() {
@@ -270,12 +268,12 @@ fn traced_index(plan: &Plan, value: NodeId, view: NodeId, e: usize) -> Option<us
     };
     let ravel =
         |coords: &[usize], shape: &[usize]| coords.iter().zip(shape).fold(0, |acc, (&c, &d)| acc * d + c);
-    let (mut id, mut coords) = (view, unravel(e, &sizes(view)?));
+    let (mut id, mut coords) = (view, unravel(e, &plan.sizes(view)?));
     while id != value {
         let input = *graph.inputs_of(id).first()?;
         coords = match &graph.node(id).op {
             Op::Reshape { .. } | Op::Identity | Op::Dropout => {
-                unravel(ravel(&coords, &sizes(id)?), &sizes(input)?)
+                unravel(ravel(&coords, &plan.sizes(id)?), &plan.sizes(input)?)
             }
             Op::Transpose { perm } => {
                 let mut inner = vec![0; perm.len()];
@@ -288,5 +286,5 @@ fn traced_index(plan: &Plan, value: NodeId, view: NodeId, e: usize) -> Option<us
         };
         id = input;
     }
-    Some(ravel(&coords, &sizes(value)?))
+    Some(ravel(&coords, &plan.sizes(value)?))
 }

@@ -17,6 +17,33 @@ use crate::ir::{ops, BinaryOp, DType, Graph, IrError, NodeId, Op, PoolWindow, Te
 const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
 /// NHWC to NCHW.
 const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+/// How depthwise convolutions (one group per channel) run, at compile time:
+/// `FUSEC_DEPTHWISE=tile` (the default: windows of 5×5 and more in the shared-memory tile
+/// kernel, smaller ones in the generated loop), `loop` (the loop for every window) or `cudnn`.
+/// The generated kernels, with their epilogue fused, measured faster than cuDNN on the H100
+/// (MobileNetV3-Large fp16 b8 2.042 → 1.747 ms, `benches/NOTES.md`). The channels-last pass
+/// reads it (only the generated kernels take asymmetric padding), and so does codegen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depthwise {
+    /// Windows of 5×5 and more in the shared-memory tile kernel, smaller ones in the loop.
+    Tile,
+    /// The generated loop for every window.
+    Loop,
+    /// cuDNN (symmetric padding only).
+    Cudnn,
+}
+
+impl Depthwise {
+    /// The setting of `FUSEC_DEPTHWISE`: `Tile` unless it says `loop` or `cudnn`.
+    pub fn from_env() -> Self {
+        match std::env::var("FUSEC_DEPTHWISE").as_deref().map(str::trim) {
+            Ok("loop") => Depthwise::Loop,
+            Ok("cudnn") => Depthwise::Cudnn,
+            _ => Depthwise::Tile,
+        }
+    }
+}
+
 /// Input channels of a convolution are padded with zeros to at least this many.
 const CHANNEL_STEP: usize = 8;
 
@@ -96,7 +123,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     // Asymmetric padding (TensorFlow exports' SAME padding of stride-2 layers) only where the
     // convolution is depthwise and runs as a generated kernel: cuDNN takes symmetric padding.
     let depthwise = group > 1 && filters.shape().get(1) == Some(&1);
-    let generated = depthwise && std::env::var("FUSEC_DEPTHWISE").map_or(true, |v| v.trim() != "cudnn");
+    let generated = depthwise && Depthwise::from_env() != Depthwise::Cudnn;
     if !(symmetric || generated) || node.ty.rank() != 4 {
         return Ok(false);
     }

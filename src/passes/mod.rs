@@ -20,7 +20,7 @@ mod squeeze_excite;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use cache_in_place::CacheInPlace;
-pub use channels_last::ChannelsLast;
+pub use channels_last::{ChannelsLast, Depthwise};
 pub use const_fold::ConstFold;
 pub use cse::Cse;
 pub use dce::Dce;

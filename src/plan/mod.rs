@@ -185,6 +185,11 @@ impl Plan {
         }
     }
 
+    /// The sizes of `id`'s shape, where none follows a range.
+    pub fn sizes(&self, id: NodeId) -> Option<Vec<usize>> {
+        self.dims(id).iter().map(crate::ir::SymDim::value).collect()
+    }
+
     /// Writes every constant placed in the weights into the blob and lets its value in the
     /// graph go. Each constant's bytes are written into its own slice of the blob on every
     /// core; its value goes as soon as it is written, so the blob and the values not yet
