@@ -22,6 +22,12 @@ struct alignas(sizeof(T) * N) Pack {
     T v[N];
 };
 
+// A compile-time integer passed as a value (to a generic lambda that specialises on it).
+template <int N>
+struct Constant {
+    static constexpr int value = N;
+};
+
 // `*p` where `inside`, else a pack of zeros (a window's padding).
 template <typename P>
 __device__ __forceinline__ P load_or_zero(const P* p, bool inside) {
@@ -118,6 +124,25 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Thread-block clusters (sm_90+, a kernel declared with `__cluster_dims__`): this block's rank
+// in its cluster; a barrier of every thread of the cluster, shared-memory writes before it
+// visible to the cluster's reads after it; the address of `p` (this block's shared memory) in
+// the shared memory of the cluster's block `rank`, read there with ordinary loads.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+template <typename T>
+__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
+    unsigned long long to;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(to) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
+    return reinterpret_cast<const T*>(to);
+}
 
 // Two 8×8 matrices of 16-bit elements from shared memory, transposed: lanes 0–7 address the
 // rows of the first, lanes 8–15 those of the second (16-byte aligned); lane L receives rows

@@ -383,7 +383,30 @@ pub fn mma_tiling(heads: usize, queries: usize, keys: usize, depth: usize, dv: u
         .into_iter()
         .find(|&n| kt % (16 * n) == 0 && merge_bytes(n) <= buffers * kt * (dp + 8) * 2)
         .unwrap_or(1);
-    super::Tiling { warps, splits, kt, buffers }
+    let cluster = cluster_size(
+        heads * qblocks,
+        keys.div_ceil(kt),
+        warps * 32 * (dvp / 2 + 4) * 4 <= kt * (dvp + 8) * 2,
+    );
+    super::Tiling { warps, splits, kt, buffers, cluster }
+}
+
+/// Blocks of a cluster sharing each query block's key tiles, for `blocks` query blocks in all
+/// over `tiles` tiles of keys: where the blocks leave most of the chip idle (decoding: one
+/// query a sequence, a long cache), the most (up to 8, a power of two) that keep the launch
+/// within one wave with two tiles or more a block — "split-K" attention, the partial softmax
+/// states merged through distributed shared memory. `fits`: whether a block's states fit its
+/// value buffer for the merge. `FUSEC_ATTENTION_CLUSTER` (1, 2, 4 or 8) overrides the
+/// choice, for measuring it.
+fn cluster_size(blocks: usize, tiles: usize, fits: bool) -> usize {
+    let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
+    if !fits {
+        return 1;
+    }
+    if let Some(c @ (1 | 2 | 4 | 8)) = forced {
+        return c;
+    }
+    [8, 4, 2].into_iter().find(|&c| blocks * c <= MULTIPROCESSORS && tiles >= 2 * c).unwrap_or(1)
 }
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
@@ -416,7 +439,7 @@ fn tensor_core(
     let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
     let (queries, heads) = (problem.queries(), problem.heads());
-    let super::Tiling { warps, splits, kt, buffers } = tiling;
+    let super::Tiling { warps, splits, kt, buffers, cluster } = tiling;
     let qt = 16 * warps;
     let qblocks = queries.div_ceil(qt).max(1);
     let round16 = |n: usize| n.div_ceil(16).max(1) * 16;
@@ -444,6 +467,10 @@ fn tensor_core(
         _ => None,
     };
     let data = json!({
+        "last_chunks": last_chunks(problem, operands.causal.is_some(), kt, splits * cluster),
+        "cluster": (cluster > 1).then_some(cluster),
+        "skip_masked": skip_masked(problem, operands.causal.is_some(), buffers),
+        "merges": splits > 1 || cluster > 1,
         "half": half,
         "to_half": to_half,
         "warps": warps,
@@ -473,7 +500,39 @@ fn tensor_core(
         "out_address": out_address.unwrap_or_default()
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    common.render(hb, "attention_mma", data, qt, qblocks * heads, 32 * warps * splits)
+    let mut source =
+        common.render(hb, "attention_mma", data, qt, qblocks * heads * cluster, 32 * warps * splits)?;
+    // A cluster's blocks for every query block.
+    if let Some(scale) = &mut source.scale {
+        scale.times = scale.times.mul(&SymDim::lit(cluster));
+    }
+    Ok(source)
+}
+
+/// Where the keys are known at compile time and their last tile holds fewer 8-key chunks than
+/// a whole one, how many it holds: the kernel compiles that tile's products for those only
+/// (rather than branching on the key count inside the unrolled loops, which measured slower).
+/// Not with a causal mask (each query block's last tile differs) or a tile shared by warps.
+/// `FUSEC_ATTENTION_LAST_TILE=0` turns it off, for measuring it.
+fn last_chunks(problem: &Problem, causal: bool, kt: usize, splits: usize) -> Option<usize> {
+    if causal || splits != 1 || std::env::var("FUSEC_ATTENTION_LAST_TILE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let keys = problem.keys_dims.value()?;
+    let last = keys - keys.saturating_sub(1) / kt * kt;
+    Some(last.div_ceil(8)).filter(|&c| c < kt / 8 && c > 0)
+}
+
+/// Whether the kernel skips key tiles its mask weighs nothing in for a block's rows: where
+/// there is a mask that is not the causal constant (whose limit skips tiles already) and keys
+/// go by in more than one tile. A cache's empty slots (a decoding step over a cache of some
+/// capacity) and a causal mask combined with a padding mask are then not read.
+/// `FUSEC_ATTENTION_SKIP=0` turns it off, for measuring it.
+fn skip_masked(problem: &Problem, causal: bool, buffers: usize) -> bool {
+    problem.inputs.len() > 3
+        && !causal
+        && buffers > 1
+        && !std::env::var("FUSEC_ATTENTION_SKIP").is_ok_and(|v| v == "0")
 }
 
 /// How many warps may share each group of query rows' keys, most preferred first, for a

@@ -107,6 +107,13 @@ pub struct Tiling {
     pub kt: usize,
     /// Key and value buffers in shared memory.
     pub buffers: usize,
+    /// Blocks of a thread-block cluster sharing each query block's key tiles (1: none).
+    #[serde(default = "one")]
+    pub cluster: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The sizes of an attention kernel of a bundle for ranges, as expressions of them, that

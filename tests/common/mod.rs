@@ -152,6 +152,28 @@ pub fn gpu_matches_tract(
     assert!(err <= tolerance, "{} on the GPU: rel-L2 {err:e}", path.display());
 }
 
+/// `source` through NVRTC for sm_90 and, where `ptxas` is given, through it: panics on an
+/// error or a spill. Whether ptxas checked it.
+pub fn compiles_without_spills(
+    source: &fusec::codegen::KernelSource,
+    ptxas: Option<&Path>,
+    dir: &Path,
+) -> bool {
+    let ptx = fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{}: {e}", source.name));
+    let Some(ptxas) = ptxas else { return false };
+    let path = dir.join(format!("{}.ptx", source.name));
+    std::fs::write(&path, &ptx).unwrap();
+    let out = std::process::Command::new(ptxas)
+        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: ptxas failed: {report}", source.name);
+    assert!(report.contains("0 bytes spill stores, 0 bytes spill loads"), "{}: {report}", source.name);
+    true
+}
+
 /// ptxas: `$FUSEC_PTXAS`, the wheel that `.ci/run` installs under `.nvrtc/`, or `PATH`.
 pub fn ptxas() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FUSEC_PTXAS") {

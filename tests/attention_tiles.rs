@@ -1,0 +1,135 @@
+//! Attention over a key count that leaves the last shared-memory tile partly empty (a vision
+//! transformer's 197 tokens in tiles of 64): the tensor-core kernel compiles that last tile's
+//! products for the 8-key chunks it holds only. f16 programs at 150, 184 and 197 keys (an odd
+//! chunk count, seven, one); every kernel through NVRTC where it is found (the attention
+//! kernel through ptxas too: no spills), and the bundle against tract on a GPU. And attention
+//! of one query over many keys (a decoding step over a long cache): too few blocks for the
+//! chip, so clusters of blocks split the keys and merge their softmax states.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::onnx::{floats, int, int64s, ints, node, weight, write_model};
+use fusec::codegen::Step;
+use fusec::import::{import, run_tract, ImportOptions};
+use fusec::ir::{DType, Tensor};
+use fusec::pipeline::CompileOptions;
+
+/// Self-attention of one 64-wide head over `tokens` positions, 48 sequences (so that the
+/// launch fills the chip with blocks of four warps and no warps share a key tile).
+fn self_attention(dir: &Path, tokens: i64) -> PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "wq"], "q", vec![]),
+        node("MatMul", &["x", "wk"], "k", vec![]),
+        node("MatMul", &["x", "wv"], "v", vec![]),
+        node("Transpose", &["k"], "kt", vec![ints("perm", &[0, 2, 1])]),
+        node("MatMul", &["q", "kt"], "s", vec![]),
+        node("Mul", &["s", "scale"], "scaled", vec![]),
+        node("Softmax", &["scaled"], "p", vec![int("axis", -1)]),
+        node("MatMul", &["p", "v"], "out", vec![]),
+    ];
+    let init = vec![
+        weight("wq", &[64, 64], 81, -0.3, 0.6),
+        weight("wk", &[64, 64], 82, -0.3, 0.6),
+        weight("wv", &[64, 64], 83, -0.3, 0.6),
+        floats("scale", &[0.125]),
+    ];
+    write_model(dir, &format!("attention{tokens}"), &[48, tokens, 64], nodes, init)
+}
+
+/// One query (the last position's) over `tokens` keys, 12 sequences of one 64-wide head;
+/// with `valid`, the keys from that one on masked out by -inf (a cache's empty slots).
+fn last_query(dir: &Path, tokens: i64, valid: Option<i64>) -> PathBuf {
+    let mut nodes = vec![
+        node("MatMul", &["x", "wq"], "qs", vec![]),
+        node("Slice", &["qs", "starts", "ends", "axes"], "q", vec![]),
+        node("MatMul", &["x", "wk"], "k", vec![]),
+        node("MatMul", &["x", "wv"], "v", vec![]),
+        node("Transpose", &["k"], "kt", vec![ints("perm", &[0, 2, 1])]),
+        node("MatMul", &["q", "kt"], "s", vec![]),
+        node("Mul", &["s", "scale"], "scaled", vec![]),
+        node("Softmax", &[if valid.is_some() { "masked" } else { "scaled" }], "p", vec![int("axis", -1)]),
+        node("MatMul", &["p", "v"], "out", vec![]),
+    ];
+    let mut init = vec![
+        weight("wq", &[64, 64], 91, -0.3, 0.6),
+        weight("wk", &[64, 64], 92, -0.3, 0.6),
+        weight("wv", &[64, 64], 93, -0.3, 0.6),
+        floats("scale", &[0.125]),
+        int64s("starts", &[tokens - 1]),
+        int64s("ends", &[tokens]),
+        int64s("axes", &[1]),
+    ];
+    if let Some(valid) = valid {
+        nodes.insert(7, node("Add", &["scaled", "mask"], "masked", vec![]));
+        let mask: Vec<f32> = (0..tokens).map(|t| if t < valid { 0.0 } else { f32::NEG_INFINITY }).collect();
+        init.push(floats("mask", &mask));
+    }
+    let name = format!("last{tokens}_{}", valid.unwrap_or(tokens));
+    write_model(dir, &name, &[12, tokens, 64], nodes, init)
+}
+
+fn half() -> CompileOptions {
+    CompileOptions { precision: DType::F16, ..Default::default() }
+}
+
+#[test]
+fn a_partial_last_key_tile_is_compiled_for_its_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    // Keys in the last tile of 64, and the chunks of 8 the kernel compiles it for.
+    for (tokens, chunks) in [(150, 3), (184, 7), (197, 1)] {
+        let path = self_attention(dir.path(), tokens);
+        let steps = common::compiled_steps(&path, &half());
+        let attention: Vec<_> = steps
+            .iter()
+            .flat_map(Step::sources)
+            .filter(|k| k.source.contains("mma_m16n8k16") && k.source.contains("tile_at"))
+            .collect();
+        assert_eq!(attention.len(), 1, "{tokens} keys: one tensor-core attention kernel");
+        let source = &attention[0].source;
+        let last = format!("tile_at(tiles - 1, fusec::Constant<{chunks}>{{}})");
+        assert!(source.contains(&last), "{tokens} keys: no `{last}` in\n{source}");
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(attention[0], common::ptxas().as_deref(), dir.path());
+        }
+
+        let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = common::random_inputs(&model, tokens as u64);
+        let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
+    }
+}
+
+#[test]
+fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    // 12 query blocks: 1,000 keys (16 tiles of 64) over clusters of 8, 300 (5 tiles) of 2;
+    // 1,000 keys of which the first 380 are not masked out: tiles masked whole are skipped.
+    for (tokens, cluster, valid) in [(1000, 8, None), (300, 2, None), (1000, 8, Some(380))] {
+        let path = last_query(dir.path(), tokens, valid);
+        let steps = common::compiled_steps(&path, &half());
+        let attention: Vec<_> =
+            steps.iter().flat_map(Step::sources).filter(|k| k.source.contains("mma_m16n8k16")).collect();
+        assert_eq!(attention.len(), 1, "{tokens} keys: one tensor-core attention kernel");
+        let kernel = attention[0];
+        let dims = format!("__cluster_dims__({cluster}, 1, 1)");
+        assert!(kernel.source.contains(&dims), "{tokens} keys: no `{dims}` in\n{}", kernel.source);
+        assert_eq!(kernel.grid as i64, 12 * cluster, "{tokens} keys: a cluster for each query block");
+        assert_eq!(
+            kernel.source.contains("__syncthreads_or"),
+            valid.is_some(),
+            "{tokens} keys, {valid:?} valid"
+        );
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+        }
+
+        let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = common::random_inputs(&model, tokens as u64);
+        let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
+    }
+}
