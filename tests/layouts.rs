@@ -4,7 +4,8 @@
 //! (LayerNorm2d, then a 2×2 convolution of stride 2 as a GEMM over patches) whose LayerNorm
 //! stores each pixel's channels together in the patches' rows; narrow rows (a LayerNorm over 96
 //! channels, a softmax over 64) several to a warp; a nearest 2× upsampling and a DepthToSpace
-//! read through by their consumers, no kernel of their own. f16 programs; the rewritten
+//! read through by their consumers, no kernel of their own; a class token concatenated before
+//! (and after) a GEMM's rows, each part loading its packs only where it is read. f16 programs; the rewritten
 //! graph against tract on the CPU, every kernel through NVRTC where it is found, and the bundle
 //! against tract on a GPU.
 
@@ -13,7 +14,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::onnx::{float, floats, int, ints, node, string, weight, write_model};
+use common::onnx::{float, floats, int, int64s, ints, node, string, weight, write_model};
 use fusec::codegen::{KernelSource, Step};
 use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType, Tensor};
@@ -223,5 +224,41 @@ fn an_upsampling_is_read_through_by_its_consumer() {
     let err = rel_l2(&ours[0].1, &theirs[0]);
     assert!(err <= 1e-6, "imported graph: rel-L2 {err:e}");
     kernels(&path);
+    on_the_gpu(&path, &theirs, &inputs);
+}
+
+/// A vision transformer's class token: a learned `[1, 1, 64]` row expanded over the batch and
+/// concatenated before the patch embeddings (a GEMM's rows) — and, to have a middle part, after
+/// them — then the position embeddings added; batch 3 × 7 patches × 64.
+fn class_token(dir: &Path) -> std::path::PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "w"], "patches", vec![]),
+        node("Expand", &["cls", "shape"], "tokens", vec![]),
+        node("Concat", &["tokens", "patches", "tokens"], "seq", vec![int("axis", 1)]),
+        node("Add", &["seq", "pos"], "out", vec![]),
+    ];
+    let init = vec![
+        weight("w", &[64, 64], 81, -0.2, 0.4),
+        weight("cls", &[1, 1, 64], 82, -1.0, 2.0),
+        int64s("shape", &[3, 1, 64]),
+        weight("pos", &[1, 9, 64], 83, -0.5, 1.0),
+    ];
+    write_model(dir, "class_token", &[3, 7, 64], nodes, init)
+}
+
+#[test]
+fn a_concatenation_loads_packs_only_where_each_part_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = class_token(dir.path());
+    let concats: Vec<_> = kernels(&path).into_iter().filter(|k| k.source.contains(": concat")).collect();
+    assert_eq!(concats.len(), 1, "{:?}", concats.iter().map(|k| &k.name).collect::<Vec<_>>());
+    let source = &concats[0].source;
+    let scalars = scalar_accesses(source);
+    assert!(scalars.is_empty(), "{scalars:?}\n{source}");
+    assert_eq!(source.matches("fusec::load_or_zero(").count(), 3, "each part's pack guarded:\n{source}");
+    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, 7);
+    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     on_the_gpu(&path, &theirs, &inputs);
 }

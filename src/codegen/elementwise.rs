@@ -174,8 +174,12 @@ fn lane_count(plan: &Plan, kernel: &Kernel, gemm_epilogue: bool, shape: &Dims) -
             graph.is_depthwise_conv(c)
                 && matches!(graph.node(c).op, crate::ir::Op::Conv { channels_last: true, .. })
         });
+    // A concatenation's parts load their packs only where they are read (`Body::guarded`).
+    let concat = matches!(kernel.kind, KernelKind::Single { .. })
+        && kernel.nodes.iter().all(|&n| matches!(graph.node(n).op, crate::ir::Op::Concat { .. }));
     let kind_fits = gemm_epilogue
         || depthwise
+        || concat
         || matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
     // Packs of wider inputs span several 16-byte accesses, still aligned: a pack's first
     // element is a multiple of `lanes` into a 256-byte-aligned buffer.

@@ -29,6 +29,12 @@ pub(super) struct Lanes {
     tile: Option<usize>,
     /// Statements before the loop over a tile's columns.
     prologue: Vec<String>,
+    /// A condition, the same for every lane, under which the reads being written are made (a
+    /// concatenation's input, read only where the coordinate is in its part): the packs they
+    /// load are loaded only where it holds, zeros elsewhere — never out of bounds.
+    guard: Option<String>,
+    /// Set under a condition that differs between lanes: reads are scalars, each in its branch.
+    scalars: bool,
 }
 
 /// The first column of a thread's tile (see [`Body::begin_tile`]).
@@ -57,7 +63,8 @@ fn unwrapped(mut expr: &str) -> &str {
     expr
 }
 
-/// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>`.
+/// Whether `expr` is the same for every lane: its only variables are coordinates `c<d>` and
+/// the sizes of a program for ranges (`fusec_d<i>`).
 fn lane_invariant(expr: &str) -> bool {
     let bytes = expr.as_bytes();
     let mut i = 0;
@@ -70,9 +77,12 @@ fn lane_invariant(expr: &str) -> bool {
             }
             let word = &expr[start..i];
             let number = c.is_ascii_digit();
-            let coordinate =
-                word.len() > 1 && word.starts_with('c') && word[1..].bytes().all(|b| b.is_ascii_digit());
-            if !number && !coordinate {
+            let digits_after = |prefix: &str| {
+                word.len() > prefix.len()
+                    && word.starts_with(prefix)
+                    && word[prefix.len()..].bytes().all(|b| b.is_ascii_digit())
+            };
+            if !number && !digits_after("c") && !digits_after("fusec_d") {
                 return false;
             }
         } else {
@@ -95,6 +105,8 @@ impl Body<'_> {
             loaded: BTreeMap::new(),
             tile: None,
             prologue: Vec::new(),
+            guard: None,
+            scalars: false,
         });
     }
 
@@ -128,6 +140,29 @@ impl Body<'_> {
     /// The statements before the loop over a tile's columns.
     pub(in crate::codegen) fn prologue(&self) -> Vec<String> {
         self.lanes.as_ref().map(|l| l.prologue.clone()).unwrap_or_default()
+    }
+
+    /// Runs `read` with the packs it loads guarded by `guard` (and by any guard already set),
+    /// where `guard` is the same for every lane; a read of scalars needs none.
+    pub(in crate::codegen) fn guarded<T>(
+        &mut self,
+        guard: Option<String>,
+        read: impl FnOnce(&mut Self) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let Some(lanes) = self.lanes.as_mut() else { return read(self) };
+        let (outer, outer_scalars) = (lanes.guard.clone(), lanes.scalars);
+        match guard {
+            Some(g) if lane_invariant(&g) => {
+                lanes.guard = Some(outer.as_ref().map_or_else(|| g.clone(), |o| format!("({o}) && ({g})")));
+            }
+            Some(_) => lanes.scalars = true,
+            None => {}
+        }
+        let result = read(self);
+        if let Some(lanes) = self.lanes.as_mut() {
+            (lanes.guard, lanes.scalars) = (outer, outer_scalars);
+        }
+        result
     }
 
     /// The number of lanes, inside a lane loop.
@@ -191,22 +226,28 @@ impl Body<'_> {
         shape: &Dims,
         dtype: DType,
     ) -> Result<String, String> {
-        let Some(base) = self.lane_base(coords, shape) else {
+        let base = self.lane_base(coords, shape).filter(|_| !self.lanes.as_ref().is_some_and(|l| l.scalars));
+        let Some(base) = base else {
             return Ok(load(&format!("{pointer}[{}]", self.index_of(coords, shape)), dtype));
         };
         let ty = c_type(dtype)?;
         let address = format!("{pointer} + {}", self.index_of(&base, shape));
-        let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&address).cloned());
+        let guard = self.lanes.as_ref().and_then(|l| l.guard.clone());
+        let key = format!("{address} if {}", guard.as_deref().unwrap_or("true"));
+        let loaded = self.lanes.as_ref().and_then(|l| l.loaded.get(&key).cloned());
         let pack = match loaded {
             Some(pack) => pack,
             None => {
                 let pack = self.fresh("p");
                 let lanes = self.lanes.as_mut().ok_or("no lanes")?;
                 let n = lanes.count;
-                lanes.before.push(format!(
-                    "const fusec::Pack<{ty}, {n}> {pack} = *reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address});"
-                ));
-                lanes.loaded.insert(address, pack.clone());
+                let at = format!("reinterpret_cast<const fusec::Pack<{ty}, {n}>*>({address})");
+                let value = match &guard {
+                    Some(g) => format!("fusec::load_or_zero({at}, {g})"),
+                    None => format!("*{at}"),
+                };
+                lanes.before.push(format!("const fusec::Pack<{ty}, {n}> {pack} = {value};"));
+                lanes.loaded.insert(key, pack.clone());
                 pack
             }
         };

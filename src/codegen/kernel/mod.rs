@@ -342,19 +342,24 @@ impl<'a> Body<'a> {
                     }
                     format!("({})", parts.join(" + "))
                 };
+                let c = &coords[*axis];
                 for (n, &input) in inputs.iter().enumerate() {
                     let len = self.dims(input)[*axis].clone();
                     let mut inner = coords.clone();
-                    inner[*axis] = format!("({} - {})", coords[*axis], sum(&start));
-                    let read = self.read(input, inner)?;
+                    let first = sum(&start);
+                    inner[*axis] = format!("({c} - {first})");
                     start.push(len);
                     let end = sum(&start);
-                    let test = match (n, n + 1 == inputs.len()) {
-                        (0, true) => String::new(),
-                        (_, true) => "else".to_string(),
-                        (0, false) => format!("if ({} < {end})", coords[*axis]),
-                        (_, false) => format!("else if ({} < {end})", coords[*axis]),
+                    let (test, inside) = match (n, n + 1 == inputs.len()) {
+                        (0, true) => (String::new(), None),
+                        (_, true) => ("else".to_string(), Some(format!("{c} >= {first}"))),
+                        (0, false) => (format!("if ({c} < {end})"), Some(format!("{c} < {end}"))),
+                        (_, false) => {
+                            (format!("else if ({c} < {end})"), Some(format!("{c} >= {first} && {c} < {end}")))
+                        }
                     };
+                    // In a lane loop, packs this part loads are loaded only where it is read.
+                    let read = self.guarded(inside, |body| body.read(input, inner))?;
                     self.statements.push(format!("{test} {out} = {read};"));
                 }
                 out
