@@ -118,7 +118,7 @@ fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
         assert!(kernel.source.contains(&dims), "{tokens} keys: no `{dims}` in\n{}", kernel.source);
         assert_eq!(kernel.grid as i64, 12 * cluster, "{tokens} keys: a cluster for each query block");
         assert_eq!(
-            kernel.source.contains("__syncthreads_or"),
+            kernel.source.contains("atomicOr(&live"),
             valid.is_some(),
             "{tokens} keys, {valid:?} valid"
         );

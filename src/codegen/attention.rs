@@ -470,6 +470,7 @@ fn tensor_core(
         "last_chunks": last_chunks(problem, operands.causal.is_some(), kt, splits * cluster),
         "cluster": (cluster > 1).then_some(cluster),
         "skip_masked": skip_masked(problem, operands.causal.is_some(), buffers),
+        "live_words": problem.keys.div_ceil(kt).div_ceil(32).max(1),
         "merges": splits > 1 || cluster > 1,
         "half": half,
         "to_half": to_half,
@@ -523,15 +524,18 @@ fn last_chunks(problem: &Problem, causal: bool, kt: usize, splits: usize) -> Opt
     Some(last.div_ceil(8)).filter(|&c| c < kt / 8 && c > 0)
 }
 
-/// Whether the kernel skips key tiles its mask weighs nothing in for a block's rows: where
-/// there is a mask that is not the causal constant (whose limit skips tiles already) and keys
-/// go by in more than one tile. A cache's empty slots (a decoding step over a cache of some
-/// capacity) and a causal mask combined with a padding mask are then not read.
-/// `FUSEC_ATTENTION_SKIP=0` turns it off, for measuring it.
+/// Whether the kernel skips key tiles its mask weighs nothing in for a block's rows: a
+/// decoding step's attention (at most 16 query rows, one warp's) with a mask that is not the
+/// causal constant, over more than one tile of keys — a cache's empty slots (a step compiled
+/// for a cache of some capacity) are then not read. The block looks through the mask for all
+/// its tiles once, while its first two tiles are copied; for more query rows that look would
+/// cost more than it saves (looking tile by tile, before each copy, measured slower: the
+/// copies waited on the mask's reads). `FUSEC_ATTENTION_SKIP=0` turns it off, for measuring it.
 fn skip_masked(problem: &Problem, causal: bool, buffers: usize) -> bool {
     problem.inputs.len() > 3
         && !causal
         && buffers > 1
+        && problem.queries() <= 16
         && !std::env::var("FUSEC_ATTENTION_SKIP").is_ok_and(|v| v == "0")
 }
 
