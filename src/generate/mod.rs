@@ -132,6 +132,12 @@ pub trait Steps {
     fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), GenerateError>;
     /// Sets input `name` to zeros.
     fn zero_input(&mut self, name: &str) -> Result<(), GenerateError>;
+    /// Sets column `column` of every row of rank-2 input `name` to `value` where these steps
+    /// can without writing the input whole (on the GPU); `false`: write it whole instead.
+    fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<bool, GenerateError> {
+        let _ = (name, column, value);
+        Ok(false)
+    }
     /// Runs the step.
     fn execute(&mut self) -> Result<(), GenerateError>;
     /// Output `name` of the last step.
@@ -195,6 +201,10 @@ pub trait Steps {
 impl Steps for Session {
     fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), GenerateError> {
         Ok(Session::write_input(self, name, tensor)?)
+    }
+    fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<bool, GenerateError> {
+        Session::set_input_column(self, name, column, value)?;
+        Ok(true)
     }
     fn zero_input(&mut self, name: &str) -> Result<(), GenerateError> {
         Ok(Session::zero_input(self, name)?)
@@ -343,13 +353,18 @@ impl<S: Steps> Generator<S> {
                     (None, None) => rows[b][rows[b].len() - 1] as f64,
                 })
                 .collect();
-            let mask: Vec<f64> = (0..batch)
-                .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
-                .collect();
             let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms);
             self.write(cache::TOKENS, &[batch, 1], tokens)?;
             self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
-            self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+            // The mask takes the positions cached (before t) and the step's own (the last
+            // column): written whole at the first step, then one column a step, where the
+            // steps can set one on the device.
+            if t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)? {
+                let mask: Vec<f64> = (0..batch)
+                    .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
+                    .collect();
+                self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+            }
             clock.lap(0);
             self.steps.execute()?;
             clock.lap(1);

@@ -116,6 +116,62 @@ impl Session {
         self.stage_input(k, tensor.size_bytes(), |host| crate::plan::write_tensor_bytes(host, tensor))
     }
 
+    /// Sets column `column` of every row of rank-2 input `name` (`[rows, columns]`) to
+    /// `value` in its element type, on the device, in stream order before the next run: one
+    /// 2D memset (two for 8-byte elements), no host buffer. A decoding step's attention mask
+    /// gains a position this way rather than being written whole every step.
+    pub fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<(), RuntimeError> {
+        let spec = Self::spec(&self.inputs, name, "input")?;
+        let (Location::Arena(_), [rows, columns]) = (spec.location, spec.shape.as_slice()) else {
+            return Err(RuntimeError::Input(format!(
+                "input '{name}' is not a [rows, columns] input of the arena: {:?}",
+                spec.shape
+            )));
+        };
+        if column >= *columns || !self.ranges.is_empty() {
+            return Err(RuntimeError::Input(format!(
+                "input '{name}': column {column} of {columns} (in a bundle of one size)"
+            )));
+        }
+        let dtype = DType::from_name(&spec.dtype)
+            .ok_or_else(|| RuntimeError::Input(format!("input '{name}' has type {}", spec.dtype)))?;
+        let size = dtype.size_bytes();
+        let one = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[1]), value);
+        let mut bytes = vec![0u8; size];
+        crate::plan::write_tensor_bytes(&mut bytes, &Tensor::from_f64(one, dtype));
+        let (start, pitch, height) =
+            (self.address(spec.location) + (column * size) as u64, columns * size, *rows);
+        let stream = self.stream.cu_stream();
+        // SAFETY: `height` rows of the input's buffer, one element each at `start` and `pitch`
+        // bytes apart (within the buffer: `column` < `columns`), on the session's stream.
+        let result = unsafe {
+            match size {
+                1 => sys::cuMemsetD2D8Async(start, pitch, bytes[0], 1, height, stream),
+                2 => sys::cuMemsetD2D16Async(
+                    start,
+                    pitch,
+                    u16::from_le_bytes([bytes[0], bytes[1]]),
+                    1,
+                    height,
+                    stream,
+                ),
+                _ => {
+                    let mut result = sys::CUresult::CUDA_SUCCESS;
+                    for (w, word) in bytes.chunks_exact(4).enumerate() {
+                        let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                        result =
+                            sys::cuMemsetD2D32Async(start + 4 * w as u64, pitch, word, 1, height, stream);
+                        if result != sys::CUresult::CUDA_SUCCESS {
+                            break;
+                        }
+                    }
+                    result
+                }
+            }
+        };
+        result.result().map_err(driver)
+    }
+
     /// Sets every byte of input `name` to zero on the device.
     pub fn zero_input(&mut self, name: &str) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.inputs, name, "input")?;
