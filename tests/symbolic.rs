@@ -202,10 +202,32 @@ fn every_fixture_compiles_for_ranges_of_its_dims() {
                         assert!(text.contains("seq"), "{file}: {text}");
                     }
                     // Every launch follows the ranges; every GEMM has its sizes as expressions.
+                    // As many convolutions on cuDNN as in a bundle for one batch.
+                    let convs =
+                        |steps: &[Step]| steps.iter().filter(|s| matches!(s, Step::Conv { .. })).count();
+                    if file == "cnn_block.onnx" {
+                        let options = CompileOptions {
+                            import: common::dims_at(&file, "3", "1"),
+                            precision,
+                            arch: Some("sm_90".into()),
+                            ..Default::default()
+                        };
+                        let one = fusec::compile(&common::model_path(&file), &options)
+                            .unwrap_or_else(|e| panic!("{e}"));
+                        let (ranged, alone) = (convs(&h.steps), convs(&one.header.steps));
+                        assert!(
+                            alone > 0 && ranged == alone,
+                            "{file} {precision}: {ranged} cuDNN convolutions, {alone} at batch 3"
+                        );
+                    }
                     for step in &h.steps {
                         assert!(step.sources().all(|s| s.scale.is_some()), "{file}");
                         if let Step::Gemm { gemm, .. } = step {
                             assert!(gemm.dims.is_some(), "{file}");
+                        }
+                        // Convolutions stay on cuDNN, set up again at each batch.
+                        if let Step::Conv { conv, .. } = step {
+                            assert!(conv.batch.is_some(), "{file}: a convolution whose batch is fixed");
                         }
                     }
                     println!("{file} {precision}: {} launches, {}", h.launches, text);

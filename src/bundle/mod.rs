@@ -24,7 +24,7 @@ use crate::plan::Location;
 /// The first eight bytes of every bundle.
 pub const MAGIC: &[u8; 8] = b"FUSECBND";
 /// The format version this fusec writes and reads (no other is read).
-pub const FORMAT_VERSION: u32 = 11;
+pub const FORMAT_VERSION: u32 = 12;
 
 /// A bundle that cannot be written or read; each names the file (`path`).
 #[derive(Debug, Error)]

@@ -1,6 +1,6 @@
-//! Convolutions as library calls: a 2-D convolution of static shape in f32 or f16 with
-//! symmetric padding runs on cuDNN (its algorithm chosen by measurement when a session
-//! loads), writing its raw result into the kernel's output; the bias and the fused pointwise
+//! Convolutions as library calls: a 2-D convolution of static shape (but for a batch that
+//! follows a bundle's range) in f32 or f16 with symmetric padding runs on cuDNN (its
+//! algorithm chosen by measurement when a session loads, or first runs at another batch), writing its raw result into the kernel's output; the bias and the fused pointwise
 //! ops after it run as one epilogue kernel that reads that result element by element and
 //! writes over it. Any other convolution stays a generated loop (`Body::conv_loop`).
 
@@ -46,6 +46,11 @@ pub struct ConvSpec {
     /// The epilogue as cuDNN's fused convolution–bias–activation can run it, where it is one:
     /// the session runs that in place of the epilogue kernel if cuDNN takes it at load.
     pub fused: Option<ConvFusion>,
+    /// In a bundle for ranges, the batch where it follows them (`x_shape[0]` and `y_shape[0]`
+    /// are its size at their top; every other size is static): the session sets the
+    /// convolution up again at each point's batch ([`ConvSpec::at`]).
+    #[serde(default)]
+    pub batch: Option<SymDim>,
 }
 
 /// `y = relu?(conv(x, w) + z + bias)`: what `cudnnConvolutionBiasActivationForward` computes.
@@ -60,6 +65,18 @@ pub struct ConvFusion {
 }
 
 impl ConvSpec {
+    /// The convolution at the point `values` of the bundle's ranges (itself where its batch
+    /// does not follow them); `None` where the batch overflows.
+    pub fn at(&self, values: &[usize]) -> Option<ConvSpec> {
+        let mut spec = self.clone();
+        if let Some(batch) = &self.batch {
+            let n = batch.eval(values)?;
+            spec.x_shape[0] = n;
+            spec.y_shape[0] = n;
+        }
+        Some(spec)
+    }
+
     /// Multiply-adds times two.
     pub fn flops(&self) -> u64 {
         let [_, c, r, s] = self.w_shape;
@@ -69,7 +86,8 @@ impl ConvSpec {
 }
 
 /// The spec of convolution node `conv` writing its raw result to `y`, if cuDNN takes it:
-/// static shapes (no range of sizes), f32 or f16, padding the same at both ends.
+/// static shapes but for a batch that follows a range, f32 or f16, padding the same at both
+/// ends.
 fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     let graph = &plan.graph;
     let Op::Conv { strides, pads, dilations, group, channels_last } = graph.node(conv).op else {
@@ -86,8 +104,12 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     if graph.is_depthwise_conv(conv) && Depthwise::from_env() != Depthwise::Cudnn {
         return None;
     }
-    let static_shapes = [inputs[0], conv].iter().all(|&id| plan.dims(id).iter().all(|d| d.is_static()));
-    if !matches!(dtype, DType::F32 | DType::F16) || !symmetric || !static_shapes {
+    let (x_dims, y_dims) = (plan.dims(inputs[0]), plan.dims(conv));
+    let batch_only = x_dims.len() == 4
+        && y_dims.len() == 4
+        && x_dims[0] == y_dims[0]
+        && x_dims[1..].iter().chain(&y_dims[1..]).all(SymDim::is_static);
+    if !matches!(dtype, DType::F32 | DType::F16) || !symmetric || !batch_only {
         return None;
     }
     Some(ConvSpec {
@@ -104,6 +126,7 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
         dtype,
         channels_last,
         fused: None,
+        batch: (!x_dims[0].is_static()).then(|| x_dims[0].clone()),
     })
 }
 
@@ -167,7 +190,9 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
         return super::elementwise::elementwise(plan, kernel, name, hb, None).map(Step::Launch);
     };
     let with_bias = graph.inputs_of(conv).len() == 3;
-    spec.fused = fusion(plan, kernel);
+    // cuDNN's fused form is taken or refused at load, by the algorithm chosen for the shape:
+    // a convolution set up again at each batch keeps its epilogue kernel.
+    spec.fused = fusion(plan, kernel).filter(|_| spec.batch.is_none());
     let epilogue = if kernel.nodes.len() > 1 || with_bias {
         let raw = GemmRaw { node: conv, location: spec.y, beta_c: None, finished: !with_bias };
         Some(super::elementwise::elementwise(plan, kernel, name, hb, Some(raw))?)

@@ -1,6 +1,7 @@
 //! The sizes of a bundle's ranges: the point a session runs at, chosen from its inputs or
 //! by the caller, and each point's steps (launches scaled, GEMMs at their sizes).
 
+use super::super::dnn::ConvCall;
 use super::launch::Loaded;
 use super::{driver, lt, RuntimeError, Session};
 use crate::ir::Tensor;
@@ -101,6 +102,18 @@ impl Session {
         Ok(())
     }
 
+    /// Convolution `spec` (whose batch follows the ranges) set up at the point `values`: its
+    /// descriptors at that batch and the algorithm chosen for them (measured on first use in
+    /// the process, within the session's workspace), its epilogue kernel kept.
+    fn conv_at(&self, spec: &crate::codegen::ConvSpec, values: &[usize]) -> Result<ConvCall, RuntimeError> {
+        let at = spec
+            .at(values)
+            .ok_or_else(|| RuntimeError::Input(format!("a convolution's batch at {values:?} overflows")))?;
+        let dnn = self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
+        let addresses = (self.address(at.x), self.address(at.w), self.address(at.y));
+        ConvCall::new(dnn, &at, addresses, self.conv_workspace(), &self.device_name, None)
+    }
+
     /// The steps at the point `values` of the bundle's ranges, from the top's: launches
     /// scaled, GEMMs at their sizes (cuBLASLt's heuristic choice where it runs an epilogue,
     /// cuBLAS for the others: algorithm timing is for the top).
@@ -112,8 +125,11 @@ impl Session {
                 Ok(match step {
                     Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
                     Loaded::Conv { spec, call, epilogue } => Loaded::Conv {
+                        call: match spec.batch {
+                            Some(_) => std::sync::Arc::new(self.conv_at(spec, values)?),
+                            None => call.clone(),
+                        },
                         spec: spec.clone(),
-                        call: call.clone(),
                         epilogue: epilogue.as_ref().map(|l| l.at(values)).transpose()?,
                     },
                     Loaded::Gemm { gemm, epilogue, lt, .. } => {
