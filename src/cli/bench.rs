@@ -311,11 +311,13 @@ impl Bench {
             session.execute_all()?;
             let first_ms = setup_ms + started.elapsed().as_secs_f64() * 1e3;
             let ours = session.run(&sets[0])?;
-            let tolerance = if ranged.header.precision == DType::F32 { 1e-5 } else { 1e-2 };
+            // Two half-type programs of one model (their kernels and library algorithms may
+            // differ) against each other: the bound of the fused-unfused comparison below.
+            let tolerance = if ranged.header.precision == DType::F32 { 1e-5 } else { 5e-2 };
             for ((name, x), (_, y)) in ours.iter().zip(&theirs) {
                 let err = rel_l2(x, y);
                 if err.is_nan() || err > tolerance {
-                    bail!("{at}: the bundle for the ranges and the one for {at} alone differ on {name}: rel-L2 {err:e}");
+                    bail!("{at}: the bundle for the ranges and the one for {at} alone differ on {name}: rel-L2 {err:e} (tolerance {tolerance:e})");
                 }
             }
             let (single_ms, _, _) =
