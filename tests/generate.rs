@@ -300,7 +300,9 @@ fn a_prompt_step_on_the_gpu_gives_the_same_tokens() {
     for (file, in_place) in DECODERS.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         let prompts = vec![vec![5i64, 77, 300, 41], vec![11, 2, 480, 9, 160, 33]];
         let step = step_bundle(file, 2, 15, DType::F32);
-        let prompt = compiled(file, 2, 4, 15, DType::F32, in_place);
+        // The prompt step after a cache of the one-token step's capacity, or of one position
+        // (as `fusec generate` compiles it).
+        let prompt = compiled(file, 2, 4, if in_place { 1 } else { 15 }, DType::F32, in_place);
         let mut generator =
             Generator::with_prompt(&compiled(file, 2, 1, 15, DType::F32, in_place), &prompt, 0).unwrap();
         let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
@@ -554,8 +556,9 @@ fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
         let step = step_bundle(file, 2, 10, DType::F32);
         let layout = CacheLayout::of(&step.header.inputs, &step.header.outputs).unwrap();
         let options = GenerateOptions { max_new_tokens: 6, ..Default::default() };
-        for (p, used) in [(3, true), (2, true), (4, false)] {
-            let prompt = prompt_bundle(file, 2, p, 10, DType::F32);
+        // Prompt steps after a cache of the one-token step's capacity, and of one position.
+        for (p, used, cache) in [(3, true, 10), (2, true, 10), (4, false, 10), (3, true, 1), (2, true, 1)] {
+            let prompt = prompt_bundle(file, 2, p, cache, DType::F32);
             let prompt_layout =
                 CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs).unwrap();
             assert_eq!(prompt_layout.seq, p);
@@ -568,12 +571,12 @@ fn a_prompt_step_gives_the_same_tokens_on_the_cpu() {
             assert_eq!(generator.prompt_length(), Some(p));
             let generation = generator.generate(&prompts, &options, |_, _| {}).unwrap();
             let expected_steps = if used { 1 + (5 + 6 - 1 - p) } else { 5 + 6 - 1 };
-            assert_eq!(generation.steps, expected_steps, "{file}, prompt step of {p}");
+            assert_eq!(generation.steps, expected_steps, "{file}, prompt step of {p} after {cache}");
             for (prompt, tokens) in prompts.iter().zip(&generation.tokens) {
                 assert_eq!(
                     tokens,
                     &reference_tokens(file, prompt, 6),
-                    "{file}, prompt step of {p}, after {prompt:?}"
+                    "{file}, prompt step of {p} (cache {cache}), after {prompt:?}"
                 );
             }
         }

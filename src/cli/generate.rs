@@ -81,7 +81,7 @@ pub(super) fn compile_generator(
     prompt: Option<usize>,
     device: usize,
 ) -> anyhow::Result<(Generator, usize)> {
-    let compile = |seq: usize| -> anyhow::Result<Bundle> {
+    let compile = |seq: usize, capacity: usize| -> anyhow::Result<Bundle> {
         let specs = prompt_inputs(model, batch, seq, capacity)?;
         let options = CompileOptions {
             import: ImportOptions::new(specs, vec![]),
@@ -98,13 +98,18 @@ pub(super) fn compile_generator(
             )
         })
     };
-    let step = compile(1)?;
+    let step = compile(1, capacity)?;
+    // The prompt step after a cache of one position (masked out): its attention and its
+    // cache are the prompt's own, not the capacity's (a dim takes no size 0).
     let generator = match prompt.filter(|&p| p > 1) {
-        Some(p) => Generator::with_prompt(&step, &compile(p)?, device)?,
+        Some(p) => Generator::with_prompt(&step, &compile(p, PROMPT_CACHE)?, device)?,
         None => Generator::new(&step, device)?,
     };
     Ok((generator, step.header.launches))
 }
+
+/// Cached positions of the prompt step's compile: one, masked out.
+pub const PROMPT_CACHE: usize = 1;
 
 /// Whether the decoder's cache is compiled to be updated in place (`--cache-in-place`): yes
 /// unless `FUSEC_CACHE_IN_PLACE=0` (the copy of the whole cache each step, for comparison).

@@ -1,5 +1,6 @@
 //! The prompt in one step: the decoder compiled a second time for `P` tokens a sequence (its
-//! cache inputs at the same capacity as the one-token step's, every slot masked), run once on
+//! cache inputs of any capacity, every slot masked: `fusec generate` compiles it after a
+//! cache of one position, so that its attention reads the prompt alone), run once on
 //! the first `P` tokens of every prompt; its keys and values go into the first `P` slots of
 //! the one-token step's cache (one copy on the device), and a sequence whose prompt is `P`
 //! tokens long takes its first token from that step's last logits. The rest of a longer
@@ -24,25 +25,28 @@ impl Generator<Session> {
 }
 
 impl<S: Steps> Generator<S> {
-    /// Adds a prompt step run by `steps`, of `layout` (batch, cache, vocabulary and cached
-    /// tensors those of the one-token step).
+    /// Adds a prompt step run by `steps`, of `layout` (batch, vocabulary and cached tensors
+    /// those of the one-token step; its cache of any capacity, its slots masked out, and its
+    /// prompt no longer than the one-token step's cache).
     pub fn with_prompt_steps(mut self, steps: S, layout: CacheLayout) -> Result<Self, GenerateError> {
         let step = &self.layout;
+        // The same tensors but for the positions cached: batch, heads, head size, type.
         let same_pairs = layout.pairs.len() == step.pairs.len()
             && layout.pairs.iter().all(|p| {
-                step.pairs
-                    .iter()
-                    .any(|s| s.past == p.past && s.shape == p.shape && s.element_bytes == p.element_bytes)
+                step.pairs.iter().any(|s| {
+                    let ([b, h, _, d], [sb, sh, _, sd]) = (p.shape, s.shape);
+                    s.past == p.past && (b, h, d) == (sb, sh, sd) && s.element_bytes == p.element_bytes
+                })
             });
         if layout.batch != step.batch
-            || layout.capacity != step.capacity
+            || layout.seq > step.capacity
             || layout.vocab != step.vocab
             || !same_pairs
         {
             return Err(GenerateError::Layout(format!(
-                "the prompt step (batch {}, cache {}, vocabulary {}) does not match the one-token step (batch {}, \
+                "the prompt step (batch {}, {} tokens, vocabulary {}) does not match the one-token step (batch {}, \
                  cache {}, vocabulary {}) or its cached tensors",
-                layout.batch, layout.capacity, layout.vocab, step.batch, step.capacity, step.vocab
+                layout.batch, layout.seq, layout.vocab, step.batch, step.capacity, step.vocab
             )));
         }
         self.prompt = Some((steps, layout));

@@ -26,9 +26,10 @@ pub fn shape_variants(file: &str) -> Vec<ImportOptions> {
         return vec![ImportOptions::default().dim("batch", 1), ImportOptions::default().dim("batch", 3)];
     }
     if has_cache(file) {
-        // A prompt's step (4 tokens after 3 cached), decoding steps (one token after 5 and 9).
+        // A prompt's step (4 tokens after 3 cached), decoding steps (one token after 5 and 9),
+        // a prompt's step after one cached position (as `fusec generate` compiles it).
         let step = |b, s, past: usize| text(b, s).dim("past", past).dim("total", past + s);
-        return vec![step(2, 1, 5), step(1, 4, 3), step(3, 1, 9)];
+        return vec![step(2, 1, 5), step(1, 4, 3), step(3, 1, 9), step(2, 4, 1)];
     }
     if ["bert", "gpt2", "llama"].iter().any(|p| file.starts_with(p)) {
         return vec![text(1, 7), text(3, 1), text(2, 13)];
