@@ -125,10 +125,14 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// Thread-block clusters (sm_90+, a kernel declared with `__cluster_dims__`): this block's rank
-// in its cluster; a barrier of every thread of the cluster, shared-memory writes before it
+// Thread-block clusters (sm_90+, a kernel declared with `FUSEC_CLUSTER_DIMS(n)`): this block's
+// rank in its cluster; a barrier of every thread of the cluster, shared-memory writes before it
 // visible to the cluster's reads after it; the address of `p` (this block's shared memory) in
-// the shared memory of the cluster's block `rank`, read there with ordinary loads.
+// the shared memory of the cluster's block `rank`, read there with ordinary loads. Compiled
+// for an earlier arch, `FUSEC_CLUSTERS` is 0 and a kernel takes another way (no clusters).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FUSEC_CLUSTERS 1
+#define FUSEC_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -143,6 +147,10 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(to) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
     return reinterpret_cast<const T*>(to);
 }
+#else
+#define FUSEC_CLUSTERS 0
+#define FUSEC_CLUSTER_DIMS(n)
+#endif
 
 // Two 8×8 matrices of 16-bit elements from shared memory, transposed: lanes 0–7 address the
 // rows of the first, lanes 8–15 those of the second (16-byte aligned); lane L receives rows
