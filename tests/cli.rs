@@ -630,3 +630,30 @@ fn generate_text_prompts_need_a_readable_tokenizer() {
     let out = fusec(&["generate", model]);
     assert_eq!(out.status.code(), Some(2), "a prompt is required: {}", text(&out.stderr));
 }
+
+/// A network's convolutions on cuDNN are counted in `compile`'s and `inspect`'s summaries and
+/// in their JSON, in a bundle for one batch and in one for a range of batches alike.
+#[test]
+fn compile_counts_the_cudnn_convolutions() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::model_path("cnn_block.onnx");
+    for batch in ["batch=2", "batch=1..8"] {
+        let bundle = dir.path().join("cnn.bundle");
+        let json = dir.path().join("cnn.json");
+        let args = ["compile", model.to_str().unwrap(), "-o", bundle.to_str().unwrap(), "--dim", batch];
+        let out = fusec(&[&args[..], &["--json", json.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let convs = doc["conv_calls"].as_u64().unwrap_or(0);
+        assert!(convs > 0, "{batch}: {doc}");
+        let out = fusec(&["inspect", bundle.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let summary = format!("cuBLAS GEMMs, {convs} cuDNN convolutions)");
+        assert!(text(&out.stdout).contains(&summary), "{batch}: {}", text(&out.stdout));
+    }
+    // A model without convolutions says nothing of them.
+    let mlp = dir.path().join("mlp.bundle");
+    let model = common::model_path("mlp_block.onnx");
+    let out = fusec(&["compile", model.to_str().unwrap(), "-o", mlp.to_str().unwrap(), "--dim", "batch=2"]);
+    assert!(out.status.success() && !text(&out.stdout).contains("cuDNN"), "{}", text(&out.stdout));
+}

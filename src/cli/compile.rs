@@ -106,12 +106,12 @@ impl Compile {
         let quiet = super::shapes::json_to_stdout(self.json.as_deref());
         if !quiet {
             println!(
-                "{}: {} kernels ({} distinct functions), {} launches per run ({} cuBLAS GEMMs), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
+                "{}: {} kernels ({} distinct functions), {} launches per run ({}), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
                 self.output.display(),
                 h.kernels,
                 functions.len(),
                 h.launches,
-                h.gemm_calls,
+                super::shapes::library_calls(h),
                 h.graph_breaks,
                 bundle.weights.len(),
                 h.arena_bytes

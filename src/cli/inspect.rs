@@ -123,13 +123,13 @@ impl Inspect {
         say(format!("bundle      {} (format {})", self.model.display(), h.format_version));
         say(format!("model       {}", h.model));
         say(format!(
-            "program     {}, {}, {} kernels ({} distinct functions), {} launches per run ({} cuBLAS GEMMs), {} graph breaks",
+            "program     {}, {}, {} kernels ({} distinct functions), {} launches per run ({}), {} graph breaks",
             h.precision,
             if h.fused { "fused" } else { "unfused" },
             h.kernels,
             functions.len(),
             h.launches,
-            h.gemm_calls,
+            super::shapes::library_calls(h),
             h.graph_breaks
         ));
         say(format!("PTX         {}", h.arch.as_deref().unwrap_or("none (CUDA sources, compiled at load)")));

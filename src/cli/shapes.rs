@@ -45,6 +45,21 @@ pub fn functions(h: &fusec::bundle::Header) -> std::collections::BTreeSet<&str> 
     h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect()
 }
 
+/// A bundle's cuDNN convolution calls.
+pub fn conv_calls(h: &fusec::bundle::Header) -> usize {
+    h.steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Conv { .. })).count()
+}
+
+/// The library calls of a summary line: `8 cuBLAS GEMMs`, and `, 53 cuDNN convolutions` where
+/// there are any (a generated loop is slower; a bundle that has none where a network has
+/// convolutions shows it here).
+pub fn library_calls(h: &fusec::bundle::Header) -> String {
+    match conv_calls(h) {
+        0 => format!("{} cuBLAS GEMMs", h.gemm_calls),
+        n => format!("{} cuBLAS GEMMs, {n} cuDNN convolutions", h.gemm_calls),
+    }
+}
+
 /// A bundle's program as `compile --json` and `inspect MODEL.bundle --json` give it, added to
 /// `extra` (each document's own fields).
 pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_json::Value {
@@ -57,6 +72,7 @@ pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_js
         "functions": functions(h).len(),
         "launches": h.launches,
         "gemm_calls": h.gemm_calls,
+        "conv_calls": conv_calls(h),
         "graph_breaks": h.graph_breaks,
         "weight_bytes": bundle.weights.len(),
         "activation_bytes": h.arena_bytes,
