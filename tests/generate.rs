@@ -652,3 +652,54 @@ fn drift_over_2000_tokens(precision: DType, tolerance: f64) {
     println!("2,000-token cache ({precision:?}): the last step's logits against the whole sequence, rel-L2 {error:.2e}");
     assert!(error <= tolerance, "{precision:?}: rel-L2 {error:.2e}");
 }
+
+/// The programs `fusec generate` compiles — one-token steps and 4-token prompt steps, their
+/// cache in place (`present = Concat(past, new)` an append inside `present`'s buffer, no
+/// Concat of the cache left) — planned after 1, 17 and 300 cached positions and evaluated on
+/// the CPU (the reference evaluator, on the planned graph) agree with tract on the ONNX file.
+#[test]
+fn cache_in_place_programs_at_several_cache_lengths_match_tract() {
+    for file in DECODERS {
+        let path = common::model_path(file);
+        for (seq, past) in [(1, 1), (1, 17), (1, 300), (4, 1), (4, 17)] {
+            let options = CompileOptions {
+                import: ImportOptions::new(specs(file, 2, seq, past), vec![]),
+                cache_in_place: true,
+                ..Default::default()
+            };
+            let (plan, _) = fusec::pipeline::plan_reporting(&path, &options, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{e}"));
+            // An append for each cached tensor, and no Concat reading the cache.
+            let g = &plan.graph;
+            let appends =
+                g.node_ids().filter(|&id| matches!(g.node(id).op, fusec::ir::Op::Append { .. })).count();
+            assert_eq!(appends, 4, "{file} {seq} after {past}: {:?}", g.op_histogram());
+            let cache: Vec<_> =
+                plan.inputs.iter().filter(|b| b.name.starts_with("past")).map(|b| b.value).collect();
+            let concat_of_cache = g.node_ids().any(|id| {
+                matches!(g.node(id).op, fusec::ir::Op::Concat { .. })
+                    && g.inputs_of(id).iter().any(|i| cache.contains(i))
+            });
+            assert!(!concat_of_cache, "{file} {seq} after {past}: a Concat of the cache is left");
+            let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+            let inputs = common::random_inputs(&model, 7 + past as u64);
+            let feeds: std::collections::HashMap<_, _> = inputs.iter().cloned().collect();
+            // The planned graph with its constants back from the weights it placed them in.
+            let mut graph = plan.graph.clone();
+            for id in graph.node_ids().collect::<Vec<_>>() {
+                let value = plan.constant_value(id);
+                if let (fusec::ir::Op::Constant(c), Some(v)) = (&mut graph.node_mut(id).op, value) {
+                    *c = std::sync::Arc::new(v);
+                }
+            }
+            let ours = fusec::ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let values: Vec<Tensor> = inputs.into_iter().map(|(_, t)| t).collect();
+            let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(ours.len(), theirs.len(), "{file}");
+            for ((name, a), t) in ours.iter().zip(&theirs) {
+                let err = fusec::ir::rel_l2(a, t);
+                assert!(err <= 1e-5, "{file} {seq} tokens after {past}: {name} rel-L2 {err:e}");
+            }
+        }
+    }
+}
