@@ -94,8 +94,9 @@ impl PyBundle {
         self.inner.header.ranges.iter().map(|r| (r.symbol.clone(), (r.low, r.high))).collect()
     }
 
-    /// What was compiled: model, fused, precision, kernels, launches, gemm_calls,
-    /// graph_breaks, arch (None: CUDA sources, compiled at load), weight_bytes, arena_bytes.
+    /// What was compiled: model, fused, precision, kernels, launches, gemm_calls, conv_calls
+    /// (cuDNN convolutions), graph_breaks, arch (None: CUDA sources, compiled at load),
+    /// weight_bytes, arena_bytes.
     #[getter]
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let h = &self.inner.header;
@@ -106,6 +107,7 @@ impl PyBundle {
         d.set_item("kernels", h.kernels)?;
         d.set_item("launches", h.launches)?;
         d.set_item("gemm_calls", h.gemm_calls)?;
+        d.set_item("conv_calls", h.conv_calls())?;
         d.set_item("graph_breaks", h.graph_breaks)?;
         d.set_item("arch", h.arch.clone())?;
         d.set_item("weight_bytes", self.inner.weights.len())?;

@@ -41,6 +41,15 @@ def test_a_range_bundle_names_its_dims():
     assert "batch=1..4" in repr(bundle)
 
 
+def test_a_networks_convolutions_on_cudnn_are_counted():
+    # cnn_block's convolutions on cuDNN, for one batch and for a range of batches alike; a
+    # transformer has none.
+    for dims in ({"batch": 2}, {"batch": (1, 8)}):
+        bundle = fusec.compile(MODELS / "cnn_block.onnx", dims=dims)
+        assert bundle.info["conv_calls"] > 0, dims
+    assert fusec.compile(MODELS / "bert_ts.onnx", dims={"batch": 2, "seq": 16}).info["conv_calls"] == 0
+
+
 def test_exact_gelu_keeps_erf_in_an_epilogue_kernel():
     # The tiny BERT's two erf-GELUs after their GEMMs: cuBLASLt's tanh form by default in fp16
     # (one launch a GEMM), an epilogue kernel each with exact_gelu.

@@ -325,6 +325,13 @@ pub struct Header {
     #[serde(default)]
     pub ranges: Vec<BundleRange>,
 }
+impl Header {
+    /// The cuDNN convolution calls of the program (a network's convolutions that did not run as
+    /// generated loops).
+    pub fn conv_calls(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Conv { .. })).count()
+    }
+}
 
 /// A compiled model: what `fusec compile` writes and a [`crate::Session`] runs.
 #[derive(Clone, Debug, PartialEq)]

@@ -45,16 +45,11 @@ pub fn functions(h: &fusec::bundle::Header) -> std::collections::BTreeSet<&str> 
     h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect()
 }
 
-/// A bundle's cuDNN convolution calls.
-pub fn conv_calls(h: &fusec::bundle::Header) -> usize {
-    h.steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Conv { .. })).count()
-}
-
 /// The library calls of a summary line: `8 cuBLAS GEMMs`, and `, 53 cuDNN convolutions` where
 /// there are any (a generated loop is slower; a bundle that has none where a network has
 /// convolutions shows it here).
 pub fn library_calls(h: &fusec::bundle::Header) -> String {
-    match conv_calls(h) {
+    match h.conv_calls() {
         0 => format!("{} cuBLAS GEMMs", h.gemm_calls),
         n => format!("{} cuBLAS GEMMs, {n} cuDNN convolutions", h.gemm_calls),
     }
@@ -72,7 +67,7 @@ pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_js
         "functions": functions(h).len(),
         "launches": h.launches,
         "gemm_calls": h.gemm_calls,
-        "conv_calls": conv_calls(h),
+        "conv_calls": h.conv_calls(),
         "graph_breaks": h.graph_breaks,
         "weight_bytes": bundle.weights.len(),
         "activation_bytes": h.arena_bytes,
