@@ -219,6 +219,33 @@ fn every_fixture_compiles_for_ranges_of_its_dims() {
                             alone > 0 && ranged == alone,
                             "{file} {precision}: {ranged} cuDNN convolutions, {alone} at batch 3"
                         );
+                        // Each set up at batch 3 as the session does is the one-batch bundle's
+                        // convolution (shapes and parameters; the memory is planned apart).
+                        let specs = |steps: &[Step]| -> Vec<fusec::codegen::ConvSpec> {
+                            steps
+                                .iter()
+                                .filter_map(|s| match s {
+                                    Step::Conv { conv, .. } => Some(conv.clone()),
+                                    _ => None,
+                                })
+                                .collect()
+                        };
+                        for (r, o) in specs(&h.steps).iter().zip(specs(&one.header.steps)) {
+                            let r = r.at(&[3]).unwrap();
+                            let key = |c: &fusec::codegen::ConvSpec| {
+                                (
+                                    c.x_shape,
+                                    c.w_shape,
+                                    c.y_shape,
+                                    c.pads,
+                                    c.strides,
+                                    c.dilations,
+                                    c.group,
+                                    c.channels_last,
+                                )
+                            };
+                            assert_eq!(key(&r), key(&o), "{file} {precision}");
+                        }
                     }
                     for step in &h.steps {
                         assert!(step.sources().all(|s| s.scale.is_some()), "{file}");
