@@ -325,6 +325,7 @@ pub struct Header {
     #[serde(default)]
     pub ranges: Vec<BundleRange>,
 }
+
 impl Header {
     /// The cuDNN convolution calls of the program (a network's convolutions that did not run as
     /// generated loops).

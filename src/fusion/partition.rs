@@ -764,17 +764,9 @@ fn kernel_order(b: &Builder<'_>, kernels: &[Kernel]) -> Vec<usize> {
 }
 
 /// Whether `id` is a constant, or a broadcast or reshape of one, whose elements are all alike.
-fn uniform_constant(graph: &Graph, mut id: NodeId) -> bool {
-    loop {
-        match &graph.node(id).op {
-            Op::Expand { .. } | Op::Reshape { .. } => id = graph.inputs_of(id)[0],
-            Op::Constant(value) => {
-                let values = value.to_f64_vec();
-                return values
-                    .first()
-                    .is_some_and(|first| values.iter().all(|v| v.to_bits() == first.to_bits()));
-            }
-            _ => return false,
-        }
-    }
+fn uniform_constant(graph: &Graph, id: NodeId) -> bool {
+    graph.constant(graph.behind_views(id)).is_some_and(|value| {
+        let values = value.to_f64_vec();
+        values.first().is_some_and(|first| values.iter().all(|v| v.to_bits() == first.to_bits()))
+    })
 }

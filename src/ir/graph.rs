@@ -192,6 +192,15 @@ impl Graph {
         group > 1 && per_group == Some(&1)
     }
 
+    /// The node `id` views: `id` itself, or what a chain of broadcasts and reshapes (`Expand`,
+    /// `Reshape`) starting at `id` reads.
+    pub fn behind_views(&self, mut id: NodeId) -> NodeId {
+        while matches!(self.node(id).op, Op::Expand { .. } | Op::Reshape { .. }) {
+            id = self.inputs_of(id)[0];
+        }
+        id
+    }
+
     /// The constant value of `id`, if it is a `Constant` node.
     pub fn constant(&self, id: NodeId) -> Option<&Arc<Tensor>> {
         match &self.g[id].op {

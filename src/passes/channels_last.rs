@@ -122,8 +122,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let Some(filters) = graph.constant(inputs[1]).cloned() else { return Ok(false) };
     // Asymmetric padding (TensorFlow exports' SAME padding of stride-2 layers) only where the
     // convolution is depthwise and runs as a generated kernel: cuDNN takes symmetric padding.
-    let depthwise = group > 1 && filters.shape().get(1) == Some(&1);
-    let generated = depthwise && Depthwise::from_env() != Depthwise::Cudnn;
+    let generated = graph.is_depthwise_conv(id) && Depthwise::from_env() != Depthwise::Cudnn;
     if !(symmetric || generated) || node.ty.rank() != 4 {
         return Ok(false);
     }

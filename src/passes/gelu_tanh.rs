@@ -37,21 +37,11 @@ fn follows_gemm(graph: &Graph, mut id: NodeId) -> bool {
             Op::Reshape { .. } => id = graph.inputs_of(id)[0],
             Op::Binary(BinaryOp::Add) if !biased => {
                 let inputs = graph.inputs_of(id);
-                let Some(&other) = inputs.iter().find(|&&i| is_constant(graph, i)) else { return false };
+                let constant = |i: NodeId| graph.constant(graph.behind_views(i)).is_some();
+                let Some(&other) = inputs.iter().find(|&&i| constant(i)) else { return false };
                 id = if inputs[0] == other { inputs[1] } else { inputs[0] };
                 biased = true;
             }
-            _ => return false,
-        }
-    }
-}
-
-/// A constant, or a broadcast or reshape of one.
-fn is_constant(graph: &Graph, mut id: NodeId) -> bool {
-    loop {
-        match &graph.node(id).op {
-            Op::Constant(_) => return true,
-            Op::Expand { .. } | Op::Reshape { .. } => id = graph.inputs_of(id)[0],
             _ => return false,
         }
     }

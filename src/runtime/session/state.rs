@@ -89,15 +89,24 @@ impl Session {
         })
     }
 
-    /// Writes input `name` from a host tensor of its type and shape, leaving the other inputs
-    /// as they are (for a bundle of one size).
-    pub fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), RuntimeError> {
+    /// Input `name`, where it can be written on its own: in the arena, in a bundle of one size.
+    fn input_to_write(&self, name: &str) -> Result<&IoSpec, RuntimeError> {
         let spec = Self::spec(&self.inputs, name, "input")?;
         if !self.ranges.is_empty() {
             return Err(RuntimeError::Input(format!(
                 "input '{name}': writing one input at a time needs a bundle of one size"
             )));
         }
+        if !matches!(spec.location, Location::Arena(_)) {
+            return Err(RuntimeError::Input(format!("input '{name}' is not in the arena")));
+        }
+        Ok(spec)
+    }
+
+    /// Writes input `name` from a host tensor of its type and shape, leaving the other inputs
+    /// as they are (for a bundle of one size).
+    pub fn write_input(&mut self, name: &str, tensor: &Tensor) -> Result<(), RuntimeError> {
+        let spec = self.input_to_write(name)?;
         if tensor.dtype().name() != spec.dtype || tensor.shape() != spec.shape.as_slice() {
             return Err(RuntimeError::Input(format!(
                 "input '{name}' is {}{:?}, the tensor given is {}{:?}",
@@ -106,9 +115,6 @@ impl Session {
                 tensor.dtype(),
                 tensor.shape()
             )));
-        }
-        if !matches!(spec.location, Location::Arena(_)) {
-            return Err(RuntimeError::Input(format!("input '{name}' is not in the arena")));
         }
         let k = self.inputs.iter().position(|s| s.name == name).unwrap_or_default();
         // Through the input's page-locked buffer, as `run` does: in stream order before the
@@ -121,17 +127,15 @@ impl Session {
     /// 2D memset (two for 8-byte elements), no host buffer. A decoding step's attention mask
     /// gains a position this way rather than being written whole every step.
     pub fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<(), RuntimeError> {
-        let spec = Self::spec(&self.inputs, name, "input")?;
-        let (Location::Arena(_), [rows, columns]) = (spec.location, spec.shape.as_slice()) else {
+        let spec = self.input_to_write(name)?;
+        let [rows, columns] = spec.shape[..] else {
             return Err(RuntimeError::Input(format!(
-                "input '{name}' is not a [rows, columns] input of the arena: {:?}",
+                "input '{name}' is not [rows, columns]: {:?}",
                 spec.shape
             )));
         };
-        if column >= *columns || !self.ranges.is_empty() {
-            return Err(RuntimeError::Input(format!(
-                "input '{name}': column {column} of {columns} (in a bundle of one size)"
-            )));
+        if column >= columns {
+            return Err(RuntimeError::Input(format!("input '{name}': column {column} of {columns}")));
         }
         let dtype = DType::from_name(&spec.dtype)
             .ok_or_else(|| RuntimeError::Input(format!("input '{name}' has type {}", spec.dtype)))?;
@@ -140,7 +144,7 @@ impl Session {
         let mut bytes = vec![0u8; size];
         crate::plan::write_tensor_bytes(&mut bytes, &Tensor::from_f64(one, dtype));
         let (start, pitch, height) =
-            (self.address(spec.location) + (column * size) as u64, columns * size, *rows);
+            (self.address(spec.location) + (column * size) as u64, columns * size, rows);
         let stream = self.stream.cu_stream();
         // SAFETY: `height` rows of the input's buffer, one element each at `start` and `pitch`
         // bytes apart (within the buffer: `column` < `columns`), on the session's stream.
