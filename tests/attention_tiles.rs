@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::onnx::{floats, int, int64s, ints, node, weight, write_model};
 use fusec::codegen::Step;
-use fusec::import::{import, run_tract, ImportOptions};
-use fusec::ir::{DType, Tensor};
+use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
 
 /// Self-attention of one 64-wide head over `tokens` positions, 48 sequences (so that the
@@ -95,10 +94,7 @@ fn a_partial_last_key_tile_is_compiled_for_its_chunks() {
             common::compiles_without_spills(attention[0], common::ptxas().as_deref(), dir.path());
         }
 
-        let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-        let inputs = common::random_inputs(&model, tokens as u64);
-        let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-        let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
         common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
     }
 }
@@ -129,10 +125,7 @@ fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
             fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{tokens} keys for sm_80: {e}"));
         }
 
-        let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-        let inputs = common::random_inputs(&model, tokens as u64);
-        let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-        let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
         common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
     }
 }

@@ -12,7 +12,6 @@ use std::path::Path;
 
 use common::onnx::{int, ints, node, weight, write_model};
 use fusec::codegen::Step;
-use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
 
@@ -96,10 +95,7 @@ fn large_depthwise_windows_stage_their_tiles_in_shared_memory() {
             // The SiLU is the tile kernel's epilogue: no kernel reads the convolution back.
             assert!(source.contains("fusec::sigmoid(v"), "{}:\n{source}", case.name);
         }
-        let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-        let inputs = common::random_inputs(&model, 9);
-        let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
-        let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, 9);
         common::gpu_matches_tract(&path, &options, &inputs, &theirs, HALF_TOLERANCE);
     }
 }
@@ -149,11 +145,8 @@ fn asymmetric_pads_keep_depthwise_convolutions_channels_last() {
     assert!(convs[0].contains("float dw_in"), "{}", convs[0]);
     assert!(convs[1].contains("float dw") && !convs[1].contains("dw_in"), "{}", convs[1]);
 
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 7);
-    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let (model, inputs, theirs) = common::tract_on_random_inputs(&path, 7);
     let feeds: std::collections::HashMap<_, _> = inputs.iter().cloned().collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     let mut graph = model.graph.clone();
     run_passes(&mut graph, &standard()).unwrap();
     assert!(ChannelsLast.run(&mut graph).unwrap() > 0);

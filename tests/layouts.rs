@@ -16,7 +16,6 @@ use std::path::Path;
 
 use common::onnx::{float, floats, int, int64s, ints, node, string, weight, write_model};
 use fusec::codegen::{KernelSource, Step};
-use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType, Tensor};
 use fusec::passes::{run_passes, standard, ChannelsLast, Pass};
 use fusec::pipeline::{plan_reporting, CompileOptions};
@@ -115,10 +114,7 @@ fn transposed_rows_are_stored_and_read_as_packs() {
         let scalars = scalar_accesses(&kernel.source);
         assert!(scalars.is_empty(), "{}: {scalars:?}\n{}", kernel.name, kernel.source);
     }
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 3);
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let (_, inputs, theirs) = common::tract_on_random_inputs(&path, 3);
     on_the_gpu(&path, &theirs, &inputs);
 }
 
@@ -133,11 +129,8 @@ fn a_downsampling_layer_norm_stores_pixels_whole() {
 
     // The channels-last graph against tract: the patches' rows in [R, S, C] order, the
     // filters reordered to match.
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 4);
+    let (model, inputs, theirs) = common::tract_on_random_inputs(&path, 4);
     let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     let mut graph = model.graph.clone();
     run_passes(&mut graph, &standard()).unwrap();
     assert!(ChannelsLast.run(&mut graph).unwrap() > 0);
@@ -180,10 +173,7 @@ fn narrow_rows_share_a_warp() {
     assert!(!norm.source.contains("fusec::warp_sum(acc"), "{}", norm.source);
     let softmax = find(": row:Softmax");
     assert!(softmax.source.contains("fusec::lanes_max<16>("), "{}", softmax.source);
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 5);
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let (_, inputs, theirs) = common::tract_on_random_inputs(&path, 5);
     on_the_gpu(&path, &theirs, &inputs);
 }
 
@@ -215,11 +205,8 @@ fn an_upsampling_is_read_through_by_its_consumer() {
     let kinds: Vec<String> = plan.kernels.iter().map(|k| k.kind.name()).collect();
     assert!(!kinds.iter().any(|k| k == "gather" || k == "copy"), "{kinds:?}");
     assert_eq!(kinds.len(), 3, "the input's cast, two pointwise kernels: {kinds:?}");
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 6);
+    let (model, inputs, theirs) = common::tract_on_random_inputs(&path, 6);
     let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     let ours = ir::evaluate(&model.graph, &feeds).unwrap_or_else(|e| panic!("{e}"));
     let err = rel_l2(&ours[0].1, &theirs[0]);
     assert!(err <= 1e-6, "imported graph: rel-L2 {err:e}");
@@ -256,9 +243,6 @@ fn a_concatenation_loads_packs_only_where_each_part_is_read() {
     let scalars = scalar_accesses(source);
     assert!(scalars.is_empty(), "{scalars:?}\n{source}");
     assert_eq!(source.matches("fusec::load_or_zero(").count(), 3, "each part's pack guarded:\n{source}");
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 7);
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let (_, inputs, theirs) = common::tract_on_random_inputs(&path, 7);
     on_the_gpu(&path, &theirs, &inputs);
 }

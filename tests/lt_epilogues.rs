@@ -14,7 +14,6 @@ use std::sync::Arc;
 use common::onnx::{int, ints, node, weight, write_model};
 use fusec::codegen::{LtActivation, LtEpilogue, Step};
 use fusec::fusion::{self, FusionLimits};
-use fusec::import::{import, run_tract, ImportOptions};
 use fusec::ir::{self, rel_l2, DType, Graph, Op, Origin, Tensor, TensorType, UnaryOp};
 use fusec::passes::{run_passes, standard, ChannelsLast, Pass, SplitReductions};
 use fusec::pipeline::{plan_reporting, CompileOptions};
@@ -99,11 +98,8 @@ fn a_convnext_mlp_runs_its_epilogues_in_cublaslt() {
 
     // The program as compiled (stages run here: the plan's graph has given its weights to the
     // blob) against tract.
-    let model = import(&path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 5);
+    let (model, inputs, theirs) = common::tract_on_random_inputs(&path, 5);
     let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
-    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     let mut graph = model.graph.clone();
     run_passes(&mut graph, &standard()).unwrap();
     let fused = fusion::fuse(&graph, &FusionLimits::default()).unwrap_or_else(|e| panic!("{e}"));

@@ -114,6 +114,17 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
         .collect()
 }
 
+/// `path` imported as it is, random inputs for it ([`random_inputs`] with `seed`) and tract's
+/// outputs on them.
+pub fn tract_on_random_inputs(path: &Path, seed: u64) -> (Model, Vec<(String, Tensor)>, Vec<Tensor>) {
+    let model = import(path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = random_inputs(&model, seed);
+    let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs =
+        fusec::import::run_tract(path, &values).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (model, inputs, theirs)
+}
+
 /// The program `fusec compile` makes of `path` with `options`, as steps, each generated kernel
 /// compiled with NVRTC for sm_90 where NVRTC is found (a reason printed where not).
 pub fn compiled_steps(path: &Path, options: &fusec::pipeline::CompileOptions) -> Vec<fusec::codegen::Step> {
