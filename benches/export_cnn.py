@@ -46,16 +46,17 @@ def calibrate(model):
     return model.eval()
 
 
-def half_error(model, x):
-    """rel-L2 of PyTorch's own fp16 logits (channels-last, on the GPU) against its fp32 ones
-    on `x`: what a half-precision build of this model can be expected to hold to."""
+def half_error(model, x, dtype=torch.float16):
+    """rel-L2 of PyTorch's own logits in `dtype` (fp16 or bf16; channels-last, on the GPU)
+    against its fp32 ones on `x`: what a half-precision build of this model can be expected to
+    hold to."""
     if not torch.cuda.is_available():
         return None
     with torch.no_grad():
         model = model.cuda().to(memory_format=torch.channels_last)
         x = torch.from_numpy(x).cuda().to(memory_format=torch.channels_last)
         full = model(x).double()
-        half = model.half()(x.half()).double()
+        half = model.to(dtype)(x.to(dtype)).double()
         model.float().cpu()
     return float((half - full).norm() / full.norm())
 
@@ -76,8 +77,9 @@ def main():
         torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["logits"],
                           dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
                           dynamo=False)
-        error = half_error(model, inputs[1])
-        print(f"wrote {path}" + (f"; PyTorch fp16 against fp32 on x_1: rel-L2 {error:.3e}" if error else ""))
+        error, bf16 = half_error(model, inputs[1]), half_error(model, inputs[1], torch.bfloat16)
+        print(f"wrote {path}" + (f"; PyTorch fp16 / bf16 against fp32 on x_1: rel-L2 {error:.3e} / {bf16:.3e}"
+                                 if error else ""))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ prompt (past 0, seq 5) and a step (past 5, seq 1).
   --size small:    gpt2_small_cache.onnx (GPT-2 small: 768 wide, 12 layers, vocab 50257) and
                    llama_small_cache.onnx (the suite's Llama-style decoder), for benchmarks
 
-    python3 models/export_cache.py OUT_DIR [--size small] [gpt2 llama]
+  --forward:       also the same decoder (same weights) without a cache: input_ids,
+                   attention_mask [batch, seq], position_ids in, logits out
+                   (<name>_small_forward.onnx / <name>_forward_ts.onnx), the forward-only
+                   model a prompt step is compared with
+
+    python3 models/export_cache.py OUT_DIR [--size small] [--forward] [gpt2 llama]
 """
 
 import argparse
@@ -74,6 +79,34 @@ class WithCache(torch.nn.Module):
         for i in range(self.layers):
             presents.extend(layer_kv(out.past_key_values, i))
         return (out.logits, *presents)
+
+
+class Forward(torch.nn.Module):
+    """The decoder over a whole sequence, no cache in or out: logits only."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids, use_cache=False).logits
+
+
+def export_forward(name, model, out_dir, size):
+    file = f"{name}_forward_ts.onnx" if size == "tiny" else f"{name}_small_forward.onnx"
+    path = os.path.join(out_dir, file)
+    ids, mask, positions = feeds(model, 2, 0, 5, 1)[:3]
+    axes = {n: {0: "batch", 1: "seq"} for n in ["input_ids", "attention_mask", "position_ids", "logits"]}
+    with torch.no_grad():
+        torch.onnx.export(Forward(model).eval(), (ids, mask, positions), path, dynamo=False,
+                          opset_version=17, input_names=["input_ids", "attention_mask", "position_ids"],
+                          output_names=["logits"], dynamic_axes=axes)
+    onnx_model = onnx.load(path, load_external_data=True)
+    onnx.save(onnx_model, path, save_as_external_data=False)
+    if os.path.exists(path + ".data"):
+        os.remove(path + ".data")
+    print(f"{path}: {os.path.getsize(path)} bytes, {len(onnx_model.graph.node)} nodes")
 
 
 def shapes(model):
@@ -146,6 +179,7 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("names", nargs="*")
     parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    parser.add_argument("--forward", action="store_true")
     args = parser.parse_intermixed_args()
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, onnx {onnx.__version__}")
@@ -160,6 +194,8 @@ def main():
                 elif p.dim() == 1:
                     p.normal_(1.0, 0.1)
         export(name, model.eval(), args.out_dir, args.size)
+        if args.forward:
+            export_forward(name, model.eval(), args.out_dir, args.size)
 
 
 if __name__ == "__main__":

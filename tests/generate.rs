@@ -140,6 +140,37 @@ fn a_cache_updated_in_place_lies_inside_its_output() {
     }
 }
 
+/// A decoder layer's key and value appends to its cache in place are one kernel storing both
+/// (they share a geometry, read one projection and are read by one attention), not a launch
+/// each: one append kernel a layer, in the one-token step and in a prompt step.
+#[test]
+fn a_layers_key_and_value_appends_are_one_kernel() {
+    for file in DECODERS {
+        for seq in [1, 4] {
+            let options = CompileOptions {
+                import: ImportOptions::new(specs(file, 2, seq, 9), vec![]),
+                precision: DType::F16,
+                cache_in_place: true,
+                ..Default::default()
+            };
+            let path = common::model_path(file);
+            let (plan, _) = fusec::pipeline::plan_reporting(&path, &options, &mut |_| {}).unwrap();
+            let steps = fusec::codegen::generate(&plan).unwrap();
+            let appends: Vec<&str> = steps
+                .iter()
+                .filter_map(|s| match s {
+                    fusec::codegen::Step::Launch(k) if k.source.contains(": append\n") => {
+                        Some(k.source.as_str())
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(appends.len(), 2, "{file}, {seq} tokens: one append kernel a layer");
+            assert!(appends.iter().all(|k| k.contains("out1") && !k.contains("out2")), "{file}: {appends:?}");
+        }
+    }
+}
+
 #[test]
 fn a_one_step_bundle_has_a_cache_layout() {
     for file in DECODERS {
@@ -287,6 +318,66 @@ fn greedy_tokens_match_recomputing_without_a_cache() {
         let err = generator.generate(&prompts, &long, |_, _| {}).unwrap_err().to_string();
         assert!(err.contains("--dim past"), "{err}");
     }
+}
+
+/// Greedy ids fed back on the device (`Session::argmax_feed`) are the ids `argmax_rows` reads
+/// back, and a step that reads them from its token input gives the logits it gives with them
+/// written from the host; misuse is an error. A stop token ends a sequence of a batch whose
+/// ids are fed back (the generator reads them one step late) exactly where recomputing says.
+#[test]
+fn fed_tokens_are_the_argmax_and_the_next_steps_input() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (tokens fed back on the device are checked on a GPU machine)");
+        return;
+    }
+    let file = DECODERS[0];
+    let (heads, size) = cache_dims(file);
+    let mut session = fusec::Session::new(&compiled(file, 2, 1, 15, DType::F32, true), 0).unwrap();
+    let ints = |shape: &[usize], v: Vec<i64>| {
+        Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
+    };
+    let mut inputs = vec![
+        ("input_ids".to_string(), ints(&[2, 1], vec![5, 300])),
+        ("attention_mask".to_string(), ints(&[2, 16], vec![1; 32])),
+        ("position_ids".to_string(), ints(&[2, 1], vec![15, 15])),
+    ];
+    for (k, spec) in specs(file, 2, 1, 15).iter().enumerate().skip(3) {
+        let values: Vec<f32> =
+            (0..2 * heads * 15 * size).map(|i| ((i * 37 + k * 11) % 101) as f32 / 50.0 - 1.0).collect();
+        let shape = IxDyn(&[2, heads, 15, size]);
+        inputs.push((spec.name.clone(), Tensor::F32(ArrayD::from_shape_vec(shape, values).unwrap())));
+    }
+    session.run(&inputs).unwrap();
+    let ids = session.argmax_rows("logits", 2, 512).unwrap();
+    session.argmax_feed("logits", 2, 512, "input_ids").unwrap();
+    assert_eq!(session.fed_tokens().unwrap(), ids);
+    session.execute_all().unwrap();
+    let fed = session.read_output("logits").unwrap().to_f64_vec();
+    session.write_input("input_ids", &ints(&[2, 1], ids.clone())).unwrap();
+    session.execute_all().unwrap();
+    let written = session.read_output("logits").unwrap().to_f64_vec();
+    assert_eq!(fed, written, "the step reading the fed ids ({ids:?})");
+    // Misuse: nothing pending, the wrong input, more than two copies in flight.
+    assert!(session.fed_tokens().is_err());
+    assert!(session.argmax_feed("logits", 2, 512, "attention_mask").is_err());
+    session.argmax_feed("logits", 2, 512, "input_ids").unwrap();
+    session.argmax_feed("logits", 2, 512, "input_ids").unwrap();
+    assert!(session.argmax_feed("logits", 2, 512, "input_ids").is_err());
+    assert_eq!(session.fed_tokens().unwrap(), session.fed_tokens().unwrap());
+    // A stop token: the first sequence's third token.
+    let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9]];
+    let references: Vec<Vec<i64>> = prompts.iter().map(|p| reference_tokens(file, p, 10)).collect();
+    let stop = references[0][2];
+    let expected: Vec<Vec<i64>> = references
+        .iter()
+        .map(|r| r[..r.iter().position(|&t| t == stop).map_or(r.len(), |k| k + 1)].to_vec())
+        .collect();
+    let mut generator = Generator::new(&compiled(file, 2, 1, 15, DType::F32, true), 0).unwrap();
+    let options = GenerateOptions { max_new_tokens: 10, stop: Some(stop), ..Default::default() };
+    let mut streamed = vec![Vec::new(); 2];
+    let generation = generator.generate(&prompts, &options, |b, t| streamed[b].push(t)).unwrap();
+    assert_eq!(generation.tokens, expected, "stop token {stop}");
+    assert_eq!(streamed, expected, "the callback sees the tokens kept, no more");
 }
 
 /// On the GPU, a prompt step (two sessions: the cache filled across them on the device) gives

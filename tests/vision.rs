@@ -644,6 +644,47 @@ fn channels_last_leaves_no_transpose_between_convolutions() {
     }
 }
 
+/// A bf16 build takes the same path as an f16 one: every convolution but the depthwise one a
+/// channels-last cuDNN call in bf16 (they were all generated loops), the 1×1 ones GEMMs, and
+/// every kernel compiles. The image's three channels are padded to 16 in bf16 (cuDNN's NHWC
+/// bf16 kernels for 8 were slow), to 8 in f16.
+#[test]
+fn bf16_convolutions_run_channels_last_on_cudnn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = residual_block(dir.path());
+    let convs = |precision: DType| {
+        let options = CompileOptions { precision, channels_last: true, ..Default::default() };
+        let (plan, _) = plan_reporting(&path, &options, &mut |_| {}).unwrap();
+        let steps = fusec::codegen::generate(&plan).unwrap();
+        let convs: Vec<_> = steps
+            .iter()
+            .filter_map(|s| match s {
+                fusec::codegen::Step::Conv { conv, .. } => {
+                    Some((conv.dtype, conv.channels_last, conv.x_shape[1]))
+                }
+                _ => None,
+            })
+            .collect();
+        (steps, convs)
+    };
+    let (_, half) = convs(DType::F16);
+    assert_eq!(half, [(DType::F16, true, 8), (DType::F16, true, 8), (DType::F16, true, 8)]);
+    let (steps, library) = convs(DType::BF16);
+    assert_eq!(library, [(DType::BF16, true, 16), (DType::BF16, true, 8), (DType::BF16, true, 8)]);
+    let gemms = steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { .. })).count();
+    assert_eq!(gemms, 2, "the 1×1 convolutions run as GEMMs");
+    let loops = steps
+        .iter()
+        .filter(|s| matches!(s, fusec::codegen::Step::Launch(k) if k.source.contains(": conv\n")))
+        .count();
+    assert_eq!(loops, 1, "only the depthwise convolution is a generated loop");
+    if fusec::nvrtc::available() {
+        for source in steps.iter().flat_map(fusec::codegen::Step::sources) {
+            fusec::nvrtc::compile(source, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
 /// A patch embedding (a 4×4 window of stride 4, as a vision transformer's) goes channels-last
 /// as a GEMM over the image's patches: no convolution is left, its image channels are not
 /// padded, and the rewritten graph matches tract.

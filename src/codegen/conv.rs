@@ -1,5 +1,5 @@
 //! Convolutions as library calls: a 2-D convolution of static shape (but for a batch that
-//! follows a bundle's range) in f32 or f16 with symmetric padding runs on cuDNN (its
+//! follows a bundle's range) in f32, f16 or bf16 with symmetric padding runs on cuDNN (its
 //! algorithm chosen by measurement when a session loads, or first runs at another batch), writing its raw result into the kernel's output; the bias and the fused pointwise
 //! ops after it run as one epilogue kernel that reads that result element by element and
 //! writes over it. Any other convolution stays a generated loop (`Body::conv_loop`).
@@ -39,7 +39,7 @@ pub struct ConvSpec {
     pub dilations: [usize; 2],
     /// Groups the channels are split into.
     pub group: usize,
-    /// The element type of x, w and y (f32 or f16); cuDNN accumulates in f32.
+    /// The element type of x, w and y (f32, f16 or bf16); cuDNN accumulates in f32.
     pub dtype: DType,
     /// x and y are NHWC and w KRSC in memory (the shapes above are NCHW / KCRS all the same).
     pub channels_last: bool,
@@ -86,8 +86,8 @@ impl ConvSpec {
 }
 
 /// The spec of convolution node `conv` writing its raw result to `y`, if cuDNN takes it:
-/// static shapes but for a batch that follows a range, f32 or f16, padding the same at both
-/// ends.
+/// static shapes but for a batch that follows a range, f32, f16 or bf16, padding the same at
+/// both ends.
 fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
     let graph = &plan.graph;
     let Op::Conv { strides, pads, dilations, group, channels_last } = graph.node(conv).op else {
@@ -109,7 +109,7 @@ fn spec(plan: &Plan, conv: NodeId, y: Location) -> Option<ConvSpec> {
         && y_dims.len() == 4
         && x_dims[0] == y_dims[0]
         && x_dims[1..].iter().chain(&y_dims[1..]).all(SymDim::is_static);
-    if !matches!(dtype, DType::F32 | DType::F16) || !symmetric || !batch_only {
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || !symmetric || !batch_only {
         return None;
     }
     Some(ConvSpec {

@@ -38,17 +38,29 @@ pub fn elementwise(
     body.gemm = gemm;
     let computed: Vec<NodeId> = kernel.nodes.iter().copied().filter(|&n| body.computes(n)).collect();
     let last = *kernel.nodes.last().ok_or("an empty kernel")?;
-    // A cache appended to in place: one thread per element of the new part, stored after the
-    // part already there (`passes::CacheInPlace`).
-    let append = match graph.node(last).op {
-        Op::Append { axis } => Some((last, axis, graph.inputs_of(last))),
-        _ => None,
-    };
+    // Caches appended to in place (`passes::CacheInPlace`; appends of one geometry share a
+    // kernel): one thread per element of the new part, each stored after the part already
+    // there.
+    let appends: Vec<(NodeId, usize, Vec<NodeId>)> = kernel
+        .nodes
+        .iter()
+        .filter_map(|&n| match graph.node(n).op {
+            Op::Append { axis } => Some((n, axis, graph.inputs_of(n))),
+            _ => None,
+        })
+        .collect();
+    let append_of = |n: NodeId| appends.iter().find(|(a, _, _)| *a == n);
     // A pointwise kernel whose one output is stored through a transposing view runs over
     // that view's layout (`stored_layout`).
-    let relayout =
-        if append.is_none() && gemm.is_none() { stored_layout(plan, kernel, last, &computed) } else { None };
-    let domain = relayout.or(append.as_ref().map(|(_, _, inputs)| inputs[1])).unwrap_or(last);
+    let relayout = if appends.is_empty() && gemm.is_none() {
+        stored_layout(plan, kernel, last, &computed)
+    } else {
+        None
+    };
+    let domain = relayout.or(appends.first().map(|(_, _, inputs)| inputs[1])).unwrap_or(last);
+    if appends.iter().any(|(_, _, inputs)| plan.dims(inputs[1]) != plan.dims(domain)) {
+        return Err("appends of different shapes in one kernel".into());
+    }
     let shape = plan.dims(domain);
     let count = graph.node(domain).ty.len();
     if let Some(tile) = super::depthwise::tile(plan, kernel, &shape).filter(|_| gemm.is_none()) {
@@ -90,7 +102,7 @@ pub fn elementwise(
         let s = plan.dims(n);
         if let Some(traced) = &traced {
             traced.clone()
-        } else if let Some((_, axis, inputs)) = append.as_ref().filter(|(a, _, _)| *a == n) {
+        } else if let Some((_, axis, inputs)) = append_of(n) {
             let mut at = coords.clone();
             at[*axis] = format!("({} + {})", at[*axis], plan.dims(inputs[0])[*axis].c());
             at
@@ -103,7 +115,7 @@ pub fn elementwise(
         }
     };
     for &n in &computed {
-        if graph.node(n).ty.len() != count && append.as_ref().is_none_or(|(a, _, _)| *a != n) {
+        if graph.node(n).ty.len() != count && append_of(n).is_none() {
             return Err(format!(
                 "'{}' is {} in a kernel over {:?}",
                 graph.node(n).name,
@@ -111,7 +123,7 @@ pub fn elementwise(
                 graph.node(last).ty.shape
             ));
         }
-        let at = if append.as_ref().is_some_and(|(a, _, _)| *a == n) { coords.clone() } else { coords_of(n) };
+        let at = if append_of(n).is_some() { coords.clone() } else { coords_of(n) };
         body.compute(n, &at)?;
     }
     for &o in &kernel.outputs {

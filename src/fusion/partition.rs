@@ -8,6 +8,7 @@
 //! copy kernel materialises them. A node joins a kernel only if that keeps the kernels
 //! acyclic. A value used outside its kernel, or a graph output, is one of its outputs.
 
+mod appends;
 mod conv_epilogue;
 
 use std::collections::{HashMap, HashSet};
@@ -607,6 +608,7 @@ pub fn partition(
                 _ => {}
             }
         }
+        b.merge_sibling_appends();
         for &id in &order {
             if b.roles[&id] != Role::View {
                 continue;

@@ -140,6 +140,11 @@ pub trait Steps {
     }
     /// Runs the step.
     fn execute(&mut self) -> Result<(), GenerateError>;
+    /// Issues the step without waiting for it where these steps can (on the GPU, in stream
+    /// order with what follows); else runs it.
+    fn execute_queued(&mut self) -> Result<(), GenerateError> {
+        self.execute()
+    }
     /// Output `name` of the last step.
     fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError>;
     /// An f32 output of the last step into `out` (the logits, every step).
@@ -177,6 +182,24 @@ pub trait Steps {
         let _ = (name, at, draw, temperature, draws);
         Ok(None)
     }
+    /// The largest value's index in each of `rows` rows of `width` of f32 output `logits`,
+    /// written where these steps can (on the GPU) into the `[rows, 1]` token input `tokens`
+    /// for the next step without waiting, the ids read later ([`Steps::fed_tokens`]); `false`:
+    /// use [`Steps::argmax_rows`] instead.
+    fn argmax_feed(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+    ) -> Result<bool, GenerateError> {
+        let _ = (logits, rows, width, tokens);
+        Ok(false)
+    }
+    /// The ids of the oldest [`Steps::argmax_feed`] not yet read.
+    fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
+        Err(GenerateError::Input("these steps feed no tokens back".into()))
+    }
     /// Copies rows of output `from` of the last step into input `to`.
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError>;
     /// The same copy for several (output, input) pairs.
@@ -212,6 +235,9 @@ impl Steps for Session {
     fn execute(&mut self) -> Result<(), GenerateError> {
         Ok(self.execute_all()?)
     }
+    fn execute_queued(&mut self) -> Result<(), GenerateError> {
+        Ok(Session::execute_queued(self)?)
+    }
     fn read_output(&mut self, name: &str) -> Result<Tensor, GenerateError> {
         Ok(Session::read_output(self, name)?)
     }
@@ -240,6 +266,26 @@ impl Steps for Session {
             return Ok(None);
         }
         Ok(Some(Session::sample_rows(self, name, at, draw, temperature, draws)?))
+    }
+    fn argmax_feed(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+    ) -> Result<bool, GenerateError> {
+        // `FUSEC_FEED_TOKENS=0`: every step's ids come back before the next step is queued
+        // (for comparison).
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var("FUSEC_FEED_TOKENS").is_ok_and(|v| v.trim() == "0"));
+        if off || self.input_type(tokens) != Some(DType::I64) {
+            return Ok(false);
+        }
+        Session::argmax_feed(self, logits, rows, width, tokens)?;
+        Ok(true)
+    }
+    fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
+        Ok(Session::fed_tokens(self)?)
     }
     fn copy_output_rows(&mut self, from: &str, to: &str, copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows(self, from, to, copy)?)
@@ -271,11 +317,13 @@ pub struct Generator<S: Steps = Session> {
 
 impl Generator<Session> {
     /// Loads `bundle` (compiled with `seq` 1 and `past` at the cache's capacity) on GPU
-    /// `device`.
+    /// `device`, warmed up (`Session::warm_up`): the first generation's time to its first
+    /// token is not the first run's one-time work.
     pub fn new(bundle: &Bundle, device: usize) -> Result<Generator, GenerateError> {
         let layout =
             CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).map_err(GenerateError::Layout)?;
-        let session = Session::new(bundle, device)?;
+        let mut session = Session::new(bundle, device)?;
+        session.warm_up()?;
         Ok(Generator { steps: session, layout, prompt: None })
     }
 }
@@ -342,20 +390,31 @@ impl<S: Steps> Generator<S> {
             out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
         }
         let mut last_step = Instant::now();
+        // Greedy steps whose every sequence is past its prompt choose on the device and write
+        // the ids into the next step's token input there (where the steps can): the next step
+        // is queued before this one's ids are read, one step late (`fed`: that step and which
+        // sequences take a token there).
+        let greedy = sampler.row_draw().is_none();
+        let mut tokens_on_device = false;
+        let mut fed: Option<(usize, Vec<bool>)> = None;
         for t in start..steps {
             if done.iter().all(|&d| d) {
                 break;
             }
-            let tokens: Vec<f64> = (0..batch)
-                .map(|b| match (rows[b].get(t), out.tokens.get(b).and_then(|g| g.last())) {
-                    (Some(&p), _) => p as f64,
-                    (None, Some(&g)) => g as f64,
-                    (None, None) => rows[b][rows[b].len() - 1] as f64,
-                })
-                .collect();
             let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms);
-            self.write(cache::TOKENS, &[batch, 1], tokens)?;
-            self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
+            if !tokens_on_device {
+                let tokens: Vec<f64> = (0..batch)
+                    .map(|b| match (rows[b].get(t), out.tokens.get(b).and_then(|g| g.last())) {
+                        (Some(&p), _) => p as f64,
+                        (None, Some(&g)) => g as f64,
+                        (None, None) => rows[b][rows[b].len() - 1] as f64,
+                    })
+                    .collect();
+                self.write(cache::TOKENS, &[batch, 1], tokens)?;
+            }
+            if !self.steps.set_input_column(cache::POSITIONS, 0, t as f64)? {
+                self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
+            }
             // The mask takes the positions cached (before t) and the step's own (the last
             // column): written whole at the first step, then one column a step, where the
             // steps can set one on the device.
@@ -366,50 +425,82 @@ impl<S: Steps> Generator<S> {
                 self.write(cache::MASK, &[batch, capacity + 1], mask)?;
             }
             clock.lap(0);
-            self.steps.execute()?;
+            // Not waited for: what reads its results next waits (or, feeding ids back, only
+            // the previous step's copy of them).
+            self.steps.execute_queued()?;
             clock.lap(1);
-            // The sequences that take a token now, each with its draw (in order).
-            let picks: Vec<bool> =
-                (0..batch).map(|b| b < prompts.len() && !done[b] && t + 1 >= prompts[b].len()).collect();
-            let draws = draws_for(&mut sampler, &picks);
-            let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
-            let chosen = logits_of(&mut self.steps, &self.layout.logits, at, &sampler, &draws, &mut logits)?;
-            clock.lap(2);
-            for b in (0..prompts.len()).filter(|&b| picks[b]) {
-                let token = pick(&chosen, &logits, &sampler, at, b, &draws);
-                record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
-            }
-            clock.lap(3);
-            if t < capacity {
-                // One copy for all the cached tensors where they share a shape (one launch).
-                let first = self.layout.pairs.first().filter(|f| {
-                    self.layout.pairs.iter().all(|p| self.layout.append(p, t) == self.layout.append(f, t))
-                });
-                if let Some(first) = first {
-                    let pairs: Vec<(&str, &str)> =
-                        self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
-                    self.steps.copy_output_rows_many(&pairs, self.layout.append(first, t))?;
-                } else {
-                    for pair in &self.layout.pairs {
-                        self.steps.copy_output_rows(
-                            &pair.present,
-                            &pair.past,
-                            self.layout.append(pair, t),
-                        )?;
+            let feeds = greedy && t + 1 >= longest;
+            if feeds && self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)? {
+                tokens_on_device = true;
+                clock.lap(2);
+                self.copy_cache(t)?;
+                clock.lap(4);
+                // The previous step's ids, read while this one runs.
+                if let Some((at, picks)) = fed.take() {
+                    let ids = self.steps.fed_tokens()?;
+                    record_fed(&ids, &picks, &mut out.tokens, &mut done, options, &mut on_token);
+                    if at + 1 == longest {
+                        out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
                     }
                 }
+                clock.lap(3);
+                fed = Some((t, (0..batch).map(|b| b < prompts.len() && t + 1 >= prompts[b].len()).collect()));
+            } else {
+                // The sequences that take a token now, each with its draw (in order).
+                let picks: Vec<bool> =
+                    (0..batch).map(|b| b < prompts.len() && !done[b] && t + 1 >= prompts[b].len()).collect();
+                let draws = draws_for(&mut sampler, &picks);
+                let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
+                let chosen =
+                    logits_of(&mut self.steps, &self.layout.logits, at, &sampler, &draws, &mut logits)?;
+                clock.lap(2);
+                for b in (0..prompts.len()).filter(|&b| picks[b]) {
+                    let token = pick(&chosen, &logits, &sampler, at, b, &draws);
+                    record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
+                }
+                clock.lap(3);
+                self.copy_cache(t)?;
+                clock.lap(4);
             }
-            clock.lap(4);
             out.steps += 1;
             let now = Instant::now();
-            if t + 1 == longest {
+            if t + 1 == longest && fed.is_none() {
                 out.first_token_ms = (now - started).as_secs_f64() * 1e3;
             } else if t + 1 > longest {
                 out.step_ms.push((now - last_step).as_secs_f64() * 1e3);
             }
             last_step = now;
         }
+        if let Some((at, picks)) = fed.take() {
+            let ids = self.steps.fed_tokens()?;
+            record_fed(&ids, &picks, &mut out.tokens, &mut done, options, &mut on_token);
+            if at + 1 == longest {
+                out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
+            }
+        }
         Ok(out)
+    }
+
+    /// After step `t`: the new token's keys and values copied into the cache's slot `t`
+    /// (nothing once the cache is full).
+    fn copy_cache(&mut self, t: usize) -> Result<(), GenerateError> {
+        if t >= self.layout.capacity {
+            return Ok(());
+        }
+        // One copy for all the cached tensors where they share a shape (one launch).
+        let first = self.layout.pairs.first().filter(|f| {
+            self.layout.pairs.iter().all(|p| self.layout.append(p, t) == self.layout.append(f, t))
+        });
+        if let Some(first) = first {
+            let pairs: Vec<(&str, &str)> =
+                self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
+            self.steps.copy_output_rows_many(&pairs, self.layout.append(first, t))?;
+        } else {
+            for pair in &self.layout.pairs {
+                self.steps.copy_output_rows(&pair.present, &pair.past, self.layout.append(pair, t))?;
+            }
+        }
+        Ok(())
     }
 
     fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {
@@ -463,6 +554,23 @@ fn pick(
         None => {
             let row = i * at.step + at.offset;
             sampler.choose_with(&logits[row * at.width..(row + 1) * at.width], draws[i]) as i64
+        }
+    }
+}
+
+/// Records the ids fed back for a step (`picks`: the sequences that take a token there) for
+/// the sequences not yet done.
+fn record_fed(
+    ids: &[i64],
+    picks: &[bool],
+    tokens: &mut [Vec<i64>],
+    done: &mut [bool],
+    options: &GenerateOptions,
+    on_token: &mut impl FnMut(usize, i64),
+) {
+    for b in 0..done.len() {
+        if picks[b] && !done[b] {
+            record(tokens, done, b, ids[b], options, on_token);
         }
     }
 }

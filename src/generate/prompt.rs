@@ -16,11 +16,13 @@ use crate::runtime::{RowCopy, SampledRows};
 
 impl Generator<Session> {
     /// Loads the one-token `step` bundle and the `prompt` bundle (the same decoder compiled
-    /// with `seq` = P and the same batch and cache) on GPU `device`.
+    /// with `seq` = P and the same batch and cache) on GPU `device`, both warmed up.
     pub fn with_prompt(step: &Bundle, prompt: &Bundle, device: usize) -> Result<Generator, GenerateError> {
         let layout = CacheLayout::of_prompt(&prompt.header.inputs, &prompt.header.outputs)
             .map_err(GenerateError::Layout)?;
-        Generator::new(step, device)?.with_prompt_steps(Session::new(prompt, device)?, layout)
+        let mut prompt = Session::new(prompt, device)?;
+        prompt.warm_up()?;
+        Generator::new(step, device)?.with_prompt_steps(prompt, layout)
     }
 }
 

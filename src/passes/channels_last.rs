@@ -47,6 +47,17 @@ impl Depthwise {
 /// Input channels of a convolution are padded with zeros to at least this many.
 const CHANNEL_STEP: usize = 8;
 
+/// How many input channels a convolution of fewer than [`CHANNEL_STEP`] (an image's three) is
+/// padded to with zeros (others are left as they are), by its element type: 8 in f16 (the tensor cores' step), 16 in bf16,
+/// where cuDNN's NHWC kernels for 8 channels ran ResNet-50's stem at a sixth of their rate for
+/// 16 (0.345 against 0.058 ms at batch 8 on an H200, `benches/NOTES.md`).
+/// `FUSEC_CHANNEL_STEP=N` pads to N instead, at compile time; `0` leaves such a convolution
+/// NCHW.
+fn channel_step(dtype: DType) -> usize {
+    let chosen = std::env::var("FUSEC_CHANNEL_STEP").ok().and_then(|v| v.trim().parse().ok());
+    chosen.unwrap_or(if dtype == DType::BF16 { 2 * CHANNEL_STEP } else { CHANNEL_STEP })
+}
+
 /// Convolutions to NHWC, and the transposes between them cancelled.
 pub struct ChannelsLast;
 
@@ -126,6 +137,14 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     if !(symmetric || generated) || node.ty.rank() != 4 {
         return Ok(false);
     }
+    let step = channel_step(node.ty.dtype);
+    if step == 0
+        && group == 1
+        && filters.shape().get(1).is_some_and(|&c| c < CHANNEL_STEP)
+        && patches(graph, id).is_none()
+    {
+        return Ok(false);
+    }
     let mut krsc = ops::evaluate(&Op::Transpose { perm: TO_NHWC.to_vec() }, &[&filters])
         .map_err(|m| op_error(graph, id, m))?;
     let origin = node.origin.clone();
@@ -138,9 +157,9 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     // A few input channels (an image's three) padded with zeros to eight, the tensor cores'
     // step: cuDNN's NHWC kernels for three channels ran at a fifth of its rate for eight.
     let channels = krsc.shape()[3];
-    if group == 1 && channels < CHANNEL_STEP && patches(graph, id).is_none() {
+    if group == 1 && channels < CHANNEL_STEP && channels < step && patches(graph, id).is_none() {
         let mut block = graph.node(x).ty.shape.clone();
-        block[3] = CHANNEL_STEP - channels;
+        block[3] = step - channels;
         let zero = zero_tensor(krsc.dtype(), &[1, 1, 1, 1]);
         let zero = graph.add_constant(&format!("{}/zero", node.name), Arc::new(zero), origin.clone());
         let zeros = graph.add_op(
@@ -156,7 +175,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
             origin.clone(),
         )?;
         let mut block = krsc.shape().to_vec();
-        block[3] = CHANNEL_STEP - channels;
+        block[3] = step - channels;
         let filler = zero_tensor(krsc.dtype(), &block);
         krsc =
             ops::evaluate(&Op::Concat { axis: 3 }, &[&krsc, &filler]).map_err(|m| op_error(graph, id, m))?;

@@ -336,7 +336,7 @@ pub(crate) fn lower_fused(
     let (mut graph, mut covers) = (graph, covers);
     // Half-type convolutions channels-last on tensor cores where asked (the unfused baseline
     // keeps the model's NCHW).
-    if mode == Mode::Fused && options.precision == DType::F16 && options.channels_last {
+    if mode == Mode::Fused && matches!(options.precision, DType::F16 | DType::BF16) && options.channels_last {
         use passes::Pass;
         passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;

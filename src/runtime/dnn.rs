@@ -208,6 +208,7 @@ impl ConvCall {
     ) -> Result<ConvCall, RuntimeError> {
         let data = match spec.dtype {
             DType::F16 => cudnnDataType_t::CUDNN_DATA_HALF,
+            DType::BF16 => cudnnDataType_t::CUDNN_DATA_BFLOAT16,
             _ => cudnnDataType_t::CUDNN_DATA_FLOAT,
         };
         let nchw = match spec.channels_last {
@@ -263,7 +264,7 @@ impl ConvCall {
             check("groups", sys::cudnnSetConvolutionGroupCount(call.conv, int(spec.group)?))?;
             // Half types on tensor cores; f32 in full f32 (no TF32), as for GEMMs.
             let math = match spec.dtype {
-                DType::F16 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                DType::F16 | DType::BF16 => cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
                 _ => cudnnMathType_t::CUDNN_FMA_MATH,
             };
             check("math type", sys::cudnnSetConvolutionMathType(call.conv, math))?;

@@ -48,6 +48,35 @@ impl Session {
         Ok(())
     }
 
+    /// Sets every input to zeros and runs the program once, so that the one-time work of a
+    /// first run — loading its kernels, capturing its CUDA graph, loading the argmax kernel a
+    /// decoding loop chooses tokens with — is done now rather than in the first run that
+    /// counts (a generation's time to its first token). The inputs are left zero and the
+    /// outputs are those of zeros.
+    pub fn warm_up(&mut self) -> Result<(), RuntimeError> {
+        let names: Vec<String> = self.inputs.iter().map(|s| s.name.clone()).collect();
+        for name in &names {
+            self.zero_input(name)?;
+        }
+        self.execute_all()?;
+        self.argmax_kernel().map(|_| ())
+    }
+
+    /// Issues a run on the data in device memory without waiting for it where the run replays
+    /// the captured graph with nothing left to set up (its size's GEMMs chosen); otherwise as
+    /// [`Session::execute_all`], which waits. What is issued after it on the session's stream
+    /// (reading its outputs, writing the next run's inputs) follows it in stream order; a
+    /// failure of the run itself shows at the next wait.
+    pub fn execute_queued(&mut self) -> Result<(), RuntimeError> {
+        let Some(graph) = self.graph.as_ref().filter(|_| self.point_tuned) else {
+            return self.execute_all();
+        };
+        graph.launch().map_err(driver)?;
+        self.runs += 1;
+        self.point_runs += 1;
+        Ok(())
+    }
+
     /// The CUDA graph of what `record` launches on the session's stream. Another thread's
     /// call can invalidate a capture in flight (a module unloaded, a context synchronized, by
     /// another session or by the program embedding this one): the capture is then made

@@ -53,9 +53,39 @@ impl Session {
     }
 
     /// Fills input `k`'s first `bytes` bytes of page-locked buffer with `fill` (after that
-    /// buffer's last copy, the previous run's, is done) and copies them to where the plan reads
-    /// the input, in stream order. An input outside the arena, or of no bytes, is left alone.
+    /// buffer's last copy is done) and copies them to where the plan reads the input, in stream
+    /// order. An input outside the arena, or of no bytes, is left alone.
     pub(super) fn stage_input(
+        &mut self,
+        k: usize,
+        bytes: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), RuntimeError> {
+        let Location::Arena(_) = self.inputs[k].location else { return Ok(()) };
+        if bytes == 0 {
+            return Ok(());
+        }
+        // The buffer's last copy may still be queued (behind a run issued without waiting,
+        // `execute_queued`): it is waited for on its own event, as the session's context
+        // tracks no events for the buffer itself.
+        if let Some(Some(event)) = self.state.staged.get(k) {
+            event.synchronize().map_err(driver)?;
+        }
+        self.stage_input_unwaited(k, bytes, fill)?;
+        if self.state.staged.len() < self.inputs.len() {
+            self.state.staged.resize_with(self.inputs.len(), || None);
+        }
+        if self.state.staged[k].is_none() {
+            self.state.staged[k] = Some(self.stream.context().new_event(None).map_err(driver)?);
+        }
+        match &self.state.staged[k] {
+            Some(event) => event.record(&self.stream).map_err(driver),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Session::stage_input`] once the buffer is free.
+    fn stage_input_unwaited(
         &mut self,
         k: usize,
         bytes: usize,
@@ -63,9 +93,6 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         let spec = &self.inputs[k];
         let Location::Arena(offset) = spec.location else { return Ok(()) };
-        if bytes == 0 {
-            return Ok(());
-        }
         let target = self.address(spec.location);
         let staging = &mut self.staging_in[k];
         let host = staging.as_mut_slice().map_err(driver)?;

@@ -3,8 +3,9 @@
 //! (`sizes`), staging inputs and outputs (`io`), inputs and outputs in the caller's memory
 //! (`external`), running the steps and capturing them as a
 //! CUDA graph (`graph`), launching a step (`launch`), choosing GEMM algorithms by timing
-//! (`tuning`), timing steps and runs (`profile`), state kept between runs (`state`) and
-//! drawing tokens from rows of logits (`sample`).
+//! (`tuning`), timing steps and runs (`profile`), state kept between runs (`state`),
+//! drawing tokens from rows of logits (`sample`) and greedy tokens fed back on the device
+//! (`feed`).
 //!
 //! Thread safety: a `Session` owns its stream, arena and cuBLAS handle; `run` takes
 //! `&mut self`, so one session serves one thread at a time. Use one session per thread to run
@@ -14,6 +15,7 @@
 //! CUDA graph, and every later run replays that graph with one launch (unless turned off).
 
 mod external;
+mod feed;
 mod graph;
 mod io;
 mod launch;

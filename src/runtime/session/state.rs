@@ -2,7 +2,7 @@
 //! at a time, others left as the last run or copy left them, one output read back, and rows
 //! copied from an output into an input without a trip through the host.
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{driver, tensor_from_bytes, RuntimeError, Session};
 use crate::bundle::IoSpec;
@@ -29,6 +29,11 @@ pub(super) struct StateKernels {
     bases_on_device: Option<CudaSlice<u64>>,
     /// An event for ordering the session's stream with a caller's (`external`).
     event: Option<Event>,
+    /// Greedy tokens fed back on the device (`feed`).
+    pub(super) feed: super::feed::Feed,
+    /// Per input, an event recorded after the last copy out of its page-locked buffer
+    /// (`io::stage_input`).
+    pub(super) staged: Vec<Option<cudarc::driver::CudaEvent>>,
 }
 
 /// A CUDA event (timing off), destroyed with its owner.
@@ -90,7 +95,7 @@ impl Session {
     }
 
     /// Input `name`, where it can be written on its own: in the arena, in a bundle of one size.
-    fn input_to_write(&self, name: &str) -> Result<&IoSpec, RuntimeError> {
+    pub(super) fn input_to_write(&self, name: &str) -> Result<&IoSpec, RuntimeError> {
         let spec = Self::spec(&self.inputs, name, "input")?;
         if !self.ranges.is_empty() {
             return Err(RuntimeError::Input(format!(
@@ -237,39 +242,26 @@ impl Session {
     /// as `rows` rows of `width` (the first of equals; NaNs never win), chosen on the GPU: only
     /// the indices come back.
     pub fn argmax_rows(&mut self, name: &str, rows: usize, width: usize) -> Result<Vec<i64>, RuntimeError> {
-        let spec = Self::spec(&self.outputs, name, "output")?;
-        let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
-        if spec.dtype != "f32" || rows * width * 4 > size || width == 0 {
-            return Err(RuntimeError::Input(format!(
-                "output '{name}' ({}{:?}) does not hold {rows} f32 rows of {width}",
-                spec.dtype, spec.shape
-            )));
-        }
-        let x = self.address(spec.location);
-        if self.state.argmax.is_none() {
-            self.state.argmax = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows")?);
-        }
         if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
             self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows.max(1)).map_err(driver)?);
         }
-        let (Some(function), Some(ids)) = (self.state.argmax.clone(), self.state.ids.as_mut()) else {
-            return Err(RuntimeError::Driver("the argmax kernel did not load".into()));
-        };
-        let config = LaunchConfig {
-            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let width = width as u64;
-        let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&mut *ids).arg(&width);
-        // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
-        // above to hold them) and writes `rows` ids into `ids`, which holds at least that many.
-        unsafe { args.launch(config) }.map_err(driver)?;
+        let ids = self.state.ids.as_ref().map(|ids| ids.device_ptr(&self.stream).0);
+        let Some(ids) = ids else { return Err(RuntimeError::Driver("no device buffer for ids".into())) };
+        self.launch_argmax(name, rows, width, ids)?;
         let mut out = vec![0i64; rows];
-        self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
+        if let Some(ids) = self.state.ids.as_ref() {
+            self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
+        }
         self.stream.synchronize().map_err(driver)?;
         Ok(out)
+    }
+
+    /// The argmax kernel, loaded on first use.
+    pub(super) fn argmax_kernel(&mut self) -> Result<CudaFunction, RuntimeError> {
+        if self.state.argmax.is_none() {
+            self.state.argmax = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows")?);
+        }
+        self.state.argmax.clone().ok_or_else(|| RuntimeError::Driver("the argmax kernel did not load".into()))
     }
 
     /// The device addresses of this session's output `from` and `target`'s input `to` (the

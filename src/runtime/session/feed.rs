@@ -1,0 +1,131 @@
+//! Greedy tokens fed back on the device: the largest logit of each row chosen by a kernel that
+//! writes the ids straight into the token input the next run reads, and the ids copied to the
+//! host without waiting. A decoding loop can then queue the next step before it knows this
+//! step's tokens, reading them one step later: the GPU is never idle while the host reads
+//! ids back and writes the next step's inputs.
+
+use cudarc::driver::{CudaEvent, LaunchConfig, PinnedHostSlice, PushKernelArg};
+
+use super::{driver, RuntimeError, Session};
+use crate::plan::Location;
+
+/// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
+const IN_FLIGHT: usize = 2;
+
+/// The page-locked buffers the ids are copied into, one per copy in flight, each with the
+/// event recorded after its copy (the session's context tracks no events of its own), and
+/// which of them hold ids not yet taken (oldest first).
+#[derive(Default)]
+pub(super) struct Feed {
+    host: Vec<(PinnedHostSlice<u8>, CudaEvent)>,
+    /// (buffer, rows) of each copy not yet taken.
+    pending: std::collections::VecDeque<(usize, usize)>,
+    /// Copies issued so far (the next one's buffer is this modulo [`IN_FLIGHT`]).
+    issued: usize,
+}
+
+impl Session {
+    /// Chooses the largest value of each of `rows` rows of `width` of f32 output `logits` of
+    /// the last run (the first of equals, as [`Session::argmax_rows`]) on the device, writes
+    /// the ids into i64 input `tokens` (`[rows, 1]`) for the next run, and starts copying them
+    /// to the host: [`Session::fed_tokens`] returns them. Nothing waits; at most two such
+    /// copies may be pending.
+    pub fn argmax_feed(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+    ) -> Result<(), RuntimeError> {
+        let spec = self.input_to_write(tokens)?;
+        if spec.dtype != "i64" || spec.shape != [rows, 1] || spec.inside.is_some() {
+            return Err(RuntimeError::Input(format!(
+                "input '{tokens}' ({}{:?}) is not the i64 [{rows}, 1] ids a step takes",
+                spec.dtype, spec.shape
+            )));
+        }
+        let Location::Arena(offset) = spec.location else {
+            return Err(RuntimeError::Input(format!("input '{tokens}' is not in the arena")));
+        };
+        if self.state.feed.pending.len() >= IN_FLIGHT {
+            return Err(RuntimeError::Input(format!(
+                "{IN_FLIGHT} fed token copies are pending: take one (fed_tokens) first"
+            )));
+        }
+        let target = self.address(spec.location);
+        self.launch_argmax(logits, rows, width, target)?;
+        let bytes = rows * 8;
+        let slot = self.state.feed.issued % IN_FLIGHT;
+        let feed = &mut self.state.feed;
+        if feed.host.len() <= slot || feed.host[slot].0.len() < bytes {
+            let context = self.stream.context();
+            // SAFETY: page-locked memory the copies below fill before it is read.
+            let buffer = unsafe { context.alloc_pinned::<u8>(bytes) }.map_err(driver)?;
+            let event = context.new_event(None).map_err(driver)?;
+            if feed.host.len() <= slot {
+                feed.host.push((buffer, event));
+            } else {
+                feed.host[slot] = (buffer, event);
+            }
+        }
+        let source = self.arena.slice(offset..offset + bytes);
+        let (buffer, event) = &mut feed.host[slot];
+        let mut host = super::io::Prefix { inner: buffer, len: bytes };
+        self.stream.memcpy_dtoh(&source, &mut host).map_err(driver)?;
+        event.record(&self.stream).map_err(driver)?;
+        feed.pending.push_back((slot, rows));
+        feed.issued += 1;
+        Ok(())
+    }
+
+    /// The ids of the oldest [`Session::argmax_feed`] not yet taken, once their copy is done.
+    pub fn fed_tokens(&mut self) -> Result<Vec<i64>, RuntimeError> {
+        let feed = &mut self.state.feed;
+        let (slot, rows) = feed
+            .pending
+            .pop_front()
+            .ok_or_else(|| RuntimeError::Input("no fed tokens are pending (argmax_feed first)".into()))?;
+        // The buffer's last copy done (its own event: `as_slice` waits only where the context
+        // tracks events, which the session's does not).
+        let (buffer, event) = &feed.host[slot];
+        event.synchronize().map_err(driver)?;
+        let host = buffer.as_slice().map_err(driver)?;
+        Ok(host[..rows * 8]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect())
+    }
+
+    /// Launches the argmax kernel over `rows` rows of `width` of f32 output `name`, writing
+    /// `rows` i64 ids at device address `out` (checked by the caller to hold them).
+    pub(super) fn launch_argmax(
+        &mut self,
+        name: &str,
+        rows: usize,
+        width: usize,
+        out: u64,
+    ) -> Result<(), RuntimeError> {
+        let spec = Self::spec(&self.outputs, name, "output")?;
+        let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
+        if spec.dtype != "f32" || rows * width * 4 > size || width == 0 {
+            return Err(RuntimeError::Input(format!(
+                "output '{name}' ({}{:?}) does not hold {rows} f32 rows of {width}",
+                spec.dtype, spec.shape
+            )));
+        }
+        let x = self.address(spec.location);
+        let function = self.argmax_kernel()?;
+        let config = LaunchConfig {
+            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let width = width as u64;
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&x).arg(&out).arg(&width);
+        // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
+        // above to hold them) and writes `rows` ids at `out`, which the caller checked.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+}
