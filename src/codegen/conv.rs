@@ -190,9 +190,10 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
         return super::elementwise::elementwise(plan, kernel, name, hb, None).map(Step::Launch);
     };
     let with_bias = graph.inputs_of(conv).len() == 3;
-    // cuDNN's fused form is taken or refused at load, by the algorithm chosen for the shape:
-    // a convolution set up again at each batch keeps its epilogue kernel.
-    spec.fused = fusion(plan, kernel).filter(|_| spec.batch.is_none());
+    // cuDNN's fused form is taken or refused at load, by the algorithm chosen for the shape
+    // (and, for a convolution set up again at each batch of a bundle's ranges, at each batch):
+    // the epilogue kernel runs where it is refused.
+    spec.fused = fusion(plan, kernel);
     let epilogue = if kernel.nodes.len() > 1 || with_bias {
         let raw = GemmRaw { node: conv, location: spec.y, beta_c: None, finished: !with_bias };
         Some(super::elementwise::elementwise(plan, kernel, name, hb, Some(raw))?)

@@ -32,6 +32,7 @@ impl Session {
             None => self.execute()?,
         }
         self.stream.synchronize().map_err(driver)?;
+        self.state.queued = false;
         self.runs += 1;
         self.point_runs += 1;
         if !self.point_tuned && self.point_runs >= TUNE_AFTER_RUNS {
@@ -72,6 +73,7 @@ impl Session {
             return self.execute_all();
         };
         graph.launch().map_err(driver)?;
+        self.state.queued = true;
         self.runs += 1;
         self.point_runs += 1;
         Ok(())

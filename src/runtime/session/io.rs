@@ -61,38 +61,18 @@ impl Session {
         bytes: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<(), RuntimeError> {
-        let Location::Arena(_) = self.inputs[k].location else { return Ok(()) };
+        let Location::Arena(offset) = self.inputs[k].location else { return Ok(()) };
         if bytes == 0 {
             return Ok(());
         }
-        // The buffer's last copy may still be queued (behind a run issued without waiting,
-        // `execute_queued`): it is waited for on its own event, as the session's context
-        // tracks no events for the buffer itself.
-        if let Some(Some(event)) = self.state.staged.get(k) {
-            event.synchronize().map_err(driver)?;
+        // The buffer's last copy may still be queued behind a run issued without waiting
+        // (`execute_queued`): the stream is waited for first (the session's context tracks
+        // no events for the buffer itself). Every other path to here waited after its run.
+        if self.state.queued {
+            self.stream.synchronize().map_err(driver)?;
+            self.state.queued = false;
         }
-        self.stage_input_unwaited(k, bytes, fill)?;
-        if self.state.staged.len() < self.inputs.len() {
-            self.state.staged.resize_with(self.inputs.len(), || None);
-        }
-        if self.state.staged[k].is_none() {
-            self.state.staged[k] = Some(self.stream.context().new_event(None).map_err(driver)?);
-        }
-        match &self.state.staged[k] {
-            Some(event) => event.record(&self.stream).map_err(driver),
-            None => Ok(()),
-        }
-    }
-
-    /// [`Session::stage_input`] once the buffer is free.
-    fn stage_input_unwaited(
-        &mut self,
-        k: usize,
-        bytes: usize,
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<(), RuntimeError> {
         let spec = &self.inputs[k];
-        let Location::Arena(offset) = spec.location else { return Ok(()) };
         let target = self.address(spec.location);
         let staging = &mut self.staging_in[k];
         let host = staging.as_mut_slice().map_err(driver)?;

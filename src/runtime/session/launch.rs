@@ -88,12 +88,17 @@ pub(super) enum Loaded {
         on_cublas: bool,
         lt: Option<Box<lt::LtGemm>>,
     },
-    /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops).
+    /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops) where
+    /// cuDNN does not run them in its fused form.
     Conv {
         spec: ConvSpec,
         /// Descriptors and algorithm, shared by every point of a bundle's ranges.
         call: Arc<ConvCall>,
         epilogue: Option<Launch>,
+        /// For a convolution whose batch follows a bundle's ranges, at the top of them: the
+        /// epilogue kernel, loaded even where cuDNN's fused form runs it here, for the points
+        /// whose convolution cuDNN does not fuse ([`Session::steps_at`]).
+        spare: Option<Box<Launch>>,
     },
 }
 
@@ -107,7 +112,7 @@ impl Loaded {
     pub(super) fn name(&self) -> String {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
-            Loaded::Conv { spec, epilogue, call } => {
+            Loaded::Conv { spec, epilogue, call, .. } => {
                 let [_, _, r, s] = spec.w_shape;
                 let fused = if call.fused() { " + bias/activation" } else { "" };
                 let algo = format!("{:?}", call.algo);

@@ -214,12 +214,15 @@ impl Session {
                         &device_name,
                         fused,
                     )?;
-                    // With cuDNN running the epilogue, its kernel is not needed.
-                    let epilogue = match call.fused() {
-                        true => None,
-                        false => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
+                    // With cuDNN running the epilogue, its kernel is not run — but kept for a
+                    // convolution set up again at the ranges' other points, which cuDNN may
+                    // not fuse.
+                    let kept = match (call.fused(), conv.batch.is_some()) {
+                        (true, false) => None,
+                        _ => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
                     };
-                    Loaded::Conv { spec: conv.clone(), call: Arc::new(call), epilogue }
+                    let (epilogue, spare) = if call.fused() { (None, kept.map(Box::new)) } else { (kept, None) };
+                    Loaded::Conv { spec: conv.clone(), call: Arc::new(call), epilogue, spare }
                 }
             });
         }

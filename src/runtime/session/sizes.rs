@@ -104,14 +104,16 @@ impl Session {
 
     /// Convolution `spec` (whose batch follows the ranges) set up at the point `values`: its
     /// descriptors at that batch and the algorithm chosen for them (measured on first use in
-    /// the process, within the session's workspace), its epilogue kernel kept.
+    /// the process, within the session's workspace), with cuDNN's fused bias and activation
+    /// where its epilogue is one and cuDNN takes it at that batch.
     fn conv_at(&self, spec: &crate::codegen::ConvSpec, values: &[usize]) -> Result<ConvCall, RuntimeError> {
         let at = spec
             .at(values)
             .ok_or_else(|| RuntimeError::Input(format!("a convolution's batch at {values:?} overflows")))?;
         let dnn = self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
         let addresses = (self.address(at.x), self.address(at.w), self.address(at.y));
-        ConvCall::new(dnn, &at, addresses, self.conv_workspace(), &self.device_name, None)
+        let fused = at.fused.map(|f| (self.address(f.bias), self.address(f.residual.unwrap_or(at.y))));
+        ConvCall::new(dnn, &at, addresses, self.conv_workspace(), &self.device_name, fused)
     }
 
     /// The steps at the point `values` of the bundle's ranges, from the top's: launches
@@ -124,14 +126,20 @@ impl Session {
             .map(|step| {
                 Ok(match step {
                     Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
-                    Loaded::Conv { spec, call, epilogue } => Loaded::Conv {
-                        call: match spec.batch {
+                    Loaded::Conv { spec, call, epilogue, spare } => {
+                        let call = match spec.batch {
                             Some(_) => std::sync::Arc::new(self.conv_at(spec, values)?),
                             None => call.clone(),
-                        },
-                        spec: spec.clone(),
-                        epilogue: epilogue.as_ref().map(|l| l.at(values)).transpose()?,
-                    },
+                        };
+                        // The epilogue kernel where cuDNN does not fuse it at this batch.
+                        let kernel = if call.fused() { None } else { epilogue.as_ref().or(spare.as_deref()) };
+                        Loaded::Conv {
+                            epilogue: kernel.map(|l| l.at(values)).transpose()?,
+                            call,
+                            spec: spec.clone(),
+                            spare: None,
+                        }
+                    }
                     Loaded::Gemm { gemm, epilogue, lt, .. } => {
                         let gemm = gemm.at(values).ok_or_else(|| {
                             RuntimeError::Input(format!("a GEMM's sizes at {values:?} overflow"))

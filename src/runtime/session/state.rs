@@ -31,9 +31,9 @@ pub(super) struct StateKernels {
     event: Option<Event>,
     /// Greedy tokens fed back on the device (`feed`).
     pub(super) feed: super::feed::Feed,
-    /// Per input, an event recorded after the last copy out of its page-locked buffer
-    /// (`io::stage_input`).
-    pub(super) staged: Vec<Option<cudarc::driver::CudaEvent>>,
+    /// Whether a run was issued without waiting for it (`graph::execute_queued`) since the
+    /// stream was last waited for where that matters (`io::stage_input`).
+    pub(super) queued: bool,
 }
 
 /// A CUDA event (timing off), destroyed with its owner.
