@@ -221,7 +221,8 @@ impl Session {
                         (true, false) => None,
                         _ => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
                     };
-                    let (epilogue, spare) = if call.fused() { (None, kept.map(Box::new)) } else { (kept, None) };
+                    let (epilogue, spare) =
+                        if call.fused() { (None, kept.map(Box::new)) } else { (kept, None) };
                     Loaded::Conv { spec: conv.clone(), call: Arc::new(call), epilogue, spare }
                 }
             });
