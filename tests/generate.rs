@@ -322,7 +322,8 @@ fn greedy_tokens_match_recomputing_without_a_cache() {
 
 /// Greedy ids fed back on the device (`Session::argmax_feed`) are the ids `argmax_rows` reads
 /// back, and a step that reads them from its token input gives the logits it gives with them
-/// written from the host; misuse is an error. A stop token ends a sequence of a batch whose
+/// written from the host; misuse is an error; drawn ids fed back (`Session::sample_feed`) are
+/// `sample_rows`'s. A stop token ends a sequence of a batch whose
 /// ids are fed back (the generator reads them one step late) exactly where recomputing says.
 #[test]
 fn fed_tokens_are_the_argmax_and_the_next_steps_input() {
@@ -364,6 +365,12 @@ fn fed_tokens_are_the_argmax_and_the_next_steps_input() {
     session.argmax_feed("logits", 2, 512, "input_ids").unwrap();
     assert!(session.argmax_feed("logits", 2, 512, "input_ids").is_err());
     assert_eq!(session.fed_tokens().unwrap(), session.fed_tokens().unwrap());
+    // Drawn tokens fed back are `sample_rows`'s for the same draws.
+    let at = fusec::runtime::SampledRows { rows: 2, width: 512, step: 1, offset: 0 };
+    let draw = fusec::runtime::RowDraw::TopK(20);
+    let drawn = session.sample_rows("logits", at, draw, 0.8, &[0.3, 0.7]).unwrap();
+    session.sample_feed("logits", at, draw, 0.8, &[0.3, 0.7], "input_ids").unwrap();
+    assert_eq!(session.fed_tokens().unwrap(), drawn);
     // A stop token: the first sequence's third token.
     let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9]];
     let references: Vec<Vec<i64>> = prompts.iter().map(|p| reference_tokens(file, p, 10)).collect();

@@ -196,7 +196,20 @@ pub trait Steps {
         let _ = (logits, rows, width, tokens);
         Ok(false)
     }
-    /// The ids of the oldest [`Steps::argmax_feed`] not yet read.
+    /// [`Steps::argmax_feed`] for a token drawn from each of rows `at` of `logits` (as
+    /// [`Steps::sample_rows`] draws it).
+    fn sample_feed(
+        &mut self,
+        logits: &str,
+        at: SampledRows,
+        draw: (RowDraw, f64),
+        draws: &[f64],
+        tokens: &str,
+    ) -> Result<bool, GenerateError> {
+        let _ = (logits, at, draw, draws, tokens);
+        Ok(false)
+    }
+    /// The ids of the oldest [`Steps::argmax_feed`] or [`Steps::sample_feed`] not yet read.
     fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
         Err(GenerateError::Input("these steps feed no tokens back".into()))
     }
@@ -260,9 +273,7 @@ impl Steps for Session {
         temperature: f64,
         draws: &[f64],
     ) -> Result<Option<Vec<i64>>, GenerateError> {
-        // `FUSEC_SAMPLE_ON_HOST=1`: the logits come back and the host draws (for comparison).
-        static ON_HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *ON_HOST.get_or_init(|| std::env::var("FUSEC_SAMPLE_ON_HOST").is_ok_and(|v| v.trim() == "1")) {
+        if sample_on_host() {
             return Ok(None);
         }
         Ok(Some(Session::sample_rows(self, name, at, draw, temperature, draws)?))
@@ -274,14 +285,24 @@ impl Steps for Session {
         width: usize,
         tokens: &str,
     ) -> Result<bool, GenerateError> {
-        // `FUSEC_FEED_TOKENS=0`: every step's ids come back before the next step is queued
-        // (for comparison).
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off = *OFF.get_or_init(|| std::env::var("FUSEC_FEED_TOKENS").is_ok_and(|v| v.trim() == "0"));
-        if off || self.input_type(tokens) != Some(DType::I64) {
+        if !feeds(self, tokens) {
             return Ok(false);
         }
         Session::argmax_feed(self, logits, rows, width, tokens)?;
+        Ok(true)
+    }
+    fn sample_feed(
+        &mut self,
+        logits: &str,
+        at: SampledRows,
+        (draw, temperature): (RowDraw, f64),
+        draws: &[f64],
+        tokens: &str,
+    ) -> Result<bool, GenerateError> {
+        if !feeds(self, tokens) || sample_on_host() {
+            return Ok(false);
+        }
+        Session::sample_feed(self, logits, at, draw, temperature, draws, tokens)?;
         Ok(true)
     }
     fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
@@ -304,6 +325,21 @@ impl Steps for Session {
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
     }
+}
+
+/// `FUSEC_SAMPLE_ON_HOST=1`: the logits come back and the host draws (for comparison).
+fn sample_on_host() -> bool {
+    static ON_HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON_HOST.get_or_init(|| std::env::var("FUSEC_SAMPLE_ON_HOST").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// Whether `session` feeds ids back into its input `tokens` (an i64 input), unless
+/// `FUSEC_FEED_TOKENS=0` (every step's ids back on the host before the next step is queued,
+/// for comparison).
+fn feeds(session: &Session, tokens: &str) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("FUSEC_FEED_TOKENS").is_ok_and(|v| v.trim() == "0"));
+    !off && session.input_type(tokens) == Some(DType::I64)
 }
 
 /// Generates tokens with a decoder's one-step bundle: on a GPU ([`Generator::new`]), or with
@@ -394,7 +430,6 @@ impl<S: Steps> Generator<S> {
         // the ids into the next step's token input there (where the steps can): the next step
         // is queued before this one's ids are read, one step late (`fed`: that step and which
         // sequences take a token there).
-        let greedy = sampler.row_draw().is_none();
         let mut tokens_on_device = false;
         let mut fed: Option<(usize, Vec<bool>)> = None;
         for t in start..steps {
@@ -429,34 +464,45 @@ impl<S: Steps> Generator<S> {
             // the previous step's copy of them).
             self.steps.execute_queued()?;
             clock.lap(1);
-            let feeds = greedy && t + 1 >= longest;
-            if feeds && self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)? {
+            // The sequences that take a token now, and a draw for each (in order) where the
+            // sampler draws: made for a sequence done since as well, so that what is drawn does
+            // not depend on when the host learns a sequence is done (one step late where ids
+            // are fed back).
+            let takes: Vec<bool> =
+                (0..batch).map(|b| b < prompts.len() && t + 1 >= prompts[b].len()).collect();
+            let draws = draws_for(&mut sampler, &takes);
+            let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
+            let fed_now = t + 1 >= longest
+                && match sampler.row_draw() {
+                    None => self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)?,
+                    Some(draw) => {
+                        self.steps.sample_feed(&self.layout.logits, at, draw, &draws, cache::TOKENS)?
+                    }
+                };
+            if fed_now {
                 tokens_on_device = true;
                 clock.lap(2);
                 self.copy_cache(t)?;
                 clock.lap(4);
                 // The previous step's ids, read while this one runs.
-                if let Some((at, picks)) = fed.take() {
+                if let Some((at, takes)) = fed.take() {
                     let ids = self.steps.fed_tokens()?;
-                    record_fed(&ids, &picks, &mut out.tokens, &mut done, options, &mut on_token);
+                    record_fed(&ids, &takes, &mut out.tokens, &mut done, options, &mut on_token);
                     if at + 1 == longest {
                         out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
                     }
                 }
                 clock.lap(3);
-                fed = Some((t, (0..batch).map(|b| b < prompts.len() && t + 1 >= prompts[b].len()).collect()));
+                fed = Some((t, takes));
             } else {
-                // The sequences that take a token now, each with its draw (in order).
-                let picks: Vec<bool> =
-                    (0..batch).map(|b| b < prompts.len() && !done[b] && t + 1 >= prompts[b].len()).collect();
-                let draws = draws_for(&mut sampler, &picks);
-                let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
                 let chosen =
                     logits_of(&mut self.steps, &self.layout.logits, at, &sampler, &draws, &mut logits)?;
                 clock.lap(2);
-                for b in (0..prompts.len()).filter(|&b| picks[b]) {
-                    let token = pick(&chosen, &logits, &sampler, at, b, &draws);
-                    record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
+                for b in 0..prompts.len() {
+                    if takes[b] && !done[b] {
+                        let token = pick(&chosen, &logits, &sampler, at, b, &draws);
+                        record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
+                    }
                 }
                 clock.lap(3);
                 self.copy_cache(t)?;
@@ -558,18 +604,18 @@ fn pick(
     }
 }
 
-/// Records the ids fed back for a step (`picks`: the sequences that take a token there) for
+/// Records the ids fed back for a step (`takes`: the sequences that take a token there) for
 /// the sequences not yet done.
 fn record_fed(
     ids: &[i64],
-    picks: &[bool],
+    takes: &[bool],
     tokens: &mut [Vec<i64>],
     done: &mut [bool],
     options: &GenerateOptions,
     on_token: &mut impl FnMut(usize, i64),
 ) {
     for b in 0..done.len() {
-        if picks[b] && !done[b] {
+        if takes[b] && !done[b] {
             record(tokens, done, b, ids[b], options, on_token);
         }
     }

@@ -1,12 +1,12 @@
-//! Greedy tokens fed back on the device: the largest logit of each row chosen by a kernel that
-//! writes the ids straight into the token input the next run reads, and the ids copied to the
-//! host without waiting. A decoding loop can then queue the next step before it knows this
-//! step's tokens, reading them one step later: the GPU is never idle while the host reads
-//! ids back and writes the next step's inputs.
+//! Tokens fed back on the device: the largest logit of each row (or a token drawn from it) chosen
+//! by a kernel that writes the ids straight into the token input the next run reads, and the
+//! ids copied to the host without waiting. A decoding loop can then queue the next step before
+//! it knows this step's tokens, reading them one step later: the GPU is never idle while the
+//! host reads ids back and writes the next step's inputs.
 
 use cudarc::driver::{CudaEvent, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
-use super::{driver, RuntimeError, Session};
+use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
 /// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
@@ -37,6 +37,30 @@ impl Session {
         width: usize,
         tokens: &str,
     ) -> Result<(), RuntimeError> {
+        let (offset, target) = self.fed_input(tokens, rows)?;
+        self.launch_argmax(logits, rows, width, target)?;
+        self.copy_fed_back(offset, rows)
+    }
+
+    /// [`Session::argmax_feed`] for a token drawn from each of rows `at` of `logits`, as
+    /// [`Session::sample_rows`] draws it (`draws[i]` the `i`-th row's draw).
+    pub fn sample_feed(
+        &mut self,
+        logits: &str,
+        at: SampledRows,
+        draw: RowDraw,
+        temperature: f64,
+        draws: &[f64],
+        tokens: &str,
+    ) -> Result<(), RuntimeError> {
+        let (offset, target) = self.fed_input(tokens, at.rows)?;
+        self.launch_sample(logits, at, draw, temperature, draws, target)?;
+        self.copy_fed_back(offset, at.rows)
+    }
+
+    /// The arena offset and device address of `tokens`, an i64 `[rows, 1]` input the next run
+    /// reads, checked to take fed ids, with room for another copy in flight.
+    fn fed_input(&self, tokens: &str, rows: usize) -> Result<(usize, u64), RuntimeError> {
         let spec = self.input_to_write(tokens)?;
         if spec.dtype != "i64" || spec.shape != [rows, 1] || spec.inside.is_some() {
             return Err(RuntimeError::Input(format!(
@@ -52,8 +76,12 @@ impl Session {
                 "{IN_FLIGHT} fed token copies are pending: take one (fed_tokens) first"
             )));
         }
-        let target = self.address(spec.location);
-        self.launch_argmax(logits, rows, width, target)?;
+        Ok((offset, self.address(spec.location)))
+    }
+
+    /// Starts copying the `rows` ids just written at arena `offset` into the next page-locked
+    /// buffer, its event recorded after the copy.
+    fn copy_fed_back(&mut self, offset: usize, rows: usize) -> Result<(), RuntimeError> {
         let bytes = rows * 8;
         let slot = self.state.feed.issued % IN_FLIGHT;
         let feed = &mut self.state.feed;
@@ -78,7 +106,8 @@ impl Session {
         Ok(())
     }
 
-    /// The ids of the oldest [`Session::argmax_feed`] not yet taken, once their copy is done.
+    /// The ids of the oldest [`Session::argmax_feed`] or [`Session::sample_feed`] not yet
+    /// taken, once their copy is done.
     pub fn fed_tokens(&mut self) -> Result<Vec<i64>, RuntimeError> {
         let feed = &mut self.state.feed;
         let (slot, rows) = feed

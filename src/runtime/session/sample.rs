@@ -3,7 +3,7 @@
 //! the GPU. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
 //! draw.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::{driver, RuntimeError, Session};
 
@@ -45,6 +45,33 @@ impl Session {
         temperature: f64,
         draws: &[f64],
     ) -> Result<Vec<i64>, RuntimeError> {
+        let rows = at.rows;
+        if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
+            self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows.max(1)).map_err(driver)?);
+        }
+        let ids = self.state.ids.as_ref().map(|ids| ids.device_ptr(&self.stream).0);
+        let Some(ids) = ids else { return Err(RuntimeError::Driver("no device buffer for ids".into())) };
+        self.launch_sample(name, at, draw, temperature, draws, ids)?;
+        let mut out = vec![0i64; rows];
+        if let Some(ids) = self.state.ids.as_ref() {
+            self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
+        }
+        self.stream.synchronize().map_err(driver)?;
+        Ok(out)
+    }
+
+    /// Launches the sampling kernel over rows `at` of f32 output `name` ([`Session::sample_rows`]'s
+    /// checks), writing `at.rows` i64 ids at device address `out` (checked by the caller to
+    /// hold them).
+    pub(super) fn launch_sample(
+        &mut self,
+        name: &str,
+        at: SampledRows,
+        draw: RowDraw,
+        temperature: f64,
+        draws: &[f64],
+        out: u64,
+    ) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
         let SampledRows { rows, width, step, offset } = at;
@@ -71,21 +98,15 @@ impl Session {
         if self.state.sample.is_none() {
             self.state.sample = Some(self.load_kernel(SAMPLE_PTX, "fusec_sample_rows")?);
         }
-        if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
-            self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows).map_err(driver)?);
-        }
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
         if self.state.weights.as_ref().is_none_or(|w| w.len() < rows * width) {
             self.state.weights = Some(self.stream.alloc_zeros::<f64>(rows * width).map_err(driver)?);
         }
-        let (Some(function), Some(ids), Some(on_device), Some(weights)) = (
-            self.state.sample.clone(),
-            self.state.ids.as_mut(),
-            self.state.draws.as_mut(),
-            self.state.weights.as_mut(),
-        ) else {
+        let (Some(function), Some(on_device), Some(weights)) =
+            (self.state.sample.clone(), self.state.draws.as_mut(), self.state.weights.as_mut())
+        else {
             return Err(RuntimeError::Driver("the sampling kernel did not load".into()));
         };
         self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
@@ -113,16 +134,13 @@ impl Session {
         let shared_row = i32::from(shared_row);
         let (width, row_pitch) = (width as u64, (step * width) as u64);
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&mut *ids).arg(&width).arg(&row_pitch).arg(&*on_device).arg(&mut *weights);
+        args.arg(&x).arg(&out).arg(&width).arg(&row_pitch).arg(&*on_device).arg(&mut *weights);
         args.arg(&shared_row);
         args.arg(&mode).arg(&k).arg(&p).arg(&temperature);
         // SAFETY: the kernel reads `rows` rows of `width` f32s, `row_pitch` apart, from the
         // output's buffer (checked above to hold them), and `rows` draws; it writes `rows` ids
-        // into `ids` and `rows · width` weights into `weights`, which hold at least that many.
+        // at `out` (the caller checked it holds them) and `rows · width` weights into `weights`, which hold at least that many.
         unsafe { args.launch(config) }.map_err(driver)?;
-        let mut out = vec![0i64; rows];
-        self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
-        self.stream.synchronize().map_err(driver)?;
-        Ok(out)
+        Ok(())
     }
 }
