@@ -3,7 +3,7 @@
 //! the GPU. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
 //! draw.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{driver, RuntimeError, Session};
 
@@ -45,19 +45,7 @@ impl Session {
         temperature: f64,
         draws: &[f64],
     ) -> Result<Vec<i64>, RuntimeError> {
-        let rows = at.rows;
-        if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
-            self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows.max(1)).map_err(driver)?);
-        }
-        let ids = self.state.ids.as_ref().map(|ids| ids.device_ptr(&self.stream).0);
-        let Some(ids) = ids else { return Err(RuntimeError::Driver("no device buffer for ids".into())) };
-        self.launch_sample(name, at, draw, temperature, draws, ids)?;
-        let mut out = vec![0i64; rows];
-        if let Some(ids) = self.state.ids.as_ref() {
-            self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
-        }
-        self.stream.synchronize().map_err(driver)?;
-        Ok(out)
+        self.ids_back(at.rows, |session, ids| session.launch_sample(name, at, draw, temperature, draws, ids))
     }
 
     /// Launches the sampling kernel over rows `at` of f32 output `name` ([`Session::sample_rows`]'s

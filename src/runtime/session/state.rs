@@ -242,12 +242,22 @@ impl Session {
     /// as `rows` rows of `width` (the first of equals; NaNs never win), chosen on the GPU: only
     /// the indices come back.
     pub fn argmax_rows(&mut self, name: &str, rows: usize, width: usize) -> Result<Vec<i64>, RuntimeError> {
+        self.ids_back(rows, |session, ids| session.launch_argmax(name, rows, width, ids))
+    }
+
+    /// The `rows` ids that `launch` writes at the device address it is given (the session's
+    /// buffer of ids), copied back once they are written.
+    pub(super) fn ids_back(
+        &mut self,
+        rows: usize,
+        launch: impl FnOnce(&mut Self, u64) -> Result<(), RuntimeError>,
+    ) -> Result<Vec<i64>, RuntimeError> {
         if self.state.ids.as_ref().is_none_or(|ids| ids.len() < rows) {
             self.state.ids = Some(self.stream.alloc_zeros::<i64>(rows.max(1)).map_err(driver)?);
         }
         let ids = self.state.ids.as_ref().map(|ids| ids.device_ptr(&self.stream).0);
         let Some(ids) = ids else { return Err(RuntimeError::Driver("no device buffer for ids".into())) };
-        self.launch_argmax(name, rows, width, ids)?;
+        launch(self, ids)?;
         let mut out = vec![0i64; rows];
         if let Some(ids) = self.state.ids.as_ref() {
             self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
