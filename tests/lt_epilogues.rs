@@ -77,9 +77,10 @@ fn a_convnext_mlp_runs_its_epilogues_in_cublaslt() {
     let path = block(dir.path());
     let options = CompileOptions { precision: DType::F16, channels_last: true, ..Default::default() };
     let (kinds, lts) = lt_epilogues(&path, &options);
-    // The input's cast, the convolutions, two GEMMs, the output's layout copy: no pointwise
-    // kernel between the convolutions.
-    let expected = ["pointwise", "conv", "conv", "gemm+gelutanh", "gemm+scale+residual", "conv", "copy"];
+    // The input's cast, the convolutions, two GEMMs, the output's cast to f32 stored in its
+    // layout (one kernel, after the last convolution rather than in it: a convolution's kernel
+    // keeps its own type): no pointwise kernel between the convolutions.
+    let expected = ["pointwise", "conv", "conv", "gemm+gelutanh", "gemm+scale+residual", "conv", "pointwise"];
     assert_eq!(kinds, expected);
     let [Some(first), Some(second)] = lts[..] else { panic!("two GEMMs, both on cuBLASLt: {lts:?}") };
     assert_eq!((first.bias, first.activation, first.residual), (None, LtActivation::GeluTanh, None));

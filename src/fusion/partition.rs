@@ -389,12 +389,14 @@ impl Builder<'_> {
             .collect();
         // A convolution's kernel takes the pointwise ops after it as its epilogue (cuDNN's
         // fused bias and activation, or the epilogue kernel over its result) where the value
-        // they read is read by nothing else, so the kernel keeps one output.
+        // they read is read by nothing else, so the kernel keeps one output — of the
+        // convolution's type: cuDNN writes its raw result where the kernel's output goes (a
+        // cast to another type, a half-type network's f32 output, runs after it).
         let conv = self
             .graph
             .inputs_of(id)
             .into_iter()
-            .filter(|&i| self.graph.node(i).ty.shape == *shape && self.single_user(i) == Some(id))
+            .filter(|&i| self.graph.node(i).ty == self.graph.node(id).ty && self.single_user(i) == Some(id))
             .filter_map(|i| self.kernel_of.get(&i).copied())
             .find(|&k| self.kinds[k] == KernelKind::Conv);
         if let Some(k) = conv {
