@@ -426,18 +426,18 @@ impl<S: Steps> Generator<S> {
             out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
         }
         let mut last_step = Instant::now();
-        // Greedy steps whose every sequence is past its prompt choose on the device and write
-        // the ids into the next step's token input there (where the steps can): the next step
-        // is queued before this one's ids are read, one step late (`fed`: that step and which
-        // sequences take a token there).
-        let mut tokens_on_device = false;
+        // Once every sequence is past its prompt, each step's ids (greedy or drawn) are chosen
+        // on the device and written into the next step's token input there (where the steps
+        // can): the next step is queued before this one's ids are read, one step late (`fed`:
+        // that step and which sequences take a token there; from then on the token input is
+        // the device's).
         let mut fed: Option<(usize, Vec<bool>)> = None;
         for t in start..steps {
             if done.iter().all(|&d| d) {
                 break;
             }
             let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms);
-            if !tokens_on_device {
+            if fed.is_none() {
                 let tokens: Vec<f64> = (0..batch)
                     .map(|b| match (rows[b].get(t), out.tokens.get(b).and_then(|g| g.last())) {
                         (Some(&p), _) => p as f64,
@@ -480,7 +480,6 @@ impl<S: Steps> Generator<S> {
                     }
                 };
             if fed_now {
-                tokens_on_device = true;
                 clock.lap(2);
                 self.copy_cache(t)?;
                 clock.lap(4);

@@ -48,11 +48,11 @@ impl Depthwise {
 const CHANNEL_STEP: usize = 8;
 
 /// How many input channels a convolution of fewer than [`CHANNEL_STEP`] (an image's three) is
-/// padded to with zeros (others are left as they are), by its element type: 8 in f16 (the tensor cores' step), 16 in bf16,
-/// where cuDNN's NHWC kernels for 8 channels ran ResNet-50's stem at a sixth of their rate for
-/// 16 (0.345 against 0.058 ms at batch 8 on an H200, `benches/NOTES.md`).
-/// `FUSEC_CHANNEL_STEP=N` pads to N instead, at compile time; `0` leaves such a convolution
-/// NCHW.
+/// padded to with zeros (others are left as they are), by its element type: 8 in f16 (the
+/// tensor cores' step), 16 in bf16, where cuDNN's NHWC kernels for 8 channels ran ResNet-50's
+/// stem at a sixth of their rate for 16 (0.345 against 0.058 ms at batch 8 on an H200,
+/// `benches/NOTES.md`). `FUSEC_CHANNEL_STEP=N` pads to N instead, at compile time; `0` leaves
+/// such a convolution NCHW.
 fn channel_step(dtype: DType) -> usize {
     let chosen = std::env::var("FUSEC_CHANNEL_STEP").ok().and_then(|v| v.trim().parse().ok());
     chosen.unwrap_or(if dtype == DType::BF16 { 2 * CHANNEL_STEP } else { CHANNEL_STEP })
@@ -137,12 +137,12 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     if !(symmetric || generated) || node.ty.rank() != 4 {
         return Ok(false);
     }
-    let step = channel_step(node.ty.dtype);
-    if step == 0
-        && group == 1
-        && filters.shape().get(1).is_some_and(|&c| c < CHANNEL_STEP)
-        && patches(graph, id).is_none()
-    {
+    // A few input channels (an image's three) are padded with zeros to the element type's
+    // step (`channel_step`): cuDNN's NHWC kernels for three channels ran at a fifth of its
+    // rate for eight.
+    let (channels, step) = (filters.shape()[1], channel_step(node.ty.dtype));
+    let pad = group == 1 && channels < CHANNEL_STEP && patches(graph, id).is_none();
+    if pad && step == 0 {
         return Ok(false);
     }
     let mut krsc = ops::evaluate(&Op::Transpose { perm: TO_NHWC.to_vec() }, &[&filters])
@@ -154,10 +154,7 @@ fn to_nhwc(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
         &format!("{}/input_nhwc", node.name),
         origin.clone(),
     )?;
-    // A few input channels (an image's three) padded with zeros to eight, the tensor cores'
-    // step: cuDNN's NHWC kernels for three channels ran at a fifth of its rate for eight.
-    let channels = krsc.shape()[3];
-    if group == 1 && channels < CHANNEL_STEP && channels < step && patches(graph, id).is_none() {
+    if pad && channels < step {
         let mut block = graph.node(x).ty.shape.clone();
         block[3] = step - channels;
         let zero = zero_tensor(krsc.dtype(), &[1, 1, 1, 1]);
