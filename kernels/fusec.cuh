@@ -160,6 +160,26 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, co
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(at));
 }
 
+// Four 8×8 matrices, lanes 8i to 8i+7 addressing the rows of matrix i; lane L receives row
+// L/4, columns 2(L%4) and 2(L%4)+1 of each — a row-major tile's rows as the columns of mma B
+// fragments (`_x2`: the first two, addressed by lanes 0–15). `_trans`: transposed, as above.
+__device__ __forceinline__ void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* shared) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, const void* shared) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* shared) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(at));
+}
+
 // Tensor-core helpers for kernels on half types (included after cuda_fp16.h / cuda_bf16.h).
 // `mma_m16n8k16` is one warp-wide D = A·B + D with A 16×16 (row-major, four registers of two
 // halves), B 16×8 (column-major, two registers) and D 16×8 in f32 (four floats a thread).

@@ -489,6 +489,7 @@ fn tensor_core(
         "tiles_keys": problem.keys_dims.value().map_or_else(|| problem.keys_dims.c(), |k| k.to_string()),
         "depth": problem.depth,
         "dp": dp,
+        "k_pairs": (dp / 16) % 2 == 0,
         "dv": problem.dv(),
         "dvp": dvp,
         "q_pairs": q_address.is_some(),
