@@ -484,12 +484,17 @@ impl<S: Steps> Generator<S> {
                 self.copy_cache(t)?;
                 clock.lap(4);
                 // The previous step's ids, read while this one runs.
-                if let Some((at, takes)) = fed.take() {
-                    let ids = self.steps.fed_tokens()?;
-                    record_fed(&ids, &takes, &mut out.tokens, &mut done, options, &mut on_token);
-                    if at + 1 == longest {
-                        out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
-                    }
+                let first = (longest, started);
+                if let Some(ms) = read_fed(
+                    &mut self.steps,
+                    fed.take(),
+                    first,
+                    &mut out.tokens,
+                    &mut done,
+                    options,
+                    &mut on_token,
+                )? {
+                    out.first_token_ms = ms;
                 }
                 clock.lap(3);
                 fed = Some((t, takes));
@@ -516,12 +521,16 @@ impl<S: Steps> Generator<S> {
             }
             last_step = now;
         }
-        if let Some((at, picks)) = fed.take() {
-            let ids = self.steps.fed_tokens()?;
-            record_fed(&ids, &picks, &mut out.tokens, &mut done, options, &mut on_token);
-            if at + 1 == longest {
-                out.first_token_ms = started.elapsed().as_secs_f64() * 1e3;
-            }
+        if let Some(ms) = read_fed(
+            &mut self.steps,
+            fed,
+            (longest, started),
+            &mut out.tokens,
+            &mut done,
+            options,
+            &mut on_token,
+        )? {
+            out.first_token_ms = ms;
         }
         Ok(out)
     }
@@ -603,21 +612,27 @@ fn pick(
     }
 }
 
-/// Records the ids fed back for a step (`takes`: the sequences that take a token there) for
-/// the sequences not yet done.
-fn record_fed(
-    ids: &[i64],
-    takes: &[bool],
+/// Reads the ids fed back for the step `fed` holds, if any (`takes`: the sequences that take
+/// a token there), and records them for the sequences not yet done; where that step ends the
+/// longest prompt (`first`: its length, and when the generation started), the time to the
+/// first tokens, in ms.
+fn read_fed<S: Steps>(
+    steps: &mut S,
+    fed: Option<(usize, Vec<bool>)>,
+    first: (usize, Instant),
     tokens: &mut [Vec<i64>],
     done: &mut [bool],
     options: &GenerateOptions,
     on_token: &mut impl FnMut(usize, i64),
-) {
+) -> Result<Option<f64>, GenerateError> {
+    let Some((at, takes)) = fed else { return Ok(None) };
+    let ids = steps.fed_tokens()?;
     for b in 0..done.len() {
         if takes[b] && !done[b] {
             record(tokens, done, b, ids[b], options, on_token);
         }
     }
+    Ok((at + 1 == first.0).then(|| first.1.elapsed().as_secs_f64() * 1e3))
 }
 
 /// Records `token` as sequence `b`'s next: streamed to `on_token`, the sequence done at

@@ -50,8 +50,8 @@ impl Session {
     }
 
     /// Sets every input to zeros and runs the program once, so that the one-time work of a
-    /// first run — loading its kernels, capturing its CUDA graph, loading the argmax kernel a
-    /// decoding loop chooses tokens with — is done now rather than in the first run that
+    /// first run — loading its kernels, capturing its CUDA graph, loading the argmax and
+    /// sampling kernels a decoding loop chooses tokens with — is done now rather than in the first run that
     /// counts (a generation's time to its first token). The inputs are left zero and the
     /// outputs are those of zeros.
     pub fn warm_up(&mut self) -> Result<(), RuntimeError> {
@@ -60,7 +60,8 @@ impl Session {
             self.zero_input(name)?;
         }
         self.execute_all()?;
-        self.argmax_kernel().map(|_| ())
+        self.argmax_kernel()?;
+        self.sample_kernel().map(|_| ())
     }
 
     /// Issues a run on the data in device memory without waiting for it where the run replays

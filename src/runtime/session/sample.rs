@@ -34,6 +34,17 @@ pub struct SampledRows {
 }
 
 impl Session {
+    /// The sampling kernel, loaded on first use (or by [`Session::warm_up`]).
+    pub(super) fn sample_kernel(&mut self) -> Result<cudarc::driver::CudaFunction, RuntimeError> {
+        if self.state.sample.is_none() {
+            self.state.sample = Some(self.load_kernel(SAMPLE_PTX, "fusec_sample_rows")?);
+        }
+        self.state
+            .sample
+            .clone()
+            .ok_or_else(|| RuntimeError::Driver("the sampling kernel did not load".into()))
+    }
+
     /// One token drawn from each of `at`'s rows of f32 output `name` of the last run, `draw`
     /// at `temperature`, with `draws[i]` (in [0, 1)) the draw of the `i`-th row: on the GPU,
     /// only the ids come back.
@@ -83,19 +94,16 @@ impl Session {
             )));
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
-        if self.state.sample.is_none() {
-            self.state.sample = Some(self.load_kernel(SAMPLE_PTX, "fusec_sample_rows")?);
-        }
+        let function = self.sample_kernel()?;
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
         if self.state.weights.as_ref().is_none_or(|w| w.len() < rows * width) {
             self.state.weights = Some(self.stream.alloc_zeros::<f64>(rows * width).map_err(driver)?);
         }
-        let (Some(function), Some(on_device), Some(weights)) =
-            (self.state.sample.clone(), self.state.draws.as_mut(), self.state.weights.as_mut())
+        let (Some(on_device), Some(weights)) = (self.state.draws.as_mut(), self.state.weights.as_mut())
         else {
-            return Err(RuntimeError::Driver("the sampling kernel did not load".into()));
+            return Err(RuntimeError::Driver("the sampling buffers were not allocated".into()));
         };
         self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
         // The row in shared memory where it fits beside the kernel's own (~29 KB; 50,257
