@@ -6,6 +6,12 @@ and run them from NumPy arrays or PyTorch CUDA tensors.
     session = fusec.Session(bundle)                    # or fusec.Session("model.bundle")
     logits, = session.run(["logits"], {"input_ids": ids})
 
+A decoder exported with its key/value cache generates tokens (the loop `fusec generate` runs):
+
+    generator = fusec.Generator("gpt2_cache.onnx", batch=2, capacity=300, precision="fp16")
+    result = generator.generate([[464, 3290], [40, 588, 257]], max_new_tokens=32, sample="top-p=0.9")
+    result.tokens, result.ms_per_token
+
 An ONNX Runtime script runs on fusec by changing its import (`import fusec as ort`):
 `fusec.InferenceSession(path).run(None, feed)` compiles on first use.
 
@@ -28,6 +34,8 @@ from ._fusec import (
     CompileError,
     DeviceError,
     Error,
+    Generation,
+    Generator,
     InputError,
     cuda_available,
     nvrtc_available,
@@ -50,6 +58,8 @@ __all__ = [
     "CompileError",
     "DeviceError",
     "Error",
+    "Generation",
+    "Generator",
     "InferenceSession",
     "InputError",
     "NodeArg",

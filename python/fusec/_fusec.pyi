@@ -60,6 +60,48 @@ class Session:
         wanted: Sequence[int] | None = None,
     ) -> list[float]: ...
 
+class Generation:
+    tokens: list[list[int]]
+    steps: int
+    first_token_ms: float
+    ms_per_token: float
+    tokens_per_second: float
+    step_ms: list[float]
+
+class Generator:
+    def __init__(
+        self,
+        model: str | PathLike[str],
+        batch: int = 1,
+        capacity: int = 256,
+        precision: str = "fp32",
+        prompt_tokens: int | None = None,
+        device: int | str | None = None,
+        fuse: bool = True,
+    ) -> None: ...
+    @staticmethod
+    def from_bundles(step: Bundle, prompt: Bundle | None = None, device: int = 0) -> Generator: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def device(self) -> int | str: ...
+    def generate(
+        self,
+        prompts: Sequence[int] | Sequence[Sequence[int]],
+        max_new_tokens: int = 16,
+        sample: str = "greedy",
+        temperature: float = 1.0,
+        seed: int = 0,
+        stop: int | None = None,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> Generation: ...
+
 def compile(
     model: str | PathLike[str],
     dims: dict[str, int | tuple[int, int]] | None = None,

@@ -162,6 +162,16 @@ fn dim_spec(symbol: &str, value: &Bound<'_, PyAny>) -> PyResult<DimSpec> {
     text.parse::<DimSpec>().map_err(InputError::new_err)
 }
 
+/// The element type a `precision` argument names.
+pub fn precision_named(precision: &str) -> PyResult<DType> {
+    match precision {
+        "fp32" | "f32" | "float32" => Ok(DType::F32),
+        "fp16" | "f16" | "float16" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        other => Err(InputError::new_err(format!("precision '{other}': use fp32, fp16 or bf16"))),
+    }
+}
+
 /// Compiles an ONNX model; see `fusec.compile` for the arguments.
 // The arguments are the Python function's keywords.
 #[allow(clippy::too_many_arguments)]
@@ -191,12 +201,7 @@ pub fn compile(
         let text = format!("{name}:{}", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"));
         input_specs.push(text.parse::<InputSpec>().map_err(InputError::new_err)?);
     }
-    let precision = match precision {
-        "fp32" | "f32" | "float32" => DType::F32,
-        "fp16" | "f16" | "float16" => DType::F16,
-        "bf16" | "bfloat16" => DType::BF16,
-        other => return Err(InputError::new_err(format!("precision '{other}': use fp32, fp16 or bf16"))),
-    };
+    let precision = precision_named(precision)?;
     let options = CompileOptions {
         import: ImportOptions::new(input_specs, dim_specs),
         no_fuse: !fuse,

@@ -5,10 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use fusec::generate::{cache, GenerateOptions, Generator, Sampling};
-use fusec::import::{DeclaredDim, ImportOptions, InputSpec};
+use fusec::generate::{GenerateOptions, Generator, Sampling, StepCompile};
 use fusec::ir::DType;
-use fusec::{Bundle, CompileOptions};
+use fusec::Bundle;
 
 /// Generate tokens with a decoder exported with its key/value cache (inputs `input_ids`,
 /// `attention_mask`, `position_ids`, `past_key_values.{i}.key|value`; outputs `logits`,
@@ -81,40 +80,8 @@ pub(super) fn compile_generator(
     prompt: Option<usize>,
     device: usize,
 ) -> anyhow::Result<(Generator, usize)> {
-    let compile = |seq: usize, capacity: usize| -> anyhow::Result<Bundle> {
-        let specs = prompt_inputs(model, batch, seq, capacity)?;
-        let options = CompileOptions {
-            import: ImportOptions::new(specs, vec![]),
-            no_fuse,
-            precision,
-            cache_in_place: cache_in_place(),
-            ..Default::default()
-        };
-        fusec::compile(model, &options).with_context(|| {
-            format!(
-                "compiling {} for {seq} tokens a sequence{}",
-                model.display(),
-                if no_fuse { " (unfused)" } else { "" }
-            )
-        })
-    };
-    let step = compile(1, capacity)?;
-    // The prompt step after a cache of one position (masked out): its attention and its
-    // cache are the prompt's own, not the capacity's (a dim takes no size 0).
-    let generator = match prompt.filter(|&p| p > 1) {
-        Some(p) => Generator::with_prompt(&step, &compile(p, PROMPT_CACHE)?, device)?,
-        None => Generator::new(&step, device)?,
-    };
-    Ok((generator, step.header.launches))
-}
-
-/// Cached positions of the prompt step's compile: one, masked out.
-pub const PROMPT_CACHE: usize = 1;
-
-/// Whether the decoder's cache is compiled to be updated in place (`--cache-in-place`): yes
-/// unless `FUSEC_CACHE_IN_PLACE=0` (the copy of the whole cache each step, for comparison).
-pub(super) fn cache_in_place() -> bool {
-    std::env::var("FUSEC_CACHE_IN_PLACE").map_or(true, |v| v.trim() != "0")
+    let how = StepCompile { batch, capacity, precision, no_fuse, prompt };
+    Ok(Generator::compile(model, &how, device)?)
 }
 
 fn parse_sampling(text: &str) -> Result<Sampling, String> {
@@ -125,51 +92,6 @@ fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
     text.split(',')
         .map(|t| {
             t.trim().parse::<i64>().with_context(|| format!("--prompt-ids '{text}': '{t}' is not a token id"))
-        })
-        .collect()
-}
-
-/// The shapes of `model` for `batch` sequences of `seq` tokens after `capacity` cached
-/// positions (one decoding step: `seq` 1; a prompt step: more): `[batch, seq]` ids and
-/// positions, `[batch, capacity + seq]` mask, cache inputs with `past` = `capacity` (heads
-/// and head size as the model declares them).
-pub(super) fn prompt_inputs(
-    model: &Path,
-    batch: usize,
-    seq: usize,
-    capacity: usize,
-) -> anyhow::Result<Vec<InputSpec>> {
-    let summary = fusec::import::summarize(model)?;
-    summary
-        .inputs
-        .iter()
-        .map(|input| {
-            let shape = match input.name.as_str() {
-                cache::TOKENS | cache::POSITIONS => vec![batch, seq],
-                cache::MASK => vec![batch, capacity + seq],
-                name if name.starts_with("past") => {
-                    let fixed = |d: Option<&DeclaredDim>| match d {
-                        Some(DeclaredDim::Fixed(n)) => Some(*n),
-                        _ => None,
-                    };
-                    let dims = input.dims.as_deref().unwrap_or_default();
-                    match (dims.len(), fixed(dims.get(1)), fixed(dims.get(3))) {
-                        (4, Some(heads), Some(size)) => vec![batch, heads, capacity, size],
-                        _ => bail!(
-                            "{}: cache input '{name}' is not [batch, heads, past, head_dim] with fixed heads and head size",
-                            model.display()
-                        ),
-                    }
-                }
-                other => bail!(
-                    "{}: input '{other}' is not one a decoder with a cache takes ({}, {}, {}, past_key_values.*)",
-                    model.display(),
-                    cache::TOKENS,
-                    cache::MASK,
-                    cache::POSITIONS
-                ),
-            };
-            Ok(InputSpec { name: input.name.clone(), shape, dtype: input.dtype })
         })
         .collect()
 }

@@ -10,6 +10,7 @@
 //! every prompt run as one step, their keys and values copied into the cache.
 
 pub mod cache;
+pub mod compile;
 pub mod prompt;
 pub mod reference;
 pub mod sampling;
@@ -21,6 +22,7 @@ use crate::bundle::Bundle;
 use crate::ir::{DType, Element, Tensor};
 use crate::runtime::{RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 pub use cache::CacheLayout;
+pub use compile::StepCompile;
 pub use sampling::{Sampler, Sampling};
 pub use text::TextCodec;
 
@@ -36,6 +38,15 @@ pub enum GenerateError {
     /// The GPU refused a step.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The decoder did not compile ([`compile::compile_steps`]).
+    #[error("{what}")]
+    Compile {
+        /// What was being compiled (the file, the tokens a sequence).
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: Box<crate::pipeline::CompileError>,
+    },
 }
 
 /// How to generate.
