@@ -302,12 +302,10 @@ impl PyGenerator {
     fn __repr__(&self) -> String {
         let layout = self.inner.0.layout();
         let device = self.device.map_or_else(|| "cpu".to_string(), |n| format!("cuda:{n}"));
+        let prompt = self.inner.0.prompt_length().map_or_else(|| "None".to_string(), |p| p.to_string());
         format!(
-            "Generator(batch={}, capacity={}, vocab={}, prompt_tokens={:?}, device={device})",
-            layout.batch,
-            layout.capacity,
-            layout.vocab,
-            self.inner.0.prompt_length()
+            "Generator(batch={}, capacity={}, vocab={}, prompt_tokens={prompt}, device={device})",
+            layout.batch, layout.capacity, layout.vocab
         )
     }
 }

@@ -92,6 +92,10 @@ def test_bad_requests_are_input_errors():
         raise KeyError("from the callback")
     with pytest.raises(KeyError, match="from the callback"):
         generator.generate([[3, 4]], max_new_tokens=3, on_token=boom)
+    # A file that is not there is a compile error naming it.
+    with pytest.raises(fusec.CompileError, match="no_such_decoder.onnx"):
+        fusec.Generator(MODELS / "no_such_decoder.onnx", device="cpu")
+    assert repr(generator) == "Generator(batch=1, capacity=8, vocab=512, prompt_tokens=None, device=cpu)"
     # A model without a cache names what it lacks.
     with pytest.raises(fusec.Error, match="input_ids|not one a decoder"):
         fusec.Generator(MODELS / "bert_ts.onnx", device="cpu")

@@ -55,7 +55,10 @@ pub fn prompt_inputs(
     seq: usize,
     capacity: usize,
 ) -> Result<Vec<InputSpec>, GenerateError> {
-    let summary = crate::import::summarize(model).map_err(|e| GenerateError::Layout(e.to_string()))?;
+    let summary = crate::import::summarize(model).map_err(|e| GenerateError::Compile {
+        what: format!("reading {}", model.display()),
+        source: Box::new(e.into()),
+    })?;
     summary
         .inputs
         .iter()
