@@ -211,6 +211,10 @@ fn malformed_flags_are_usage_errors() {
     let out = fusec(&["inspect", "x.onnx", "--input", "x:3xq"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("NAME:DIMxDIM"));
+    // --check's bound only with --check.
+    let out = fusec(&["run", "x.bundle", "--tolerance", "0.1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--check"), "{}", text(&out.stderr));
 }
 
 #[test]
