@@ -280,6 +280,46 @@ fn compile_then_run_without_a_gpu_says_so() {
     assert_clean_failure(&["run", "missing.bundle", "--input", &input], &["missing.bundle"]);
 }
 
+/// `--dim total=past+seq`: a decoder's mask length as the sum of its parts; a range of cache
+/// lengths is refused with what to compile instead.
+#[test]
+fn a_dim_can_be_the_sum_of_two() {
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let step = |past: &str| -> Vec<String> {
+        let m = model.to_str().unwrap();
+        let b = bundle.to_str().unwrap();
+        [
+            "compile",
+            m,
+            "-o",
+            b,
+            "--dim",
+            "batch=1",
+            "--dim",
+            "seq=1",
+            "--dim",
+            past,
+            "--dim",
+            "total=past+seq",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let args = step("past=7");
+    let out = fusec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let loaded = fusec::Bundle::load(&bundle).unwrap();
+    let shape = |name: &str| loaded.header.inputs.iter().find(|i| i.name == name).unwrap().shape.clone();
+    assert_eq!((shape("attention_mask"), shape("past_key_values.0.key")), (vec![1, 8], vec![1, 4, 7, 16]));
+    let args = step("past=1..7");
+    let out = fusec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("past is a range (1..7)") && err.contains("--dim past=7"), "{err}");
+}
+
 #[test]
 fn bench_without_a_gpu_says_so() {
     if fusec::runtime::driver_available() {

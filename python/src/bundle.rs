@@ -147,15 +147,18 @@ impl PyBundle {
     }
 }
 
-/// A dim value from Python: an int, or a `(low, high)` range.
+/// A dim value from Python: an int, a `(low, high)` range, or the sum of other dims named in
+/// a string (`"past+seq"`).
 fn dim_spec(symbol: &str, value: &Bound<'_, PyAny>) -> PyResult<DimSpec> {
     let text = if let Ok(n) = value.extract::<usize>() {
         format!("{symbol}={n}")
     } else if let Ok((low, high)) = value.extract::<(usize, usize)>() {
         format!("{symbol}={low}..{high}")
+    } else if let Some(sum) = value.extract::<String>().ok().filter(|s| s.contains('+')) {
+        format!("{symbol}={sum}")
     } else {
         return Err(InputError::new_err(format!(
-            "dims['{symbol}'] must be a size or a (low, high) range, not {}",
+            "dims['{symbol}'] must be a size, a (low, high) range or a sum of dims (\"past+seq\"), not {}",
             value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
         )));
     };
@@ -192,6 +195,7 @@ pub fn compile(
     for (symbol, value) in dims.into_iter().flat_map(|d| d.iter()) {
         dim_specs.push(dim_spec(&symbol.extract::<String>()?, &value)?);
     }
+    let dim_specs = fusec::import::resolve_sums(dim_specs).map_err(InputError::new_err)?;
     let mut input_specs = Vec::new();
     for (name, shape) in inputs.into_iter().flat_map(|d| d.iter()) {
         let name: String = name.extract()?;

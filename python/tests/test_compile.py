@@ -87,6 +87,15 @@ def test_compile_errors_name_the_file_and_what_is_wrong(tmp_path):
     assert issubclass(fusec.CompileError, fusec.Error) and issubclass(fusec.Error, Exception)
 
 
+def test_a_dim_can_be_the_sum_of_two():
+    dims = {"batch": 1, "seq": 1, "past": 7, "total": "past+seq"}
+    bundle = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims=dims)
+    shapes = {i["name"]: i["shape"] for i in bundle.inputs}
+    assert shapes["attention_mask"] == [1, 8] and shapes["past_key_values.0.key"] == [1, 4, 7, 16]
+    with pytest.raises(fusec.InputError, match="past is a range"):
+        fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={**dims, "past": (1, 7)})
+
+
 def test_inputs_given_by_shape_compile_without_dims():
     bundle = fusec.compile(MODELS / "mlp_block.onnx", inputs={"x": (5, 7, 40)})
     assert bundle.inputs == [{"name": "x", "dtype": "float32", "shape": [5, 7, 40]}]

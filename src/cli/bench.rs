@@ -403,7 +403,7 @@ impl Bench {
         let precision = super::shapes::precision(&self.precision);
         if let Some(setting) = &self.decode {
             let setting = super::bench_decode::parse_setting(setting)?;
-            let batch = self.shapes.options().dims.get("batch").copied().unwrap_or(1);
+            let batch = self.shapes.options()?.dims.get("batch").copied().unwrap_or(1);
             return super::bench_decode::bench_decode(
                 &self.model,
                 batch,
@@ -415,7 +415,7 @@ impl Bench {
         }
         let progress = Progress::new(self.quiet, "starting");
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
-            let import = self.shapes.options();
+            let import = self.shapes.options()?;
             progress.set(format!("compiling {} (fused)", self.model.display()));
             let options = CompileOptions {
                 import: import.clone(),

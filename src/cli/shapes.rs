@@ -101,13 +101,15 @@ pub struct ShapeArgs {
     #[arg(long = "input", value_name = "NAME:SHAPE[:TYPE]")]
     pub inputs: Vec<InputSpec>,
     /// Value of a symbolic dimension of the model's inputs, e.g. --dim batch=8 --dim seq=128;
-    /// NAME=LO..HI gives a range (`inspect` checks that one program serves it).
-    #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI")]
+    /// NAME=LO..HI gives a range (`inspect` checks that one program serves it); NAME=A+B the
+    /// sum of two others (a decoder's --dim total=past+seq).
+    #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI|NAME=A+B")]
     pub dims: Vec<DimSpec>,
 }
 
 impl ShapeArgs {
-    pub fn options(&self) -> ImportOptions {
-        ImportOptions::new(self.inputs.clone(), self.dims.clone())
+    pub fn options(&self) -> anyhow::Result<ImportOptions> {
+        let dims = fusec::import::resolve_sums(self.dims.clone()).map_err(anyhow::Error::msg)?;
+        Ok(ImportOptions::new(self.inputs.clone(), dims))
     }
 }

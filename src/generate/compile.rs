@@ -123,7 +123,7 @@ fn compile_bundles(
             cache_in_place: in_place,
             ..Default::default()
         };
-        crate::compile(model, &options).map_err(|source| GenerateError::Compile {
+        crate::pipeline::compile(model, &options).map_err(|source| GenerateError::Compile {
             what: format!(
                 "compiling {} for {seq} tokens a sequence{}",
                 model.display(),

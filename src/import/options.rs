@@ -49,7 +49,9 @@ impl FromStr for InputSpec {
     }
 }
 
-/// A value for a symbolic dimension, `batch=8`, or a range of values, `seq=1..512`.
+/// A value for a symbolic dimension, `batch=8`, a range of values, `seq=1..512`, or the sum
+/// of other dimensions' values, `total=past+seq` (the length of a decoder's mask and cache
+/// output), which [`resolve_sums`] turns into a size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DimSpec {
     /// The symbolic dimension's name.
@@ -58,6 +60,8 @@ pub struct DimSpec {
     pub value: usize,
     /// The smallest size of a range (`value` for one size).
     pub low: usize,
+    /// For a sum, the dimensions added (`value` and `low` are 0 until resolved); else empty.
+    pub sum: Vec<String>,
 }
 
 impl DimSpec {
@@ -76,6 +80,14 @@ impl FromStr for DimSpec {
         if symbol.is_empty() {
             return Err(format!("'{s}' has no dimension name"));
         }
+        if value.contains('+') {
+            let parts: Vec<String> = value.split('+').map(|p| p.trim().to_string()).collect();
+            let named = |p: &String| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_');
+            if parts.iter().any(|p| !named(p) || p.chars().all(|c| c.is_ascii_digit())) {
+                return Err(format!("'{s}': a sum adds dimension names (NAME=A+B)"));
+            }
+            return Ok(DimSpec { symbol: symbol.to_string(), value: 0, low: 0, sum: parts });
+        }
         let size = |v: &str| -> Result<usize, String> {
             let n: usize = v.trim().parse().map_err(|_| format!("'{v}' in '{s}' is not a size"))?;
             if n == 0 {
@@ -90,8 +102,42 @@ impl FromStr for DimSpec {
         if low > value {
             return Err(format!("'{s}': the range's low end {low} is over its high end {value}"));
         }
-        Ok(DimSpec { symbol: symbol.to_string(), value, low })
+        Ok(DimSpec { symbol: symbol.to_string(), value, low, sum: Vec::new() })
     }
+}
+
+/// Gives each sum (`total=past+seq`) the size of its parts added, each part given one size by
+/// another spec. A part that is not given, a part that is itself a sum, and a part given a
+/// range are errors naming the spec: the ranges machinery follows products of dims, not sums
+/// — a decoder's step is compiled for its cache's capacity instead, and one such bundle
+/// serves every shorter cache through its mask.
+pub fn resolve_sums(dims: Vec<DimSpec>) -> Result<Vec<DimSpec>, String> {
+    let given = dims.clone();
+    dims.into_iter()
+        .map(|d| {
+            if d.sum.is_empty() {
+                return Ok(d);
+            }
+            let text = format!("{}={}", d.symbol, d.sum.join("+"));
+            let mut total = 0;
+            for part in &d.sum {
+                let Some(p) = given.iter().find(|g| &g.symbol == part && g.sum.is_empty()) else {
+                    return Err(format!("--dim {text}: give {part} one size (--dim {part}=N)"));
+                };
+                if p.is_range() {
+                    return Err(format!(
+                        "--dim {text}: {part} is a range ({}..{}), and a dim that is a sum follows one size of \
+                         each part. For a decoder's cache, compile the step for the cache's capacity \
+                         (--dim {part}={} --dim {text}): one such bundle serves every shorter cache, the mask \
+                         marking the filled positions (what fusec generate does)",
+                        p.low, p.value, p.value
+                    ));
+                }
+                total += p.value;
+            }
+            Ok(DimSpec { symbol: d.symbol, value: total, low: total, sum: Vec::new() })
+        })
+        .collect()
 }
 
 /// Concrete shapes for the model's inputs.
@@ -114,7 +160,8 @@ impl ImportOptions {
         ImportOptions {
             inputs,
             low: dims.iter().filter(|d| d.is_range()).map(|d| (d.symbol.clone(), d.low)).collect(),
-            dims: dims.into_iter().map(|d| (d.symbol, d.value)).collect(),
+            // A sum not resolved ([`resolve_sums`]) leaves its dim unset (an import error names it).
+            dims: dims.into_iter().filter(|d| d.sum.is_empty()).map(|d| (d.symbol, d.value)).collect(),
             constants: Vec::new(),
         }
     }
@@ -147,7 +194,10 @@ mod tests {
         assert!("x".parse::<InputSpec>().is_err());
         assert!("x:8xq".parse::<InputSpec>().is_err());
         assert!("x:8:f8".parse::<InputSpec>().unwrap_err().contains("unknown element type"));
-        assert_eq!("seq=7".parse::<DimSpec>().unwrap(), DimSpec { symbol: "seq".into(), value: 7, low: 7 });
+        assert_eq!(
+            "seq=7".parse::<DimSpec>().unwrap(),
+            DimSpec { symbol: "seq".into(), value: 7, low: 7, sum: vec![] }
+        );
         let range = "seq=1..512".parse::<DimSpec>().unwrap();
         assert_eq!((range.low, range.value, range.is_range()), (1, 512, true));
         assert!("seq=9..3".parse::<DimSpec>().unwrap_err().contains("over its high end"));
@@ -159,5 +209,22 @@ mod tests {
         assert!("seq".parse::<DimSpec>().is_err());
         assert!("seq=0".parse::<DimSpec>().unwrap_err().contains("at least 1"));
         assert!("x:2x0".parse::<InputSpec>().unwrap_err().contains("zero dimension"));
+    }
+
+    #[test]
+    fn sums_take_their_parts_sizes() {
+        let specs = |list: &[&str]| -> Vec<DimSpec> { list.iter().map(|d| d.parse().unwrap()).collect() };
+        let resolved = resolve_sums(specs(&["past=63", "seq=1", "total=past+seq"])).unwrap();
+        assert_eq!((resolved[2].symbol.as_str(), resolved[2].value, resolved[2].low), ("total", 64, 64));
+        let options = ImportOptions::new(vec![], resolved);
+        assert_eq!((options.dims["total"], options.ranges().len()), (64, 0));
+        let err = resolve_sums(specs(&["past=1..2047", "seq=1", "total=past+seq"])).unwrap_err();
+        assert!(err.contains("past is a range (1..2047)") && err.contains("--dim past=2047"), "{err}");
+        let err = resolve_sums(specs(&["seq=1", "total=past+seq"])).unwrap_err();
+        assert!(err.contains("give past one size"), "{err}");
+        assert!("total=past+".parse::<DimSpec>().unwrap_err().contains("adds dimension names"));
+        assert!("total=3+seq".parse::<DimSpec>().unwrap_err().contains("adds dimension names"));
+        // Unresolved, a sum sets nothing.
+        assert!(!ImportOptions::new(vec![], specs(&["total=past+seq"])).dims.contains_key("total"));
     }
 }
