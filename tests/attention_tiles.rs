@@ -102,9 +102,10 @@ fn a_partial_last_key_tile_is_compiled_for_its_chunks() {
 #[test]
 fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    // 12 query blocks: 1,000 keys (16 tiles of 64) over clusters of 8, 300 (5 tiles) of 2;
-    // 1,000 keys of which the first 380 are not masked out: tiles masked whole are skipped.
-    for (tokens, cluster, valid) in [(1000, 8, None), (300, 2, None), (1000, 8, Some(380))] {
+    // 12 query blocks: 1,000 keys (16 tiles of 64) and 300 (5 tiles) over clusters of 4, 150 (3
+    // tiles) of 2; 1,000 keys of which the first 380 are not masked out: tiles masked whole are
+    // skipped.
+    for (tokens, cluster, valid) in [(1000, 4, None), (300, 4, None), (150, 2, None), (1000, 4, Some(380))] {
         let path = last_query(dir.path(), tokens, valid);
         let steps = common::compiled_steps(&path, &half());
         let attention: Vec<_> =

@@ -393,11 +393,12 @@ pub fn mma_tiling(heads: usize, queries: usize, keys: usize, depth: usize, dv: u
 
 /// Blocks of a cluster sharing each query block's key tiles, for `blocks` query blocks in all
 /// over `tiles` tiles of keys: where the blocks leave most of the chip idle (decoding: one
-/// query a sequence, a long cache), the most (up to 8, a power of two) that keep the launch
-/// within one wave with two tiles or more a block — "split-K" attention, the partial softmax
-/// states merged through distributed shared memory. `fits`: whether a block's states fit its
-/// value buffer for the merge. `FUSEC_ATTENTION_CLUSTER` (1, 2, 4 or 8) overrides the
-/// choice, for measuring it.
+/// query a sequence, a long cache), 4, else 2, where that keeps the launch within one wave and
+/// gives the cluster's first blocks two tiles or more — "split-K" attention, the partial
+/// softmax states merged through distributed shared memory. Clusters of 8 measured slower
+/// than 4 on GPT-2 small's decoding at caches of 384 and 2,048 (`benches/NOTES.md`). `fits`:
+/// whether a block's states fit its value buffer for the merge. `FUSEC_ATTENTION_CLUSTER`
+/// (1, 2, 4 or 8) overrides the choice, for measuring it.
 fn cluster_size(blocks: usize, tiles: usize, fits: bool) -> usize {
     let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
     if !fits {
@@ -406,7 +407,7 @@ fn cluster_size(blocks: usize, tiles: usize, fits: bool) -> usize {
     if let Some(c @ (1 | 2 | 4 | 8)) = forced {
         return c;
     }
-    [8, 4, 2].into_iter().find(|&c| blocks * c <= MULTIPROCESSORS && tiles >= 2 * c).unwrap_or(1)
+    [4, 2].into_iter().find(|&c| blocks * c <= MULTIPROCESSORS && tiles.div_ceil(c) >= 2).unwrap_or(1)
 }
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
