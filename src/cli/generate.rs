@@ -17,7 +17,7 @@ use fusec::Bundle;
     fusec generate models/gpt2_cache_ts.onnx --prompt-ids 1,2,3 --max-new-tokens 16\n  \
     fusec generate models/llama_cache_ts.onnx --prompt-ids 5,6 --prompt-ids 7,8,9 --sample top-k=20 --seed 3\n  \
     fusec generate models/gpt2_cache_ts.onnx --tokenizer models/tokenizer_words.json --prompt \"the cat sat\"\n  \
-    fusec compile models/gpt2_cache_ts.onnx -o step.bundle --dim batch=1 --dim seq=1 --dim past=63 --dim total=64\n  \
+    fusec compile models/gpt2_cache_ts.onnx -o step.bundle --dim batch=1 --dim seq=1 --dim past=63 --dim total=past+seq\n  \
     fusec generate step.bundle --prompt-ids 1,2,3")]
 pub struct Generate {
     /// The decoder: an ONNX model (compiled here for one decoding step), or a bundle compiled
