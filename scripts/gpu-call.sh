@@ -44,6 +44,13 @@
 #             (fp32), then bench --strict fused against unfused at batch 8 (fp32 and fp16);
 #             then PyTorch eager and reduce-overhead (channels-last, fp16, batch 8) side by side
 #             (benches/compare_torch_cnn.py; CNN_TORCH= leaves it out)
+#   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
+#             their GPU halves (tests/generate.rs, tests/attention_tiles.rs, ...)
+#   python    the staged wheel (FUSEC_STAGE_WHEEL=1) installed, then python/tests run from
+#             outside the checkout (so that `import fusec` is the wheel, not python/fusec/)
+#   decode    GPT-2 small with its cache (models/export_cache.py --size small): fusec generate,
+#             fp16, a 128-token prompt and 256 new tokens at batch 1, 8 and 32, greedy, then
+#             top-p 0.9 at batch 1; each sequence's tokens hashed, so builds can be compared
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -71,6 +78,24 @@ for part in "$@"; do
       [ -d /tmp/fusec-node-cases ] || python3 scripts/onnx_node_cases.py /tmp/fusec-node-cases | tail -1
       FUSEC_MODELS_DIR="$PWD/models" FUSEC_ONNX_NODE_CASES=/tmp/fusec-node-cases FUSEC_GPU_RESULTS="$OUT/res/gpu_results.md" \
         FUSEC_GPU_NODE_RESULTS="$OUT/res/node_results.md" timeout 420 .gpu/test-gpu --nocapture 2>&1 | grep -E "^test |test result|FAIL|panicked|skipped|node cases" ;;
+    gputests)
+      for t in .gpu/test-*; do
+        [ "$t" = .gpu/test-gpu ] && continue
+        echo "--- $t"
+        FUSEC_MODELS_DIR="$PWD/models" timeout 300 "$t" --nocapture 2>&1 | grep -E "^test |test result|panicked|rel-L2"
+      done ;;
+    python)
+      python3 -m pip install --no-deps --no-index -q .gpu/whl/*.whl
+      root=$PWD
+      (cd /tmp && FUSEC_MODELS_DIR="$root/models" timeout 400 python3 -m pytest -q -p no:cacheprovider "$root/python/tests" 2>&1 | tail -15) ;;
+    decode)
+      [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
+      prompt=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))")
+      for args in "--batch 1" "--batch 8" "--batch 32" "--batch 1 --sample top-p=0.9 --seed 1"; do
+        .gpu/fusec generate .bench-work/gpt2_small_cache.onnx --prompt-ids "$prompt" --max-new-tokens 256 --precision fp16 $args > /tmp/decode.txt 2>&1
+        echo "--- $args: tokens $(grep '^sequence' /tmp/decode.txt | md5sum | cut -c1-8)"
+        grep -E "time to first|error" /tmp/decode.txt
+      done ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx

@@ -14,11 +14,18 @@ rm -rf .gpu && mkdir -p .gpu
 cp target/release/fusec .gpu/
 cp target/release/examples/api .gpu/example-api
 cp target/release/examples/soak .gpu/soak
+# Test binaries staged: gpu by default; FUSEC_STAGE_TESTS="gpu generate attention_tiles ..."
+# names others (each runs its GPU half there: part `gputests` of scripts/gpu-call.sh).
+wanted=" ${FUSEC_STAGE_TESTS:-gpu} "
 while read -r name path; do
-    case "$name" in gpu) cp "$path" ".gpu/test-$name" ;; esac
+    case "$wanted" in *" $name "*) cp "$path" ".gpu/test-$name" ;; esac
 done < /tmp/fusec-test-binaries
 strip .gpu/* 2>/dev/null || true
 gzip -9 .gpu/*   # what travels is capped at 64 MiB
+# FUSEC_STAGE_WHEEL=1: the Python wheel too (part `python` of scripts/gpu-call.sh installs it).
+if [ "${FUSEC_STAGE_WHEEL:-0}" = 1 ]; then
+    (cd python && ../.venv/bin/maturin build --release --locked --quiet -o ../.gpu/whl)
+fi
 # The commit the binaries come from (with -dirty for uncommitted changes), for benches/report.py.
 git describe --always --dirty --abbrev=7 > .gpu/commit.txt
 du -sh .gpu
