@@ -76,7 +76,8 @@ fn generate_error(e: GenerateError) -> PyErr {
     }
 }
 
-/// `None` or `"cpu"`: the CPU; an int or `"cuda"` / `"cuda:N"`: that GPU.
+/// The device a `device` argument names: `"cpu"` (None: the CPU), or an int, `"cuda"` or
+/// `"cuda:N"` (that GPU).
 fn device_named(device: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
     if let Ok(n) = device.extract::<usize>() {
         return Ok(Some(n));

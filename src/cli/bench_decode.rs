@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use fusec::generate::GenerateOptions;
+use fusec::generate::{GenerateOptions, Generator, StepCompile};
 use fusec::ir::DType;
 
 /// What one build measured.
@@ -53,15 +53,8 @@ fn measure(
     no_fuse: bool,
     device: usize,
 ) -> anyhow::Result<Measured> {
-    let (mut generator, launches) = super::generate::compile_generator(
-        model,
-        batch,
-        prompt + new,
-        precision,
-        no_fuse,
-        Some(prompt),
-        device,
-    )?;
+    let how = StepCompile { batch, capacity: prompt + new, precision, no_fuse, prompt: Some(prompt) };
+    let (mut generator, launches) = Generator::compile(model, &how, device)?;
     let prompts = prompts(batch, prompt, generator.layout().vocab);
     let options = GenerateOptions { max_new_tokens: new, ..Default::default() };
     // A warm-up generation: kernels loaded, CUDA graph captured, GEMM algorithms chosen.

@@ -1,12 +1,11 @@
 //! `fusec generate`: decode tokens with a decoder exported with its key/value cache.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use fusec::generate::{GenerateOptions, Generator, Sampling, StepCompile};
-use fusec::ir::DType;
 use fusec::Bundle;
 
 /// Generate tokens with a decoder exported with its key/value cache (inputs `input_ids`,
@@ -68,22 +67,6 @@ pub struct Generate {
     token_by_token: bool,
 }
 
-/// `model` compiled for one decoding step (`batch` sequences, a cache of `capacity`) and,
-/// for `prompt` tokens of at least 2, for a prompt step of that many tokens, loaded on
-/// `device`; with the one-token step's launches per run.
-pub(super) fn compile_generator(
-    model: &Path,
-    batch: usize,
-    capacity: usize,
-    precision: DType,
-    no_fuse: bool,
-    prompt: Option<usize>,
-    device: usize,
-) -> anyhow::Result<(Generator, usize)> {
-    let how = StepCompile { batch, capacity, precision, no_fuse, prompt };
-    Ok(Generator::compile(model, &how, device)?)
-}
-
 fn parse_sampling(text: &str) -> Result<Sampling, String> {
     text.parse()
 }
@@ -126,7 +109,8 @@ impl Generate {
                     _ => String::new(),
                 }
             );
-            compile_generator(&self.model, batch, capacity, precision, false, prompt_step, self.device)?.0
+            let how = StepCompile { batch, capacity, precision, no_fuse: false, prompt: prompt_step };
+            Generator::compile(&self.model, &how, self.device)?.0
         } else {
             Generator::new(&Bundle::load(&self.model)?, self.device)?
         };

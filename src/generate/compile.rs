@@ -32,13 +32,6 @@ pub struct StepCompile {
     pub prompt: Option<usize>,
 }
 
-impl StepCompile {
-    /// `batch` sequences, a cache of `capacity`, f32, fused, no prompt step.
-    pub fn new(batch: usize, capacity: usize) -> Self {
-        StepCompile { batch, capacity, precision: DType::F32, no_fuse: false, prompt: None }
-    }
-}
-
 /// Whether the decoder's cache is compiled to be updated in place (`--cache-in-place`): yes
 /// unless `FUSEC_CACHE_IN_PLACE=0` (the copy of the whole cache each step, for comparison).
 pub fn cache_in_place() -> bool {
