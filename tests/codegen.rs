@@ -168,7 +168,7 @@ fn cublaslt_takes_bias_and_tanh_gelu_epilogues_only() {
         .unwrap();
         let mut seen = Vec::new();
         for step in &bundle.header.steps {
-            if let Step::Gemm { gemm, epilogue: Some(kernel) } = step {
+            if let Step::Gemm { gemm, epilogue: Some(kernel), .. } = step {
                 seen.push((
                     kernel.name.split('_').skip(2).collect::<Vec<_>>().join("_"),
                     gemm.lt_epilogue.map(|e| e.activation),

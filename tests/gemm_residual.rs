@@ -53,7 +53,7 @@ fn a_residual_after_a_gemm_joins_it() {
     let gemms: Vec<_> = steps
         .iter()
         .filter_map(|s| match s {
-            Step::Gemm { gemm, epilogue } => Some((gemm, epilogue)),
+            Step::Gemm { gemm, epilogue, .. } => Some((gemm, epilogue)),
             _ => None,
         })
         .collect();

@@ -132,7 +132,7 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
         return;
     }
     println!(
-        "GEMM algorithms (the fused program timed as a CUDA graph with the reference, each of the cuBLASLt heuristic's top {} and up to {} variants of its first ones):",
+        "GEMM algorithms (the fused program timed as a CUDA graph with the reference, each of the cuBLASLt heuristic's top {} and up to {} variants of its first ones, and fusec's kernel for a product of a few rows):",
         fusec::runtime::gemm_candidates(),
         fusec::runtime::gemm_variants()
     );
@@ -142,6 +142,7 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
             GemmReference::HeuristicFirst => "cuBLASLt's first",
         };
         let kept = match (c.chosen, c.reference) {
+            _ if c.skinny => "fusec's kernel for a few rows".to_string(),
             (0, _) => format!("{reference} kept"),
             (n, _) if n >= c.heuristic => {
                 format!("cuBLASLt variant {} of {}", n - c.heuristic + 1, c.candidates - c.heuristic)
@@ -618,6 +619,7 @@ impl Bench {
                 "gemm_choices": fast.gemm_choices.iter().map(|c| serde_json::json!({
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
                     "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
+                    "skinny": c.skinny,
                 })).collect::<Vec<_>>(),
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
             });

@@ -143,7 +143,7 @@ pub enum LtActivation {
 }
 
 /// The stored value an operand reads, and whether it reads it transposed (last two axes).
-fn resolve(plan: &Plan, mut id: NodeId) -> Result<(Location, bool), String> {
+pub(super) fn resolve(plan: &Plan, mut id: NodeId) -> Result<(Location, bool), String> {
     let graph = &plan.graph;
     let mut transposed = false;
     loop {
@@ -243,8 +243,15 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     })
 }
 
-/// The step of a GEMM kernel of the plan: the call, and its epilogue kernel if it has one.
-pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -> Result<Step, String> {
+/// The step of a GEMM kernel of the plan: the call, its epilogue kernel if it has one, and
+/// fusec's kernel for a product of a few rows where it can run it.
+pub fn generate(
+    plan: &Plan,
+    index: usize,
+    kernel: &Kernel,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<Step, String> {
     let graph = &plan.graph;
     let gemm = kernel.nodes[0];
     let output = *kernel.outputs.first().ok_or("a GEMM kernel with no output")?;
@@ -260,7 +267,15 @@ pub fn generate(plan: &Plan, kernel: &Kernel, name: &str, hb: &Handlebars<'_>) -
     } else {
         None
     };
-    Ok(Step::Gemm { gemm: spec, epilogue })
+    // A norm right before it, taken into the kernel for a few rows where it can be.
+    let norm = super::skinny::norm_before(plan, index, gemm, &spec);
+    let mut skinny = super::skinny::generate(&spec, epilogue.is_some(), norm.as_ref(), name, hb)?;
+    let mut absorbs = norm.filter(|_| skinny.is_some()).map(|n| n.step);
+    if skinny.is_none() && norm.is_some() {
+        skinny = super::skinny::generate(&spec, epilogue.is_some(), None, name, hb)?;
+        absorbs = None;
+    }
+    Ok(Step::Gemm { gemm: spec, epilogue, skinny, absorbs })
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a

@@ -16,6 +16,7 @@ pub mod index;
 mod kernel;
 mod pool;
 mod row;
+mod skinny;
 
 use handlebars::Handlebars;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
     ("gate", include_str!("../../templates/gate.cu.hbs")),
     ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
+    ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.
@@ -243,6 +245,15 @@ pub enum Step {
         gemm: GemmSpec,
         /// The kernel that runs after it on its output, unless cuBLASLt runs the epilogue.
         epilogue: Option<KernelSource>,
+        /// fusec's kernel for the same product and epilogue where A has a few rows
+        /// (`skinny.rs`): the runtime runs it instead of the call where it makes the program
+        /// faster.
+        #[serde(default)]
+        skinny: Option<KernelSource>,
+        /// The step before, a norm `skinny` computes itself from its input: left out where
+        /// `skinny` runs.
+        #[serde(default)]
+        absorbs: Option<usize>,
     },
     /// A cuDNN convolution.
     Conv {
@@ -258,7 +269,8 @@ impl Step {
     pub fn sources(&self) -> impl Iterator<Item = &KernelSource> {
         let (a, b) = match self {
             Step::Launch(k) => (Some(k), None),
-            Step::Gemm { epilogue, .. } | Step::Conv { epilogue, .. } => (None, epilogue.as_ref()),
+            Step::Gemm { epilogue, skinny, .. } => (skinny.as_ref(), epilogue.as_ref()),
+            Step::Conv { epilogue, .. } => (None, epilogue.as_ref()),
         };
         a.into_iter().chain(b).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
@@ -267,7 +279,7 @@ impl Step {
     pub fn launches(&self) -> usize {
         match self {
             Step::Launch(_) => 1,
-            Step::Gemm { gemm, epilogue } => {
+            Step::Gemm { gemm, epilogue, .. } => {
                 1 + usize::from(epilogue.is_some() && gemm.lt_epilogue.is_none())
             }
             Step::Conv { epilogue, .. } => 1 + usize::from(epilogue.is_some()),
@@ -299,7 +311,7 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             let kind = kernel.kind.name().replace(['+', ':'], "_").to_lowercase();
             let name = format!("fusec_k{k}_{kind}");
             let mut step = match &kernel.kind {
-                KernelKind::Gemm { .. } => gemm::generate(plan, kernel, &name, &hb).map_err(fail)?,
+                KernelKind::Gemm { .. } => gemm::generate(plan, k, kernel, &name, &hb).map_err(fail)?,
                 KernelKind::Conv => conv::generate(plan, kernel, &name, &hb).map_err(fail)?,
                 KernelKind::Single { op } if op == "ChannelGate" => {
                     gate::generate(plan, kernel, &name, &hb).map(Step::Launch).map_err(fail)?
@@ -326,6 +338,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
                     share(source, &kind, &mut functions);
                 }
                 Step::Gemm { epilogue: None, .. } | Step::Conv { epilogue: None, .. } => {}
+            }
+            if let Step::Gemm { skinny: Some(source), .. } = &mut step {
+                share(source, "skinny_gemm", &mut functions);
             }
             Ok(step)
         })

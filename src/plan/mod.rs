@@ -280,6 +280,22 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
     }
 }
 
+/// The most rows of A a GEMM may have to get codegen's kernel for a few rows (which may take in
+/// the norm before it).
+pub const FEW_ROWS: usize = 8;
+
+/// Whether `next` is a GEMM of at most [`FEW_ROWS`] rows right after `norm`, a LayerNorm or
+/// RMSNorm kernel.
+fn few_row_gemm_after_norm(graph: &Graph, norm: &Kernel, next: &Kernel) -> bool {
+    use crate::fusion::KernelKind;
+    let is_norm =
+        matches!(&norm.kind, KernelKind::RowReduction { op } if op == "LayerNorm" || op == "RmsNorm");
+    let Some(&gemm) = next.nodes.first() else { return false };
+    let ty = &graph.node(gemm).ty;
+    let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
+    is_norm && matches!(next.kind, KernelKind::Gemm { .. }) && rows <= FEW_ROWS
+}
+
 /// First-fit allocation in the arena: free ranges kept sorted by offset.
 #[derive(Default)]
 struct Arena {
@@ -363,6 +379,15 @@ impl Plan {
                     if !kernel.nodes.contains(&source) {
                         last_read.insert(source, k);
                     }
+                }
+            }
+        }
+        // A norm's inputs are kept through the GEMM of a few rows right after it, which may
+        // compute the norm itself (`codegen::skinny`) while writing its own output.
+        for k in 0..kernels.len().saturating_sub(1) {
+            if few_row_gemm_after_norm(&graph, &kernels[k], &kernels[k + 1]) {
+                for last in last_read.values_mut().filter(|last| **last == k) {
+                    *last = k + 1;
                 }
             }
         }

@@ -137,12 +137,14 @@ pub struct GemmChoice {
     /// The kept algorithm's configuration as cuBLASLt reports it (`id 66 tile 20 stages 35
     /// split-K 2 …`, cuBLASLt's enum values), or `cuBLAS`.
     pub config: String,
+    /// fusec's kernel for a product of a few rows was kept (the last candidate).
+    pub skinny: bool,
 }
 
 impl GemmChoice {
     /// Whether the GEMM stays on cuBLAS.
     pub fn cublas(&self) -> bool {
-        self.reference == Reference::Cublas && self.chosen == 0
+        self.reference == Reference::Cublas && self.chosen == 0 && !self.skinny
     }
 }
 
@@ -686,9 +688,11 @@ impl AlgoCache {
 fn format_line(key: &str, entry: &CachedAlgo) -> String {
     let c = &entry.choice;
     let hex: String = entry.algo.data.iter().map(|w| format!("{w:016x}")).collect();
-    let reference = match c.reference {
-        Reference::Cublas => "cublas",
-        Reference::HeuristicFirst => "first",
+    let reference = match (c.reference, c.skinny) {
+        (Reference::Cublas, false) => "cublas",
+        (Reference::HeuristicFirst, false) => "first",
+        (Reference::Cublas, true) => "cublas+skinny",
+        (Reference::HeuristicFirst, true) => "first+skinny",
     };
     format!(
         "{key}\t{reference}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
@@ -699,9 +703,11 @@ fn format_line(key: &str, entry: &CachedAlgo) -> String {
 fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     let fields: Vec<&str> = line.split('\t').collect();
     let [key, reference, chosen, candidates, heuristic, first, kept, hex] = fields[..] else { return None };
-    let reference = match reference {
-        "cublas" => Reference::Cublas,
-        "first" => Reference::HeuristicFirst,
+    let (reference, skinny) = match reference {
+        "cublas" => (Reference::Cublas, false),
+        "first" => (Reference::HeuristicFirst, false),
+        "cublas+skinny" => (Reference::Cublas, true),
+        "first+skinny" => (Reference::HeuristicFirst, true),
         _ => return None,
     };
     if hex.len() != 8 * 16 || !hex.is_ascii() {
@@ -723,6 +729,7 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
         chosen_us: kept.parse().ok()?,
         cached: true,
         config: String::new(),
+        skinny,
     };
     Some((key.to_string(), CachedAlgo { algo, choice }))
 }
@@ -743,6 +750,7 @@ mod tests {
             chosen_us: 14.5,
             cached: false,
             config: String::new(),
+            skinny: false,
         };
         let data = [1, 2, 3, u64::MAX, 0, 0x0123_4567_89ab_cdef, 7, 8];
         let entry = CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice: choice.clone() };
@@ -750,7 +758,13 @@ mod tests {
         let (key, back) = parse_line(line.trim_end()).expect("a line it wrote");
         assert_eq!(key, choice.gemm);
         assert_eq!(back.algo.data, data);
-        assert_eq!(back.choice, GemmChoice { cached: true, ..choice });
+        assert_eq!(back.choice, GemmChoice { cached: true, ..choice.clone() });
+        // fusec's kernel for a few rows kept: the reference's field says so.
+        let skinny = GemmChoice { skinny: true, chosen: 12, ..choice.clone() };
+        let kept =
+            format_line("1x2304x768 f16 N N +bias skinny", &CachedAlgo { algo: entry.algo, choice: skinny });
+        let (_, back) = parse_line(kept.trim_end()).expect("a line it wrote");
+        assert!(back.choice.skinny && !back.choice.cublas(), "{kept}");
         for bad in
             ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
         {

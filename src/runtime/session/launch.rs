@@ -87,7 +87,17 @@ pub(super) enum Loaded {
         /// runs, for which cuBLAS was measured faster or nothing was measured).
         on_cublas: bool,
         lt: Option<Box<lt::LtGemm>>,
+        /// fusec's kernel for the product and its epilogue (a product of a few rows,
+        /// [`crate::codegen::Step::Gemm`]'s `skinny`), run instead of the library call where
+        /// `on_skinny`.
+        skinny: Option<Launch>,
+        /// The product runs as `skinny` (chosen by timing the program).
+        on_skinny: bool,
+        /// The norm step `skinny` computes itself: [`Loaded::Absorbed`] while it runs.
+        absorbs: Option<usize>,
     },
+    /// A norm kernel the GEMM after it computes itself (its kernel for a few rows), not run.
+    Absorbed(Launch),
     /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops) where
     /// cuDNN does not run them in its fused form.
     Conv {
@@ -112,6 +122,7 @@ impl Loaded {
     pub(super) fn name(&self) -> String {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
+            Loaded::Absorbed(launch) => format!("{} (in the next GEMM's kernel)", launch.name),
             Loaded::Conv { spec, epilogue, call, .. } => {
                 let [_, _, r, s] = spec.w_shape;
                 let fused = if call.fused() { " + bias/activation" } else { "" };
@@ -126,9 +137,14 @@ impl Loaded {
                     None => conv,
                 }
             }
-            Loaded::Gemm { gemm, epilogue, on_cublas, lt } => {
+            Loaded::Gemm { gemm, epilogue, on_cublas, lt, on_skinny, absorbs, .. } => {
                 let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
                 let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
+                if *on_skinny {
+                    let e = gemm.lt_epilogue.map(|e| format!(" +{}", e.describe())).unwrap_or_default();
+                    let norm = if absorbs.is_some() { "norm + " } else { "" };
+                    return format!("fusec skinny {norm}gemm {shape}{e}");
+                }
                 let library = if lt.is_some() && !on_cublas { "cuBLASLt" } else { "cuBLAS" };
                 match epilogue {
                     None if gemm.lt_epilogue.is_some() && lt.is_some() => {
@@ -146,6 +162,10 @@ impl Loaded {
 impl Session {
     pub(super) fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
         self.execute_library(step)?;
+        if let Loaded::Gemm { on_skinny: true, .. } = step {
+            // The kernel ran the epilogue too.
+            return Ok(());
+        }
         match step {
             Loaded::Gemm { epilogue: Some(launch), .. } | Loaded::Conv { epilogue: Some(launch), .. } => {
                 self.launch(launch)
@@ -159,6 +179,8 @@ impl Session {
     pub(super) fn execute_library(&self, step: &Loaded) -> Result<(), RuntimeError> {
         match step {
             Loaded::Kernel(launch) => self.launch(launch),
+            Loaded::Absorbed(_) => Ok(()),
+            Loaded::Gemm { skinny: Some(launch), on_skinny: true, .. } => self.launch(launch),
             Loaded::Gemm { gemm, lt: Some(prepared), on_cublas: false, .. } => {
                 let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
                 let addresses =

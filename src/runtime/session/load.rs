@@ -174,7 +174,7 @@ impl Session {
                     launch.attention = source.attention.clone();
                     Loaded::Kernel(launch.at(&top)?)
                 }
-                Step::Gemm { gemm, epilogue } => {
+                Step::Gemm { gemm, epilogue, skinny, absorbs } => {
                     let bias = gemm
                         .lt_epilogue
                         .and_then(|e| e.bias)
@@ -190,7 +190,29 @@ impl Session {
                         (Some(_), false) => None,
                         _ => epilogue.as_ref().map(|e| load(e)?.at(&top)).transpose()?,
                     };
-                    Loaded::Gemm { gemm: gemm.clone(), epilogue, on_cublas: plain, lt: prepared }
+                    // fusec's kernel for a product of a few rows, a candidate where GEMMs are
+                    // timed (with cuBLASLt, which also runs such a product's epilogue).
+                    let skinny = match (tune && prepared.is_some(), skinny) {
+                        (true, Some(source)) => Some(load(source)?),
+                        _ => None,
+                    };
+                    // The norm it may take in: a kernel step before it.
+                    let absorbs = *absorbs;
+                    if absorbs.is_some_and(|j| !matches!(steps.get(j), Some(Loaded::Kernel(_)))) {
+                        return Err(RuntimeError::Driver(format!(
+                            "GEMM step {}: the norm it takes in (step {absorbs:?}) is not a kernel before it",
+                            steps.len()
+                        )));
+                    }
+                    Loaded::Gemm {
+                        gemm: gemm.clone(),
+                        epilogue,
+                        on_cublas: plain,
+                        lt: prepared,
+                        skinny,
+                        on_skinny: false,
+                        absorbs,
+                    }
                 }
                 Step::Conv { conv, epilogue } => {
                     if ![conv.x, conv.w, conv.y].into_iter().all(inside) {

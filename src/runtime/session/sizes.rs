@@ -125,7 +125,7 @@ impl Session {
         top.iter()
             .map(|step| {
                 Ok(match step {
-                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
+                    Loaded::Kernel(launch) | Loaded::Absorbed(launch) => Loaded::Kernel(launch.at(values)?),
                     Loaded::Conv { spec, call, epilogue, spare } => {
                         let call = match spec.batch {
                             Some(_) => std::sync::Arc::new(self.conv_at(spec, values)?),
@@ -177,7 +177,16 @@ impl Session {
                                 );
                             }
                         }
-                        Loaded::Gemm { gemm, epilogue, on_cublas: prepared.is_none(), lt: prepared }
+                        // A program for ranges has no kernel for a few rows (its sizes vary).
+                        Loaded::Gemm {
+                            gemm,
+                            epilogue,
+                            on_cublas: prepared.is_none(),
+                            lt: prepared,
+                            skinny: None,
+                            on_skinny: false,
+                            absorbs: None,
+                        }
                     }
                 })
             })

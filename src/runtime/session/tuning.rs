@@ -8,6 +8,27 @@ use super::profile::median;
 use super::{driver, lt, GemmChoice, RuntimeError, Session};
 use crate::nvrtc;
 
+/// What a GEMM step may run as while its algorithm is timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Candidate {
+    /// The cuBLAS call.
+    Cublas,
+    /// The cuBLASLt heuristic's algorithm of this rank.
+    Lt(usize),
+    /// fusec's kernel for a product of a few rows.
+    Skinny,
+}
+
+/// `FUSEC_SKINNY=1`: every GEMM step with fusec's kernel for a few rows runs it, untimed;
+/// `0`: none does; unset: chosen by timing like the library's algorithms.
+fn skinny_forced() -> Option<bool> {
+    match std::env::var("FUSEC_SKINNY").ok()?.trim() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
 /// Runs at a point of a bundle's ranges after which its GEMM algorithms are timed
 /// ([`Session::tune_point`]); before, they are the heuristic's first (or cached) choices.
 pub const TUNE_AFTER_RUNS: usize = 8;
@@ -57,10 +78,19 @@ impl Session {
         cache: &mut lt::AlgoCache,
         time: bool,
     ) -> Result<Vec<GemmChoice>, RuntimeError> {
+        let forced_skinny = skinny_forced();
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
-            if let Loaded::Gemm { gemm, lt: Some(_), .. } = step {
-                let key = lt::gemm_key(gemm);
+            if let Loaded::Gemm { gemm, lt: Some(_), skinny, absorbs, .. } = step {
+                // Choices with fusec's kernel among the candidates (or forced; with the norm
+                // before it taken in) kept apart.
+                let norm = if absorbs.is_some() { "+norm" } else { "" };
+                let key = lt::gemm_key(gemm)
+                    + &match (skinny.is_some(), forced_skinny) {
+                        (false, _) | (true, Some(false)) => String::new(),
+                        (true, None) => format!(" skinny{norm}"),
+                        (true, Some(true)) => format!(" skinny{norm}-forced"),
+                    };
                 match groups.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, members)) => members.push(i),
                     None => groups.push((key, vec![i])),
@@ -86,24 +116,31 @@ impl Session {
         }
         let mut best = self.time_program()?;
         for (key, members) in untimed {
-            let Some(Loaded::Gemm { gemm, lt: Some(prepared), .. }) = self.steps.get(members[0]) else {
+            let Some(Loaded::Gemm { gemm, lt: Some(prepared), skinny, .. }) = self.steps.get(members[0])
+            else {
                 continue;
             };
             let plain = gemm.lt_epilogue.is_none();
-            // `None`: cuBLAS; `Some(r)`: the heuristic's algorithm of rank `r`.
-            let options: Vec<Option<usize>> = plain
-                .then_some(None)
+            let options: Vec<Candidate> = plain
+                .then_some(Candidate::Cublas)
                 .into_iter()
-                .chain((0..lt::Lt::candidates(prepared)).map(Some))
+                .chain((0..lt::Lt::candidates(prepared)).map(Candidate::Lt))
+                .chain(skinny.is_some().then_some(Candidate::Skinny))
                 .collect();
             let heuristic = lt::Lt::heuristic(prepared);
             let reference_ms = best;
             let mut kept = 0;
             for (i, &option) in options.iter().enumerate().skip(1) {
+                let skinny_here = options.contains(&Candidate::Skinny);
+                match forced_skinny {
+                    Some(true) if skinny_here && option != Candidate::Skinny => continue,
+                    Some(false) if option == Candidate::Skinny => continue,
+                    _ => {}
+                }
                 self.apply(&members, option);
                 let ms = self.time_program()?;
                 tracing::debug!(gemm = %key, candidate = i, config = %self.gemm_config(members[0]), ms, "GEMM candidate timed");
-                if ms < lt::MARGIN * best {
+                if ms < lt::MARGIN * best || (forced_skinny == Some(true) && option == Candidate::Skinny) {
                     best = ms;
                     kept = i;
                 }
@@ -119,6 +156,7 @@ impl Session {
                 chosen_us: 1e3 * best,
                 cached: false,
                 config: self.gemm_config(members[0]),
+                skinny: options[kept] == Candidate::Skinny,
             };
             if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
                 cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
@@ -134,27 +172,54 @@ impl Session {
     /// The configuration GEMM step `i` runs with: `cuBLAS`, or its cuBLASLt algorithm's.
     pub(super) fn gemm_config(&self, i: usize) -> String {
         match self.steps.get(i) {
+            Some(Loaded::Gemm { on_skinny: true, .. }) => "fusec skinny kernel".to_string(),
             Some(Loaded::Gemm { on_cublas: true, .. }) => "cuBLAS".to_string(),
             Some(Loaded::Gemm { lt: Some(prepared), .. }) => lt::Lt::config(prepared),
             _ => String::new(),
         }
     }
 
-    /// Runs the GEMM steps `members` on cuBLAS (`None`) or on the cuBLASLt heuristic's
-    /// algorithm of rank `r` (`Some(r)`).
-    pub(super) fn apply(&mut self, members: &[usize], option: Option<usize>) {
+    /// Runs the GEMM steps `members` as `option` says.
+    pub(super) fn apply(&mut self, members: &[usize], option: Candidate) {
         for &i in members {
-            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
-                *on_cublas = option.is_none();
-                if let Some(rank) = option {
+            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, on_skinny, skinny, absorbs, .. }) =
+                self.steps.get_mut(i)
+            {
+                *on_cublas = option == Candidate::Cublas;
+                *on_skinny = option == Candidate::Skinny && skinny.is_some();
+                if let Candidate::Lt(rank) = option {
                     lt::Lt::select(prepared, rank);
+                }
+                let (absorbs, skinny) = (*absorbs, *on_skinny);
+                if let Some(j) = absorbs {
+                    self.absorb(j, skinny);
                 }
             }
         }
     }
 
+    /// Leaves norm step `j` out (`absorbed`: the GEMM after it computes it) or puts it back.
+    fn absorb(&mut self, j: usize, absorbed: bool) {
+        let Some(step) = self.steps.get_mut(j) else { return };
+        let next = match (&*step, absorbed) {
+            (Loaded::Kernel(launch), true) => Loaded::Absorbed(launch.clone()),
+            (Loaded::Absorbed(launch), false) => Loaded::Kernel(launch.clone()),
+            _ => return,
+        };
+        *step = next;
+    }
+
     /// Applies a cached choice to `members`; false when it no longer fits.
     pub(super) fn restore(&mut self, members: &[usize], cached: &lt::CachedAlgo) -> bool {
+        if cached.choice.skinny {
+            let all = members
+                .iter()
+                .all(|&i| matches!(self.steps.get(i), Some(Loaded::Gemm { skinny: Some(_), .. })));
+            if all {
+                self.apply(members, Candidate::Skinny);
+            }
+            return all;
+        }
         let Some(lt) = self.lt.as_ref() else { return false };
         for &i in members {
             if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {

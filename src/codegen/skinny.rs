@@ -1,0 +1,385 @@
+//! A GEMM of a few rows (a decoding step: one token a sequence) as a kernel of fusec's
+//! (`templates/skinny_gemm.cu.hbs`), kept beside the library call in the step: such a product
+//! is bound by reading its weights once, and cuBLAS's kernels for it leave much of the GPU's
+//! bandwidth unused. The runtime times both in the program and keeps the faster (as it chooses
+//! cuBLASLt algorithms); the epilogue cuBLASLt would run (α, bias, residual, ReLU or
+//! tanh-GELU) runs in the kernel's last step.
+
+use handlebars::Handlebars;
+use serde_json::json;
+
+use super::expr::{c_type, header, load, narrow};
+use super::gemm::{GemmSpec, LtActivation};
+use super::kernel::render;
+use super::KernelSource;
+use crate::ir::{DType, NodeId, Op};
+use crate::plan::{Location, Plan};
+
+/// The most rows of A the kernel takes (its sums are `rows × pack` registers a thread).
+pub const MAX_ROWS: usize = crate::plan::FEW_ROWS;
+
+/// Multiprocessors the column tiles of a `[K, N]` operand should cover (an H100 has 132).
+const BLOCKS_WANTED: usize = 128;
+
+/// Threads per block of a `[K, N]` operand's kernel.
+const COLS_BLOCK: usize = 256;
+
+/// Warps per block of an `[N, K]` operand's kernel.
+const ROWS_WARPS: usize = 4;
+
+/// A LayerNorm (or RMSNorm) over the last axis of A, computed in the kernel from its input
+/// rather than by the row kernel before it (whose step the runtime then leaves out). Where that
+/// kernel also adds the residual stream (`h = x + y`, the norm of `h`), the kernel adds it too,
+/// and its first block writes `h` for the layers after.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Norm {
+    /// The step of the norm's own kernel.
+    pub step: usize,
+    /// The norm's input, `[M, K]`, of the GEMM's element type (or the sum's first term).
+    pub x: Location,
+    /// The sum's second term and where the sum is stored (where a later kernel reads it),
+    /// where the norm is of a sum.
+    pub sum: Option<(Location, Option<Location>)>,
+    /// Its scale, `K` elements.
+    pub gamma: Location,
+    /// Its shift (a LayerNorm's), `K` elements.
+    pub beta: Option<Location>,
+    /// Added to the variance (mean square).
+    pub epsilon: f32,
+    /// RMSNorm: no mean taken out, no shift.
+    pub rms: bool,
+}
+
+/// A's element `a` (a float expression) normalised: its row's statistics (`mean[m]`,
+/// `rstd[m]`), then the scale and shift at column `column`.
+fn norm_expr(a: String, column: &str, norm: Option<&Norm>, dtype: DType) -> String {
+    let Some(norm) = norm else { return a };
+    let gamma = load(&format!("gamma[{column}]"), dtype);
+    let centred = if norm.rms { a } else { format!("({a} - mean[m])") };
+    match norm.beta {
+        Some(_) => format!("({centred} * rstd[m] * {gamma} + {})", load(&format!("beta[{column}]"), dtype)),
+        None => format!("({centred} * rstd[m] * {gamma})"),
+    }
+}
+
+/// The norm kernel `index − 1` where the GEMM of kernel `index` (node `gemm`, spec `g`) can
+/// take it in: a LayerNorm or RMSNorm over the last axis (of a stored value, or of the sum of
+/// two the kernel also stores), read by this GEMM alone (as its A, through reshapes at most),
+/// everything stored in the GEMM's element type, none of its memory the GEMM's output's.
+pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Option<Norm> {
+    let graph = &plan.graph;
+    let before = plan.kernels.get(index.checked_sub(1)?)?;
+    let view = |id: NodeId| matches!(graph.node(id).op, Op::Reshape { .. } | Op::Identity);
+    let through_views = |mut id: NodeId| {
+        while view(id) {
+            id = graph.inputs_of(id)[0];
+        }
+        id
+    };
+    let computed: Vec<NodeId> = before.nodes.iter().copied().filter(|&id| !view(id)).collect();
+    let norm = *computed.last()?;
+    let (axis, epsilon, rms) = match graph.node(norm).op {
+        Op::LayerNorm { axis, epsilon } => (axis, epsilon, false),
+        Op::RmsNorm { axis, epsilon } => (axis, epsilon, true),
+        _ => return None,
+    };
+    // A is the norm's value, through views read by nothing else.
+    let mut a = graph.inputs_of(gemm)[0];
+    while a != norm {
+        if !view(a) || graph.users_of(a).len() != 1 {
+            return None;
+        }
+        a = graph.inputs_of(a)[0];
+    }
+    let only_reader = graph.users_of(norm).len() == 1 && plan.outputs.iter().all(|b| b.value != norm);
+    let inputs = graph.inputs_of(norm);
+    let ty = &graph.node(norm).ty;
+    if !only_reader || axis + 1 != ty.shape.len() || inputs.len() < 2 || !before.store_views.is_empty() {
+        return None;
+    }
+    let bytes = g.dtype.size_bytes();
+    let rows_of = |id: NodeId| {
+        let t = &graph.node(id).ty;
+        (t.dtype == g.dtype && t.len() == g.m * g.k).then_some(())
+    };
+    let stored_rows = |id: NodeId| {
+        rows_of(id)?;
+        super::gemm::resolve(plan, id).ok().filter(|(_, transposed)| !transposed).map(|(l, _)| l)
+    };
+    // The norm's input: stored, or the kernel's sum of two stored values (which it stores).
+    let input = through_views(inputs[0]);
+    let (x, sum) = match computed[..] {
+        [_] => (stored_rows(inputs[0])?, None),
+        [add, _] if add == input && matches!(graph.node(add).op, Op::Binary(crate::ir::BinaryOp::Add)) => {
+            let terms = graph.inputs_of(add);
+            let stored = before.outputs.contains(&add);
+            if !before.outputs.contains(&norm)
+                || before.outputs.len() != 1 + usize::from(stored)
+                || terms.len() != 2
+            {
+                return None;
+            }
+            rows_of(add)?;
+            let h = if stored { Some(*plan.locations.get(&add)?) } else { None };
+            (stored_rows(terms[0])?, Some((stored_rows(terms[1])?, h)))
+        }
+        _ => return None,
+    };
+    if before.outputs.len() > 2 || ty.dtype != g.dtype {
+        return None;
+    }
+    let vector = |id: NodeId| {
+        let t = &graph.node(id).ty;
+        graph.constant(id)?;
+        let location @ Location::Weights(_) = *plan.locations.get(&id)? else { return None };
+        (t.len() == g.k && t.dtype == g.dtype).then_some(location)
+    };
+    let gamma = vector(inputs[1])?;
+    let beta = match inputs.get(2) {
+        Some(&b) => Some(vector(b)?),
+        None => None,
+    };
+    // Nothing read may be written: the GEMM's output and the stored sum overlap no input.
+    let (rows, out) = (g.m * g.k * bytes, g.m * g.n * bytes);
+    let overlaps = |a: Location, a_len: usize, b: Location, b_len: usize| match (a, b) {
+        (Location::Arena(p), Location::Arena(q)) => p < q + b_len && q < p + a_len,
+        _ => false,
+    };
+    let read: Vec<Location> = std::iter::once(x).chain(sum.map(|(y, _)| y)).collect();
+    let written: Vec<(Location, usize)> =
+        std::iter::once((g.c, out)).chain(sum.and_then(|(_, h)| h).map(|h| (h, rows))).collect();
+    if read.iter().any(|&r| written.iter().any(|&(w, len)| overlaps(r, rows, w, len)))
+        || (rms && beta.is_some())
+    {
+        return None;
+    }
+    Some(Norm { step: index - 1, x, sum, gamma, beta, epsilon, rms })
+}
+
+/// Whether `location` starts on a 16-byte boundary (packs are read whole).
+fn aligned(location: Location) -> bool {
+    match location {
+        Location::Arena(o) | Location::Weights(o) => o % 16 == 0,
+    }
+}
+
+/// The kernel for GEMM `g` of step `name`, where it is one: a single static product of at
+/// most [`MAX_ROWS`] rows, A read as stored, whole 16-byte packs along B's stored rows; with
+/// `epilogue_kernel` (the step's fused ops run after the call), only where cuBLASLt's epilogue
+/// is exactly those ops.
+pub fn generate(
+    g: &GemmSpec,
+    epilogue_kernel: bool,
+    norm: Option<&Norm>,
+    name: &str,
+    hb: &Handlebars<'_>,
+) -> Result<Option<KernelSource>, String> {
+    let dtype = g.dtype;
+    if g.dims.is_some()
+        || g.batch != 1
+        || g.m == 0
+        || g.m > MAX_ROWS
+        || g.a.transposed
+        || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+        || (epilogue_kernel && g.lt_epilogue.is_none())
+    {
+        return Ok(None);
+    }
+    let lanes = 16 / dtype.size_bytes();
+    let rows = g.b.transposed;
+    let alpha = g.alpha * g.lt_epilogue.map_or(1.0, |e| e.scale());
+    let operands = [
+        norm.map_or(g.a.location, |n| n.x),
+        norm.and_then(|n| n.sum).map_or(g.b.location, |s| s.0),
+        g.b.location,
+    ];
+    if g.k % lanes != 0
+        || (!rows && g.n % lanes != 0)
+        || !alpha.is_finite()
+        || !operands.into_iter().all(aligned)
+    {
+        return Ok(None);
+    }
+    let t = c_type(dtype)?;
+    let (m, n, k) = (g.m, g.n, g.k);
+    let epilogue = g.lt_epilogue;
+    let (bias, residual) = (epilogue.and_then(|e| e.bias), epilogue.and_then(|e| e.residual));
+    let mut params = vec![
+        format!("const {t}* __restrict__ a_in"),
+        format!("const {t}* __restrict__ b_in"),
+        // Not restricted: the residual may be read from the output's own memory.
+        format!("{t}* c_out"),
+    ];
+    let mut args = vec![norm.map_or(g.a.location, |n| n.x), g.b.location, g.c];
+    if let Some(b) = bias {
+        params.push(format!("const {t}* __restrict__ bias"));
+        args.push(b);
+    }
+    if let Some(r) = residual {
+        params.push(format!("const {t}* residual"));
+        args.push(r);
+    }
+    if let Some(norm) = norm {
+        params.push(format!("const {t}* __restrict__ gamma"));
+        args.push(norm.gamma);
+        if let Some(beta) = norm.beta {
+            params.push(format!("const {t}* __restrict__ beta"));
+            args.push(beta);
+        }
+        if let Some((y, h)) = norm.sum {
+            params.push(format!("const {t}* __restrict__ a_term"));
+            args.push(y);
+            if let Some(h) = h {
+                params.push(format!("{t}* __restrict__ h_out"));
+                args.push(h);
+            }
+        }
+    }
+    let summed = norm.is_some_and(|n| n.sum.is_some());
+    // A's element as stored (the sum of two, where the norm is of a sum).
+    let element = |first: &str, second: &str| match summed {
+        true => format!("({} + {})", load(first, dtype), load(second, dtype)),
+        false => load(first, dtype),
+    };
+    let activation = match epilogue.map(|e| e.activation) {
+        Some(LtActivation::Relu) => "fusec::relu(r)",
+        Some(LtActivation::GeluTanh) => "fusec::gelu_tanh(r)",
+        None | Some(LtActivation::None) => "r",
+    };
+    let describe = match epilogue {
+        Some(e) => format!("{} ({})", "the product", e.describe()),
+        None => "the product".to_string(),
+    };
+    // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).
+    let per_warp = match m {
+        1..=2 => 1,
+        3..=4 => 2,
+        _ => 4,
+    };
+    // [K, N]: packs across a block's columns, as many as leave a block for each
+    // multiprocessor, at least one.
+    let col_lanes = [4usize, 2, 1]
+        .into_iter()
+        .find(|&cl| n % (cl * lanes) == 0 && n / (cl * lanes) >= BLOCKS_WANTED)
+        .unwrap_or(1);
+    let cols = col_lanes * lanes;
+    let (block, grid, iterations) = if rows {
+        let packs = k / lanes;
+        (ROWS_WARPS * 32, n.div_ceil(ROWS_WARPS * per_warp), packs.div_ceil(32))
+    } else {
+        let k_lanes = COLS_BLOCK / col_lanes;
+        (COLS_BLOCK, n / cols, k.div_ceil(k_lanes))
+    };
+    let name = format!("{name}_skinny");
+    let data = json!({
+        "name": name,
+        "headers": header(dtype).into_iter().collect::<Vec<_>>(),
+        "describe": describe,
+        "t": t,
+        "m": m,
+        "n": n,
+        "k": k,
+        "lanes": lanes,
+        "rows": rows,
+        "block": block,
+        "warps": block / 32,
+        "per_warp": per_warp,
+        "packs": k / lanes,
+        "iterations": iterations,
+        // Packs loaded before they are summed (4 registers each): up to 16 a thread for one
+        // or two rows of A, else 8.
+        "chunk": if rows { 8 / per_warp } else { iterations.min(if m <= 2 { 16 } else { 8 }) },
+        // The last iteration past the end for some threads.
+        "ragged": if rows { (k / lanes) % 32 != 0 } else { k % (block / col_lanes) != 0 },
+        "cols": cols,
+        "col_lanes": col_lanes,
+        "k_lanes": block / col_lanes,
+        "alpha": format!("{alpha:?}f"),
+        "bias": bias.is_some(),
+        "residual": residual.is_some(),
+        "bias_arg": if bias.is_some() { "bias" } else { "nullptr" },
+        "residual_arg": if residual.is_some() { "residual" } else { "nullptr" },
+        "load_bias": load("bias[c]", dtype),
+        "load_residual": load(&format!("residual[m * {n}LL + c]"), dtype),
+        "load_a": norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
+        "load_a_scalar": norm_expr(
+            element(&format!("a_in[m * {k}LL + k]"), &format!("a_term[m * {k}LL + k]")),
+            "k",
+            norm,
+            dtype
+        ),
+        "norm": norm.is_some(),
+        "rms": norm.is_some_and(|n| n.rms),
+        "summed": summed,
+        "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
+        "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
+        "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
+        "store_h": narrow("x", dtype),
+        "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
+        "activation": activation,
+        "store": narrow("r", dtype),
+        "params": params.join(", "),
+    });
+    let source = render(hb, "skinny_gemm", &data)?;
+    Ok(Some(KernelSource::new(&name, source, grid as u32, block as u32, args)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::{GemmDims, GemmOperand};
+    use crate::ir::SymDim;
+
+    fn spec(m: usize, n: usize, k: usize, b_transposed: bool) -> GemmSpec {
+        let operand = |offset, transposed| GemmOperand {
+            location: Location::Weights(offset),
+            transposed,
+            batch_stride: 0,
+        };
+        GemmSpec {
+            a: GemmOperand { location: Location::Arena(0), transposed: false, batch_stride: 0 },
+            b: operand(256, b_transposed),
+            c: Location::Arena(4096),
+            m,
+            n,
+            k,
+            batch: 1,
+            alpha: 1.0,
+            dtype: DType::F16,
+            lt_epilogue: None,
+            dims: None,
+        }
+    }
+
+    #[test]
+    fn launch_shapes_and_what_is_left_to_the_library() {
+        let hb = super::super::templates().unwrap();
+        let make = |g: &GemmSpec| generate(g, false, None, "k", &hb).unwrap();
+        // [K, N]: 2304 columns in tiles of 16 (144 blocks), 768 in tiles of 8 (96).
+        assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 144);
+        assert_eq!(make(&spec(1, 768, 3072, false)).unwrap().grid, 96);
+        // [N, K]: a warp a column at one row, four columns a warp at eight.
+        assert_eq!(make(&spec(1, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(4) as u32);
+        assert_eq!(make(&spec(8, 1000, 64, true)).unwrap().grid, 1000usize.div_ceil(16) as u32);
+        // Nine rows, a ragged K or N, a misaligned operand, a range of sizes: none.
+        assert!(make(&spec(9, 2304, 768, false)).is_none());
+        assert!(make(&spec(1, 2304, 766, true)).is_none());
+        assert!(make(&spec(1, 2300, 768, false)).is_none());
+        let mut g = spec(1, 2304, 768, false);
+        g.b.location = Location::Weights(8);
+        assert!(make(&g).is_none());
+        let one = SymDim::lit(1);
+        let mut g = spec(1, 2304, 768, false);
+        g.dims = Some(Box::new(GemmDims {
+            m: one.clone(),
+            n: SymDim::lit(2304),
+            k: SymDim::lit(768),
+            batch: one,
+            a_stride: SymDim::lit(0),
+            b_stride: SymDim::lit(0),
+        }));
+        assert!(make(&g).is_none());
+        // A fused epilogue cuBLASLt cannot run stays with the library's call and its kernel.
+        assert!(generate(&spec(1, 2304, 768, false), true, None, "k", &hb).unwrap().is_none());
+    }
+}

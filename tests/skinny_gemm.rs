@@ -1,0 +1,170 @@
+//! Products of a few rows (a decoding step's GEMMs) get fusec's own kernel beside the library
+//! call: an MLP of two MatMuls (a bias and ReLU after the first, the residual after the second;
+//! weights stored `[K, N]`) and a head through `Gemm` with `transB` (weights `[N, K]`, an odd
+//! width), at 3 and 8 rows, awkward sizes. Every kernel through NVRTC (through ptxas too where
+//! it is found: no spills), none for 9 rows; on a GPU, the bundle with
+//! the kernels forced (`FUSEC_SKINNY=1`) and with them chosen by timing, against tract.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::onnx::{int, node, weight, write_model};
+use fusec::codegen::{KernelSource, Step};
+use fusec::ir::DType;
+use fusec::pipeline::CompileOptions;
+
+/// `rows` rows of `width` through an `inner`-wide MLP with a residual, then a `head`-wide
+/// head.
+fn mlp(dir: &Path, rows: i64, [width, inner, head]: [i64; 3]) -> PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "w1"], "m1", vec![]),
+        node("Add", &["m1", "b1"], "a1", vec![]),
+        node("Relu", &["a1"], "h", vec![]),
+        node("MatMul", &["h", "w2"], "m2", vec![]),
+        node("Add", &["m2", "x"], "y", vec![]),
+        node("Gemm", &["y", "w3", "b3"], "logits", vec![int("transB", 1)]),
+    ];
+    let init = vec![
+        weight("w1", &[width, inner], 71, -0.2, 0.4),
+        weight("b1", &[inner], 72, -0.3, 0.6),
+        weight("w2", &[inner, width], 73, -0.2, 0.4),
+        weight("w3", &[head, width], 74, -0.2, 0.4),
+        weight("b3", &[head], 75, -0.3, 0.6),
+    ];
+    write_model(dir, &format!("mlp{rows}_{width}_{inner}"), &[rows, width], nodes, init)
+}
+
+fn options(precision: DType) -> CompileOptions {
+    CompileOptions { precision, ..Default::default() }
+}
+
+/// The few-row kernels of the compiled program, in order.
+fn skinny_kernels(path: &Path, options: &CompileOptions) -> Vec<KernelSource> {
+    common::compiled_steps(path, options)
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Gemm { skinny, .. } => Some(skinny),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn few_row_products_get_a_kernel_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    // Awkward sizes, then a GPT-2 small block's (the longest loops down K and along it).
+    for (rows, sizes) in
+        [(3, [200, 264, 517]), (8, [200, 264, 517]), (1, [768, 3072, 1000]), (8, [768, 3072, 1000])]
+    {
+        let path = mlp(dir.path(), rows, sizes);
+        let head_width = sizes[2] as usize;
+        for precision in [DType::F32, DType::F16] {
+            let kernels = skinny_kernels(&path, &options(precision));
+            assert_eq!(kernels.len(), 3, "{rows} rows, {precision}: one kernel a GEMM");
+            let [first, second, head] = &kernels[..] else { unreachable!() };
+            // The first two read [K, N] weights down K, the head [N, K] rows along K.
+            for k in [first, second] {
+                assert!(k.source.contains("B stored [K, N]"), "{}", k.source);
+            }
+            assert!(head.source.contains("B stored [N, K]"), "{}", head.source);
+            // The epilogues cuBLASLt would run: the bias and ReLU, the residual, the bias.
+            assert!(first.source.contains("fusec::relu(r)") && first.source.contains("bias[c]"));
+            assert!(second.source.contains("residual[m *") && !second.source.contains("bias[c]"));
+            assert!(head.source.contains("bias[c]") && !head.source.contains("fusec::relu"));
+            let per_warp = match rows {
+                1..=2 => 1,
+                3..=4 => 2,
+                _ => 4,
+            };
+            assert_eq!(head.grid as usize, head_width.div_ceil(4 * per_warp), "four warps a block");
+            for k in &kernels {
+                let entry = format!("__launch_bounds__({}) {}(", k.block, k.function);
+                assert!(k.source.contains(&entry), "{}: no `{entry}`", k.name);
+                if fusec::nvrtc::available() {
+                    common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
+                }
+            }
+        }
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
+        if fusec::runtime::driver_available() {
+            // Forced, then chosen by timing (whichever wins, the same outputs).
+            for forced in ["1", ""] {
+                std::env::set_var("FUSEC_SKINNY", forced);
+                common::gpu_matches_tract(&path, &options(DType::F32), &inputs, &theirs, 1e-5);
+                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+            }
+            std::env::remove_var("FUSEC_SKINNY");
+        } else {
+            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
+        }
+    }
+    // Nine rows: the library's call alone.
+    let path = mlp(dir.path(), 9, [200, 264, 517]);
+    assert!(skinny_kernels(&path, &options(DType::F16)).is_empty());
+}
+
+/// A decoding step's program, one sequence, 16 cached positions, fp16.
+fn decoding_step(file: &str) -> (PathBuf, CompileOptions) {
+    let dims = ["batch=1", "seq=1", "past=16", "total=17"].iter().map(|d| d.parse().unwrap()).collect();
+    // The cache copied rather than in place: the inputs stay f32, as tract takes them.
+    let options = CompileOptions {
+        import: fusec::import::ImportOptions::new(vec![], dims),
+        precision: DType::F16,
+        ..Default::default()
+    };
+    (common::model_path(file), options)
+}
+
+/// In a decoding step the norm before a GEMM (with the residual add its kernel does) is taken
+/// into the GEMM's kernel for a few rows: GPT-2's five LayerNorms (each with the GEMM right
+/// after it: the QKV projection, the MLP's first product, the vocabulary), the Llama-style
+/// decoder's RMSNorms likewise. On a GPU, the step with them taken in against tract.
+#[test]
+fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
+    for (file, norm, expected) in
+        [("gpt2_cache_ts.onnx", "layernorm", 5), ("llama_cache_ts.onnx", "rmsnorm", 5)]
+    {
+        let (path, options) = decoding_step(file);
+        let steps = common::compiled_steps(&path, &options);
+        let absorbed: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { absorbs: Some(j), skinny: Some(k), .. } => {
+                    assert!(k.source.contains("Norm of"), "{}", k.source);
+                    if fusec::nvrtc::available() {
+                        let dir = tempfile::tempdir().unwrap();
+                        common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
+                    }
+                    Some(*j)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(absorbed.len(), expected, "{file}: {absorbed:?}");
+        for (j, step) in steps.iter().enumerate() {
+            let Step::Launch(kernel) = step else { continue };
+            if kernel.name.contains(norm) {
+                assert!(absorbed.contains(&j), "{file}: {} is not taken in", kernel.name);
+            }
+        }
+        // GPT-2's last four add the residual stream first, and store it.
+        if norm == "layernorm" {
+            let summed = steps
+                .iter()
+                .filter(|s| matches!(s, Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } if k.source.contains("h_out[")))
+                .count();
+            assert_eq!(summed, 4);
+        }
+        let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = common::random_inputs(&model, 3);
+        let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        if fusec::runtime::driver_available() {
+            std::env::set_var("FUSEC_SKINNY", "1");
+            common::gpu_matches_tract(&path, &options, &inputs, &theirs, 1e-2);
+            std::env::remove_var("FUSEC_SKINNY");
+        }
+    }
+}
