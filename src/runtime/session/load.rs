@@ -10,7 +10,9 @@ use cudarc::nvrtc::Ptx;
 
 use super::super::dnn::{self, ConvCall, Dnn};
 use super::io::staging;
-use super::launch::{device_address, programmatic_launch_wanted, waits_for_predecessor, Launch, Loaded};
+use super::launch::{
+    device_address, programmatic_launch_wanted, skinny_programmatic, waits_for_predecessor, Launch, Loaded,
+};
 use super::{blas, driver, driver_available, lt, RuntimeError, Session, SessionOptions};
 use crate::bundle::Bundle;
 use crate::codegen::{KernelSource, Step};
@@ -193,7 +195,12 @@ impl Session {
                     // fusec's kernel for a product of a few rows, a candidate where GEMMs are
                     // timed (with cuBLASLt, which also runs such a product's epilogue).
                     let skinny = match (tune && prepared.is_some(), skinny) {
-                        (true, Some(source)) => Some(load(source)?),
+                        (true, Some(source)) => {
+                            let mut launch = load(source)?;
+                            launch.programmatic |=
+                                skinny_programmatic(major) && waits_for_predecessor(source);
+                            Some(launch)
+                        }
                         _ => None,
                     };
                     // The norm it may take in: a kernel step before it.
