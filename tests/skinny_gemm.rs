@@ -174,3 +174,24 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
         }
     }
 }
+
+/// `fusec compile` says which GEMMs carry a kernel for a few rows (timed at load), apart from
+/// the program's own kernels.
+#[test]
+fn compile_reports_the_kernels_for_a_few_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fusec"))
+        .args(["compile", model.to_str().unwrap(), "-o", bundle.to_str().unwrap(), "--precision", "fp16"])
+        .args(["--dim", "batch=1", "--dim", "seq=1", "--dim", "past=16", "--dim", "total=past+seq"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Nine GEMMs: two layers' four, and the vocabulary.
+    assert!(
+        stdout.contains("(9 cuBLAS GEMMs; 9 GEMMs also with a kernel for a few rows, chosen at load)"),
+        "{stdout}"
+    );
+}

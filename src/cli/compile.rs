@@ -106,12 +106,13 @@ impl Compile {
         let quiet = super::shapes::json_to_stdout(self.json.as_deref());
         if !quiet {
             println!(
-                "{}: {} kernels ({} distinct functions), {} launches per run ({}), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
+                "{}: {} kernels ({} distinct functions), {} launches per run ({}{}), {} graph breaks; {} weight bytes, {} activation bytes at peak; {ptx}",
                 self.output.display(),
                 h.kernels,
                 functions.len(),
                 h.launches,
                 super::shapes::library_calls(h),
+                super::shapes::few_row_text(h),
                 h.graph_breaks,
                 bundle.weights.len(),
                 h.arena_bytes

@@ -123,13 +123,14 @@ impl Inspect {
         say(format!("bundle      {} (format {})", self.model.display(), h.format_version));
         say(format!("model       {}", h.model));
         say(format!(
-            "program     {}, {}, {} kernels ({} distinct functions), {} launches per run ({}), {} graph breaks",
+            "program     {}, {}, {} kernels ({} distinct functions), {} launches per run ({}{}), {} graph breaks",
             h.precision,
             if h.fused { "fused" } else { "unfused" },
             h.kernels,
             functions.len(),
             h.launches,
             super::shapes::library_calls(h),
+            super::shapes::few_row_text(h),
             h.graph_breaks
         ));
         say(format!("PTX         {}", h.arch.as_deref().unwrap_or("none (CUDA sources, compiled at load)")));

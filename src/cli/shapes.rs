@@ -40,9 +40,24 @@ pub fn ranges_json(ranges: &[fusec::ir::DimRange]) -> serde_json::Value {
     ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect()
 }
 
-/// The distinct kernel functions of a bundle's program.
+/// The distinct kernel functions of a bundle's program (the kernels for a few rows that GEMM
+/// steps carry beside their library call not counted: [`few_row_kernels`]).
 pub fn functions(h: &fusec::bundle::Header) -> std::collections::BTreeSet<&str> {
-    h.steps.iter().flat_map(|s| s.sources()).map(|s| s.function.as_str()).collect()
+    h.steps.iter().flat_map(|s| s.program_sources()).map(|s| s.function.as_str()).collect()
+}
+
+/// GEMM steps that also carry a kernel for a few rows, which the runtime times against the
+/// library call at load.
+pub fn few_row_kernels(h: &fusec::bundle::Header) -> usize {
+    h.steps.iter().filter(|s| matches!(s, fusec::codegen::Step::Gemm { skinny: Some(_), .. })).count()
+}
+
+/// `; 48 GEMMs also with a kernel for a few rows` where there are any.
+pub fn few_row_text(h: &fusec::bundle::Header) -> String {
+    match few_row_kernels(h) {
+        0 => String::new(),
+        n => format!("; {n} GEMMs also with a kernel for a few rows, chosen at load"),
+    }
 }
 
 /// The library calls of a summary line: `8 cuBLAS GEMMs`, and `, 53 cuDNN convolutions` where
@@ -65,6 +80,7 @@ pub fn bundle_json(bundle: &fusec::Bundle, extra: serde_json::Value) -> serde_js
         "arch": h.arch,
         "kernels": h.kernels,
         "functions": functions(h).len(),
+        "few_row_kernels": few_row_kernels(h),
         "launches": h.launches,
         "gemm_calls": h.gemm_calls,
         "conv_calls": h.conv_calls(),

@@ -275,6 +275,16 @@ impl Step {
         a.into_iter().chain(b).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
 
+    /// [`Step::sources`] but the kernel for a few rows of a GEMM step (an alternative to the
+    /// library call, chosen at load): the kernels the program runs as compiled.
+    pub fn program_sources(&self) -> impl Iterator<Item = &KernelSource> {
+        let skinny = match self {
+            Step::Gemm { skinny: Some(k), .. } => Some(k.function.as_str()),
+            _ => None,
+        };
+        self.sources().filter(move |k| Some(k.function.as_str()) != skinny)
+    }
+
     /// Launches per run: a GEMM whose epilogue cuBLASLt runs is one launch.
     pub fn launches(&self) -> usize {
         match self {
