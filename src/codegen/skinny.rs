@@ -18,9 +18,6 @@ use crate::plan::{Location, Plan};
 /// The most rows of A the kernel takes (its sums are `rows × pack` registers a thread).
 pub const MAX_ROWS: usize = crate::plan::FEW_ROWS;
 
-/// Multiprocessors the column tiles of a `[K, N]` operand should cover (an H100 has 132).
-const BLOCKS_WANTED: usize = 128;
-
 /// Threads per block of a `[K, N]` operand's kernel.
 const COLS_BLOCK: usize = 256;
 
@@ -256,19 +253,22 @@ pub fn generate(
         3..=4 => 2,
         _ => 4,
     };
-    // [K, N]: packs across a block's columns, as many as leave a block for each
-    // multiprocessor, at least one.
-    let col_lanes = [4usize, 2, 1]
-        .into_iter()
-        .find(|&cl| n % (cl * lanes) == 0 && n / (cl * lanes) >= BLOCKS_WANTED)
-        .unwrap_or(1);
+    // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
+    // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
+    // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
+    // override both, for measuring them.
+    let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let forced_cols = knob("FUSEC_SKINNY_COLS").filter(|c| [1, 2, 4, 8].contains(c) && n % (c * lanes) == 0);
+    let col_lanes = forced_cols
+        .unwrap_or_else(|| [4usize, 2, 1].into_iter().find(|&cl| n % (cl * lanes) == 0).unwrap_or(1));
     let cols = col_lanes * lanes;
+    let threads = knob("FUSEC_SKINNY_THREADS").filter(|t| [128, 256, 512].contains(t)).unwrap_or(COLS_BLOCK);
     let (block, grid, iterations) = if rows {
         let packs = k / lanes;
         (ROWS_WARPS * 32, n.div_ceil(ROWS_WARPS * per_warp), packs.div_ceil(32))
     } else {
-        let k_lanes = COLS_BLOCK / col_lanes;
-        (COLS_BLOCK, n / cols, k.div_ceil(k_lanes))
+        let k_lanes = threads / col_lanes;
+        (threads, n / cols, k.div_ceil(k_lanes))
     };
     let name = format!("{name}_skinny");
     let data = json!({
@@ -355,9 +355,11 @@ mod tests {
     fn launch_shapes_and_what_is_left_to_the_library() {
         let hb = super::super::templates().unwrap();
         let make = |g: &GemmSpec| generate(g, false, None, "k", &hb).unwrap();
-        // [K, N]: 2304 columns in tiles of 16 (144 blocks), 768 in tiles of 8 (96).
-        assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 144);
-        assert_eq!(make(&spec(1, 768, 3072, false)).unwrap().grid, 96);
+        // [K, N]: columns in tiles of four packs (32 in f16): 2304 in 72 blocks, 768 in 24; 776
+        // (97 packs) one pack a block.
+        assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 72);
+        assert_eq!(make(&spec(1, 768, 3072, false)).unwrap().grid, 24);
+        assert_eq!(make(&spec(1, 776, 768, false)).unwrap().grid, 97);
         // [N, K]: a warp a column at one row, four columns a warp at eight.
         assert_eq!(make(&spec(1, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(4) as u32);
         assert_eq!(make(&spec(8, 1000, 64, true)).unwrap().grid, 1000usize.div_ceil(16) as u32);
