@@ -180,10 +180,16 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
 /// the program's own kernels.
 #[test]
 fn compile_reports_the_kernels_for_a_few_rows() {
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_fusec"));
+    if !exe.exists() {
+        // This test binary was copied to another machine (a GPU machine) without the CLI.
+        println!("skipped: no fusec binary at {}", exe.display());
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("step.bundle");
     let model = common::model_path("gpt2_cache_ts.onnx");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fusec"))
+    let out = std::process::Command::new(exe)
         .args(["compile", model.to_str().unwrap(), "-o", bundle.to_str().unwrap(), "--precision", "fp16"])
         .args(["--dim", "batch=1", "--dim", "seq=1", "--dim", "past=16", "--dim", "total=past+seq"])
         .output()
