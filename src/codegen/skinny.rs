@@ -282,9 +282,6 @@ pub fn generate(
         "lanes": lanes,
         "rows": rows,
         "block": block,
-        // Three rows and more: at least one block a multiprocessor said outright, so that ptxas
-        // may use up to 255 registers (it capped a 7-row bf16 kernel at 64 and spilled).
-        "many_rows": m > 2,
         "warps": block / 32,
         "per_warp": per_warp,
         "packs": k / lanes,
