@@ -267,14 +267,16 @@ pub fn generate(
     } else {
         None
     };
-    // A norm right before it, taken into the kernel for a few rows where it can be.
-    let norm = super::skinny::norm_before(plan, index, gemm, &spec);
-    let mut skinny = super::skinny::generate(&spec, epilogue.is_some(), norm.as_ref(), name, hb)?;
-    let mut absorbs = norm.filter(|_| skinny.is_some()).map(|n| n.step);
-    if skinny.is_none() && norm.is_some() {
-        skinny = super::skinny::generate(&spec, epilogue.is_some(), None, name, hb)?;
-        absorbs = None;
-    }
+    // The kernel for a few rows: with the norm right before it taken in where it can be, else
+    // without.
+    let few_rows = |norm| super::skinny::generate(&spec, epilogue.is_some(), norm, name, hb);
+    let (skinny, absorbs) = match super::skinny::norm_before(plan, index, gemm, &spec) {
+        Some(norm) => match few_rows(Some(&norm))? {
+            Some(kernel) => (Some(kernel), Some(norm.step)),
+            None => (few_rows(None)?, None),
+        },
+        None => (few_rows(None)?, None),
+    };
     Ok(Step::Gemm { gemm: spec, epilogue, skinny, absorbs })
 }
 

@@ -185,15 +185,14 @@ pub fn generate(
     let lanes = 16 / dtype.size_bytes();
     let rows = g.b.transposed;
     let alpha = g.alpha * g.lt_epilogue.map_or(1.0, |e| e.scale());
-    let operands = [
-        norm.map_or(g.a.location, |n| n.x),
-        norm.and_then(|n| n.sum).map_or(g.b.location, |s| s.0),
-        g.b.location,
-    ];
+    // A as the kernel reads it: the norm's input (and the sum's second term) where it takes
+    // the norm in.
+    let a = norm.map_or(g.a.location, |n| n.x);
+    let term = norm.and_then(|n| n.sum).map(|(y, _)| y);
     if g.k % lanes != 0
         || (!rows && g.n % lanes != 0)
         || !alpha.is_finite()
-        || !operands.into_iter().all(aligned)
+        || ![a, g.b.location].into_iter().chain(term).all(aligned)
     {
         return Ok(None);
     }
@@ -207,7 +206,7 @@ pub fn generate(
         // Not restricted: the residual may be read from the output's own memory.
         format!("{t}* c_out"),
     ];
-    let mut args = vec![norm.map_or(g.a.location, |n| n.x), g.b.location, g.c];
+    let mut args = vec![a, g.b.location, g.c];
     if let Some(b) = bias {
         params.push(format!("const {t}* __restrict__ bias"));
         args.push(b);
@@ -244,7 +243,7 @@ pub fn generate(
         None | Some(LtActivation::None) => "r",
     };
     let describe = match epilogue {
-        Some(e) => format!("{} ({})", "the product", e.describe()),
+        Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
     };
     // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).

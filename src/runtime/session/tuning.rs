@@ -130,8 +130,8 @@ impl Session {
             let heuristic = lt::Lt::heuristic(prepared);
             let reference_ms = best;
             let mut kept = 0;
+            let skinny_here = options.contains(&Candidate::Skinny);
             for (i, &option) in options.iter().enumerate().skip(1) {
-                let skinny_here = options.contains(&Candidate::Skinny);
                 match forced_skinny {
                     Some(true) if skinny_here && option != Candidate::Skinny => continue,
                     Some(false) if option == Candidate::Skinny => continue,
