@@ -126,6 +126,14 @@ def main():
     res["python_overhead_no_outputs_us"] = paired(lambda: session.run([], feed), []) * 1e6
     items = [(n, np.ascontiguousarray(v)) for n, v in feed.items()]
     res["binding_overhead_no_outputs_us"] = paired(lambda: session._session.run_host_staged(items), []) * 1e6
+    # The earlier way of fetching outputs, for comparison: arrays NumPy allocates, each filled
+    # by one copy out of the page-locked buffer.
+    def numpy_allocated():
+        types = session._session.run_host_staged(items)
+        for k, (dtype, shape) in enumerate(types):
+            session._session.read_output_into(k, np.empty(shape, dtype))
+
+    res["numpy_allocated_overhead_us"] = paired(numpy_allocated) * 1e6
     # The wrapper's Python alone, no GPU: the feed's arrays checked and listed.
     res["wrapper_feed_us"] = wall(lambda: [(n, np.asarray(v)) for n, v in feed.items() if np.asarray(v).flags.c_contiguous], a.iters) * 1e6
     res["rust_run_us"] = statistics.median(rust) * 1e6
@@ -138,7 +146,8 @@ def main():
           f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
           f"{res['python_overhead_us']:+.1f} µs (median of {pairs} pairs); with no output fetched "
           f"{res['python_overhead_no_outputs_us']:+.1f} µs, of which the binding {res['binding_overhead_no_outputs_us']:+.1f} µs "
-          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs")
+          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs; outputs in arrays NumPy allocates "
+          f"(the earlier way) {res['numpy_allocated_overhead_us']:+.1f} µs")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}

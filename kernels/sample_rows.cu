@@ -12,10 +12,67 @@
 // sum is added in a fixed order (each thread's own, then lanes, then warps), so a row gives
 // the same token every time.
 //
-// The runtime loads the PTX beside it (kernels/sample_rows.ptx, NVRTC 13.0,
-// -arch=compute_75) without NVRTC; regenerate it from this file after a change.
+// A row is one block, or with SAMPLE_CLUSTER = n > 1 (sm_90+) a cluster of n blocks, each
+// block holding a contiguous n-th of the row: every block-wide sum, count and maximum is then
+// also combined across the cluster (each block's value through distributed shared memory,
+// added in rank order, so that every block of a row computes the same figures and takes the
+// same way), and one block of the cluster sorts the few candidates or writes the pick. At
+// batch 1 a single block used one of 132 multiprocessors for the ~30 passes over a
+// 50,257-wide row (0.47 ms); a cluster spreads them over n.
+//
+// The runtime loads the PTX beside it without NVRTC (NVRTC 13.0): kernels/sample_rows.ptx
+// (-arch=compute_75) and kernels/sample_rows_cluster.ptx (-arch=compute_90
+// -DSAMPLE_CLUSTER=8); regenerate both from this file after a change.
 
 #define THREADS 1024
+#ifndef SAMPLE_CLUSTER
+#define SAMPLE_CLUSTER 1
+#endif
+
+#if SAMPLE_CLUSTER > 1
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+template <typename T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+    unsigned long long to;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(to) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
+    return reinterpret_cast<T*>(to);
+}
+#define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
+#else
+__device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ void cluster_sync() {}
+#define SAMPLE_CLUSTER_DIMS
+#endif
+
+// Each block's `n` values at `v` (shared memory, n <= 16, the same in every thread) combined
+// across the cluster, in rank order: added (`max_of` false) or their maximum, back into `v`.
+// `exchange` is shared room for 2 x 16 values, `phase` which half this exchange uses (flipped
+// here): a block writes one half while another may still read the other from the exchange
+// before, which the barrier between them has made safe. Ends synchronised.
+__device__ void across(double* v, int n, bool max_of, double* exchange, int& phase) {
+#if SAMPLE_CLUSTER > 1
+    double* mine = exchange + 16 * phase;
+    phase ^= 1;
+    if ((int)threadIdx.x < n) mine[threadIdx.x] = v[threadIdx.x];
+    cluster_sync();
+    if ((int)threadIdx.x < n) {
+        double acc = max_of ? -1.0 : 0.0;
+        for (unsigned r = 0; r < SAMPLE_CLUSTER; ++r) {
+            const double x = *cluster_map(mine + threadIdx.x, r);
+            acc = max_of ? (r == 0 ? x : fmax(acc, x)) : acc + x;
+        }
+        v[threadIdx.x] = acc;
+    }
+    __syncthreads();
+#endif
+}
 // Kept sets of at most this many tokens (with the ties at their last key) are picked from a
 // sorted copy in shared memory, as the host does, rather than by searches over the row.
 #define CANDIDATES 1024
@@ -65,31 +122,57 @@ __device__ unsigned int block_max(unsigned int v, unsigned long long* scratch) {
 }
 
 struct Row {
+    // This block's part of the row: `width` values from id `begin`.
     const float* x;
-    // Each token's weight, written once a row (`weights` scratch of the launch).
+    // Each of its tokens' weight, written once a row (`weights` scratch of the launch).
     double* w;
     unsigned long long width;
+    unsigned long long begin;
     float top;
     double temperature;
 };
+
+// What combining across a cluster needs: shared room for `across` (2 x 16 exchanged values,
+// 16 results) and which half of the exchange is next. Without a cluster, nothing.
+struct Cluster {
+    double* exchange;
+    double* value;
+    int phase;
+};
+
+// A value every thread of the block holds, combined over the row's blocks (added, or the
+// maximum): the row's figure, in every thread of every block.
+__device__ double row_total(double block_value, bool max_of, Cluster& c) {
+#if SAMPLE_CLUSTER > 1
+    if (threadIdx.x == 0) c.value[0] = block_value;
+    __syncthreads();
+    across(c.value, 1, max_of, c.exchange, c.phase);
+    const double v = c.value[0];
+    __syncthreads();
+    return v;
+#else
+    return block_value;
+#endif
+}
 
 __device__ __forceinline__ double weight(const Row& r, float v) {
     return exp(((double)v - (double)r.top) / r.temperature);
 }
 
-// Tokens with a key of at least `t` (t = 2^32: none).
-__device__ unsigned long long count_from(const Row& r, unsigned long long t, unsigned long long* scratch) {
+// Tokens of the row with a key of at least `t` (t = 2^32: none).
+__device__ unsigned long long count_from(const Row& r, unsigned long long t, unsigned long long* scratch, Cluster& c) {
     unsigned long long n = 0;
     for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
         bool valid;
         const unsigned int k = key_of(r.x[i], valid);
         n += (valid && k >= t) ? 1ull : 0ull;
     }
-    return block_count(n, scratch);
+    // Counts are at most a row's width: exact in a double.
+    return (unsigned long long)row_total((double)block_count(n, scratch), false, c);
 }
 
-// The weight of the tokens with a key of at least `t`.
-__device__ double weight_from(const Row& r, unsigned long long t, double* scratch) {
+// The weight of the row's tokens with a key of at least `t`.
+__device__ double weight_from(const Row& r, unsigned long long t, double* scratch, Cluster& c) {
     double w = 0.0;
     for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
         bool valid;
@@ -97,13 +180,14 @@ __device__ double weight_from(const Row& r, unsigned long long t, double* scratc
         const unsigned int k = key_of(v, valid);
         if (valid && k >= t) w += r.w[i];
     }
-    return block_sum(w, scratch);
+    return row_total(block_sum(w, scratch), false, c);
 }
 
-// The count (`weights` false) or weight of the keys of each of the 16 values of the digit at
-// `shift` among the keys whose digits above it are `prefix`'s, into `digit[0..16]`; `warps`
-// is room for 32 x 16 partial sums. Ends synchronised.
-__device__ void digit_sums(const Row& r, bool weights, unsigned int prefix, int shift, double* digit, double* warps) {
+// The count (`weights` false) or weight of the row's keys of each of the 16 values of the
+// digit at `shift` among the keys whose digits above it are `prefix`'s, into `digit[0..16]`;
+// `warps` is room for 32 x 16 partial sums. Ends synchronised.
+__device__ void digit_sums(const Row& r, bool weights, unsigned int prefix, int shift, double* digit, double* warps,
+                           Cluster& c) {
     double acc[16];
 #pragma unroll
     for (int d = 0; d < 16; ++d) acc[d] = 0.0;
@@ -131,18 +215,20 @@ __device__ void digit_sums(const Row& r, bool weights, unsigned int prefix, int 
         digit[threadIdx.x] = v;
     }
     __syncthreads();
+    across(digit, 16, false, c.exchange, c.phase);
 }
 
 // The largest t (0 where there is none) for which `holds` is true of the count (or weight)
 // of the keys from t, `holds` being true for a count or weight no less than one it holds for:
 // digit by digit from the highest, each the largest value for which it still holds.
 template <class Holds>
-__device__ unsigned long long largest_from(const Row& r, bool weights, Holds holds, double* digit, double* warps) {
+__device__ unsigned long long largest_from(const Row& r, bool weights, Holds holds, double* digit, double* warps,
+                                           Cluster& c) {
     unsigned int prefix = 0;
     // The count or weight of the keys above every key with the digits found so far.
     double above = 0.0;
     for (int shift = 28; shift >= 0; shift -= 4) {
-        digit_sums(r, weights, prefix, shift, digit, warps);
+        digit_sums(r, weights, prefix, shift, digit, warps, c);
         unsigned int chosen = 0;
         double from = above, beyond = above;
         for (int d = 15; d >= 0; --d) {
@@ -162,12 +248,13 @@ __device__ unsigned long long largest_from(const Row& r, bool weights, Holds hol
     return prefix;
 }
 
-// mode 1: top-k (k); mode 2: top-p (p). Rows of `width`, `row_pitch` apart from `x`; `draws`:
-// one u in [0, 1) a row; `weights`: room for `width` doubles a row, each token's weight
-// computed once there (the searches read it rather than computing exp again); `shared_row`:
-// the row is read into dynamic shared memory (`width` floats) first, and every pass reads it
-// there.
-extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
+// mode 1: top-k (k); mode 2: top-p (p). Rows of `width`, `row_pitch` apart from `x`, each one
+// block (a cluster of SAMPLE_CLUSTER blocks); `draws`: one u in [0, 1) a row; `weights`: room
+// for `width` doubles a row, each token's weight computed once there (the searches read it
+// rather than computing exp again); `shared_row`: each block's part of the row is read into
+// dynamic shared memory first (`ceil(width / SAMPLE_CLUSTER)` floats), and every pass reads
+// it there.
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows(
     const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
     unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
     int mode, unsigned long long k, double p, double temperature) {
@@ -176,18 +263,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
     __shared__ unsigned long long before[THREADS];
     __shared__ double digit[16];
     __shared__ double warp_digits[32 * 16];
+#if SAMPLE_CLUSTER > 1
+    __shared__ double exchange[32];
+    __shared__ double value[16];
+    Cluster c{exchange, value, 0};
+#else
+    Cluster c{nullptr, nullptr, 0};
+#endif
     extern __shared__ float row_copy[];
-    Row r{x + (unsigned long long)blockIdx.x * row_pitch, weights + (unsigned long long)blockIdx.x * width, width,
-          0.0f, temperature};
+    const unsigned rank = cluster_rank();
+    const unsigned long long row = blockIdx.x / SAMPLE_CLUSTER;
+    const unsigned long long part = (width + SAMPLE_CLUSTER - 1) / SAMPLE_CLUSTER;
+    const unsigned long long begin = min(width, rank * part), end = min(width, begin + part);
+    Row r{x + row * row_pitch + begin, weights + row * width + begin, end - begin, begin, 0.0f, temperature};
     if (shared_row) {
-        for (unsigned long long i = threadIdx.x; i < width; i += blockDim.x) row_copy[i] = r.x[i];
+        for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) row_copy[i] = r.x[i];
         __syncthreads();
         r.x = row_copy;
     }
     // The largest and least keys; none valid: token 0.
     unsigned int best = 0, least = 0xffffffffu;
     unsigned long long valid_count = 0;
-    for (unsigned long long i = threadIdx.x; i < width; i += blockDim.x) {
+    for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
         bool valid;
         const unsigned int key = key_of(r.x[i], valid);
         if (valid) {
@@ -196,36 +293,37 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
             valid_count += 1;
         }
     }
-    best = block_max(best, counts);
-    least = ~block_max(~least, counts);
-    valid_count = block_count(valid_count, counts);
+    best = (unsigned int)row_total((double)block_max(best, counts), true, c);
+    least = ~(unsigned int)row_total((double)block_max(~least, counts), true, c);
+    valid_count = (unsigned long long)row_total((double)block_count(valid_count, counts), false, c);
     if (valid_count == 0) {
-        if (threadIdx.x == 0) out[blockIdx.x] = 0;
+        if (threadIdx.x == 0 && rank == 0) out[row] = 0;
+        cluster_sync();
         return;
     }
     r.top = value_of(best);
-    for (unsigned long long i = threadIdx.x; i < width; i += blockDim.x) r.w[i] = weight(r, r.x[i]);
+    for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) r.w[i] = weight(r, r.x[i]);
     __syncthreads();
     // The kept set: every key above `last`, and the first `ties` (by id) of the keys equal to
     // it. To begin with, all of them.
-    unsigned long long last = least, ties = valid_count - count_from(r, (unsigned long long)least + 1, counts);
+    unsigned long long last = least, ties = valid_count - count_from(r, (unsigned long long)least + 1, counts, c);
     if (mode == 1 && k < valid_count) {
         // The largest t with at least k keys from it: the k-th largest key.
         const double kk = (double)k;
         const unsigned long long t =
-            largest_from(r, false, [kk](double n) { return n >= kk; }, digit, warp_digits);
+            largest_from(r, false, [kk](double n) { return n >= kk; }, digit, warp_digits, c);
         last = t;
-        ties = k - count_from(r, t + 1, counts);
+        ties = k - count_from(r, t + 1, counts, c);
     } else if (mode == 2) {
-        const double total = weight_from(r, 0, sums);
+        const double total = weight_from(r, 0, sums, c);
         // The largest t whose keys from it hold at least p of the weight (an existing key);
         // where rounding keeps even all of them under p, all are kept.
         if (total / total >= p) {
             const unsigned long long t =
-                largest_from(r, true, [total, p](double w) { return w / total >= p; }, digit, warp_digits);
+                largest_from(r, true, [total, p](double w) { return w / total >= p; }, digit, warp_digits, c);
             last = t < least ? least : t;
-            const unsigned long long equal = count_from(r, last, counts) - count_from(r, last + 1, counts);
-            const double above = weight_from(r, last + 1, sums), w = weight(r, value_of((unsigned int)last));
+            const unsigned long long equal = count_from(r, last, counts, c) - count_from(r, last + 1, counts, c);
+            const double above = weight_from(r, last + 1, sums, c), w = weight(r, value_of((unsigned int)last));
             // The fewest ties that reach p (each of weight w), at least one, at most all.
             unsigned long long j = equal;
             if (w > 0.0) {
@@ -243,21 +341,41 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
     __shared__ unsigned int cand_id[CANDIDATES];
     __shared__ double cand_w[CANDIDATES];
     __shared__ unsigned int cand_n;
-    const unsigned long long candidates = count_from(r, last, counts);
+    const unsigned long long candidates = count_from(r, last, counts, c);
     if (candidates <= CANDIDATES) {
-        const unsigned int kept_n = (unsigned int)(count_from(r, last + 1, counts) + ties);
+        const unsigned int kept_n = (unsigned int)(count_from(r, last + 1, counts, c) + ties);
         if (threadIdx.x == 0) cand_n = 0;
         __syncthreads();
-        for (unsigned long long i = threadIdx.x; i < width; i += blockDim.x) {
+        for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
             bool valid;
             const unsigned int key = key_of(r.x[i], valid);
             if (valid && key >= last) {
                 const unsigned int at = atomicAdd(&cand_n, 1u);
                 cand_key[at] = key;
-                cand_id[at] = (unsigned int)i;
+                cand_id[at] = (unsigned int)(r.begin + i);
             }
         }
         __syncthreads();
+#if SAMPLE_CLUSTER > 1
+        // The first block gathers every block's candidates after its own (their order does
+        // not matter: the sort below orders them wholly), then the others may leave.
+        cluster_sync();
+        if (rank == 0) {
+            unsigned int at = cand_n;
+            for (unsigned int from = 1; from < SAMPLE_CLUSTER; ++from) {
+                const unsigned int n = *cluster_map(&cand_n, from);
+                const unsigned int* keys = cluster_map(cand_key, from);
+                const unsigned int* ids = cluster_map(cand_id, from);
+                for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
+                    cand_key[at + i] = keys[i];
+                    cand_id[at + i] = ids[i];
+                }
+                at += n;
+            }
+        }
+        cluster_sync();
+        if (rank != 0) return;
+#endif
         unsigned int size = 1;
         while (size < (unsigned int)candidates) size <<= 1;
         for (unsigned int i = (unsigned int)candidates + threadIdx.x; i < size; i += blockDim.x) {
@@ -290,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
         if (threadIdx.x == 0) {
             double sum = 0.0;
             for (unsigned int i = 0; i < kept_n; ++i) sum += cand_w[i];
-            double u = draws[blockIdx.x] * sum;
+            double u = draws[row] * sum;
             long long pick = (long long)cand_id[kept_n - 1];
             for (unsigned int i = 0; i < kept_n; ++i) {
                 if (u < cand_w[i]) {
@@ -299,19 +417,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
                 }
                 u -= cand_w[i];
             }
-            out[blockIdx.x] = pick;
+            out[row] = pick;
         }
         return;
     }
     const double w_last = weight(r, value_of((unsigned int)last));
-    const double kept = weight_from(r, last + 1, sums) + (double)ties * w_last;
-    const double target = draws[blockIdx.x] * kept;
+    const double kept = weight_from(r, last + 1, sums, c) + (double)ties * w_last;
+    const double target = draws[row] * kept;
     // The pick's key: the largest t whose keys from it weigh more than the target, where that
     // is above `last` (every token from it kept); else `last`.
-    unsigned long long t = largest_from(r, true, [target](double w) { return w > target; }, digit, warp_digits);
+    unsigned long long t =
+        largest_from(r, true, [target](double w) { return w > target; }, digit, warp_digits, c);
     if (t <= last) t = last;
-    const double above = weight_from(r, t + 1, sums), w = weight(r, value_of((unsigned int)t));
-    const unsigned long long equal = count_from(r, t, counts) - count_from(r, t + 1, counts);
+    const double above = weight_from(r, t + 1, sums, c), w = weight(r, value_of((unsigned int)t));
+    const unsigned long long equal = count_from(r, t, counts, c) - count_from(r, t + 1, counts, c);
     const unsigned long long available = t == last ? ties : equal;
     unsigned long long j = 0;
     if (w > 0.0) {
@@ -322,9 +441,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
         j = available;
     }
     if (j + 1 > available) j = available - 1;
-    // The j-th token (by id) with key t: each thread counts its own run of ids.
-    const unsigned long long chunk = (width + blockDim.x - 1) / blockDim.x;
-    const unsigned long long from = threadIdx.x * chunk, to = min(width, from + chunk);
+    // The j-th token (by id) with key t: each thread counts its own run of ids of the block's
+    // part, the blocks before this one's counted across the cluster.
+    const unsigned long long chunk = (r.width + blockDim.x - 1) / blockDim.x;
+    const unsigned long long from = threadIdx.x * chunk, to = min(r.width, from + chunk);
     unsigned long long mine = 0;
     for (unsigned long long i = from; i < to; ++i) {
         bool valid;
@@ -340,9 +460,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
             before[i] = run;
             run += n;
         }
+        sums[0] = (double)run;
     }
     __syncthreads();
-    const unsigned long long start = before[threadIdx.x];
+    unsigned long long earlier = 0;
+#if SAMPLE_CLUSTER > 1
+    // Each block's count of key t, then the sum of those before this block.
+    if (threadIdx.x == 0) exchange[16 * c.phase] = sums[0];
+    cluster_sync();
+    for (unsigned int b = 0; b < rank; ++b) earlier += (unsigned long long)*cluster_map(exchange + 16 * c.phase, b);
+#endif
+    const unsigned long long start = earlier + before[threadIdx.x];
     if (j >= start && j < start + mine) {
         unsigned long long seen = start;
         for (unsigned long long i = from; i < to; ++i) {
@@ -350,11 +478,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) fusec_sample_rows(
             const unsigned int key = key_of(r.x[i], valid);
             if (valid && key == t) {
                 if (seen == j) {
-                    out[blockIdx.x] = (long long)i;
+                    out[row] = (long long)(r.begin + i);
                     break;
                 }
                 ++seen;
             }
         }
     }
+    // No block leaves while another may still read its shared memory.
+    cluster_sync();
 }

@@ -1,7 +1,8 @@
 //! fusec's Python module, `fusec._fusec`: the library the CLI uses, for the Python layer in
 //! `python/fusec/` to wrap. Each concept has a room: errors as Python exceptions (`errors`),
 //! compiling and bundles (`bundle`), sessions (`session`), generating tokens (`generate`),
-//! host arrays read through the buffer protocol (`buffer`) and device tensors handed out as
+//! host arrays read through the buffer protocol (`buffer`), host outputs handed to NumPy
+//! through it (`output`) and device tensors handed out as
 //! DLPack capsules (`dlpack`).
 
 // Input- and device-dependent paths return errors: no unwrap or expect.
@@ -12,6 +13,7 @@ mod bundle;
 mod dlpack;
 mod errors;
 mod generate;
+mod output;
 mod session;
 
 use pyo3::prelude::*;
@@ -23,6 +25,7 @@ fn _fusec(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_class::<generate::PyGenerator>()?;
     m.add_class::<generate::PyGeneration>()?;
+    m.add_class::<output::HostOutput>()?;
     m.add_function(wrap_pyfunction!(bundle::compile, m)?)?;
     m.add_function(wrap_pyfunction!(bundle::summarize, m)?)?;
     m.add_function(wrap_pyfunction!(bundle::fixed_output_dims, m)?)?;

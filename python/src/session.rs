@@ -11,6 +11,7 @@ use crate::buffer::HostArray;
 use crate::bundle::{io_dict, numpy_name, PyBundle};
 use crate::dlpack;
 use crate::errors::{runtime, InputError};
+use crate::output::HostOutput;
 use fusec::ir::DType;
 use fusec::runtime::{DeviceInput, HostInput, SessionOptions};
 use fusec::Session;
@@ -67,7 +68,7 @@ fn host_inputs<'a>(feed: &'a [(String, Bound<'_, PyAny>)], arrays: &'a [HostArra
         .collect()
 }
 
-fn dtype_named(name: &str) -> PyResult<DType> {
+pub fn dtype_named(name: &str) -> PyResult<DType> {
     [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool]
         .into_iter()
         .find(|&d| numpy_name(Some(d)) == name)
@@ -144,6 +145,42 @@ impl PySession {
         let session = &mut self.session;
         let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
         Ok(types.into_iter().map(|t| (numpy_name(Some(t.dtype)), t.shape)).collect())
+    }
+
+    /// Runs on host arrays as `run_host_staged` does, then copies each output wanted (all
+    /// when None; by index) out of the page-locked buffer once, into a `HostOutput` that
+    /// `numpy.asarray` turns into an array in place: the Rust API's own work (one copy into
+    /// new memory), no more.
+    #[pyo3(signature = (feed, wanted=None))]
+    fn run_host_outputs(
+        &mut self,
+        py: Python<'_>,
+        feed: Vec<(String, Bound<'_, PyAny>)>,
+        wanted: Option<Vec<usize>>,
+    ) -> PyResult<Vec<HostOutput>> {
+        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
+        let inputs = host_inputs(&feed, &arrays);
+        let session = &mut self.session;
+        py.detach(|| {
+            let session = session.bound()?;
+            let types = session.run_host(&inputs)?;
+            let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
+            let mut outputs = Vec::with_capacity(wanted.len());
+            for k in wanted {
+                let Some(t) = types.get(k) else {
+                    return Err(fusec::runtime::RuntimeError::Input(format!("no output {k}")));
+                };
+                let Some(format) = crate::output::format_of(t.dtype) else {
+                    return Err(fusec::runtime::RuntimeError::Input(format!(
+                        "output {k} is {}, which NumPy has no type for: take it with run_torch",
+                        numpy_name(Some(t.dtype))
+                    )));
+                };
+                outputs.push(HostOutput::copy_of(session.staged_output(k)?, t.dtype, format, &t.shape));
+            }
+            Ok(outputs)
+        })
+        .map_err(runtime)
     }
 
     /// Copies output `k` of the last `run_host_staged` into `out`, a C-contiguous writable
@@ -295,7 +332,7 @@ impl PySession {
                 if raw {
                     let types = session.run_host(&inputs)?;
                     for k in wanted.clone().unwrap_or_else(|| (0..types.len()).collect()) {
-                        std::hint::black_box(session.staged_output(k)?.to_vec());
+                        std::hint::black_box(fusec::runtime::copy_host_bytes(session.staged_output(k)?));
                     }
                 } else {
                     std::hint::black_box(session.run(&tensors)?);

@@ -29,6 +29,14 @@ def test_numpy_in_and_out(bert):
         (got,) = session.run(["last_hidden_state"], feed)
         (want,) = reference(path, feed)[:1]
         assert got.shape == (batch, seq, 64) and rel_l2(got, want) <= 1e-5
+    # Each run's outputs are arrays of their own (writable, their memory not the session's):
+    # a later run leaves them as they were.
+    first = feed_for(path, seed=21, dims={"batch": 2, "seq": 9})
+    (kept,) = session.run(["last_hidden_state"], first)
+    copy = kept.copy()
+    (later,) = session.run(["last_hidden_state"], feed_for(path, seed=22, dims={"batch": 2, "seq": 9}))
+    assert kept.flags.writeable and not np.shares_memory(kept, later)
+    assert np.array_equal(kept, copy) and not np.array_equal(kept, later)
     # Non-contiguous and list inputs are taken as NumPy takes them.
     feed = feed_for(path, seed=1, dims={"batch": 2, "seq": 9})
     strided = {k: np.asfortranarray(v) for k, v in feed.items()}

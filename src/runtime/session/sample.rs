@@ -1,14 +1,21 @@
 //! Tokens drawn from rows of logits on the GPU (`kernels/sample_rows.cu`): top-k or top-p at a
 //! temperature, one draw in [0, 1) a row given by the caller, so that only the chosen ids leave
-//! the GPU. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
+//! the GPU; a row is a cluster of blocks on sm_90 and later, a block before. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
 //! draw.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{driver, RuntimeError, Session};
 
-/// PTX of `kernels/sample_rows.cu` (see kernels/README.md).
+/// PTX of `kernels/sample_rows.cu` (see kernels/README.md): a block a row.
 const SAMPLE_PTX: &str = include_str!("../../../kernels/sample_rows.ptx");
+
+/// PTX of `kernels/sample_rows.cu` for sm_90+ (`-DSAMPLE_CLUSTER=8`): a cluster of
+/// [`SAMPLE_CLUSTER`] blocks a row, each an eighth of it.
+const SAMPLE_CLUSTER_PTX: &str = include_str!("../../../kernels/sample_rows_cluster.ptx");
+
+/// Blocks a row of the cluster kernel (its `SAMPLE_CLUSTER`).
+const SAMPLE_CLUSTER: usize = 8;
 
 /// Which tokens a draw is among.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,10 +41,16 @@ pub struct SampledRows {
 }
 
 impl Session {
-    /// The sampling kernel, loaded on first use (or by [`Session::warm_up`]).
-    pub(super) fn sample_kernel(&mut self) -> Result<cudarc::driver::CudaFunction, RuntimeError> {
+    /// The sampling kernel and the blocks it takes a row, loaded on first use (or by
+    /// [`Session::warm_up`]): a cluster of [`SAMPLE_CLUSTER`] blocks on sm_90 and later
+    /// (`FUSEC_SAMPLE_CLUSTER=0`: a block a row there too), else a block.
+    pub(super) fn sample_kernel(&mut self) -> Result<(cudarc::driver::CudaFunction, usize), RuntimeError> {
         if self.state.sample.is_none() {
-            self.state.sample = Some(self.load_kernel(SAMPLE_PTX, "fusec_sample_rows")?);
+            let sm = self.arch.trim_start_matches("sm_").parse::<u32>().unwrap_or(0);
+            let clusters =
+                sm >= 90 && std::env::var("FUSEC_SAMPLE_CLUSTER").map_or(true, |v| v.trim() != "0");
+            let (ptx, blocks) = if clusters { (SAMPLE_CLUSTER_PTX, SAMPLE_CLUSTER) } else { (SAMPLE_PTX, 1) };
+            self.state.sample = Some((self.load_kernel(ptx, "fusec_sample_rows")?, blocks));
         }
         self.state
             .sample
@@ -94,7 +107,7 @@ impl Session {
             )));
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
-        let function = self.sample_kernel()?;
+        let (function, blocks) = self.sample_kernel()?;
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
@@ -106,9 +119,10 @@ impl Session {
             return Err(RuntimeError::Driver("the sampling buffers were not allocated".into()));
         };
         self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
-        // The row in shared memory where it fits beside the kernel's own (~29 KB; 50,257
-        // logits: 197 KB), every pass of the searches reading it there.
-        let row_bytes = width * 4;
+        // Each block's part of the row in shared memory where it fits beside the kernel's own
+        // (~29 KB; 50,257 logits: 197 KB a block, 25 KB a block of a cluster), every pass of
+        // the searches reading it there.
+        let row_bytes = width.div_ceil(blocks) * 4;
         let own = function.shared_size_bytes().map_or(32 * 1024, |b| b.max(0) as usize);
         let optin = self
             .stream
@@ -123,7 +137,11 @@ impl Session {
                 )
                 .is_ok();
         let config = LaunchConfig {
-            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
+            grid_dim: (
+                u32::try_from(rows * blocks).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?,
+                1,
+                1,
+            ),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: if shared_row { row_bytes as u32 } else { 0 },
         };
