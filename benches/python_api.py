@@ -7,7 +7,7 @@ onnxruntime):
         [--batch 8 --seq 128 --precision fp16 --iters 300] [--json OUT.json]
 
 1. Python overhead per run: the Rust API timed inside Rust (`fusec::Session::run`, host
-   tensors in and out; and `run_host` with each output copied into a new vector, the same work
+   tensors in and out; and `run_host_on_device` with each output copied from the device into new memory, the same work
    `fusec.Session.run` does below Python) against `fusec.Session.run` (NumPy in and out) on
    the same session and inputs, wall clock; the overhead is the median difference of
    alternating pairs (a Rust-timed run, then a Python run), so drift falls on both (target:
@@ -121,19 +121,11 @@ def main():
     pairs = a.iters * 2
     res["python_overhead_us"] = paired(run) * 1e6
     # The same pairs with no output fetched (`run([], feed)`): the Python layer's fixed cost,
-    # apart from the output's bytes; and the binding alone (the Rust module's run_host_staged,
+    # apart from the output's bytes; and the binding alone (the Rust module's run_host_outputs,
     # no Python wrapper).
     res["python_overhead_no_outputs_us"] = paired(lambda: session.run([], feed), []) * 1e6
     items = [(n, np.ascontiguousarray(v)) for n, v in feed.items()]
-    res["binding_overhead_no_outputs_us"] = paired(lambda: session._session.run_host_staged(items), []) * 1e6
-    # The earlier way of fetching outputs, for comparison: arrays NumPy allocates, each filled
-    # by one copy out of the page-locked buffer.
-    def numpy_allocated():
-        types = session._session.run_host_staged(items)
-        for k, (dtype, shape) in enumerate(types):
-            session._session.read_output_into(k, np.empty(shape, dtype))
-
-    res["numpy_allocated_overhead_us"] = paired(numpy_allocated) * 1e6
+    res["binding_overhead_no_outputs_us"] = paired(lambda: session._session.run_host_outputs(items, []), []) * 1e6
     # The wrapper's Python alone, no GPU: the feed's arrays checked and listed.
     res["wrapper_feed_us"] = wall(lambda: [(n, np.asarray(v)) for n, v in feed.items() if np.asarray(v).flags.c_contiguous], a.iters) * 1e6
     res["rust_run_us"] = statistics.median(rust) * 1e6
@@ -141,13 +133,12 @@ def main():
     res["python_run_us"] = statistics.median(python) * 1e6
     res["python_vs_session_run_us"] = res["python_run_us"] - res["rust_run_us"]
     us = lambda xs: [round(x * 1e6, 1) for x in xs]  # noqa: E731
-    print(f"run, host arrays: Rust Session::run {res['rust_run_us']:.1f} µs, Rust run_host + output copies "
+    print(f"run, host arrays: Rust Session::run {res['rust_run_us']:.1f} µs, Rust run_host_on_device + output copies "
           f"{res['rust_run_host_us']:.1f} µs, Python Session.run {res['python_run_us']:.1f} µs "
           f"(rounds: {us(rust)}, {us(raw)}, {us(python)}); Python overhead over run_host, paired: "
           f"{res['python_overhead_us']:+.1f} µs (median of {pairs} pairs); with no output fetched "
           f"{res['python_overhead_no_outputs_us']:+.1f} µs, of which the binding {res['binding_overhead_no_outputs_us']:+.1f} µs "
-          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs; outputs in arrays NumPy allocates "
-          f"(the earlier way) {res['numpy_allocated_overhead_us']:+.1f} µs")
+          f"and the wrapper's feed loop {res['wrapper_feed_us']:.1f} µs")
 
     # 2. Device tensors, no copies.
     on_gpu = {n: t.cuda() for n, t in zip(names, tensors)}

@@ -1,6 +1,5 @@
 //! Work spread over the machine's cores: compile-time stages whose items are independent
-//! (weights to convert, kernels to compile), and large host copies (outputs out of
-//! page-locked memory).
+//! (weights to convert, kernels to compile).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -69,66 +68,6 @@ pub(crate) fn map_owned_on<T: Send, R: Send>(
         .collect()
 }
 
-/// Host copies of at least this many bytes are split over threads: one core copies out of
-/// page-locked memory at ~10 GB/s (BERT-base's 3.1 MB output in ~0.32 ms on the H100
-/// machine); a few together go faster, and below this size starting them costs more than
-/// they save.
-const SPLIT_COPIES_FROM: usize = 1 << 20;
-
-/// Threads a large host copy is split over (the calling one included).
-const COPIERS: usize = 4;
-
-/// `count` elements made from `bytes` by `fill`, which writes every element of the slots it
-/// is given from their bytes (`size` bytes an element): split over up to [`COPIERS`] threads
-/// where `bytes` is large.
-fn split_fill<T: Send>(
-    bytes: &[u8],
-    size: usize,
-    fill: impl Fn(&mut [std::mem::MaybeUninit<T>], &[u8]) + Sync,
-) -> Vec<T> {
-    let count = bytes.len() / size.max(1);
-    let threads = if bytes.len() >= SPLIT_COPIES_FROM {
-        std::thread::available_parallelism().map_or(1, |n| n.get()).min(COPIERS)
-    } else {
-        1
-    };
-    let per = count.div_ceil(threads).max(1);
-    let mut out: Vec<T> = Vec::with_capacity(count);
-    let mut parts = out.spare_capacity_mut()[..count].chunks_mut(per).zip(bytes.chunks(per * size.max(1)));
-    let first = parts.next();
-    std::thread::scope(|scope| {
-        for (slots, from) in parts {
-            scope.spawn(|| fill(slots, from));
-        }
-        if let Some((slots, from)) = first {
-            fill(slots, from);
-        }
-    });
-    // SAFETY: the parts cover the first `count` slots, and `fill` wrote every slot of each
-    // (a panic in it would have gone on in this thread before this line).
-    unsafe { out.set_len(count) };
-    out
-}
-
-/// A copy of `bytes` (split over threads where they are many).
-pub fn copy_bytes(bytes: &[u8]) -> Vec<u8> {
-    split_fill(bytes, 1, |slots, from| {
-        // SAFETY: `slots` and `from` have the same length (the same split of one count), and
-        // the copy's destination is memory of the new vector, apart from `bytes`.
-        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), slots.as_mut_ptr().cast::<u8>(), from.len()) }
-    })
-}
-
-/// `get` of each `size`-byte element of `bytes`, in order (split over threads where they are
-/// many); bytes past the last whole element are left out.
-pub(crate) fn decode<T: Send>(bytes: &[u8], size: usize, get: impl Fn(&[u8]) -> T + Sync) -> Vec<T> {
-    split_fill(&bytes[..bytes.len() - bytes.len() % size.max(1)], size, |slots, from| {
-        for (slot, element) in slots.iter_mut().zip(from.chunks_exact(size)) {
-            slot.write(get(element));
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -141,18 +80,5 @@ mod tests {
         assert_eq!(owned, items.iter().map(|i| i + 1).collect::<Vec<_>>());
         assert_eq!(super::map_on(3, &items, |&i| i + 2), items.iter().map(|i| i + 2).collect::<Vec<_>>());
         assert_eq!(super::map_on(0, &items[..5], |&i| i), items[..5].to_vec());
-    }
-
-    #[test]
-    fn split_copies_and_decodes_keep_every_byte_in_place() {
-        // Sizes below and above the split, and counts that do not divide among the threads.
-        for len in [0, 1, 7, 1000, super::SPLIT_COPIES_FROM - 3, super::SPLIT_COPIES_FROM + 4 * 1021 + 3] {
-            let bytes: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
-            assert_eq!(super::copy_bytes(&bytes), bytes, "{len} bytes");
-            let words = super::decode(&bytes, 4, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            let want: Vec<u32> =
-                bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            assert_eq!(words, want, "{len} bytes as words");
-        }
     }
 }

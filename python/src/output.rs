@@ -16,8 +16,10 @@ use fusec::ir::DType;
 /// over the same memory (which it keeps alive).
 #[pyclass(name = "HostOutput", module = "fusec._fusec", frozen)]
 pub struct HostOutput {
-    /// The bytes, freed when the object is (after the last array over it).
-    data: *mut u8,
+    /// The bytes (in 8-byte words, so that every element type is aligned), freed when the
+    /// object is (after the last array over it).
+    data: *mut u64,
+    words: usize,
     len: usize,
     itemsize: isize,
     format: &'static CStr,
@@ -46,9 +48,19 @@ pub fn format_of(dtype: DType) -> Option<&'static CStr> {
 }
 
 impl HostOutput {
-    /// A copy of `bytes` (elements of `dtype`, whose format `format_of` gives) shaped `shape`.
-    pub fn copy_of(bytes: &[u8], dtype: DType, format: &'static CStr, shape: &[usize]) -> HostOutput {
-        let data = Box::into_raw(fusec::runtime::copy_host_bytes(bytes).into_boxed_slice()).cast::<u8>();
+    /// The first `len` bytes of `words` (elements of `dtype`, whose format `format_of` gives,
+    /// shaped `shape`).
+    pub fn from_words(
+        words: Vec<u64>,
+        len: usize,
+        dtype: DType,
+        format: &'static CStr,
+        shape: &[usize],
+    ) -> HostOutput {
+        let words = words.into_boxed_slice();
+        let words_len = words.len();
+        let len = len.min(words_len * 8);
+        let data = Box::into_raw(words).cast::<u64>();
         let itemsize = dtype.size_bytes();
         let shape: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
         // C order: each axis's stride is the product of the sizes after it.
@@ -56,15 +68,15 @@ impl HostOutput {
         for axis in (0..shape.len().saturating_sub(1)).rev() {
             strides[axis] = strides[axis + 1] * shape[axis + 1];
         }
-        HostOutput { data, len: bytes.len(), itemsize: itemsize as isize, format, shape, strides }
+        HostOutput { data, words: words_len, len, itemsize: itemsize as isize, format, shape, strides }
     }
 }
 
 impl Drop for HostOutput {
     fn drop(&mut self) {
-        // SAFETY: made by `Box::into_raw` of a boxed slice of `len` bytes in `copy_of`, freed
+        // SAFETY: made by `Box::into_raw` of a boxed slice of `words` words in `from_words`, freed
         // once; no exported view outlives the object (each holds a reference to it).
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.data, self.len)) });
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.data, self.words)) });
     }
 }
 
@@ -83,7 +95,13 @@ impl HostOutput {
                 data.len()
             )));
         }
-        Ok(HostOutput::copy_of(data, element, format, &shape))
+        let mut words = vec![0u64; data.len().div_ceil(8)];
+        for (word, chunk) in words.iter_mut().zip(data.chunks(8)) {
+            let mut le = [0u8; 8];
+            le[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(le);
+        }
+        Ok(HostOutput::from_words(words, data.len(), element, format, &shape))
     }
 
     /// Exports the bytes: writable, C-contiguous, with the element format and shape where the

@@ -163,7 +163,7 @@ impl PySession {
         let session = &mut self.session;
         py.detach(|| {
             let session = session.bound()?;
-            let types = session.run_host(&inputs)?;
+            let types = session.run_host_on_device(&inputs)?;
             let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
             let mut outputs = Vec::with_capacity(wanted.len());
             for k in wanted {
@@ -176,7 +176,8 @@ impl PySession {
                         numpy_name(Some(t.dtype))
                     )));
                 };
-                outputs.push(HostOutput::copy_of(session.staged_output(k)?, t.dtype, format, &t.shape));
+                let (words, len) = session.output_words(k)?;
+                outputs.push(HostOutput::from_words(words, len, t.dtype, format, &t.shape));
             }
             Ok(outputs)
         })
@@ -304,8 +305,9 @@ impl PySession {
 
     /// Seconds of each of `iters` runs of the Rust API on `feed`, after one run (unless not
     /// `warmup`): what the
-    /// Python layer's overhead is measured against. `raw`: `Session::run_host` on the
-    /// arrays' bytes with each output copied out into a new vector (what `Session.run` does
+    /// Python layer's overhead is measured against. `raw`: `Session::run_host_on_device` on
+    /// the arrays' bytes with each output copied from the device into new memory
+    /// (`Session::output_words`: what `Session.run` does
     /// below Python; only the outputs at indices `wanted` when given); else `Session::run`
     /// (host tensors in and out).
     #[pyo3(signature = (feed, iters, raw=false, warmup=true, wanted=None))]
@@ -330,9 +332,9 @@ impl PySession {
             let session = session.bound()?;
             let mut once = || -> Result<(), fusec::runtime::RuntimeError> {
                 if raw {
-                    let types = session.run_host(&inputs)?;
+                    let types = session.run_host_on_device(&inputs)?;
                     for k in wanted.clone().unwrap_or_else(|| (0..types.len()).collect()) {
-                        std::hint::black_box(fusec::runtime::copy_host_bytes(session.staged_output(k)?));
+                        std::hint::black_box(session.output_words(k)?);
                     }
                 } else {
                     std::hint::black_box(session.run(&tensors)?);

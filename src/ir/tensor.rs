@@ -412,8 +412,8 @@ impl Tensor {
             return None;
         }
         // One pass into the typed vector, no intermediate array (outputs are megabytes).
-        fn decode<T: LeBytes + Send>(bytes: &[u8], shape: &[usize]) -> Option<ArrayD<T>> {
-            let values: Vec<T> = crate::parallel::decode(bytes, T::SIZE, T::get);
+        fn decode<T: LeBytes>(bytes: &[u8], shape: &[usize]) -> Option<ArrayD<T>> {
+            let values: Vec<T> = bytes.chunks_exact(T::SIZE).map(T::get).collect();
             ArrayD::from_shape_vec(IxDyn(shape), values).ok()
         }
         Some(match dtype {

@@ -8,9 +8,6 @@ mod lt;
 mod rates;
 mod session;
 
-/// A copy of host bytes, split over a few threads where they are many (an output copied out
-/// of a session's page-locked buffer, as `Session::run` does).
-pub use crate::parallel::copy_bytes as copy_host_bytes;
 pub use lt::{
     candidates_wanted as gemm_candidates, variants_wanted as gemm_variants, GemmChoice,
     Reference as GemmReference, CANDIDATES as GEMM_CANDIDATES,

@@ -67,6 +67,14 @@ impl Session {
     /// page-locked buffers (waited for): read them with [`Session::staged_output`] until the
     /// next call. Returns the outputs' types, in order.
     pub fn run_host(&mut self, inputs: &[HostInput]) -> Result<Vec<TensorType>, RuntimeError> {
+        self.run_host_on_device(inputs)?;
+        self.copy_out()
+    }
+
+    /// Runs the model on host inputs given as bytes, and leaves every output on the device:
+    /// read each with [`Session::output_to_host`] (straight into the caller's memory) until the
+    /// next call. Returns the outputs' types, in order.
+    pub fn run_host_on_device(&mut self, inputs: &[HostInput]) -> Result<Vec<TensorType>, RuntimeError> {
         let given: Vec<GivenInput> =
             inputs.iter().map(|i| GivenInput { name: i.name, dtype: i.dtype, shape: i.shape }).collect();
         self.select_for(&given)?;
@@ -85,7 +93,7 @@ impl Session {
             self.stage_input(k, bytes, |host| host.copy_from_slice(input.bytes))?;
         }
         self.execute_all()?;
-        self.copy_out()
+        (0..self.outputs.len()).map(|k| self.output_type(k)).collect()
     }
 
     /// The bytes of output `k` (in the order of [`Session::outputs`]) that the last

@@ -129,20 +129,120 @@ impl Session {
         Ok(types)
     }
 
-    /// The outputs, copied to the host through the session's page-locked buffers: every copy
-    /// issued, then one wait.
+    /// The outputs, each copied from the device straight into the memory of a new tensor.
     pub(super) fn download(&mut self) -> Result<Vec<(String, Tensor)>, RuntimeError> {
-        let types = self.copy_out()?;
-        self.outputs
-            .iter()
-            .zip(&self.staging_out)
-            .zip(types)
-            .map(|((spec, staging), ty)| {
-                let host = staging.as_slice().map_err(driver)?;
-                let host = host.get(..ty.size_bytes()).unwrap_or_default();
-                Ok((spec.name.clone(), tensor_from_bytes(host, &ty.shape, ty.dtype)?))
-            })
-            .collect()
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for k in 0..self.outputs.len() {
+            let (ty, _) = self.output_at(k)?;
+            let tensor = match ty.dtype {
+                DType::F32 => Tensor::F32(self.fetch_array(k, &ty.shape)?),
+                DType::F16 => Tensor::F16(self.fetch_array(k, &ty.shape)?),
+                DType::BF16 => Tensor::BF16(self.fetch_array(k, &ty.shape)?),
+                DType::F64 => Tensor::F64(self.fetch_array(k, &ty.shape)?),
+                DType::I64 => Tensor::I64(self.fetch_array(k, &ty.shape)?),
+                DType::I32 => Tensor::I32(self.fetch_array(k, &ty.shape)?),
+                // Bytes 0 or 1 on the device, made booleans on the host.
+                DType::Bool => {
+                    let bytes: Vec<u8> = self.fetch_output(k, ty.shape.iter().product())?;
+                    tensor_from_bytes(&bytes, &ty.shape, DType::Bool)?
+                }
+            };
+            outputs.push((self.outputs[k].name.clone(), tensor));
+        }
+        Ok(outputs)
+    }
+
+    /// Output `k`'s type at the session's point, and its device address.
+    pub(super) fn output_at(&self, k: usize) -> Result<(TensorType, u64), RuntimeError> {
+        let spec = self.outputs.get(k).ok_or_else(|| RuntimeError::Input(format!("no output {k}")))?;
+        let dtype = DType::from_name(&spec.dtype)
+            .ok_or_else(|| RuntimeError::Driver(format!("output '{}' has type {}", spec.name, spec.dtype)))?;
+        Ok((TensorType::new(dtype, spec.shape_at(&self.point)), self.address(spec.location)))
+    }
+
+    /// Copies output `k` of the last run from the device into `len` bytes at `dst`, host
+    /// memory of the caller's (pageable: the driver overlaps its transfer with its copy into
+    /// `dst`, where a page-locked buffer and then a copy out of it take both in turn), and
+    /// returns once they are there.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` writes, and `len` the output's size in bytes (checked).
+    pub(super) unsafe fn output_to_raw(
+        &self,
+        k: usize,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), RuntimeError> {
+        let (ty, address) = self.output_at(k)?;
+        if len != ty.size_bytes() {
+            return Err(RuntimeError::Input(format!(
+                "output {k} has {} bytes, {len} given for it",
+                ty.size_bytes()
+            )));
+        }
+        if len > 0 {
+            // SAFETY: `len` bytes of the output's device buffer to `len` writable bytes at `dst`
+            // (the caller's contract), in order after the run on the session's stream.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), address, len, self.stream.cu_stream()) }
+                .result()
+                .map_err(driver)?;
+            self.stream.synchronize().map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    /// Output `k` of the last run (`count` elements of `T`, its element type or bytes of the
+    /// same size) copied from the device into a new vector.
+    pub(super) fn fetch_output<T: Copy>(&self, k: usize, count: usize) -> Result<Vec<T>, RuntimeError> {
+        let mut values: Vec<T> = Vec::with_capacity(count);
+        let len = count * std::mem::size_of::<T>();
+        // SAFETY: the vector's capacity holds `len` bytes; `output_to_raw` checks that they are
+        // the output's size and writes every one of them before returning Ok.
+        unsafe {
+            self.output_to_raw(k, values.as_mut_ptr().cast::<u8>(), len)?;
+            values.set_len(count);
+        }
+        Ok(values)
+    }
+
+    /// Output `k` of the last run, of shape `shape` and element type `T`, copied from the
+    /// device into a new array.
+    fn fetch_array<T: Copy>(&self, k: usize, shape: &[usize]) -> Result<ndarray::ArrayD<T>, RuntimeError> {
+        let values = self.fetch_output(k, shape.iter().product())?;
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values)
+            .map_err(|e| RuntimeError::Driver(format!("output {k}: {e}")))
+    }
+
+    /// Output `k` of the last run copied from the device into new memory of 8-byte words (so
+    /// that any element type is aligned in it; the last word's bytes past the output are 0),
+    /// with its length in bytes: for embeddings that hand the memory on (the Python package's
+    /// NumPy arrays).
+    pub fn output_words(&self, k: usize) -> Result<(Vec<u64>, usize), RuntimeError> {
+        let len = self.output_at(k)?.0.size_bytes();
+        let words = len.div_ceil(8);
+        let mut values: Vec<u64> = Vec::with_capacity(words);
+        // SAFETY: the last word is set to 0 first, then `output_to_raw` writes the first `len`
+        // bytes (the capacity holds them) before returning Ok: every word is written.
+        unsafe {
+            if words > 0 {
+                values.as_mut_ptr().add(words - 1).write(0);
+            }
+            self.output_to_raw(k, values.as_mut_ptr().cast::<u8>(), len)?;
+            values.set_len(words);
+        }
+        Ok((values, len))
+    }
+
+    /// Output `k` of the last run copied from the device into `out`, which must hold exactly
+    /// its bytes (the size [`Session::output_type`] gives).
+    pub fn output_to_host(&self, k: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        // SAFETY: `out` is valid for its length of writes.
+        unsafe { self.output_to_raw(k, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// The type output `k` has at the size the session runs at.
+    pub fn output_type(&self, k: usize) -> Result<TensorType, RuntimeError> {
+        Ok(self.output_at(k)?.0)
     }
 
     /// Device address and size of input `name`, for callers that keep data on the GPU: write
