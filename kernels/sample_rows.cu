@@ -24,9 +24,15 @@
 // (-arch=compute_75) and kernels/sample_rows_cluster.ptx (-arch=compute_90
 // -DSAMPLE_CLUSTER=8); regenerate both from this file after a change.
 
-#define THREADS 1024
 #ifndef SAMPLE_CLUSTER
 #define SAMPLE_CLUSTER 1
+#endif
+// Threads a block: 1,024 for a block a row; 512 for each block of a cluster (an eighth of the
+// row each: fewer warps to reduce over a pass, and room for every sum in registers).
+#if SAMPLE_CLUSTER > 1
+#define THREADS 512
+#else
+#define THREADS 1024
 #endif
 
 #if SAMPLE_CLUSTER > 1
@@ -183,6 +189,20 @@ __device__ double weight_from(const Row& r, unsigned long long t, double* scratc
     return row_total(block_sum(w, scratch), false, c);
 }
 
+// One halving step of a warp's sums of `2 * HALF` values a lane: lanes `2 * HALF` apart
+// exchange the halves they do not keep (the upper lane keeps the upper half) and add them, so
+// that `acc[0..HALF]` holds the kept half summed over both lanes.
+template <int HALF>
+__device__ __forceinline__ void fold(double* acc, int lane) {
+    const bool upper = (lane & (2 * HALF)) != 0;
+#pragma unroll
+    for (int j = 0; j < HALF; ++j) {
+        const double keep = upper ? acc[j + HALF] : acc[j];
+        const double send = upper ? acc[j] : acc[j + HALF];
+        acc[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * HALF);
+    }
+}
+
 // The count (`weights` false) or weight of the row's keys of each of the 16 values of the
 // digit at `shift` among the keys whose digits above it are `prefix`'s, into `digit[0..16]`;
 // `warps` is room for 32 x 16 partial sums. Ends synchronised.
@@ -201,18 +221,22 @@ __device__ void digit_sums(const Row& r, bool weights, unsigned int prefix, int 
 #pragma unroll
         for (int b = 0; b < 16; ++b) acc[b] += b == (int)d ? v : 0.0;
     }
+    // The warp's 16 sums, halved four times between lanes 16, 8, 4 and 2 apart (each lane
+    // keeping the half its lane bit says), then added between neighbours: lanes 2d and 2d + 1
+    // hold digit d's sum over the warp (15 exchanges where 16 full reductions took 80).
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int b = 0; b < 16; ++b) {
-        double v = acc[b];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) warps[warp * 16 + b] = v;
-    }
+    fold<8>(acc, lane);
+    fold<4>(acc, lane);
+    fold<2>(acc, lane);
+    fold<1>(acc, lane);
+    acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
+    if ((lane & 1) == 0) warps[warp * 16 + (lane >> 1)] = acc[0];
     __syncthreads();
-    if (threadIdx.x < 16) {
-        double v = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) v += warps[w * 16 + threadIdx.x];
-        digit[threadIdx.x] = v;
+    // Then warp d adds digit d's sums of the block's warps, a warp's lane each.
+    if (warp < 16) {
+        double v = lane < (int)(blockDim.x >> 5) ? warps[lane * 16 + warp] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) digit[warp] = v;
     }
     __syncthreads();
     across(digit, 16, false, c.exchange, c.phase);

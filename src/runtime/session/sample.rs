@@ -17,6 +17,10 @@ const SAMPLE_CLUSTER_PTX: &str = include_str!("../../../kernels/sample_rows_clus
 /// Blocks a row of the cluster kernel (its `SAMPLE_CLUSTER`).
 const SAMPLE_CLUSTER: usize = 8;
 
+/// Threads a block of each kernel (their `THREADS`): a block a row, a block of a cluster.
+const SAMPLE_THREADS: u32 = 1024;
+const SAMPLE_CLUSTER_THREADS: u32 = 512;
+
 /// Which tokens a draw is among.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RowDraw {
@@ -41,16 +45,22 @@ pub struct SampledRows {
 }
 
 impl Session {
-    /// The sampling kernel and the blocks it takes a row, loaded on first use (or by
+    /// The sampling kernel, the blocks it takes a row and their threads, loaded on first use (or by
     /// [`Session::warm_up`]): a cluster of [`SAMPLE_CLUSTER`] blocks on sm_90 and later
     /// (`FUSEC_SAMPLE_CLUSTER=0`: a block a row there too), else a block.
-    pub(super) fn sample_kernel(&mut self) -> Result<(cudarc::driver::CudaFunction, usize), RuntimeError> {
+    pub(super) fn sample_kernel(
+        &mut self,
+    ) -> Result<(cudarc::driver::CudaFunction, usize, u32), RuntimeError> {
         if self.state.sample.is_none() {
             let sm = self.arch.trim_start_matches("sm_").parse::<u32>().unwrap_or(0);
             let clusters =
                 sm >= 90 && std::env::var("FUSEC_SAMPLE_CLUSTER").map_or(true, |v| v.trim() != "0");
-            let (ptx, blocks) = if clusters { (SAMPLE_CLUSTER_PTX, SAMPLE_CLUSTER) } else { (SAMPLE_PTX, 1) };
-            self.state.sample = Some((self.load_kernel(ptx, "fusec_sample_rows")?, blocks));
+            let (ptx, blocks, threads) = if clusters {
+                (SAMPLE_CLUSTER_PTX, SAMPLE_CLUSTER, SAMPLE_CLUSTER_THREADS)
+            } else {
+                (SAMPLE_PTX, 1, SAMPLE_THREADS)
+            };
+            self.state.sample = Some((self.load_kernel(ptx, "fusec_sample_rows")?, blocks, threads));
         }
         self.state
             .sample
@@ -107,7 +117,7 @@ impl Session {
             )));
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
-        let (function, blocks) = self.sample_kernel()?;
+        let (function, blocks, threads) = self.sample_kernel()?;
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
@@ -142,7 +152,7 @@ impl Session {
                 1,
                 1,
             ),
-            block_dim: (1024, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: if shared_row { row_bytes as u32 } else { 0 },
         };
         let shared_row = i32::from(shared_row);

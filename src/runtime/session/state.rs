@@ -19,9 +19,9 @@ pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
     pub(super) ids: Option<CudaSlice<i64>>,
-    /// `kernels/sample_rows.cu` and the blocks it takes a row, and the device arrays of each
-    /// row's draw (`sample`).
-    pub(super) sample: Option<(CudaFunction, usize)>,
+    /// `kernels/sample_rows.cu`, the blocks it takes a row and their threads, and the device
+    /// arrays of each row's draw (`sample`).
+    pub(super) sample: Option<(CudaFunction, usize, u32)>,
     pub(super) draws: Option<CudaSlice<f64>>,
     /// Room for each drawn row's token weights (`sample`).
     pub(super) weights: Option<CudaSlice<f64>>,
