@@ -35,21 +35,16 @@
 #define THREADS 1024
 #endif
 
+// The cluster helpers of the generated kernels (cluster_rank, cluster_sync, cluster_map).
+#include "fusec.cuh"
+
 #if SAMPLE_CLUSTER > 1
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-template <typename T>
-__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
-    unsigned long long to;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(to) : "l"(reinterpret_cast<unsigned long long>(p)), "r"(rank));
-    return reinterpret_cast<T*>(to);
-}
+#if !FUSEC_CLUSTERS
+#error "SAMPLE_CLUSTER > 1 needs sm_90 or later (-arch=compute_90)"
+#endif
+using fusec::cluster_map;
+using fusec::cluster_rank;
+using fusec::cluster_sync;
 #define SAMPLE_CLUSTER_DIMS __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
 #else
 __device__ __forceinline__ unsigned cluster_rank() { return 0; }

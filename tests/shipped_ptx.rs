@@ -33,6 +33,8 @@ fn the_kept_ptx_is_its_source_compiled() {
         let kept = std::fs::read_to_string(dir.join(ptx)).unwrap();
         let opts = cudarc::nvrtc::CompileOptions {
             options: options.iter().map(|o| o.to_string()).collect(),
+            // `fusec.cuh`, which the sampling kernel includes for its cluster helpers.
+            include_paths: vec![dir.display().to_string()],
             name: Some(source.to_string()),
             ..Default::default()
         };
