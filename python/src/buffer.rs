@@ -90,29 +90,3 @@ fn dtype_of(format: &str, itemsize: usize) -> Option<DType> {
         _ => None,
     }
 }
-
-/// Copies `bytes` into the writable C-contiguous buffer of `out` (output `k`), which must
-/// hold exactly that many bytes.
-pub fn copy_into(out: &Bound<'_, PyAny>, bytes: &[u8], k: usize) -> PyResult<()> {
-    let mut view: Box<ffi::Py_buffer> = Box::new(ffi::Py_buffer::new());
-    let flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_WRITABLE;
-    // SAFETY: fills `view` from a live object; released below.
-    if unsafe { ffi::PyObject_GetBuffer(out.as_ptr(), &mut *view, flags) } != 0 {
-        let cause = PyErr::take(out.py()).map_or(String::new(), |e| format!(": {e}"));
-        return Err(InputError::new_err(format!("output {k}: not a writable C-contiguous array{cause}")));
-    }
-    let len = usize::try_from(view.len).unwrap_or(0);
-    let result = if len != bytes.len() {
-        Err(InputError::new_err(format!("output {k} has {} bytes, the array given {len}", bytes.len())))
-    } else {
-        if len > 0 {
-            // SAFETY: `len` writable bytes of the exporter's buffer, which does not overlap the
-            // session's page-locked buffer.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), view.buf.cast::<u8>(), len) };
-        }
-        Ok(())
-    };
-    // SAFETY: filled by PyObject_GetBuffer above, released once.
-    unsafe { ffi::PyBuffer_Release(&mut *view) };
-    result
-}

@@ -1,5 +1,4 @@
-//! A bundle loaded on a GPU, for Python: host arrays in and out (`run_host_staged`,
-//! `read_output_into`), device
+//! A bundle loaded on a GPU, for Python: host arrays in and out (`run_host_outputs`), device
 //! tensors in and out in order with the caller's stream (`run_device`), the session's own
 //! input buffers lent out for writing in place, and the Rust API timed from the same
 //! process (`time_rust_run`).
@@ -133,24 +132,9 @@ impl PySession {
     }
 
     /// Runs on host arrays, `[(name, array)]` (C-contiguous, each of its input's type, read in
-    /// place), leaving every output in the session's page-locked buffers; returns the outputs'
-    /// `(dtype, shape)`: `read_output_into` copies one into an array the caller allocated.
-    fn run_host_staged(
-        &mut self,
-        py: Python<'_>,
-        feed: Vec<(String, Bound<'_, PyAny>)>,
-    ) -> PyResult<Vec<(&'static str, Vec<usize>)>> {
-        let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
-        let inputs = host_inputs(&feed, &arrays);
-        let session = &mut self.session;
-        let types = py.detach(|| session.bound()?.run_host(&inputs)).map_err(runtime)?;
-        Ok(types.into_iter().map(|t| (numpy_name(Some(t.dtype)), t.shape)).collect())
-    }
-
-    /// Runs on host arrays as `run_host_staged` does, then copies each output wanted (all
-    /// when None; by index) out of the page-locked buffer once, into a `HostOutput` that
-    /// `numpy.asarray` turns into an array in place: the Rust API's own work (one copy into
-    /// new memory), no more.
+    /// place), then copies each output wanted (all when None; by index) from the device once,
+    /// into a `HostOutput` that `numpy.asarray` turns into an array in place: the Rust API's
+    /// own work (one copy into new memory), no more.
     #[pyo3(signature = (feed, wanted=None))]
     fn run_host_outputs(
         &mut self,
@@ -182,13 +166,6 @@ impl PySession {
             Ok(outputs)
         })
         .map_err(runtime)
-    }
-
-    /// Copies output `k` of the last `run_host_staged` into `out`, a C-contiguous writable
-    /// array of its type and size.
-    fn read_output_into(&self, k: usize, out: &Bound<'_, PyAny>) -> PyResult<()> {
-        let bytes = self.session.0.staged_output(k).map_err(runtime)?;
-        crate::buffer::copy_into(out, bytes, k)
     }
 
     /// Runs on device tensors, `[(name, address, dtype, shape)]`, in order with CUDA stream
