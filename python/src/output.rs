@@ -1,7 +1,7 @@
-//! Host outputs handed to NumPy without a second copy: the bytes of one output copied once out
-//! of the session's page-locked buffer into memory of Rust's (as the Rust API's `Session::run`
-//! does, split over a few threads where they are many), owned by a small object that exports them through the buffer protocol with their
-//! element type and shape, so that `numpy.asarray` makes an array over them in place.
+//! Host outputs handed to NumPy without a second copy: the bytes of one output copied once
+//! from the device into memory of Rust's (as the Rust API's `Session::run` does), owned by a
+//! small object that exports them through the buffer protocol with their element type and
+//! shape, so that `numpy.asarray` makes an array over them in place.
 
 use std::ffi::{c_int, CStr};
 

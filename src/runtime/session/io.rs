@@ -192,7 +192,8 @@ impl Session {
     }
 
     /// Output `k` of the last run (`count` elements of `T`, its element type or bytes of the
-    /// same size) copied from the device into a new vector.
+    /// same size: a type every bit pattern of which is a value, as every numeric type is)
+    /// copied from the device into a new vector.
     pub(super) fn fetch_output<T: Copy>(&self, k: usize, count: usize) -> Result<Vec<T>, RuntimeError> {
         let mut values: Vec<T> = Vec::with_capacity(count);
         let len = count * std::mem::size_of::<T>();
