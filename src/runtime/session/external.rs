@@ -1,8 +1,8 @@
 //! Inputs and outputs that live in the caller's memory, for embeddings of the runtime that
 //! hold their own arrays (the Python package's NumPy arrays and PyTorch tensors): host inputs
-//! given as bytes and outputs left in the session's page-locked buffers for the caller to
-//! copy once into its own; device inputs given by address, ordered with the caller's CUDA
-//! stream by events, outputs read where the session keeps them.
+//! given as bytes and outputs left in the session's page-locked buffers or on the device for
+//! the caller to copy once into its own; device inputs given by address, ordered with the
+//! caller's CUDA stream by events, outputs read where the session keeps them.
 
 use cudarc::driver::sys;
 
@@ -72,8 +72,8 @@ impl Session {
     }
 
     /// Runs the model on host inputs given as bytes, and leaves every output on the device:
-    /// read each with [`Session::output_to_host`] (straight into the caller's memory) until the
-    /// next call. Returns the outputs' types, in order.
+    /// read each with [`Session::output_words`] (straight into new memory) until the next
+    /// call. Returns the outputs' types, in order.
     pub fn run_host_on_device(&mut self, inputs: &[HostInput]) -> Result<Vec<TensorType>, RuntimeError> {
         let given: Vec<GivenInput> =
             inputs.iter().map(|i| GivenInput { name: i.name, dtype: i.dtype, shape: i.shape }).collect();

@@ -1,5 +1,7 @@
-//! Inputs in and outputs out: host tensors staged through page-locked buffers, and the
-//! device addresses of inputs and outputs for callers that keep data on the GPU.
+//! Inputs in and outputs out: host inputs staged through page-locked buffers, host outputs
+//! copied from the device straight into new memory (or through page-locked buffers into
+//! tensors the caller keeps), and the device addresses of inputs and outputs for callers that
+//! keep data on the GPU.
 
 use std::sync::Arc;
 
@@ -232,13 +234,6 @@ impl Session {
             values.set_len(words);
         }
         Ok((values, len))
-    }
-
-    /// Output `k` of the last run copied from the device into `out`, which must hold exactly
-    /// its bytes (the size [`Session::output_type`] gives).
-    pub fn output_to_host(&self, k: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        // SAFETY: `out` is valid for its length of writes.
-        unsafe { self.output_to_raw(k, out.as_mut_ptr(), out.len()) }
     }
 
     /// The type output `k` has at the size the session runs at.
