@@ -73,7 +73,7 @@ fn no_driver_is_an_error() {
 
 /// The range `batch=LO..HI`.
 fn range(low: usize, high: usize) -> fusec::bundle::BundleRange {
-    fusec::bundle::BundleRange { symbol: "batch".into(), low, high }
+    fusec::bundle::BundleRange::new("batch", low, high)
 }
 
 /// A header whose inputs or outputs lie outside the bundle's memory, or whose sizes overflow,

@@ -21,8 +21,8 @@ fn ranges(file: &str) -> Vec<DimSpec> {
     specs
 }
 
-/// The dims each fixture keeps at one size: a decoder with a cache at one decoding step
-/// (`total` = `past` + `seq` is a sum, which ranges do not follow yet).
+/// The dims each fixture keeps at one size: a decoder with a cache at one decoding step (its
+/// cache lengths as ranges, `total` = `past` + `seq`: `tests/cache_ranges.rs`).
 fn fixed(file: &str) -> Vec<DimSpec> {
     if !common::has_cache(file) {
         return Vec::new();

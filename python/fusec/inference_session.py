@@ -80,7 +80,11 @@ class InferenceSession:
     sess_options, providers, provider_options: accepted and ignored (fusec runs on the GPU).
     dims: ranges of sizes, `{"batch": (1, 32), "seq": (1, 512)}`, compiled into one bundle at
         the first run that serves every shape in them; without it each new set of input
-        shapes compiles a bundle of its own (the last `sessions_kept` stay loaded).
+        shapes compiles a bundle of its own (the last `sessions_kept` stay loaded). A list of
+        such mappings compiles a bundle for each on first use, and each run goes to the first
+        whose sizes its inputs fit (by the dims' names in the model's declared input shapes) —
+        a decoder's loop: `[{"seq": (1, 512), "past": 0, "total": "past+seq"}, {"seq": 1,
+        "past": (0, 2047), "total": "past+seq"}]`, the prompt and every later step.
     precision: "fp32" (default, what ONNX Runtime computes in), "fp16" or "bf16".
     device: the GPU.
 
@@ -95,7 +99,7 @@ class InferenceSession:
         providers: Sequence[Any] | None = None,
         provider_options: Sequence[Any] | None = None,
         *,
-        dims: Mapping[str, tuple[int, int]] | None = None,
+        dims: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         precision: str = "fp32",
         device: int = 0,
         sessions_kept: int = 4,
@@ -117,7 +121,12 @@ class InferenceSession:
         self._outputs = [_node_arg(o) for o in summary["outputs"]]
         self._outputs_inferred = False
         self._declared = {i["name"]: i for i in summary["inputs"]}
-        self._dims = dict(dims) if dims else None
+        if not dims:
+            self._dims: list[dict[str, Any]] | None = None
+        elif isinstance(dims, Mapping):
+            self._dims = [dict(dims)]
+        else:
+            self._dims = [dict(d) for d in dims]
         self._precision = precision
         self._device = device
         self._kept = max(1, sessions_kept)
@@ -185,8 +194,47 @@ class InferenceSession:
     def _describe(spec: Mapping[str, Any]) -> str:
         return f"{spec['dtype']}{spec['shape']}"
 
+    def _sizes(self, arrays: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """Each named dim of the declared inputs' shapes, at its size in `arrays`."""
+        sizes: dict[str, int] = {}
+        for name, spec in self._declared.items():
+            for d, n in zip(spec["shape"] or [], arrays[name].shape):
+                if isinstance(d, str) and d:
+                    sizes.setdefault(d, n)
+        return sizes
+
+    def _dims_for(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """The first of `dims` whose sizes `arrays` fit (a dim the inputs do not name fits any
+        size); with one mapping, that one (its bundle then says why a feed is outside it)."""
+        assert self._dims is not None
+        sizes = self._sizes(arrays)
+
+        def fits(dims: Mapping[str, Any]) -> bool:
+            for symbol, want in dims.items():
+                got = sizes.get(symbol)
+                if got is None:
+                    continue
+                if isinstance(want, str):
+                    parts = [p.strip() for p in want.split("+")]
+                    if all(p in sizes for p in parts) and got != sum(sizes[p] for p in parts):
+                        return False
+                elif isinstance(want, int):
+                    if got != want:
+                        return False
+                elif not want[0] <= got <= want[1]:
+                    return False
+            return True
+
+        for i, dims in enumerate(self._dims):
+            if fits(dims):
+                return i
+        if len(self._dims) == 1:
+            return 0
+        raise _fusec.InputError(f"the inputs' sizes {sizes} fit none of dims {self._dims}")
+
     def _session_for(self, arrays: Mapping[str, np.ndarray]) -> Any:
-        key: Any = "ranges" if self._dims else tuple((n, a.shape) for n, a in arrays.items())
+        which = self._dims_for(arrays) if self._dims else None
+        key: Any = ("ranges", which) if self._dims else tuple((n, a.shape) for n, a in arrays.items())
         session = self._sessions.get(key)
         if session is not None:
             self._sessions.move_to_end(key)
@@ -198,7 +246,9 @@ class InferenceSession:
                 "no CUDA driver: libcuda.so was not found (fusec runs models on an NVIDIA GPU)"
             )
         if self._dims:
-            bundle = compile(self._model, dims=self._dims, precision=self._precision)
+            assert which is not None
+            logger.info("compiling %s for %s", self._model, self._dims[which])
+            bundle = compile(self._model, dims=self._dims[which], precision=self._precision)
         else:
             shapes = {n: a.shape for n, a in arrays.items()}
             logger.info("compiling %s for %s", self._model, shapes)

@@ -92,8 +92,11 @@ def test_a_dim_can_be_the_sum_of_two():
     bundle = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims=dims)
     shapes = {i["name"]: i["shape"] for i in bundle.inputs}
     assert shapes["attention_mask"] == [1, 8] and shapes["past_key_values.0.key"] == [1, 4, 7, 16]
-    with pytest.raises(fusec.InputError, match="past is a range"):
-        fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={**dims, "past": (1, 7)})
+    # A part given a range makes the sum a range of its own, read from no input.
+    ranged = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={**dims, "past": (0, 7)})
+    assert dict(ranged.ranges) == {"past": (0, 7), "total": (1, 8)}
+    with pytest.raises(fusec.InputError, match="give past a size"):
+        fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={"batch": 1, "seq": 1, "total": "past+seq"})
 
 
 def test_inputs_given_by_shape_compile_without_dims():

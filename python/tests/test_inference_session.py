@@ -104,3 +104,59 @@ def test_one_range_session_serves_every_shape():
         for g, w in zip(session.run(None, feed), reference(path, feed)):
             assert g.shape == w.shape and rel_l2(g, w) <= 1e-5, (batch, seq, rel_l2(g, w))
     assert len(session._sessions) == 1
+
+
+DECODER = MODELS / "gpt2_cache_ts.onnx"
+# A decoder's loop: the prompt with nothing cached, then one token a step over a growing cache.
+LOOP_DIMS = [
+    {"batch": 2, "seq": (1, 16), "past": 0, "total": "past+seq"},
+    {"batch": (1, 4), "seq": 1, "past": (0, 300), "total": "past+seq"},
+]
+
+
+def step_feed(tokens, past, cache):
+    """A step of `tokens` (a row a sequence) after `past` cached positions, the cache `cache`
+    (empty arrays where nothing is cached)."""
+    batch, seq = tokens.shape
+    feed = {
+        "input_ids": tokens.astype(np.int64),
+        "attention_mask": np.ones((batch, past + seq), np.int64),
+        "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1)),
+    }
+    for i in range(4):
+        name = f"past_key_values.{i // 2}.{('key', 'value')[i % 2]}"
+        feed[name] = cache[i] if cache else np.zeros((batch, 4, 0, 16), np.float32)
+    return feed
+
+
+def test_each_run_goes_to_the_first_dims_its_sizes_fit():
+    session = fusec.InferenceSession(DECODER, dims=LOOP_DIMS)
+    prompt = session._check(step_feed(np.ones((2, 7)), 0, None))
+    assert session._dims_for(prompt) == 0
+    cache = [np.zeros((2, 4, 7, 16), np.float32)] * 4
+    step = session._check(step_feed(np.ones((2, 1)), 7, cache))
+    assert session._dims_for(step) == 1
+    # A prompt after a cache fits neither: the error names the sizes.
+    with pytest.raises(fusec.InputError, match="fit none of dims"):
+        session._dims_for(session._check(step_feed(np.ones((2, 3)), 7, cache)))
+    # One mapping: its bundle says why a feed is outside it.
+    assert fusec.InferenceSession(DECODER, dims=LOOP_DIMS[1])._dims_for(prompt) == 0
+
+
+@gpu
+def test_a_decoding_loop_compiles_two_bundles_and_matches_onnx_runtime():
+    session = fusec.InferenceSession(DECODER, dims=LOOP_DIMS)
+    ort = onnxruntime.InferenceSession(str(DECODER), providers=["CPUExecutionProvider"])
+    tokens = np.array([[5, 17, 301, 42, 9, 77, 3], [11, 480, 2, 64, 128, 6, 90]], np.int64)
+    ours = theirs = None
+    for n in range(10):
+        past = 0 if n == 0 else tokens.shape[1] - 1
+        new = tokens if n == 0 else tokens[:, -1:]
+        got = session.run(None, step_feed(new, past, ours))
+        want = ort.run(None, step_feed(new, past, theirs))
+        assert rel_l2(got[0], want[0]) <= 1e-5, (n, rel_l2(got[0], want[0]))
+        pick = got[0][:, -1].argmax(-1)
+        assert (pick == want[0][:, -1].argmax(-1)).all(), n
+        tokens = np.concatenate([tokens, pick[:, None].astype(np.int64)], axis=1)
+        ours, theirs = got[1:], want[1:]
+    assert len(session._sessions) == 2

@@ -238,7 +238,8 @@ pub fn input_point_of(
         }
         for (axis, (dim, &value)) in dims.iter().zip(given.shape).enumerate() {
             let Some(i) = dim.alone() else { continue };
-            let Some(range) = ranges.get(i) else { continue };
+            // A sum of others (`total=past+seq`) is its parts' sizes added, checked below.
+            let Some(range) = ranges.get(i).filter(|r| !r.is_sum()) else { continue };
             let per = dim.factor.max(1);
             let n = value / per;
             if value % per != 0 || n < range.low || n > range.high {
@@ -266,8 +267,14 @@ pub fn input_point_of(
     let point: Vec<usize> = point
         .iter()
         .zip(ranges)
-        .map(|(v, r)| v.map(|(n, _)| n).ok_or_else(|| format!("no input of the model gives {}", r.symbol)))
+        .map(|(v, r)| match v {
+            Some((n, _)) => Ok(*n),
+            None if r.is_sum() => Ok(0),
+            None => Err(format!("no input of the model gives {}", r.symbol)),
+        })
         .collect::<Result<_, _>>()?;
+    let point = crate::ir::with_sums(ranges, &point)
+        .ok_or_else(|| "the bundle's ranges name a sum of dims it does not have".to_string())?;
     // Every size of every input at that point (products of dims included).
     for spec in specs {
         let given = given(spec)?;

@@ -104,6 +104,18 @@ fn parse_point(text: &str, ranges: &[fusec::bundle::BundleRange]) -> anyhow::Res
         text.split('x').map(|v| v.trim().parse::<usize>()).collect::<Result<_, _>>().with_context(|| {
             format!("--sizes {text}: not sizes joined by x (the bundle's ranges: {})", names())
         })?;
+    // A sum of others (`total=past+seq`) may be left out: it is its parts' sizes added.
+    let parts = ranges.iter().filter(|r| !r.is_sum()).count();
+    let values = if values.len() == parts && parts < ranges.len() {
+        let mut all = Vec::with_capacity(ranges.len());
+        let mut given = values.iter();
+        for r in ranges {
+            all.push(if r.is_sum() { 0 } else { *given.next().unwrap_or(&0) });
+        }
+        fusec::ir::with_sums(ranges, &all).unwrap_or(all)
+    } else {
+        values
+    };
     if values.len() != ranges.len() {
         bail!(
             "--sizes {text}: {} sizes for the bundle's {} ranges ({})",
@@ -111,6 +123,9 @@ fn parse_point(text: &str, ranges: &[fusec::bundle::BundleRange]) -> anyhow::Res
             ranges.len(),
             names()
         );
+    }
+    if fusec::ir::with_sums(ranges, &values).as_ref() != Some(&values) {
+        bail!("--sizes {text}: a sum of the bundle's ranges is not its parts' sizes added ({})", names());
     }
     for (r, &v) in ranges.iter().zip(&values) {
         if v < r.low || v > r.high {

@@ -140,7 +140,7 @@ impl Inspect {
             h.arena_bytes
         ));
         for r in &h.ranges {
-            say(format!("range       {}={}..{} (memory for {})", r.symbol, r.low, r.high, r.high));
+            say(format!("range       {r} (memory for {})", r.high));
         }
         if h.ranges.is_empty() {
             say("range       none: one size".into());

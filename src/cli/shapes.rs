@@ -118,7 +118,8 @@ pub struct ShapeArgs {
     pub inputs: Vec<InputSpec>,
     /// Value of a symbolic dimension of the model's inputs, e.g. --dim batch=8 --dim seq=128;
     /// NAME=LO..HI gives a range (`inspect` checks that one program serves it); NAME=A+B the
-    /// sum of two others (a decoder's --dim total=past+seq).
+    /// sum of two others (a decoder's --dim total=past+seq), a range where a part is one.
+    /// Sizes are at least 1 but a cache's length (past=0: nothing cached).
     #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI|NAME=A+B")]
     pub dims: Vec<DimSpec>,
 }

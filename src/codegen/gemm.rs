@@ -75,6 +75,13 @@ pub struct GemmDims {
     pub b_stride: SymDim,
 }
 
+impl GemmDims {
+    /// Whether every size is one size at every point of the ranges.
+    fn is_static(&self) -> bool {
+        [&self.m, &self.n, &self.k, &self.batch, &self.a_stride, &self.b_stride].iter().all(|d| d.is_static())
+    }
+}
+
 impl GemmSpec {
     /// The GEMM at the point `values` of the bundle's ranges (itself without ranges); `None`
     /// where a size overflows.
@@ -239,7 +246,10 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         alpha,
         dtype,
         lt_epilogue: None,
-        dims: plan.symbolic.is_some().then(|| Box::new(dims)),
+        // In a program for ranges, the sizes as they follow them; none where every size is the
+        // same at every point (such a product is the top's everywhere, and may run as the
+        // kernel for a few rows).
+        dims: (plan.symbolic.is_some() && !dims.is_static()).then(|| Box::new(dims)),
     })
 }
 

@@ -358,11 +358,14 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
 }
 
 /// Checks that every kernel of a step of a program for ranges of sizes says how its launch
-/// follows them (a GEMM's sizes are set as its spec is made).
+/// follows them (a GEMM's sizes are set as its spec is made: none where they are static,
+/// whose kernel for a few rows is then launched as it is at every point).
 fn follows_ranges(step: &Step) -> Result<(), String> {
-    let missing = step.sources().any(|s| s.scale.is_none());
-    let gemm_missing = matches!(step, Step::Gemm { gemm, .. } if gemm.dims.is_none());
-    if missing || gemm_missing {
+    let missing = match step {
+        Step::Gemm { epilogue, .. } => epilogue.iter().any(|s| s.scale.is_none()),
+        _ => step.sources().any(|s| s.scale.is_none()),
+    };
+    if missing {
         return Err("its launch does not follow the ranges of sizes".into());
     }
     Ok(())

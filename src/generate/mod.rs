@@ -369,7 +369,10 @@ impl Generator<Session> {
     pub fn new(bundle: &Bundle, device: usize) -> Result<Generator, GenerateError> {
         let layout =
             CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).map_err(GenerateError::Layout)?;
-        let mut session = Session::new(bundle, device)?;
+        // Its kernels launched with programmatic dependent launch: a step is ~80 small kernels,
+        // each scheduled while the one before it finishes (`benches/NOTES.md`).
+        let options = crate::runtime::SessionOptions { programmatic_launch: true, ..Default::default() };
+        let mut session = Session::with_options(bundle, device, options)?;
         session.warm_up()?;
         Ok(Generator { steps: session, layout, prompt: None })
     }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use crate::ir::DType;
+use crate::ir::{DType, DimRange};
 
 /// A concrete shape (and optionally the element type) for one named input.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,16 +89,17 @@ impl FromStr for DimSpec {
             return Ok(DimSpec { symbol: symbol.to_string(), value: 0, low: 0, sum: parts });
         }
         let size = |v: &str| -> Result<usize, String> {
-            let n: usize = v.trim().parse().map_err(|_| format!("'{v}' in '{s}' is not a size"))?;
-            if n == 0 {
-                return Err(format!("'{s}': a dimension must be at least 1"));
-            }
-            Ok(n)
+            v.trim().parse().map_err(|_| format!("'{v}' in '{s}' is not a size"))
         };
         let (low, value) = match value.split_once("..") {
             Some((lo, hi)) => (size(lo)?, size(hi)?),
             None => (size(value)?, size(value)?),
         };
+        // Empty only as a cache's length (a prompt with nothing cached: `past=0`, `past=0..2047`;
+        // Optimum's `past_sequence_length`).
+        if low == 0 && !symbol.starts_with("past") {
+            return Err(format!("'{s}': a dimension must be at least 1 (0 only for a cache's length, past)"));
+        }
         if low > value {
             return Err(format!("'{s}': the range's low end {low} is over its high end {value}"));
         }
@@ -107,10 +108,10 @@ impl FromStr for DimSpec {
 }
 
 /// Gives each sum (`total=past+seq`) the size of its parts added, each part given one size by
-/// another spec. A part that is not given, a part that is itself a sum, and a part given a
-/// range are errors naming the spec: the ranges machinery follows products of dims, not sums
-/// — a decoder's step is compiled for its cache's capacity instead, and one such bundle
-/// serves every shorter cache through its mask.
+/// another spec; a sum of parts of which some are given ranges is a range of its own whose
+/// size at every point is its parts' added (a decoder's cache length over a range of cached
+/// positions: one bundle for every step), its low and high their lows and highs added. A part
+/// that is not given and a part that is itself a sum are errors naming the spec.
 pub fn resolve_sums(dims: Vec<DimSpec>) -> Result<Vec<DimSpec>, String> {
     let given = dims.clone();
     dims.into_iter()
@@ -119,23 +120,20 @@ pub fn resolve_sums(dims: Vec<DimSpec>) -> Result<Vec<DimSpec>, String> {
                 return Ok(d);
             }
             let text = format!("{}={}", d.symbol, d.sum.join("+"));
-            let mut total = 0;
+            let (mut low, mut high, mut ranged) = (0, 0, false);
             for part in &d.sum {
                 let Some(p) = given.iter().find(|g| &g.symbol == part && g.sum.is_empty()) else {
-                    return Err(format!("--dim {text}: give {part} one size (--dim {part}=N)"));
+                    return Err(format!("--dim {text}: give {part} a size or a range (--dim {part}=N)"));
                 };
-                if p.is_range() {
-                    return Err(format!(
-                        "--dim {text}: {part} is a range ({}..{}), and a dim that is a sum follows one size of \
-                         each part. For a decoder's cache, compile the step for the cache's capacity \
-                         (--dim {part}={} --dim {text}): one such bundle serves every shorter cache, the mask \
-                         marking the filled positions (what fusec generate does)",
-                        p.low, p.value, p.value
-                    ));
+                if part == &d.symbol {
+                    return Err(format!("--dim {text}: a dim cannot be a sum of itself"));
                 }
-                total += p.value;
+                ranged |= p.is_range();
+                low += p.low;
+                high += p.value;
             }
-            Ok(DimSpec { symbol: d.symbol, value: total, low: total, sum: Vec::new() })
+            let sum = if ranged { d.sum } else { Vec::new() };
+            Ok(DimSpec { symbol: d.symbol, value: high, low, sum })
         })
         .collect()
 }
@@ -152,23 +150,63 @@ pub struct ImportOptions {
     /// Graph inputs frozen to these values: they become constants (and can then be shapes,
     /// axes or repeats), no longer inputs.
     pub constants: Vec<(String, crate::ir::Tensor)>,
+    /// The dims given a range that are sums of others (`total=past+seq`), with their parts:
+    /// their size (in `dims`, `low`) is always their parts' added.
+    pub sums: BTreeMap<String, Vec<String>>,
 }
 
 impl ImportOptions {
     /// Options from `--input` and `--dim` specs.
     pub fn new(inputs: Vec<InputSpec>, dims: Vec<DimSpec>) -> Self {
+        // A sum not resolved ([`resolve_sums`]: its size 0) leaves its dim unset (an import
+        // error names it).
+        let resolved = |d: &DimSpec| d.sum.is_empty() || d.value > 0;
         ImportOptions {
             inputs,
-            low: dims.iter().filter(|d| d.is_range()).map(|d| (d.symbol.clone(), d.low)).collect(),
-            // A sum not resolved ([`resolve_sums`]) leaves its dim unset (an import error names it).
-            dims: dims.into_iter().filter(|d| d.sum.is_empty()).map(|d| (d.symbol, d.value)).collect(),
+            low: dims
+                .iter()
+                .filter(|d| d.is_range() && resolved(d))
+                .map(|d| (d.symbol.clone(), d.low))
+                .collect(),
+            sums: dims
+                .iter()
+                .filter(|d| !d.sum.is_empty() && d.is_range() && resolved(d))
+                .map(|d| (d.symbol.clone(), d.sum.clone()))
+                .collect(),
+            dims: dims.into_iter().filter(|d| resolved(d)).map(|d| (d.symbol, d.value)).collect(),
             constants: Vec::new(),
         }
     }
 
-    /// The dimensions given a range, `(symbol, low, high)`, in name order.
-    pub fn ranges(&self) -> Vec<(String, usize, usize)> {
-        self.low.iter().filter_map(|(s, &lo)| Some((s.clone(), lo, *self.dims.get(s)?))).collect()
+    /// The dimensions given a range, in name order; a sum of others names its parts.
+    pub fn ranges(&self) -> Vec<DimRange> {
+        self.low
+            .iter()
+            .filter_map(|(s, &lo)| {
+                let mut range = DimRange::new(s.clone(), lo, *self.dims.get(s)?);
+                for part in self.sums.get(s).into_iter().flatten() {
+                    if self.low.contains_key(part) {
+                        range.sum.push(part.clone());
+                    } else {
+                        range.offset += self.dims.get(part).copied().unwrap_or(0);
+                    }
+                }
+                Some(range)
+            })
+            .collect()
+    }
+
+    /// The options with the dims given ranges at `values` (one size for each of
+    /// [`ImportOptions::ranges`], by position; each sum's size is its parts' added, whatever
+    /// `values` holds for it).
+    pub fn at(&self, values: &[usize]) -> Self {
+        let ranges = self.ranges();
+        let values = crate::ir::with_sums(&ranges, values).unwrap_or_else(|| values.to_vec());
+        let mut options = self.clone();
+        for (range, &v) in ranges.iter().zip(&values) {
+            options.dims.insert(range.symbol.clone(), v);
+        }
+        options
     }
 
     /// Sets symbolic dimension `symbol` to `value`.
@@ -204,7 +242,7 @@ mod tests {
         assert!("seq=0..3".parse::<DimSpec>().unwrap_err().contains("at least 1"));
         assert!("seq=1..x".parse::<DimSpec>().unwrap_err().contains("not a size"));
         let options = ImportOptions::new(vec![], vec![range, "batch=4".parse().unwrap()]);
-        assert_eq!(options.ranges(), vec![("seq".to_string(), 1, 512)]);
+        assert_eq!(options.ranges(), vec![DimRange::new("seq", 1, 512)]);
         assert_eq!(options.dims["seq"], 512);
         assert!("seq".parse::<DimSpec>().is_err());
         assert!("seq=0".parse::<DimSpec>().unwrap_err().contains("at least 1"));
@@ -218,10 +256,20 @@ mod tests {
         assert_eq!((resolved[2].symbol.as_str(), resolved[2].value, resolved[2].low), ("total", 64, 64));
         let options = ImportOptions::new(vec![], resolved);
         assert_eq!((options.dims["total"], options.ranges().len()), (64, 0));
-        let err = resolve_sums(specs(&["past=1..2047", "seq=1", "total=past+seq"])).unwrap_err();
-        assert!(err.contains("past is a range (1..2047)") && err.contains("--dim past=2047"), "{err}");
+        // A part given a range: a range of its own, read from no input.
+        let resolved = resolve_sums(specs(&["past=1..2047", "seq=1", "total=past+seq"])).unwrap();
+        let options = ImportOptions::new(vec![], resolved);
+        let ranges = options.ranges();
+        assert_eq!(ranges.len(), 2, "{ranges:?}");
+        assert_eq!((ranges[1].symbol.as_str(), ranges[1].low, ranges[1].high), ("total", 2, 2048));
+        assert_eq!((ranges[1].sum.clone(), ranges[1].offset), (vec!["past".to_string()], 1));
+        assert_eq!(ranges[1].to_string(), "total=past+1 (2..2048)");
+        let at = options.at(&[17, 0]);
+        assert_eq!((at.dims["past"], at.dims["seq"], at.dims["total"]), (17, 1, 18));
         let err = resolve_sums(specs(&["seq=1", "total=past+seq"])).unwrap_err();
-        assert!(err.contains("give past one size"), "{err}");
+        assert!(err.contains("give past a size"), "{err}");
+        let err = resolve_sums(specs(&["seq=1", "total=total+seq"])).unwrap_err();
+        assert!(err.contains("give total a size"), "{err}");
         assert!("total=past+".parse::<DimSpec>().unwrap_err().contains("adds dimension names"));
         assert!("total=3+seq".parse::<DimSpec>().unwrap_err().contains("adds dimension names"));
         // Unresolved, a sum sets nothing.

@@ -18,6 +18,45 @@ pub struct DimRange {
     pub low: usize,
     /// The largest size: what the program is planned (and memory sized) for.
     pub high: usize,
+    /// For a dim that is the sum of others, some given ranges (a decoder's `total=past+seq`),
+    /// those given ranges: its size at every point is theirs added and [`DimRange::offset`],
+    /// read from no input. Else empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sum: Vec<String>,
+    /// For a sum, the sizes of its parts of one size, added.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offset: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl DimRange {
+    /// A range of sizes of its own.
+    pub fn new(symbol: impl Into<String>, low: usize, high: usize) -> Self {
+        DimRange { symbol: symbol.into(), low, high, sum: Vec::new(), offset: 0 }
+    }
+
+    /// Whether its size is the sum of others' (read from no input).
+    pub fn is_sum(&self) -> bool {
+        !self.sum.is_empty()
+    }
+}
+
+/// `values` (one size for each dim of `ranges`, by position) with each sum's size set to its
+/// parts' added; `None` where a sum names a dim the ranges lack.
+pub fn with_sums(ranges: &[DimRange], values: &[usize]) -> Option<Vec<usize>> {
+    let mut out = values.to_vec();
+    for (i, range) in ranges.iter().enumerate().filter(|(_, r)| r.is_sum()) {
+        let mut total = range.offset;
+        for part in &range.sum {
+            let j = ranges.iter().position(|r| &r.symbol == part && !r.is_sum())?;
+            total = total.checked_add(*values.get(j)?)?;
+        }
+        *out.get_mut(i)? = total;
+    }
+    Some(out)
 }
 
 /// A size as `factor × Π symbolᵢ^powers[i]` (powers by position in
@@ -214,11 +253,16 @@ impl SymbolicShapes {
 
 /// `batch=1..32, seq=1..512`.
 pub fn ranges_text(symbols: &[DimRange]) -> String {
-    symbols.iter().map(|r| format!("{}={}..{}", r.symbol, r.low, r.high)).collect::<Vec<_>>().join(", ")
+    symbols.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 impl fmt::Display for DimRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}..{}", self.symbol, self.low, self.high)
+        if self.is_sum() {
+            let offset = if self.offset > 0 { format!("+{}", self.offset) } else { String::new() };
+            write!(f, "{}={}{offset} ({}..{})", self.symbol, self.sum.join("+"), self.low, self.high)
+        } else {
+            write!(f, "{}={}..{}", self.symbol, self.low, self.high)
+        }
     }
 }

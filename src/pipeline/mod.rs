@@ -189,9 +189,11 @@ pub fn compile_reporting(
 pub fn plan_range(path: &Path, options: &CompileOptions) -> Result<Plan, CompileError> {
     let (mut plan, symbolic) = plan_symbolic(path, options)?;
     // A session reads each range's size from an input axis that is that dim alone (times a
-    // whole number): one must exist.
+    // whole number): one must exist. A sum of others is its parts' sizes added.
     for (i, range) in symbolic.symbols.iter().enumerate() {
-        if !plan.inputs.iter().any(|b| symbolic.shape(b.value).iter().any(|d| d.alone() == Some(i))) {
+        if !range.is_sum()
+            && !plan.inputs.iter().any(|b| symbolic.shape(b.value).iter().any(|d| d.alone() == Some(i)))
+        {
             let inputs: Vec<String> =
                 plan.inputs.iter().map(|b| format!("{} {}", b.name, symbolic.display(b.value))).collect();
             return Err(SymbolicError::Unreadable {

@@ -22,7 +22,9 @@ use thiserror::Error;
 use std::sync::Arc;
 
 use super::{fuse_model, lower_fused, CompileError, CompileOptions, FusedModel};
-use crate::ir::{ranges_text, tops, DType, DimRange, Graph, NodeId, SymDim, SymbolicShapes, Tensor};
+use crate::ir::{
+    ranges_text, tops, with_sums, DType, DimRange, Graph, NodeId, SymDim, SymbolicShapes, Tensor,
+};
 use crate::passes::{self, SharedConstants};
 use crate::plan::Plan;
 
@@ -59,6 +61,12 @@ pub enum SymbolicError {
         /// The inputs and their symbolic shapes.
         inputs: String,
     },
+    /// A cache updated in place asked for with ranges.
+    #[error("a cache updated in place (--cache-in-place) holds one batch and one capacity, not ranges ({ranges}): compile the ranges without it (each step's present written whole), or give every dim one size")]
+    CacheInPlace {
+        /// The ranges, `batch=1..32, past=1..2047`.
+        ranges: String,
+    },
     /// A folded constant whose values depend on a dim in a way one stored copy cannot serve.
     #[error("constant '{node}' is folded from the input shapes and its values at {symbol}={value} are not {at_high}: one stored constant cannot serve the range (compile for one size with --dim {symbol}=N)")]
     Constant {
@@ -77,40 +85,40 @@ pub enum SymbolicError {
 /// `options.import`, and the symbolic shape of each of its values. With no ranges, every
 /// shape is static.
 pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, SymbolicShapes), CompileError> {
-    let symbols: Vec<DimRange> = options
-        .import
-        .ranges()
-        .into_iter()
-        .map(|(symbol, low, high)| DimRange { symbol, low, high })
-        .collect();
+    let symbols: Vec<DimRange> = options.import.ranges();
+    if options.cache_in_place && !symbols.is_empty() {
+        return Err(SymbolicError::CacheInPlace { ranges: ranges_text(&symbols) }.into());
+    }
     let high = tops(&symbols);
+    let sums = |values: Vec<usize>| with_sums(&symbols, &values).unwrap_or(values);
+    // The dims moved on their own: not the sums of others (`total=past+seq`), which move with
+    // their parts.
+    let moved: Vec<usize> = (0..symbols.len()).filter(|&i| !symbols[i].is_sum()).collect();
     // The sizes planned: the top; one dim moved down its range at a time, to half the top
     // (fits each dim's power; not to the bottom: at size 1 the passes take shortcuts — a
     // broadcast or a reshape of a size-1 axis dropped — and at small sizes the cost model
     // extracts another program, which the fit could not compare); every dim a third of the
     // way up its range (checks the fit at sizes it was not made at).
     let mut points = vec![high.clone()];
-    for (i, range) in symbols.iter().enumerate() {
+    for &i in &moved {
         let mut values = high.clone();
-        values[i] = probe(range);
-        points.push(values);
+        values[i] = probe(&symbols[i]);
+        points.push(sums(values));
     }
-    let middle: Vec<usize> = symbols.iter().map(|r| r.low + (r.high - r.low) / 3).collect();
+    let middle = sums(symbols.iter().map(|r| r.low + (r.high - r.low) / 3).collect());
     if !points.contains(&middle) {
         points.push(middle);
     }
     let at = |values: &[usize]| {
         let mut options = options.clone();
-        for (range, &v) in symbols.iter().zip(values) {
-            options.import.dims.insert(range.symbol.clone(), v);
-        }
+        options.import = options.import.at(values);
         options
     };
     // The cost model's attention choices are made a third of the way up the ranges (the
     // point planned first; the top where there is no other): at the top of a long sequence
     // range it would take GEMM + softmax + GEMM for every size. Every other size is planned
     // with its choices: one program.
-    let deciding = if points.len() > symbols.len() + 1 { points.len() - 1 } else { 0 };
+    let deciding = if points.len() > moved.len() + 1 { points.len() - 1 } else { 0 };
     let clock = std::time::Instant::now();
     let options_at = |i: usize, attention: &Option<Vec<bool>>| {
         let mut options = at(&points[i]);
@@ -168,8 +176,7 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
         fused.into_iter().zip(halved).enumerate().map(|(i, (fused, halved))| (i, fused, halved)).collect();
     let others = sizes.split_off(1);
     let base = lower(sizes.remove(0))?;
-    let compare =
-        |i: usize, plan: Plan| compared(&base, plan, i <= symbols.len(), &symbols, &points[i], &high);
+    let compare = |i: usize, plan: Plan| compared(&base, plan, i <= moved.len(), &symbols, &points[i], &high);
     let checks: Vec<(usize, Compared)> = crate::parallel::map_owned_on(planners(), others, |job| {
         let i = job.0;
         Ok::<_, CompileError>((i, compare(i, lower(job)?)?))
@@ -177,7 +184,8 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     .into_iter()
     .collect::<Result<_, _>>()?;
     let planned = clock.elapsed().as_secs_f64();
-    let fitted: Vec<&Plan> = checks.iter().take(symbols.len()).map(|(_, c)| &c.plan).collect();
+    let fitted: Vec<(&[usize], &Plan)> =
+        checks.iter().take(moved.len()).map(|(i, c)| (points[*i].as_slice(), &c.plan)).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
     let symbolic = SymbolicShapes::new(symbols.clone(), decided.clone(), shapes);
     for (i, c) in &checks {
@@ -378,39 +386,66 @@ fn counterparts(a: &Plan, b: &Plan) -> HashMap<NodeId, NodeId> {
 }
 
 /// Each size of `base` (every symbol at the top of its range) as a [`SymDim`], its powers
-/// from `moved` (one symbol moved to its [`probe`] each).
+/// from `moved`: the plans with one dim moved to its [`probe`] each (and the sums of it with
+/// it), with every dim's size there. A sum's power is tried first at 0, then up: the first
+/// powers that give every moved plan's size.
 fn fit(
     base: &Plan,
     symbols: &[DimRange],
-    moved: &[&Plan],
+    moved: &[(&[usize], &Plan)],
 ) -> Result<HashMap<NodeId, Vec<SymDim>>, SymbolicError> {
+    let high = tops(symbols);
+    let sums: Vec<usize> = (0..symbols.len()).filter(|&i| symbols[i].is_sum()).collect();
+    // Every assignment of powers 0..=2 to the sums, fewest first.
+    let mut sum_powers: Vec<Vec<u32>> = vec![Vec::new()];
+    for _ in &sums {
+        sum_powers = sum_powers
+            .into_iter()
+            .flat_map(|p| (0..=2u32).map(move |q| [p.clone(), vec![q]].concat()))
+            .collect();
+    }
+    sum_powers.sort_by_key(|p| p.iter().sum::<u32>());
     let mut shapes = HashMap::new();
     for id in base.graph.node_ids() {
         let node = base.graph.node(id);
         let mut dims = Vec::with_capacity(node.ty.rank());
         for (axis, &top) in node.ty.shape.iter().enumerate() {
-            let mut powers = vec![0u32; symbols.len()];
-            let mut divisor: u128 = 1;
-            for (i, (range, plan)) in symbols.iter().zip(moved).enumerate() {
-                let seen = plan.graph.node(id).ty.shape[axis];
-                let (hi, lo) = (range.high as u128, probe(range) as u128);
-                // seen / top = (low / high)^p, for the one whole p that fits.
-                let power = (0..=4u32).find(|&p| (seen as u128) * hi.pow(p) == (top as u128) * lo.pow(p));
-                let Some(power) = power else {
-                    return Err(not_a_product(
-                        node.name.clone(),
-                        axis,
-                        symbols,
-                        &[(top, &[]), (seen, &[(i, probe(range))])],
-                    ));
-                };
-                powers[i] = power;
-                divisor *= hi.pow(power);
-            }
-            if (top as u128) % divisor != 0 {
-                return Err(not_a_product(node.name.clone(), axis, symbols, &[(top, &[])]));
-            }
-            dims.push(SymDim::new((top as u128 / divisor) as usize, powers));
+            let found = sum_powers.iter().find_map(|fixed| {
+                let mut powers = vec![0u32; symbols.len()];
+                for (&i, &p) in sums.iter().zip(fixed) {
+                    powers[i] = p;
+                }
+                // Each moved dim's power: seen / top = Π (value there / high)^power, for the
+                // one whole power of the moved dim that fits with the sums' powers fixed.
+                for (values, plan) in moved {
+                    let i = (0..symbols.len()).find(|&i| !symbols[i].is_sum() && values[i] != high[i])?;
+                    let seen = plan.graph.node(id).ty.shape[axis] as u128;
+                    let (mut lhs, mut rhs) = (seen, top as u128);
+                    for &j in &sums {
+                        let p = powers[j];
+                        lhs = lhs.checked_mul((high[j] as u128).checked_pow(p)?)?;
+                        rhs = rhs.checked_mul((values[j] as u128).checked_pow(p)?)?;
+                    }
+                    let (hi, lo) = (high[i] as u128, values[i] as u128);
+                    powers[i] =
+                        (0..=4u32).find(|&p| lhs.checked_mul(hi.pow(p)) == rhs.checked_mul(lo.pow(p)))?;
+                }
+                let divisor = powers
+                    .iter()
+                    .zip(&high)
+                    .try_fold(1u128, |d, (&p, &h)| d.checked_mul((h as u128).checked_pow(p)?))?;
+                ((top as u128) % divisor == 0).then(|| SymDim::new((top as u128 / divisor) as usize, powers))
+            });
+            let Some(dim) = found else {
+                let mut seen: Vec<(usize, Vec<(usize, usize)>)> = vec![(top, Vec::new())];
+                for (values, plan) in moved {
+                    let changes =
+                        (0..symbols.len()).filter(|&i| values[i] != high[i]).map(|i| (i, values[i]));
+                    seen.push((plan.graph.node(id).ty.shape[axis], changes.collect()));
+                }
+                return Err(not_a_product(node.name.clone(), axis, symbols, &seen));
+            };
+            dims.push(dim);
         }
         shapes.insert(id, dims);
     }
@@ -421,7 +456,7 @@ fn not_a_product(
     node: String,
     axis: usize,
     symbols: &[DimRange],
-    seen: &[(usize, &[(usize, usize)])],
+    seen: &[(usize, Vec<(usize, usize)>)],
 ) -> SymbolicError {
     let at = |changes: &[(usize, usize)]| -> String {
         symbols

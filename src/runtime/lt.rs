@@ -434,6 +434,11 @@ impl Lt {
         }
     }
 
+    /// Runs `gemm` with the algorithm `like` runs (the same product, prepared again).
+    pub(super) fn same_algo(gemm: &mut LtGemm, like: &LtGemm) {
+        gemm.algo = like.algo;
+    }
+
     /// Runs `gemm` with a cached algorithm if it still fits this GEMM and library.
     pub(super) fn restore(&self, gemm: &mut LtGemm, cached: &CachedAlgo) -> bool {
         let fits = self.check(gemm, &cached.algo);

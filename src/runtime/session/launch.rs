@@ -60,14 +60,19 @@ impl Launch {
     }
 }
 
-/// Whether a session's kernels may be launched with programmatic dependent launch on a GPU of
-/// compute capability `major`: only when `FUSEC_PDL=1` asks for it, on sm_90 and later (each
-/// kernel also has to start with the wait for its predecessor: [`waits_for_predecessor`]).
-/// Off by default: on the H100 it made step-by-step runs (no CUDA graph) 10–25 % faster, but
-/// CUDA-graph replays — how sessions run by default — no faster, and the Llama-style decoder
-/// at 8×128 fp16 9 % slower (`benches/NOTES.md`).
-pub(super) fn programmatic_launch_wanted(major: i32) -> bool {
-    major >= 9 && std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "1")
+/// Whether a session's kernels are launched with programmatic dependent launch on a GPU of
+/// compute capability `major`: on sm_90 and later where the session asks for it
+/// ([`super::SessionOptions::programmatic_launch`]: a generator's one-token steps), unless
+/// `FUSEC_PDL` says otherwise (`1` on, `0` off, for every session). Each kernel also has to
+/// start with the wait for its predecessor ([`waits_for_predecessor`]).
+pub(super) fn programmatic_launch_wanted(major: i32, asked: bool) -> bool {
+    let knob = std::env::var("FUSEC_PDL").ok();
+    major >= 9
+        && match knob.as_deref().map(str::trim) {
+            Some("1") => true,
+            Some("0") => false,
+            _ => asked,
+        }
 }
 
 /// Whether a kernel for a few rows (`codegen::skinny`) is launched with programmatic dependent

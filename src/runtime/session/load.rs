@@ -74,7 +74,7 @@ impl Session {
         let weights_ptr = weights.device_ptr(&stream).0;
         // One module per function, however many steps run it.
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
-        let pdl = programmatic_launch_wanted(major);
+        let pdl = programmatic_launch_wanted(major, options.programmatic_launch);
         let top = crate::ir::tops(&header.ranges);
         // Whether an operand's location lies inside the bundle's memory.
         let inside = |location: Location| match location {
@@ -320,7 +320,8 @@ impl Session {
 /// here, not a copy out of bounds later.
 pub(super) fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> Result<(), RuntimeError> {
     for r in &header.ranges {
-        if r.low == 0 || r.low > r.high {
+        // 0 at the low end only: a cache's length (nothing cached).
+        if r.high == 0 || r.low > r.high {
             return Err(RuntimeError::Driver(format!(
                 "the bundle's range {}={}..{} is not a range of sizes",
                 r.symbol, r.low, r.high
@@ -328,6 +329,13 @@ pub(super) fn check_io(header: &crate::bundle::Header, weights_bytes: usize) -> 
         }
     }
     let top = crate::ir::tops(&header.ranges);
+    // A sum of others (`total=past+seq`) is its parts' sizes added, at the top as everywhere.
+    if crate::ir::with_sums(&header.ranges, &top).as_ref() != Some(&top) {
+        return Err(RuntimeError::Driver(format!(
+            "the bundle's ranges ({}) name a sum that is not its parts' sizes added",
+            crate::ir::ranges_text(&header.ranges)
+        )));
+    }
     for (spec, kind) in
         header.inputs.iter().map(|s| (s, "input")).chain(header.outputs.iter().map(|s| (s, "output")))
     {

@@ -63,6 +63,14 @@ impl Session {
                 self.ranges.len()
             )));
         }
+        // A sum of others (`total=past+seq`) is its parts' sizes added, whatever was given.
+        let summed = crate::ir::with_sums(&self.ranges, values).ok_or_else(|| {
+            RuntimeError::Input("the bundle's ranges name a sum of dims it does not have".into())
+        })?;
+        let values = summed.as_slice();
+        if values == self.point.as_slice() {
+            return Ok(());
+        }
         for (range, &n) in self.ranges.iter().zip(values) {
             if n < range.low || n > range.high {
                 return Err(RuntimeError::Input(format!(
@@ -125,7 +133,38 @@ impl Session {
         top.iter()
             .map(|step| {
                 Ok(match step {
-                    Loaded::Kernel(launch) | Loaded::Absorbed(launch) => Loaded::Kernel(launch.at(values)?),
+                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
+                    // A norm the (static) GEMM after it takes in, as at the top.
+                    Loaded::Absorbed(launch) => Loaded::Absorbed(launch.at(values)?),
+                    // A product of the same sizes at every point: the top's choices (its
+                    // algorithm, or the kernel for a few rows with the norm it takes in).
+                    Loaded::Gemm { gemm, epilogue, on_cublas, lt, skinny, on_skinny, absorbs }
+                        if gemm.dims.is_none() =>
+                    {
+                        let prepared = match (lt, self.lt.as_ref()) {
+                            (Some(top), Some(handle)) => {
+                                let bias = gemm.lt_epilogue.and_then(|e| e.bias).map(|b| self.address(b));
+                                let mut p = handle.prepare(gemm, bias).ok_or_else(|| {
+                                    RuntimeError::Driver(format!(
+                                        "cuBLASLt has no algorithm for the {}x{}x{} GEMM",
+                                        gemm.m, gemm.n, gemm.k
+                                    ))
+                                })?;
+                                lt::Lt::same_algo(&mut p, top);
+                                Some(Box::new(p))
+                            }
+                            _ => None,
+                        };
+                        Loaded::Gemm {
+                            gemm: gemm.clone(),
+                            epilogue: epilogue.clone(),
+                            on_cublas: *on_cublas,
+                            lt: prepared,
+                            skinny: skinny.clone(),
+                            on_skinny: *on_skinny,
+                            absorbs: *absorbs,
+                        }
+                    }
                     Loaded::Conv { spec, call, epilogue, spare } => {
                         let call = match spec.batch {
                             Some(_) => std::sync::Arc::new(self.conv_at(spec, values)?),
@@ -177,7 +216,7 @@ impl Session {
                                 );
                             }
                         }
-                        // A program for ranges has no kernel for a few rows (its sizes vary).
+                        // Sizes that vary have no kernel for a few rows.
                         Loaded::Gemm {
                             gemm,
                             epilogue,
