@@ -82,11 +82,12 @@ impl CacheLayout {
         let tokens = input(TOKENS)?;
         let (mask, positions) = (input(MASK)?, input(POSITIONS)?);
         if inputs.iter().any(|s| s.dims.is_some()) {
-            return Err(format!(
+            return Err(
                 "the bundle is compiled for ranges of sizes, and a generator runs a step compiled for one \
                  batch and one cache capacity (give the ONNX file, or compile with --dim batch=B --dim seq=1 \
                  --dim past=P --dim total=past+seq)"
-            ));
+                    .to_string(),
+            );
         }
         let [batch, seq] = tokens.shape[..] else {
             return Err(format!("'{TOKENS}' is {:?}, not [batch, seq]", tokens.shape));
