@@ -313,11 +313,22 @@ fn a_dim_can_be_the_sum_of_two() {
     let loaded = fusec::Bundle::load(&bundle).unwrap();
     let shape = |name: &str| loaded.header.inputs.iter().find(|i| i.name == name).unwrap().shape.clone();
     assert_eq!((shape("attention_mask"), shape("past_key_values.0.key")), (vec![1, 8], vec![1, 4, 7, 16]));
-    let args = step("past=1..7");
+    // A range of cache lengths: the sum a range of its own, shown with its parts.
+    let args = step("past=0..7");
     let out = fusec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("total=past+1 (1..8)"), "{}", text(&out.stdout));
+    let loaded = fusec::Bundle::load(&bundle).unwrap();
+    let sum = &loaded.header.ranges[1];
+    assert_eq!((sum.symbol.as_str(), sum.sum.clone(), sum.offset), ("total", vec!["past".to_string()], 1));
+    // A part not given, and a size of 0 for a dim that is not a cache's length: errors.
+    let args = ["inspect", model.to_str().unwrap(), "--dim", "seq=1", "--dim", "total=past+seq"];
+    let out = fusec(&args);
     assert!(!out.status.success());
-    let err = text(&out.stderr);
-    assert!(err.contains("past is a range (1..7)") && err.contains("--dim past=7"), "{err}");
+    assert!(text(&out.stderr).contains("give past a size"), "{}", text(&out.stderr));
+    let out = fusec(&["inspect", model.to_str().unwrap(), "--dim", "batch=0..4"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("at least 1"), "{}", text(&out.stderr));
 }
 
 #[test]

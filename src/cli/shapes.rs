@@ -35,9 +35,20 @@ pub fn io_json(
         .collect()
 }
 
-/// Ranges of sizes as JSON: [{`name`, `low`, `high`}].
+/// Ranges of sizes as JSON: [{`name`, `low`, `high`}], and for a sum of others (`total=past+seq`)
+/// `sum` (the parts given ranges) and `offset` (the parts of one size, added).
 pub fn ranges_json(ranges: &[fusec::ir::DimRange]) -> serde_json::Value {
-    ranges.iter().map(|r| serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high})).collect()
+    ranges
+        .iter()
+        .map(|r| {
+            let mut range = serde_json::json!({"name": r.symbol, "low": r.low, "high": r.high});
+            if r.is_sum() {
+                range["sum"] = serde_json::json!(r.sum);
+                range["offset"] = serde_json::json!(r.offset);
+            }
+            range
+        })
+        .collect()
 }
 
 /// The distinct kernel functions of a bundle's program (the kernels for a few rows that GEMM

@@ -75,13 +75,6 @@ pub(super) fn programmatic_launch_wanted(major: i32, asked: bool) -> bool {
         }
 }
 
-/// Whether a kernel for a few rows (`codegen::skinny`) is launched with programmatic dependent
-/// launch: on sm_90 and later unless `FUSEC_PDL=0`. Its first packs of weights are requested
-/// before it waits for the kernel before it, so their latency overlaps that kernel's end.
-pub(super) fn skinny_programmatic(major: i32) -> bool {
-    major >= 9 && !std::env::var("FUSEC_PDL").is_ok_and(|v| v.trim() == "0")
-}
-
 /// Whether kernel `source` begins with the wait for its predecessor (bundles written before
 /// the wait was added do not).
 pub(super) fn waits_for_predecessor(source: &KernelSource) -> bool {

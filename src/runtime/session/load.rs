@@ -10,9 +10,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::super::dnn::{self, ConvCall, Dnn};
 use super::io::staging;
-use super::launch::{
-    device_address, programmatic_launch_wanted, skinny_programmatic, waits_for_predecessor, Launch, Loaded,
-};
+use super::launch::{device_address, programmatic_launch_wanted, waits_for_predecessor, Launch, Loaded};
 use super::{blas, driver, driver_available, lt, RuntimeError, Session, SessionOptions};
 use crate::bundle::Bundle;
 use crate::codegen::{KernelSource, Step};
@@ -197,8 +195,11 @@ impl Session {
                     let skinny = match (tune && prepared.is_some(), skinny) {
                         (true, Some(source)) => {
                             let mut launch = load(source)?;
+                            // On by default (`FUSEC_PDL=0` turns it off): its first packs
+                            // of weights are requested before it waits for the kernel before
+                            // it, so their latency overlaps that kernel's end.
                             launch.programmatic |=
-                                skinny_programmatic(major) && waits_for_predecessor(source);
+                                programmatic_launch_wanted(major, true) && waits_for_predecessor(source);
                             Some(launch)
                         }
                         _ => None,
