@@ -53,21 +53,23 @@ __device__ __forceinline__ void cluster_sync() {}
 #endif
 
 // Each block's `n` values at `v` (shared memory, n <= 16, the same in every thread) combined
-// across the cluster, in rank order: added (`max_of` false) or their maximum, back into `v`.
+// across the cluster, in rank order: value i added, or where bit i of `max_of` is set their
+// maximum, back into `v`.
 // `exchange` is shared room for 2 x 16 values, `phase` which half this exchange uses (flipped
 // here): a block writes one half while another may still read the other from the exchange
 // before, which the barrier between them has made safe. Ends synchronised.
-__device__ void across(double* v, int n, bool max_of, double* exchange, int& phase) {
+__device__ void across(double* v, int n, unsigned max_of, double* exchange, int& phase) {
 #if SAMPLE_CLUSTER > 1
     double* mine = exchange + 16 * phase;
     phase ^= 1;
     if ((int)threadIdx.x < n) mine[threadIdx.x] = v[threadIdx.x];
     cluster_sync();
     if ((int)threadIdx.x < n) {
-        double acc = max_of ? -1.0 : 0.0;
+        const bool max = ((max_of >> threadIdx.x) & 1u) != 0;
+        double acc = max ? -1.0 : 0.0;
         for (unsigned r = 0; r < SAMPLE_CLUSTER; ++r) {
             const double x = *cluster_map(mine + threadIdx.x, r);
-            acc = max_of ? (r == 0 ? x : fmax(acc, x)) : acc + x;
+            acc = max ? (r == 0 ? x : fmax(acc, x)) : acc + x;
         }
         v[threadIdx.x] = acc;
     }
@@ -141,35 +143,34 @@ struct Cluster {
     int phase;
 };
 
-// A value every thread of the block holds, combined over the row's blocks (added, or the
-// maximum): the row's figure, in every thread of every block.
-__device__ double row_total(double block_value, bool max_of, Cluster& c) {
+// `N` values every thread of the block holds (N <= 16), combined over the row's blocks in one
+// exchange (value i added, or where bit i of `max_of` is set the maximum): the row's figures,
+// in every thread of every block.
+template <int N>
+__device__ void row_totals(double (&values)[N], unsigned max_of, Cluster& c) {
 #if SAMPLE_CLUSTER > 1
-    if (threadIdx.x == 0) c.value[0] = block_value;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) c.value[i] = values[i];
+    }
     __syncthreads();
-    across(c.value, 1, max_of, c.exchange, c.phase);
-    const double v = c.value[0];
+    across(c.value, N, max_of, c.exchange, c.phase);
+#pragma unroll
+    for (int i = 0; i < N; ++i) values[i] = c.value[i];
     __syncthreads();
-    return v;
-#else
-    return block_value;
 #endif
+}
+
+// One value every thread of the block holds, combined over the row's blocks (added, or the
+// maximum).
+__device__ double row_total(double block_value, bool max_of, Cluster& c) {
+    double v[1] = {block_value};
+    row_totals(v, max_of ? 1u : 0u, c);
+    return v[0];
 }
 
 __device__ __forceinline__ double weight(const Row& r, float v) {
     return exp(((double)v - (double)r.top) / r.temperature);
-}
-
-// Tokens of the row with a key of at least `t` (t = 2^32: none).
-__device__ unsigned long long count_from(const Row& r, unsigned long long t, unsigned long long* scratch, Cluster& c) {
-    unsigned long long n = 0;
-    for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
-        bool valid;
-        const unsigned int k = key_of(r.x[i], valid);
-        n += (valid && k >= t) ? 1ull : 0ull;
-    }
-    // Counts are at most a row's width: exact in a double.
-    return (unsigned long long)row_total((double)block_count(n, scratch), false, c);
 }
 
 // The weight of the row's tokens with a key of at least `t`.
@@ -182,6 +183,53 @@ __device__ double weight_from(const Row& r, unsigned long long t, double* scratc
         if (valid && k >= t) w += r.w[i];
     }
     return row_total(block_sum(w, scratch), false, c);
+}
+
+// Three figures of the row at key `t`, from one pass and one exchange: the tokens with a key
+// of at least `t`, those with a key above it, and the weight of those above it (summed in the
+// order `weight_from` sums it). `scratch`: room for 3 x 32 values.
+struct Figures {
+    unsigned long long from;
+    unsigned long long above;
+    double weight_above;
+};
+
+__device__ Figures figures_at(const Row& r, unsigned long long t, double* scratch, Cluster& c) {
+    unsigned long long from = 0, above = 0;
+    double w = 0.0;
+    for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
+        bool valid;
+        const unsigned int k = key_of(r.x[i], valid);
+        if (valid && k >= t) {
+            from += 1;
+            if (k > t) {
+                above += 1;
+                w += r.w[i];
+            }
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        from += __shfl_xor_sync(0xffffffffu, from, o);
+        above += __shfl_xor_sync(0xffffffffu, above, o);
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = (double)from;
+        scratch[32 + warp] = (double)above;
+        scratch[64 + warp] = w;
+    }
+    __syncthreads();
+    const bool mine = lane < (int)(blockDim.x >> 5);
+    double v[3] = {mine ? scratch[lane] : 0.0, mine ? scratch[32 + lane] : 0.0, mine ? scratch[64 + lane] : 0.0};
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+    }
+    // Counts are at most a row's width: exact in a double.
+    row_totals(v, 0u, c);
+    return Figures{(unsigned long long)v[0], (unsigned long long)v[1], v[2]};
 }
 
 // One halving step of a warp's sums of `2 * HALF` values a lane: lanes `2 * HALF` apart
@@ -312,9 +360,13 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
             valid_count += 1;
         }
     }
-    best = (unsigned int)row_total((double)block_max(best, counts), true, c);
-    least = ~(unsigned int)row_total((double)block_max(~least, counts), true, c);
-    valid_count = (unsigned long long)row_total((double)block_count(valid_count, counts), false, c);
+    // The three in one exchange: two maxima, a count.
+    double first[3] = {(double)block_max(best, counts), (double)block_max(~least, counts),
+                       (double)block_count(valid_count, counts)};
+    row_totals(first, 3u, c);
+    best = (unsigned int)first[0];
+    least = ~(unsigned int)first[1];
+    valid_count = (unsigned long long)first[2];
     if (valid_count == 0) {
         if (threadIdx.x == 0 && rank == 0) out[row] = 0;
         cluster_sync();
@@ -324,15 +376,19 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) r.w[i] = weight(r, r.x[i]);
     __syncthreads();
     // The kept set: every key above `last`, and the first `ties` (by id) of the keys equal to
-    // it. To begin with, all of them.
-    unsigned long long last = least, ties = valid_count - count_from(r, (unsigned long long)least + 1, counts, c);
+    // it (all of them where neither search runs); `at_last`: the figures at `last`.
+    unsigned long long last = least, ties = 0;
+    bool found = false;
+    Figures at_last{0, 0, 0.0};
     if (mode == 1 && k < valid_count) {
         // The largest t with at least k keys from it: the k-th largest key.
         const double kk = (double)k;
         const unsigned long long t =
             largest_from(r, false, [kk](double n) { return n >= kk; }, digit, warp_digits, c);
         last = t;
-        ties = k - count_from(r, t + 1, counts, c);
+        at_last = figures_at(r, last, warp_digits, c);
+        found = true;
+        ties = k - at_last.above;
     } else if (mode == 2) {
         const double total = weight_from(r, 0, sums, c);
         // The largest t whose keys from it hold at least p of the weight (an existing key);
@@ -341,8 +397,10 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
             const unsigned long long t =
                 largest_from(r, true, [total, p](double w) { return w / total >= p; }, digit, warp_digits, c);
             last = t < least ? least : t;
-            const unsigned long long equal = count_from(r, last, counts, c) - count_from(r, last + 1, counts, c);
-            const double above = weight_from(r, last + 1, sums, c), w = weight(r, value_of((unsigned int)last));
+            at_last = figures_at(r, last, warp_digits, c);
+            found = true;
+            const unsigned long long equal = at_last.from - at_last.above;
+            const double above = at_last.weight_above, w = weight(r, value_of((unsigned int)last));
             // The fewest ties that reach p (each of weight w), at least one, at most all.
             unsigned long long j = equal;
             if (w > 0.0) {
@@ -354,15 +412,19 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
             ties = j;
         }
     }
+    if (!found) {
+        at_last = figures_at(r, last, warp_digits, c);
+        ties = valid_count - at_last.above;
+    }
     // Few candidates (every key from `last`): sort them as the host does (key down, id up),
     // add the kept ones' weights in that order and walk them with the draw.
     __shared__ unsigned int cand_key[CANDIDATES];
     __shared__ unsigned int cand_id[CANDIDATES];
     __shared__ double cand_w[CANDIDATES];
     __shared__ unsigned int cand_n;
-    const unsigned long long candidates = count_from(r, last, counts, c);
+    const unsigned long long candidates = at_last.from;
     if (candidates <= CANDIDATES) {
-        const unsigned int kept_n = (unsigned int)(count_from(r, last + 1, counts, c) + ties);
+        const unsigned int kept_n = (unsigned int)(at_last.above + ties);
         if (threadIdx.x == 0) cand_n = 0;
         __syncthreads();
         for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) {
@@ -441,15 +503,16 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
         return;
     }
     const double w_last = weight(r, value_of((unsigned int)last));
-    const double kept = weight_from(r, last + 1, sums, c) + (double)ties * w_last;
+    const double kept = at_last.weight_above + (double)ties * w_last;
     const double target = draws[row] * kept;
     // The pick's key: the largest t whose keys from it weigh more than the target, where that
     // is above `last` (every token from it kept); else `last`.
     unsigned long long t =
         largest_from(r, true, [target](double w) { return w > target; }, digit, warp_digits, c);
     if (t <= last) t = last;
-    const double above = weight_from(r, t + 1, sums, c), w = weight(r, value_of((unsigned int)t));
-    const unsigned long long equal = count_from(r, t, counts, c) - count_from(r, t + 1, counts, c);
+    const Figures at_t = figures_at(r, t, warp_digits, c);
+    const double above = at_t.weight_above, w = weight(r, value_of((unsigned int)t));
+    const unsigned long long equal = at_t.from - at_t.above;
     const unsigned long long available = t == last ? ties : equal;
     unsigned long long j = 0;
     if (w > 0.0) {
