@@ -128,9 +128,9 @@ pub struct SessionOptions {
     pub sizes_kept: usize,
     /// Launch the generated kernels with programmatic dependent launch (sm_90 and later):
     /// each may be scheduled while the one before it finishes. On for a generator's one-token
-    /// steps (GPT-2 small fp16 at batch 1 on an H100: 0.418 → 0.399 ms a token), off
+    /// steps (GPT-2 small fp16 at batch 1 on an H100: 0.418 → 0.404 ms a token), off
     /// elsewhere (forward passes replayed as CUDA graphs were no faster, the Llama-style
-    /// decoder at 8×128 9 % slower: `benches/NOTES.md`). `FUSEC_PDL=1` or `0` overrides it.
+    /// decoder at 8×128 5–9 % slower: `benches/NOTES.md`). `FUSEC_PDL=1` or `0` overrides it.
     pub programmatic_launch: bool,
 }
 
