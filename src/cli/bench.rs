@@ -646,3 +646,27 @@ impl Bench {
         Ok(ExitCode::SUCCESS)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_point;
+    use fusec::bundle::BundleRange;
+
+    /// A step for a range of cache lengths: `--sizes` gives the parts (or every range); a sum
+    /// is its parts' sizes added, and a point outside a range is an error naming it.
+    #[test]
+    fn sizes_of_a_bundle_with_a_sum_of_dims() {
+        let mut total = BundleRange::new("total", 1, 2048);
+        total.sum = vec!["past".into()];
+        total.offset = 1;
+        let ranges = [BundleRange::new("batch", 1, 8), BundleRange::new("past", 0, 2047), total];
+        assert_eq!(parse_point("1x128", &ranges).unwrap(), [1, 128, 129]);
+        assert_eq!(parse_point("8x0x1", &ranges).unwrap(), [8, 0, 1]);
+        let err = parse_point("1x128x130", &ranges).unwrap_err().to_string();
+        assert!(err.contains("not its parts' sizes added"), "{err}");
+        let err = parse_point("9x128", &ranges).unwrap_err().to_string();
+        assert!(err.contains("batch=9 is outside"), "{err}");
+        let err = parse_point("1", &ranges).unwrap_err().to_string();
+        assert!(err.contains("1 sizes for the bundle's 3 ranges"), "{err}");
+    }
+}
