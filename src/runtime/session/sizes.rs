@@ -130,12 +130,12 @@ impl Session {
     pub(super) fn steps_at(&self, top: &[Loaded], values: &[usize]) -> Result<Vec<Loaded>, RuntimeError> {
         // GEMM algorithms timed before at these shapes, on this GPU ([`Session::tune_point`]).
         let cache = self.tune.then(|| lt::AlgoCache::open(nvrtc::cache_dir(), &self.device_name));
-        top.iter()
+        let mut steps = top
+            .iter()
             .map(|step| {
                 Ok(match step {
-                    Loaded::Kernel(launch) => Loaded::Kernel(launch.at(values)?),
-                    // A norm the (static) GEMM after it takes in, as at the top.
-                    Loaded::Absorbed(launch) => Loaded::Absorbed(launch.at(values)?),
+                    // A norm a GEMM after it may take in: left out below where it does.
+                    Loaded::Kernel(launch) | Loaded::Absorbed(launch) => Loaded::Kernel(launch.at(values)?),
                     // A product of the same sizes at every point: the top's choices (its
                     // algorithm, or the kernel for a few rows with the norm it takes in).
                     Loaded::Gemm { gemm, epilogue, on_cublas, lt, skinny, on_skinny, absorbs }
@@ -229,6 +229,20 @@ impl Session {
                     }
                 })
             })
-            .collect()
+            .collect::<Result<Vec<Loaded>, RuntimeError>>()?;
+        // Each norm a GEMM's kernel for a few rows runs is left out, as at the top.
+        let absorbed: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Loaded::Gemm { on_skinny: true, absorbs: Some(j), .. } => Some(*j),
+                _ => None,
+            })
+            .collect();
+        for j in absorbed {
+            if let Some(Loaded::Kernel(launch)) = steps.get(j) {
+                steps[j] = Loaded::Absorbed(launch.clone());
+            }
+        }
+        Ok(steps)
     }
 }
