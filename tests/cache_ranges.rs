@@ -6,32 +6,28 @@ mod common;
 
 use std::collections::HashMap;
 
-use fusec::import::{DimSpec, ImportOptions, InputSpec};
+use fusec::import::{DimSpec, ImportOptions};
 use fusec::ir::DType;
 use fusec::CompileOptions;
 
 const DECODERS: [&str; 2] = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"];
 
-/// `batch` and `past` given ranges, one token a step, `total` their sum.
-fn range_options(batch: &str, past: &str, precision: DType) -> CompileOptions {
-    let dims: Vec<DimSpec> =
-        [format!("batch={batch}"), "seq=1".into(), format!("past={past}"), "total=past+seq".into()]
-            .iter()
-            .map(|d| d.parse().unwrap())
-            .collect();
+/// Options for `dims` (`--dim` specs, sums resolved) in `precision`.
+fn options(dims: &[&str], precision: DType) -> CompileOptions {
+    let dims: Vec<DimSpec> = dims.iter().map(|d| d.parse().unwrap()).collect();
     let dims = fusec::import::resolve_sums(dims).unwrap();
     CompileOptions { import: ImportOptions::new(vec![], dims), precision, ..Default::default() }
 }
 
-/// The inputs of `file` at `batch` sequences of one token after `past` cached positions.
-fn inputs_at(file: &str, batch: usize, past: usize) -> ImportOptions {
-    let dims: Vec<DimSpec> =
-        [format!("batch={batch}"), "seq=1".into(), format!("past={past}"), format!("total={}", past + 1)]
-            .iter()
-            .map(|d| d.parse().unwrap())
-            .collect();
-    let _ = file;
-    ImportOptions::new(Vec::<InputSpec>::new(), dims)
+/// `batch` and `past` given ranges, one token a step, `total` their sum.
+fn range_options(batch: &str, past: &str, precision: DType) -> CompileOptions {
+    options(&[&format!("batch={batch}"), "seq=1", &format!("past={past}"), "total=past+seq"], precision)
+}
+
+/// The inputs of a decoder at `batch` sequences of one token after `past` cached positions.
+fn inputs_at(batch: usize, past: usize) -> ImportOptions {
+    options(&[&format!("batch={batch}"), "seq=1", &format!("past={past}"), "total=past+seq"], DType::F32)
+        .import
 }
 
 /// The program for the ranges has the cache's length as a dim (`past`) and the mask's and
@@ -62,7 +58,7 @@ fn a_step_for_a_range_of_cache_lengths_matches_tract_at_each() {
                 let graph = plan
                     .instantiate(symbolic, &values)
                     .unwrap_or_else(|e| panic!("{file} at {batch}, {past}: {e}"));
-                let model = fusec::import::import(&path, &inputs_at(file, batch, past)).unwrap();
+                let model = fusec::import::import(&path, &inputs_at(batch, past)).unwrap();
                 let inputs = common::random_inputs(&model, 40 + k as u64);
                 let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
                 let ours = fusec::ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -97,14 +93,14 @@ fn a_bundle_for_cache_lengths_takes_the_sum_from_its_parts() {
     bundle.save(&path).unwrap();
     let loaded = fusec::Bundle::load(&path).unwrap();
     assert_eq!(loaded.header.ranges, h.ranges);
-    let model = fusec::import::import(&common::model_path(file), &inputs_at(file, 3, 17)).unwrap();
+    let model = fusec::import::import(&common::model_path(file), &inputs_at(3, 17)).unwrap();
     let mut inputs = common::random_inputs(&model, 5);
     let point = fusec::bundle::input_point(&h.inputs, &h.ranges, &inputs).unwrap();
     assert_eq!(point, [3, 17, 18]);
     // A mask one column short of past + 1.
     let mask = inputs.iter_mut().find(|(n, _)| n == "attention_mask").unwrap();
     let short = common::random_inputs(
-        &fusec::import::import(&common::model_path(file), &inputs_at(file, 3, 16)).unwrap(),
+        &fusec::import::import(&common::model_path(file), &inputs_at(3, 16)).unwrap(),
         5,
     );
     mask.1 = short.into_iter().find(|(n, _)| n == "attention_mask").unwrap().1;
@@ -120,24 +116,15 @@ fn a_bundle_for_cache_lengths_takes_the_sum_from_its_parts() {
 fn a_prompt_step_with_nothing_cached_serves_a_range_of_prompt_lengths() {
     for file in DECODERS {
         let path = common::model_path(file);
-        let dims: Vec<DimSpec> =
-            ["batch=2", "seq=1..16", "past=0", "total=past+seq"].iter().map(|d| d.parse().unwrap()).collect();
-        let options = CompileOptions {
-            import: ImportOptions::new(vec![], fusec::import::resolve_sums(dims).unwrap()),
-            ..Default::default()
-        };
-        let plan = fusec::pipeline::plan_range(&path, &options).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let prompt = options(&["batch=2", "seq=1..16", "past=0", "total=past+seq"], DType::F32);
+        let plan = fusec::pipeline::plan_range(&path, &prompt).unwrap_or_else(|e| panic!("{file}: {e}"));
         let symbolic = plan.symbolic.as_ref().unwrap();
         for (k, seq) in [1usize, 5, 16].into_iter().enumerate() {
             let values = [seq, seq];
             let graph =
                 plan.instantiate(symbolic, &values).unwrap_or_else(|e| panic!("{file} at {seq}: {e}"));
-            let dims: Vec<DimSpec> =
-                ["batch=2".to_string(), format!("seq={seq}"), "past=0".into(), format!("total={seq}")]
-                    .iter()
-                    .map(|d| d.parse().unwrap())
-                    .collect();
-            let model = fusec::import::import(&path, &ImportOptions::new(vec![], dims)).unwrap();
+            let at = options(&["batch=2", &format!("seq={seq}"), "past=0", "total=past+seq"], DType::F32);
+            let model = fusec::import::import(&path, &at.import).unwrap();
             let inputs = common::random_inputs(&model, 60 + k as u64);
             let feeds: HashMap<_, _> = inputs.iter().cloned().collect();
             let ours = fusec::ir::evaluate(&graph, &feeds).unwrap_or_else(|e| panic!("{file} at {seq}: {e}"));
@@ -157,12 +144,7 @@ fn a_prompt_step_with_nothing_cached_serves_a_range_of_prompt_lengths() {
 /// where the prompt starts), not compiled wrong.
 #[test]
 fn a_range_of_prompt_lengths_after_a_range_of_cache_lengths_is_an_error_naming_the_mask() {
-    let dims: Vec<DimSpec> = ["batch=2", "seq=1..16", "past=1..300", "total=past+seq"]
-        .iter()
-        .map(|d| d.parse().unwrap())
-        .collect();
-    let dims = fusec::import::resolve_sums(dims).unwrap();
-    let options = CompileOptions { import: ImportOptions::new(vec![], dims), ..Default::default() };
+    let options = options(&["batch=2", "seq=1..16", "past=1..300", "total=past+seq"], DType::F32);
     let Err(err) = fusec::pipeline::plan_range(&common::model_path(DECODERS[0]), &options) else {
         panic!("a range of prompt lengths after a range of cache lengths was planned");
     };
@@ -196,13 +178,8 @@ fn gpu() -> bool {
 
 /// A bundle compiled from `dims` (sums resolved).
 fn bundle(file: &str, dims: &[&str], precision: DType) -> fusec::Bundle {
-    let dims: Vec<DimSpec> = dims.iter().map(|d| d.parse().unwrap()).collect();
-    let options = CompileOptions {
-        import: ImportOptions::new(vec![], fusec::import::resolve_sums(dims).unwrap()),
-        precision,
-        ..Default::default()
-    };
-    fusec::compile(&common::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
+    fusec::compile(&common::model_path(file), &options(dims, precision))
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
 /// One bundle for batches 1..4 and caches of 0..300 positions runs on the GPU at points in
@@ -228,7 +205,7 @@ fn a_bundle_for_cache_lengths_runs_every_step_on_the_gpu() {
                 &[(2, 17), (1, 0), (4, 300), (3, 150), (2, 17), (1, 1)]
             };
             for (k, &(batch, past)) in points.iter().enumerate() {
-                let model = fusec::import::import(&path, &inputs_at(file, batch, past)).unwrap();
+                let model = fusec::import::import(&path, &inputs_at(batch, past)).unwrap();
                 let inputs = common::random_inputs(&model, 70 + k as u64);
                 let ours = session.run(&inputs).unwrap_or_else(|e| panic!("{file} at {batch}, {past}: {e}"));
                 let expected: Vec<usize> =

@@ -184,8 +184,8 @@ pub fn plan_symbolic(path: &Path, options: &CompileOptions) -> Result<(Plan, Sym
     .into_iter()
     .collect::<Result<_, _>>()?;
     let planned = clock.elapsed().as_secs_f64();
-    let fitted: Vec<(&[usize], &Plan)> =
-        checks.iter().take(moved.len()).map(|(i, c)| (points[*i].as_slice(), &c.plan)).collect();
+    let fitted: Vec<(usize, &[usize], &Plan)> =
+        checks.iter().zip(&moved).map(|((i, c), &dim)| (dim, points[*i].as_slice(), &c.plan)).collect();
     let shapes = fit(&base, &symbols, &fitted)?;
     let symbolic = SymbolicShapes::new(symbols.clone(), decided.clone(), shapes);
     for (i, c) in &checks {
@@ -387,12 +387,12 @@ fn counterparts(a: &Plan, b: &Plan) -> HashMap<NodeId, NodeId> {
 
 /// Each size of `base` (every symbol at the top of its range) as a [`SymDim`], its powers
 /// from `moved`: the plans with one dim moved to its [`probe`] each (and the sums of it with
-/// it), with every dim's size there. A sum's power is tried first at 0, then up: the first
+/// it): the dim, every dim's size there, the plan. A sum's power is tried first at 0, then up: the first
 /// powers that give every moved plan's size.
 fn fit(
     base: &Plan,
     symbols: &[DimRange],
-    moved: &[(&[usize], &Plan)],
+    moved: &[(usize, &[usize], &Plan)],
 ) -> Result<HashMap<NodeId, Vec<SymDim>>, SymbolicError> {
     let high = tops(symbols);
     let sums: Vec<usize> = (0..symbols.len()).filter(|&i| symbols[i].is_sum()).collect();
@@ -417,8 +417,7 @@ fn fit(
                 }
                 // Each moved dim's power: seen / top = Π (value there / high)^power, for the
                 // one whole power of the moved dim that fits with the sums' powers fixed.
-                for (values, plan) in moved {
-                    let i = (0..symbols.len()).find(|&i| !symbols[i].is_sum() && values[i] != high[i])?;
+                for &(i, values, plan) in moved {
                     let seen = plan.graph.node(id).ty.shape[axis] as u128;
                     let (mut lhs, mut rhs) = (seen, top as u128);
                     for &j in &sums {
@@ -438,7 +437,7 @@ fn fit(
             });
             let Some(dim) = found else {
                 let mut seen: Vec<(usize, Vec<(usize, usize)>)> = vec![(top, Vec::new())];
-                for (values, plan) in moved {
+                for (_, values, plan) in moved {
                     let changes =
                         (0..symbols.len()).filter(|&i| values[i] != high[i]).map(|i| (i, values[i]));
                     seen.push((plan.graph.node(id).ty.shape[axis], changes.collect()));
