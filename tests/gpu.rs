@@ -435,6 +435,21 @@ fn cuda_graph_replay_matches_step_by_step() {
         fusec::runtime::SessionOptions { cuda_graph: false, ..Default::default() },
     )
     .unwrap();
+    // Programmatic dependent launch: timed both ways at load where it can be used (sm_90 and
+    // later, `FUSEC_PDL` unset), never without a graph; forced on, the same outputs.
+    let mut programmatic = Session::with_options(
+        &bundle,
+        0,
+        fusec::runtime::SessionOptions { programmatic_launch: true, ..Default::default() },
+    )
+    .unwrap();
+    let hopper = graphed.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|a| a >= 90);
+    if hopper && std::env::var_os("FUSEC_PDL").is_none() {
+        let choice = graphed.launch_choice.expect("the launch timed both ways at load");
+        assert!(choice.plain_ms > 0.0 && choice.programmatic_ms > 0.0, "{choice:?}");
+        assert!(programmatic.launch_choice.is_none());
+    }
+    assert!(eager.launch_choice.is_none());
     for seed in [1, 2, 3] {
         let inputs = common::random_inputs(&model, seed);
         let a = graphed.run(&inputs).unwrap();
@@ -442,6 +457,7 @@ fn cuda_graph_replay_matches_step_by_step() {
         let b = eager.run(&inputs).unwrap();
         assert!(!eager.replays_graph());
         assert_eq!(a, b, "seed {seed}");
+        assert_eq!(programmatic.run(&inputs).unwrap(), b, "seed {seed}, programmatic launch");
         // Device buffers: write the input where the session reads it, run, read the output.
         let (ptr, bytes) = graphed.input_device_ptr(&inputs[0].0).unwrap();
         let data = fusec::plan::tensor_bytes(&inputs[0].1);

@@ -581,6 +581,14 @@ impl Bench {
             );
             println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
             print_gemm_choices(&fast.gemm_choices);
+            if let Some(c) = &fast.launch_choice {
+                println!(
+                    "programmatic dependent launch {} (the fused program timed as a CUDA graph: {:.4} ms without, {:.4} ms with)",
+                    if c.programmatic { "on" } else { "off" },
+                    c.plain_ms,
+                    c.programmatic_ms
+                );
+            }
             if let Some(steps) = &profile {
                 print_profile(steps);
             }
@@ -636,6 +644,9 @@ impl Bench {
                     "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
                     "skinny": c.skinny,
                 })).collect::<Vec<_>>(),
+                "programmatic_launch": fast.launch_choice.map(|c| serde_json::json!({
+                    "on": c.programmatic, "plain_ms": c.plain_ms, "programmatic_ms": c.programmatic_ms,
+                })),
                 "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
             });
             super::shapes::write_json(path, &json)?;

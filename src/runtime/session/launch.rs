@@ -24,6 +24,8 @@ pub(super) struct Launch {
     /// Launched with programmatic stream serialization: the kernel waits for the one before
     /// it itself (`fusec::grid_begin`), so it may be scheduled while that one finishes.
     pub(super) programmatic: bool,
+    /// The kernel begins with that wait ([`waits_for_predecessor`]): it may be launched so.
+    pub(super) waits: bool,
     /// How the launch follows the bundle's ranges.
     pub(super) scale: Option<crate::codegen::LaunchScale>,
     /// The kernel tiled for other points of the ranges, by tiling, and the sizes that choose
@@ -33,6 +35,15 @@ pub(super) struct Launch {
 }
 
 impl Launch {
+    /// Launched with programmatic dependent launch or not (where the kernel waits for its
+    /// predecessor), its variants for other points of the ranges alike.
+    pub(super) fn set_programmatic(&mut self, on: bool) {
+        self.programmatic = on && self.waits;
+        for (_, variant) in &mut self.variants {
+            variant.set_programmatic(on);
+        }
+    }
+
     /// The launch at the point `values` of the bundle's ranges: of the variant tiled for it,
     /// where there is one.
     pub(super) fn at(&self, values: &[usize]) -> Result<Launch, RuntimeError> {
@@ -60,19 +71,22 @@ impl Launch {
     }
 }
 
-/// Whether a session's kernels are launched with programmatic dependent launch on a GPU of
-/// compute capability `major`: on sm_90 and later where the session asks for it
-/// ([`super::SessionOptions::programmatic_launch`]: a generator's one-token steps), unless
-/// `FUSEC_PDL` says otherwise (`1` on, `0` off, for every session). Each kernel also has to
-/// start with the wait for its predecessor ([`waits_for_predecessor`]).
-pub(super) fn programmatic_launch_wanted(major: i32, asked: bool) -> bool {
-    let knob = std::env::var("FUSEC_PDL").ok();
-    major >= 9
-        && match knob.as_deref().map(str::trim) {
-            Some("1") => true,
-            Some("0") => false,
-            _ => asked,
-        }
+/// Whether a session's generated kernels are launched with programmatic dependent launch on a
+/// GPU of compute capability `major`, where that is settled before the program is timed: never
+/// before sm_90; `FUSEC_PDL=1` / `0` on or off for every session; on where the session asks
+/// for it ([`super::SessionOptions::programmatic_launch`]: a generator's one-token steps).
+/// `None`: the session times its program both ways at load and keeps the faster
+/// ([`Session::choose_programmatic`]). Each kernel also has to start with the wait for its
+/// predecessor ([`waits_for_predecessor`]).
+pub(super) fn programmatic_launch_forced(major: i32, asked: bool) -> Option<bool> {
+    if major < 9 {
+        return Some(false);
+    }
+    match std::env::var("FUSEC_PDL").ok().as_deref().map(str::trim) {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => asked.then_some(true),
+    }
 }
 
 /// Whether kernel `source` begins with the wait for its predecessor (bundles written before
@@ -118,6 +132,19 @@ pub(super) enum Loaded {
 }
 
 impl Loaded {
+    /// The generated kernels of the step whose launch the session chooses: all but a GEMM's
+    /// kernel for a few rows (launched with programmatic dependent launch wherever it may be:
+    /// its first weights are requested before its wait).
+    pub(super) fn kernels_mut(&mut self) -> Vec<&mut Launch> {
+        match self {
+            Loaded::Kernel(launch) | Loaded::Absorbed(launch) => vec![launch],
+            Loaded::Gemm { epilogue, .. } => epilogue.iter_mut().collect(),
+            Loaded::Conv { epilogue, spare, .. } => {
+                epilogue.iter_mut().chain(spare.iter_mut().map(|b| &mut **b)).collect()
+            }
+        }
+    }
+
     /// Whether a library call's epilogue runs as a kernel of its own after it.
     pub(super) fn has_epilogue(&self) -> bool {
         matches!(self, Loaded::Gemm { epilogue: Some(_), .. } | Loaded::Conv { epilogue: Some(_), .. })
@@ -276,5 +303,24 @@ pub(super) fn device_address(location: Location, arena_ptr: u64, weights_ptr: u6
     match location {
         Location::Arena(o) => arena_ptr + o as u64,
         Location::Weights(o) => weights_ptr + o as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::programmatic_launch_forced;
+
+    #[test]
+    fn programmatic_launch_is_timed_unless_settled() {
+        // Never before sm_90, whatever is asked.
+        assert_eq!(programmatic_launch_forced(8, true), Some(false));
+        assert_eq!(programmatic_launch_forced(8, false), Some(false));
+        if std::env::var_os("FUSEC_PDL").is_some() {
+            eprintln!("FUSEC_PDL is set: the default choices are not checked");
+            return;
+        }
+        assert_eq!(programmatic_launch_forced(9, true), Some(true));
+        assert_eq!(programmatic_launch_forced(9, false), None);
+        assert_eq!(programmatic_launch_forced(10, false), None);
     }
 }

@@ -10,7 +10,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::super::dnn::{self, ConvCall, Dnn};
 use super::io::staging;
-use super::launch::{device_address, programmatic_launch_wanted, waits_for_predecessor, Launch, Loaded};
+use super::launch::{device_address, programmatic_launch_forced, waits_for_predecessor, Launch, Loaded};
 use super::{blas, driver, driver_available, lt, RuntimeError, Session, SessionOptions};
 use crate::bundle::Bundle;
 use crate::codegen::{KernelSource, Step};
@@ -72,7 +72,9 @@ impl Session {
         let weights_ptr = weights.device_ptr(&stream).0;
         // One module per function, however many steps run it.
         let mut functions: HashMap<String, CudaFunction> = HashMap::new();
-        let pdl = programmatic_launch_wanted(major, options.programmatic_launch);
+        // Settled now, or (None) chosen by timing the program both ways once it is loaded.
+        let forced = programmatic_launch_forced(major, options.programmatic_launch);
+        let pdl = forced == Some(true);
         let top = crate::ir::tops(&header.ranges);
         // Whether an operand's location lies inside the bundle's memory.
         let inside = |location: Location| match location {
@@ -111,7 +113,7 @@ impl Session {
                 block_dim: (source.block, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let programmatic = pdl && waits_for_predecessor(source);
+            let waits = waits_for_predecessor(source);
             let pointers = args.len();
             Ok(Launch {
                 name: source.name.clone(),
@@ -119,7 +121,8 @@ impl Session {
                 config,
                 args,
                 pointers,
-                programmatic,
+                programmatic: pdl && waits,
+                waits,
                 scale: source.scale.clone(),
                 variants: Vec::new(),
                 attention: None,
@@ -198,8 +201,8 @@ impl Session {
                             // On by default (`FUSEC_PDL=0` turns it off): its first packs
                             // of weights are requested before it waits for the kernel before
                             // it, so their latency overlaps that kernel's end.
-                            launch.programmatic |=
-                                programmatic_launch_wanted(major, true) && waits_for_predecessor(source);
+                            launch.programmatic |= programmatic_launch_forced(major, true).unwrap_or(false)
+                                && waits_for_predecessor(source);
                             Some(launch)
                         }
                         _ => None,
@@ -300,6 +303,8 @@ impl Session {
             arch,
             device_name,
             gemm_choices: Vec::new(),
+            programmatic_forced: forced.or((!(options.tune_gemms && options.cuda_graph)).then_some(false)),
+            launch_choice: None,
             staging_in: staging(&ctx, &header.inputs, sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
             staging_out: staging(&ctx, &header.outputs, 0)?,
             dnn,
@@ -312,6 +317,7 @@ impl Session {
             session.gemm_choices = session.tune_gemms(&mut cache, options.cuda_graph)?;
             cache.save();
         }
+        session.launch_choice = session.choose_programmatic()?;
         Ok(session)
     }
 }

@@ -21,6 +21,7 @@ mod io;
 mod launch;
 mod load;
 mod profile;
+mod programmatic;
 mod sample;
 mod sizes;
 mod state;
@@ -38,6 +39,7 @@ use launch::Loaded;
 
 pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use profile::{StepProfile, PROFILE_REPEAT};
+pub use programmatic::LaunchChoice;
 pub use sample::{RowDraw, SampledRows};
 pub use state::RowCopy;
 
@@ -100,6 +102,11 @@ pub struct Session {
     pub device_name: String,
     /// How each distinct cuBLASLt GEMM's algorithm was chosen.
     pub gemm_choices: Vec<GemmChoice>,
+    /// Whether the generated kernels are launched with programmatic dependent launch
+    /// regardless of timing (`None`: chosen by timing the program at load).
+    programmatic_forced: Option<bool>,
+    /// How that was chosen at load, where it was timed.
+    pub launch_choice: Option<LaunchChoice>,
     /// Page-locked host buffers, one per input and one per output, that `run` copies
     /// through: copies from and to them are asynchronous, so a run waits for the GPU once for
     /// all its outputs, rather than once per copy as copies of pageable memory do.
@@ -127,10 +134,11 @@ pub struct SessionOptions {
     /// and captured again.
     pub sizes_kept: usize,
     /// Launch the generated kernels with programmatic dependent launch (sm_90 and later):
-    /// each may be scheduled while the one before it finishes. On for a generator's one-token
-    /// steps (GPT-2 small fp16 at batch 1 on an H100: 0.418 → 0.404 ms a token), off
-    /// elsewhere (forward passes replayed as CUDA graphs were no faster, the Llama-style
-    /// decoder at 8×128 5–9 % slower: `benches/NOTES.md`). `FUSEC_PDL=1` or `0` overrides it.
+    /// each may be scheduled while the one before it finishes. On: always (a generator's
+    /// one-token steps; GPT-2 small fp16 at batch 1 on an H100: 0.418 → 0.404 ms a token).
+    /// Off: where GEMMs are tuned with CUDA graphs, the program is timed both ways at load and
+    /// the faster kept (ViT-B/16 at batch 8 gains 3 %, the Llama-style decoder at 8×128 loses
+    /// 5 % with it: `benches/NOTES.md`); else off. `FUSEC_PDL=1` or `0` overrides it.
     pub programmatic_launch: bool,
 }
 

@@ -1,0 +1,97 @@
+//! Programmatic dependent launch chosen by timing: with it, each generated kernel may be
+//! scheduled while the one before it finishes (it waits for it itself, `fusec::grid_begin`).
+//! Replayed as a CUDA graph, that saves ViT-B/16 3 % at batch 8 and costs the Llama-style
+//! decoder 5 % at 8×128 (H100, `benches/NOTES.md`), so a session whose choice is not settled
+//! ([`super::launch::programmatic_launch_forced`]) times its program both ways at load.
+
+use super::{lt, RuntimeError, Session};
+
+/// How a session's generated kernels came to be launched as they are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchChoice {
+    /// With programmatic dependent launch.
+    pub programmatic: bool,
+    /// The program's median milliseconds (best of two timings) without it and with it.
+    pub plain_ms: f64,
+    pub programmatic_ms: f64,
+}
+
+impl Session {
+    /// Launches the generated kernels (but a GEMM's kernel for a few rows, see
+    /// [`super::launch::Loaded::kernels_mut`]) with programmatic dependent launch or not.
+    pub(super) fn set_programmatic(&mut self, on: bool) {
+        for step in &mut self.steps {
+            for launch in step.kernels_mut() {
+                launch.set_programmatic(on);
+            }
+        }
+        // The next run captures the graph anew.
+        self.graph = None;
+    }
+
+    /// Times the program (a CUDA graph) with and without programmatic dependent launch, twice
+    /// each, alternately, and keeps it only where it makes the program faster by more than the
+    /// noise margin. Nothing is timed where the choice is settled or no kernel can wait. At
+    /// load only (it writes zeros into the inputs): the other points of a range bundle take
+    /// the top's choice.
+    pub(super) fn choose_programmatic(&mut self) -> Result<Option<LaunchChoice>, RuntimeError> {
+        let waits = self.steps.iter_mut().any(|s| s.kernels_mut().iter().any(|l| l.waits));
+        if self.programmatic_forced.is_some() || !self.use_graph || !waits {
+            return Ok(None);
+        }
+        // Other sessions time nothing meanwhile ([`lt::TUNING`]).
+        let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let runs = self.runs;
+        let (mut plain, mut programmatic) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..2 {
+            self.set_programmatic(false);
+            plain = plain.min(self.time_as_runs()?);
+            self.set_programmatic(true);
+            programmatic = programmatic.min(self.time_as_runs()?);
+        }
+        let on = programmatic < lt::MARGIN * plain;
+        self.set_programmatic(on);
+        self.runs = runs;
+        tracing::debug!(plain, programmatic, on, "programmatic dependent launch timed");
+        Ok(Some(LaunchChoice { programmatic: on, plain_ms: plain, programmatic_ms: programmatic }))
+    }
+
+    /// Median milliseconds of the program as runs replay it: each input copied in from its
+    /// page-locked buffer (zeros) first, then the graph (captured anew), timed with CUDA
+    /// events, over `lt::TIMED_RUNS` runs after three untimed ones. Back-to-back replays
+    /// without the copies ([`Session::time_program`]) disagree: ViT-B/16 at batch 8 timed
+    /// that way was 0.4 % slower with programmatic dependent launch, and its runs 3 % faster.
+    fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
+        self.graph = None;
+        self.stage_zeros(true)?;
+        self.execute_all()?;
+        let events = self.timing_events(2)?;
+        let mut times = Vec::with_capacity(lt::TIMED_RUNS);
+        for i in 0..3 + lt::TIMED_RUNS {
+            self.stage_zeros(false)?;
+            let ms = self.timed_run(&events[0], &events[1])?;
+            if i >= 3 {
+                times.push(ms);
+            }
+        }
+        Ok(super::profile::median(times))
+    }
+
+    /// Copies every input (but a cache laid out inside its output) in from its page-locked
+    /// buffer, as a run does, whole (the top of any range: the buffers are sized for it),
+    /// after setting the buffers to zeros where `fill`.
+    fn stage_zeros(&mut self, fill: bool) -> Result<(), RuntimeError> {
+        for k in 0..self.inputs.len() {
+            if self.inputs[k].inside.is_some() {
+                continue;
+            }
+            let bytes = self.inputs[k].tensor_type().map_or(0, |t| t.size_bytes());
+            self.stage_input(k, bytes, |host| {
+                if fill {
+                    host.fill(0);
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
