@@ -692,3 +692,55 @@ fn padded_positions_match_the_unpadded_sequence() {
         assert!(e1 <= FP32_TOLERANCE && e2 <= FP32_TOLERANCE, "{file}: {e1:e} {e2:e}");
     }
 }
+
+/// Outputs of `PINNED_MIN_BYTES` or more handed to the host in page-locked memory from the
+/// session's pool (what the Python package's arrays are made over): the same bytes as a copy
+/// into new memory, and a buffer given back is the next copy's.
+#[test]
+fn pinned_outputs_come_from_a_pool() {
+    if !gpu() {
+        return;
+    }
+    let file = "gpt2_ts.onnx";
+    let import = fusec::import::ImportOptions::default().dim("batch", 32).dim("seq", 16);
+    let bundle = fusec::compile(
+        &common::model_path(file),
+        &CompileOptions { import: import.clone(), ..Default::default() },
+    )
+    .unwrap();
+    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let mut session = Session::new(&bundle, 0).unwrap();
+    let bytes_of = |words: Vec<u64>, len: usize| -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).take(len).collect()
+    };
+    session.run(&common::random_inputs(&model, 1)).unwrap();
+    let size = |s: &Session, k: usize| s.output_type(k).unwrap().size_bytes();
+    let k = (0..session.outputs().len()).max_by_key(|&k| size(&session, k)).unwrap();
+    assert!(size(&session, k) >= fusec::runtime::PINNED_MIN_BYTES, "{} bytes", size(&session, k));
+    let pinned = session.output_pinned(k).unwrap().expect("a large output in page-locked memory");
+    let (words, len) = session.output_words(k).unwrap();
+    assert_eq!(pinned.len(), len);
+    assert_eq!(pinned.bytes(), bytes_of(words, len).as_slice());
+    assert!(pinned.bytes().iter().any(|&b| b != 0));
+    let address = pinned.as_ptr();
+    drop(pinned);
+    // Another run: the buffer given back holds its output.
+    session.run(&common::random_inputs(&model, 2)).unwrap();
+    let again = session.output_pinned(k).unwrap().unwrap();
+    assert_eq!(again.as_ptr(), address);
+    let (words, len) = session.output_words(k).unwrap();
+    assert_eq!(again.bytes(), bytes_of(words, len).as_slice());
+    // While it is held, the next copy is another buffer with the same bytes.
+    let other = session.output_pinned(k).unwrap().unwrap();
+    assert_ne!(other.as_ptr(), again.as_ptr());
+    assert_eq!(other.bytes(), again.bytes());
+    // A small output is left to new memory.
+    if let Some(small) =
+        (0..session.outputs().len()).find(|&j| size(&session, j) < fusec::runtime::PINNED_MIN_BYTES)
+    {
+        assert!(session.output_pinned(small).unwrap().is_none());
+    }
+    // Outputs outlive their session.
+    drop(session);
+    assert_eq!(other.bytes(), again.bytes());
+}

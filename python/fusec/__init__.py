@@ -248,8 +248,10 @@ class Session:
         """Runs on host arrays (NumPy, or anything `numpy.asarray` takes), `{name: array}`, each
         of its input's element type; returns the outputs named (all when None) as NumPy arrays,
         in order. For a range bundle the inputs' shapes choose the size. Inputs are copied
-        once, into page-locked memory; outputs once, from the GPU into new memory that the
-        NumPy arrays returned own (writable).
+        once, into page-locked memory; outputs once, from the GPU into memory that the NumPy
+        arrays returned own (writable): outputs of 64 KiB and more into page-locked memory
+        from the session's pool (the GPU's copy lands there directly), given back when the
+        last array over it goes; smaller ones into new memory.
         """
         wanted = self._wanted(output_names)
         items = []
@@ -258,8 +260,9 @@ class Session:
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             items.append((name, array))
-        # Each output wanted is copied once from the GPU into memory of Rust's, as the Rust
-        # API does, and NumPy's array is made over it in place
+        # Each output wanted is copied once from the GPU into memory of Rust's
+        # (`Session::output_pinned`, or `output_words` for a small one), and NumPy's array is
+        # made over it in place
         # (the `HostOutput` exports its type and shape through the buffer protocol).
         return [np.asarray(out) for out in self._session.run_host_outputs(items, wanted)]
 

@@ -17,9 +17,12 @@ use fusec::ir::DType;
 #[pyclass(name = "HostOutput", module = "fusec._fusec", frozen)]
 pub struct HostOutput {
     /// The bytes (in 8-byte words, so that every element type is aligned), freed when the
-    /// object is (after the last array over it).
+    /// object is (after the last array over it); or those of `pinned`.
     data: *mut u64,
     words: usize,
+    /// Page-locked memory of the session's the bytes are in (`Session::output_pinned`), given
+    /// back to it when the object is dropped.
+    pinned: Option<fusec::runtime::PinnedOutput>,
     len: usize,
     itemsize: isize,
     format: &'static CStr,
@@ -61,19 +64,42 @@ impl HostOutput {
         let words_len = words.len();
         let len = len.min(words_len * 8);
         let data = Box::into_raw(words).cast::<u64>();
-        let itemsize = dtype.size_bytes();
-        let shape: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
-        // C order: each axis's stride is the product of the sizes after it.
-        let mut strides = vec![itemsize as isize; shape.len()];
-        for axis in (0..shape.len().saturating_sub(1)).rev() {
-            strides[axis] = strides[axis + 1] * shape[axis + 1];
-        }
-        HostOutput { data, words: words_len, len, itemsize: itemsize as isize, format, shape, strides }
+        let (itemsize, shape, strides) = layout(dtype, shape);
+        HostOutput { data, words: words_len, pinned: None, len, itemsize, format, shape, strides }
     }
+
+    /// An output copied into page-locked memory (elements of `dtype` shaped `shape`).
+    pub fn from_pinned(
+        pinned: fusec::runtime::PinnedOutput,
+        dtype: DType,
+        format: &'static CStr,
+        shape: &[usize],
+    ) -> HostOutput {
+        let (itemsize, shape, strides) = layout(dtype, shape);
+        // Page-aligned: every element type is aligned there.
+        let data = pinned.as_ptr().cast::<u64>().cast_mut();
+        let len = pinned.len();
+        HostOutput { data, words: 0, pinned: Some(pinned), len, itemsize, format, shape, strides }
+    }
+}
+
+/// Item size, shape and C-order strides (bytes) of an array of `dtype` shaped `shape`.
+fn layout(dtype: DType, shape: &[usize]) -> (isize, Vec<isize>, Vec<isize>) {
+    let itemsize = dtype.size_bytes() as isize;
+    let shape: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+    let mut strides = vec![itemsize; shape.len()];
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        strides[axis] = strides[axis + 1] * shape[axis + 1];
+    }
+    (itemsize, shape, strides)
 }
 
 impl Drop for HostOutput {
     fn drop(&mut self) {
+        if self.pinned.is_some() {
+            // Given back to its session's pool as it drops.
+            return;
+        }
         // SAFETY: made by `Box::into_raw` of a boxed slice of `words` words in `from_words`, freed
         // once; no exported view outlives the object (each holds a reference to it).
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.data, self.words)) });

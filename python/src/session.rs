@@ -44,6 +44,9 @@ pub struct PySession {
     session: Moving,
     bundle: Py<PyBundle>,
     device: usize,
+    /// Seconds the Rust API's part of the last `run_host_outputs` took (the run and the
+    /// output copies, without the binding around them).
+    last_rust_s: f64,
 }
 
 /// Whether a CUDA driver (libcuda) can be loaded on this machine.
@@ -90,7 +93,7 @@ impl PySession {
         let inner = bundle.get().inner.clone();
         let session =
             py.detach(|| Session::with_options(&inner, device, options).map(Moving)).map_err(runtime)?;
-        Ok(PySession { session, bundle, device })
+        Ok(PySession { session, bundle, device, last_rust_s: 0.0 })
     }
 
     /// The bundle it runs.
@@ -131,10 +134,20 @@ impl PySession {
         self.session.0.launches()
     }
 
+    /// Seconds the Rust API's part of the last `run_host_outputs` took: the session's run and
+    /// the output copies (`Session::run_host_on_device`, `Session::output_pinned` or `output_words`), timed inside
+    /// the call, so that a caller's wall time of the same call less this is what Python and
+    /// the binding added to it (`benches/python_api.py`).
+    #[getter]
+    fn last_rust_seconds(&self) -> f64 {
+        self.last_rust_s
+    }
+
     /// Runs on host arrays, `[(name, array)]` (C-contiguous, each of its input's type, read in
     /// place), then copies each output wanted (all when None; by index) from the device once,
     /// into a `HostOutput` that `numpy.asarray` turns into an array in place: the Rust API's
-    /// own work (one copy into new memory), no more.
+    /// own work (one copy, into page-locked memory from the session's pool for an output of
+    /// `PINNED_MIN_BYTES` or more, else into new memory), no more.
     #[pyo3(signature = (feed, wanted=None))]
     fn run_host_outputs(
         &mut self,
@@ -144,8 +157,9 @@ impl PySession {
     ) -> PyResult<Vec<HostOutput>> {
         let arrays = feed.iter().map(|(name, a)| HostArray::new(a, name)).collect::<PyResult<Vec<_>>>()?;
         let inputs = host_inputs(&feed, &arrays);
-        let session = &mut self.session;
+        let (session, last_rust_s) = (&mut self.session, &mut self.last_rust_s);
         py.detach(|| {
+            let start = std::time::Instant::now();
             let session = session.bound()?;
             let types = session.run_host_on_device(&inputs)?;
             let wanted = wanted.unwrap_or_else(|| (0..types.len()).collect());
@@ -160,9 +174,17 @@ impl PySession {
                         numpy_name(Some(t.dtype))
                     )));
                 };
-                let (words, len) = session.output_words(k)?;
-                outputs.push(HostOutput::from_words(words, len, t.dtype, format, &t.shape));
+                // Page-locked memory from the session's pool where the output is large (the
+                // copy lands there directly), else new memory.
+                match session.output_pinned(k)? {
+                    Some(pinned) => outputs.push(HostOutput::from_pinned(pinned, t.dtype, format, &t.shape)),
+                    None => {
+                        let (words, len) = session.output_words(k)?;
+                        outputs.push(HostOutput::from_words(words, len, t.dtype, format, &t.shape));
+                    }
+                }
             }
+            *last_rust_s = start.elapsed().as_secs_f64();
             Ok(outputs)
         })
         .map_err(runtime)
@@ -283,8 +305,8 @@ impl PySession {
     /// Seconds of each of `iters` runs of the Rust API on `feed`, after one run (unless not
     /// `warmup`): what the
     /// Python layer's overhead is measured against. `raw`: `Session::run_host_on_device` on
-    /// the arrays' bytes with each output copied from the device into new memory
-    /// (`Session::output_words`: what `Session.run` does
+    /// the arrays' bytes with each output copied from the device as `run_host_outputs` copies it
+    /// (what `Session.run` does
     /// below Python; only the outputs at indices `wanted` when given); else `Session::run`
     /// (host tensors in and out).
     #[pyo3(signature = (feed, iters, raw=false, warmup=true, wanted=None))]
@@ -311,7 +333,11 @@ impl PySession {
                 if raw {
                     let types = session.run_host_on_device(&inputs)?;
                     for k in wanted.clone().unwrap_or_else(|| (0..types.len()).collect()) {
-                        std::hint::black_box(session.output_words(k)?);
+                        // As `run_host_outputs` copies it.
+                        match session.output_pinned(k)? {
+                            Some(pinned) => drop(std::hint::black_box(pinned)),
+                            None => drop(std::hint::black_box(session.output_words(k)?)),
+                        }
                     }
                 } else {
                     std::hint::black_box(session.run(&tensors)?);

@@ -15,7 +15,8 @@ pub use lt::{
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
     driver_available, driver_version, run_once, tensor_from_bytes, DeviceInput, DeviceOutput, HostInput,
-    RowCopy, RowDraw, SampledRows, Session, SessionOptions, StepProfile, PROFILE_REPEAT,
+    PinnedOutput, RowCopy, RowDraw, SampledRows, Session, SessionOptions, StepProfile, PINNED_MIN_BYTES,
+    PROFILE_REPEAT,
 };
 
 use std::sync::{Arc, Mutex, PoisonError};

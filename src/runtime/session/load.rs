@@ -310,6 +310,7 @@ impl Session {
             dnn,
             conv_workspace,
             state: Default::default(),
+            pinned: Default::default(),
         };
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -20,6 +20,7 @@ mod graph;
 mod io;
 mod launch;
 mod load;
+mod pinned;
 mod profile;
 mod programmatic;
 mod sample;
@@ -38,6 +39,7 @@ use crate::ir::{DType, Tensor};
 use launch::Loaded;
 
 pub use external::{DeviceInput, DeviceOutput, HostInput};
+pub use pinned::{PinnedOutput, PINNED_MIN_BYTES};
 pub use profile::{StepProfile, PROFILE_REPEAT};
 pub use programmatic::LaunchChoice;
 pub use sample::{RowDraw, SampledRows};
@@ -117,6 +119,8 @@ pub struct Session {
     conv_workspace: Option<CudaSlice<u8>>,
     /// Kernels for state kept between runs, loaded on first use.
     state: state::StateKernels,
+    /// Page-locked buffers for outputs handed to the host ([`Session::output_pinned`]).
+    pinned: Arc<std::sync::Mutex<pinned::Pool>>,
 }
 
 /// How a session runs.

@@ -56,19 +56,20 @@ impl Session {
         Ok(Some(LaunchChoice { programmatic: on, plain_ms: plain, programmatic_ms: programmatic }))
     }
 
-    /// Median milliseconds of the program as runs replay it: each input copied in from its
-    /// page-locked buffer (zeros) first, then the graph (captured anew), timed with CUDA
-    /// events, over `lt::TIMED_RUNS` runs after three untimed ones. Back-to-back replays
-    /// without the copies ([`Session::time_program`]) disagree: ViT-B/16 at batch 8 timed
-    /// that way was 0.4 % slower with programmatic dependent launch, and its runs 3 % faster.
+    /// Median milliseconds of the program as runs replay it: each input written into its
+    /// page-locked buffer (zeros) and copied in first, then the graph (captured anew), timed
+    /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones. Back-to-back
+    /// replays ([`Session::time_program`]) disagree with runs: ViT-B/16 at batch 8 timed that
+    /// way was 0.4 % slower with programmatic dependent launch, and its runs (`fusec bench`:
+    /// each input set written and copied in, then the graph) 3 % faster.
     fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
         self.graph = None;
-        self.stage_zeros(true)?;
+        self.stage_zeros()?;
         self.execute_all()?;
         let events = self.timing_events(2)?;
         let mut times = Vec::with_capacity(lt::TIMED_RUNS);
         for i in 0..3 + lt::TIMED_RUNS {
-            self.stage_zeros(false)?;
+            self.stage_zeros()?;
             let ms = self.timed_run(&events[0], &events[1])?;
             if i >= 3 {
                 times.push(ms);
@@ -77,20 +78,16 @@ impl Session {
         Ok(super::profile::median(times))
     }
 
-    /// Copies every input (but a cache laid out inside its output) in from its page-locked
-    /// buffer, as a run does, whole (the top of any range: the buffers are sized for it),
-    /// after setting the buffers to zeros where `fill`.
-    fn stage_zeros(&mut self, fill: bool) -> Result<(), RuntimeError> {
+    /// Writes zeros into every input's page-locked buffer (but a cache laid out inside its
+    /// output) and copies it in, as a run does with its inputs, whole (the top of any range:
+    /// the buffers are sized for it).
+    fn stage_zeros(&mut self) -> Result<(), RuntimeError> {
         for k in 0..self.inputs.len() {
             if self.inputs[k].inside.is_some() {
                 continue;
             }
             let bytes = self.inputs[k].tensor_type().map_or(0, |t| t.size_bytes());
-            self.stage_input(k, bytes, |host| {
-                if fill {
-                    host.fill(0);
-                }
-            })?;
+            self.stage_input(k, bytes, |host| host.fill(0))?;
         }
         Ok(())
     }
