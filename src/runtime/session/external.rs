@@ -72,8 +72,9 @@ impl Session {
     }
 
     /// Runs the model on host inputs given as bytes, and leaves every output on the device:
-    /// read each with [`Session::output_words`] (straight into new memory) until the next
-    /// call. Returns the outputs' types, in order.
+    /// read each with [`Session::output_pinned`] (into page-locked memory from the session's
+    /// pool, for an output of 64 KiB or more) or [`Session::output_words`] (straight into new
+    /// memory) until the next call. Returns the outputs' types, in order.
     pub fn run_host_on_device(&mut self, inputs: &[HostInput]) -> Result<Vec<TensorType>, RuntimeError> {
         let given: Vec<GivenInput> =
             inputs.iter().map(|i| GivenInput { name: i.name, dtype: i.dtype, shape: i.shape }).collect();
