@@ -80,8 +80,9 @@ impl Drop for PinnedOutput {
 impl Session {
     /// Output `k` of the last run copied from the device into page-locked memory that the
     /// caller owns until it drops it (then it goes back to the session's pool), waited for.
-    /// `None` where the output is smaller than [`PINNED_MIN_BYTES`] or the session has
-    /// handed out its limit: take [`Session::output_words`] then.
+    /// `None` where the output is smaller than [`PINNED_MIN_BYTES`], the session has handed
+    /// out its limit or the driver has no page-locked memory to give: take
+    /// [`Session::output_words`] then.
     pub fn output_pinned(&self, k: usize) -> Result<Option<PinnedOutput>, RuntimeError> {
         let len = self.output_at(k)?.0.size_bytes();
         if len < PINNED_MIN_BYTES {
@@ -99,13 +100,15 @@ impl Session {
             let buffer = match fit {
                 Some(i) => pool.free.swap_remove(i),
                 // SAFETY: host memory the copy below writes in full before it is read.
-                None => {
-                    unsafe { self.stream.context().alloc_pinned_with_flags::<u8>(len, 0) }.map_err(|e| {
-                        RuntimeError::Driver(format!(
-                            "page-locked memory for output {k} ({len} bytes): {e:?}"
-                        ))
-                    })?
-                }
+                None => match unsafe { self.stream.context().alloc_pinned_with_flags::<u8>(len, 0) } {
+                    Ok(buffer) => buffer,
+                    Err(e) => {
+                        // Page-locked memory is scarcer than pageable: the caller copies into
+                        // new memory instead.
+                        tracing::debug!("page-locked memory for output {k} ({len} bytes): {e:?}");
+                        return Ok(None);
+                    }
+                },
             };
             pool.handed_out += buffer.num_bytes();
             buffer
