@@ -58,24 +58,13 @@ impl Session {
 
     /// Median milliseconds of the program as runs replay it: each input written into its
     /// page-locked buffer (zeros) and copied in first, then the graph (captured anew), timed
-    /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones. Back-to-back
+    /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
+    /// ([`Session::time_replays`]). Back-to-back
     /// replays ([`Session::time_program`]) disagree with runs: ViT-B/16 at batch 8 timed that
     /// way was 0.4 % slower with programmatic dependent launch, and its runs (`fusec bench`:
     /// each input set written and copied in, then the graph) 3 % faster.
     fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
-        self.graph = None;
-        self.stage_zeros()?;
-        self.execute_all()?;
-        let events = self.timing_events(2)?;
-        let mut times = Vec::with_capacity(lt::TIMED_RUNS);
-        for i in 0..3 + lt::TIMED_RUNS {
-            self.stage_zeros()?;
-            let ms = self.timed_run(&events[0], &events[1])?;
-            if i >= 3 {
-                times.push(ms);
-            }
-        }
-        Ok(super::profile::median(times))
+        self.time_replays(Self::stage_zeros)
     }
 
     /// Writes zeros into every input's page-locked buffer (but a cache laid out inside its

@@ -248,11 +248,22 @@ impl Session {
     /// Median milliseconds of the program as a CUDA graph (captured anew), over
     /// `lt::TIMED_RUNS` replays after three untimed ones.
     pub(super) fn time_program(&mut self) -> Result<f64, RuntimeError> {
+        self.time_replays(|_| Ok(()))
+    }
+
+    /// [`Session::time_program`] with `before` done ahead of the capture and of every replay
+    /// (outside the timed span).
+    pub(super) fn time_replays(
+        &mut self,
+        mut before: impl FnMut(&mut Self) -> Result<(), RuntimeError>,
+    ) -> Result<f64, RuntimeError> {
         self.graph = None;
+        before(self)?;
         self.execute_all()?;
         let events = self.timing_events(2)?;
         let mut times = Vec::with_capacity(lt::TIMED_RUNS);
         for i in 0..3 + lt::TIMED_RUNS {
+            before(self)?;
             let ms = self.timed_run(&events[0], &events[1])?;
             if i >= 3 {
                 times.push(ms);
