@@ -141,8 +141,8 @@ pub struct SessionOptions {
     /// each may be scheduled while the one before it finishes. On: always (a generator's
     /// one-token steps; GPT-2 small fp16 at batch 1 on an H100: 0.418 → 0.404 ms a token).
     /// Off: where GEMMs are tuned with CUDA graphs, the program is timed both ways at load and
-    /// the faster kept (ViT-B/16 at batch 8 gains 3 %, the Llama-style decoder at 8×128 loses
-    /// 5 % with it: `benches/NOTES.md`); else off. `FUSEC_PDL=1` or `0` overrides it.
+    /// the faster kept (ConvNeXt-T at batch 8 gains 3–7 %, the Llama-style decoder at 8×128
+    /// loses 6 % with it: `benches/NOTES.md`); else off. `FUSEC_PDL=1` or `0` overrides it.
     pub programmatic_launch: bool,
 }
 

@@ -1,7 +1,7 @@
 //! Programmatic dependent launch chosen by timing: with it, each generated kernel may be
 //! scheduled while the one before it finishes (it waits for it itself, `fusec::grid_begin`).
-//! Replayed as a CUDA graph, that saves ViT-B/16 3 % at batch 8 and costs the Llama-style
-//! decoder 5 % at 8×128 (H100, `benches/NOTES.md`), so a session whose choice is not settled
+//! Replayed as a CUDA graph, that saves ConvNeXt-T 3–7 % at batch 8 and costs the Llama-style
+//! decoder 6 % at 8×128 (H100, `benches/NOTES.md`), so a session whose choice is not settled
 //! ([`super::launch::programmatic_launch_forced`]) times its program both ways at load.
 
 use super::{lt, RuntimeError, Session};
@@ -59,10 +59,9 @@ impl Session {
     /// Median milliseconds of the program as runs replay it: each input written into its
     /// page-locked buffer (zeros) and copied in first, then the graph (captured anew), timed
     /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
-    /// ([`Session::time_replays`]). Back-to-back
-    /// replays ([`Session::time_program`]) disagree with runs: ViT-B/16 at batch 8 timed that
-    /// way was 0.4 % slower with programmatic dependent launch, and its runs (`fusec bench`:
-    /// each input set written and copied in, then the graph) 3 % faster.
+    /// ([`Session::time_replays`]). Not yet as `fusec bench`'s runs: on ViT-B/16 at batch 8
+    /// this timing (and back-to-back replays) finds programmatic launch 0–1 % slower, `bench`
+    /// 3 % faster (`benches/NOTES.md`).
     fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
         self.time_replays(Self::stage_zeros)
     }
