@@ -465,6 +465,46 @@ fn fusec_at_root(args: &[&str]) -> Output {
         .expect("the fusec binary runs")
 }
 
+/// `inspect --cache-in-place --fused` shows the program `fusec generate` runs: each
+/// `present = Concat(past, new)` an append of the new positions, no concatenation of a cache
+/// left; without the flag, the concatenations; a bundle refuses the flag.
+#[test]
+fn inspect_shows_the_cache_in_place() {
+    let path = common::model_path("gpt2_cache_ts.onnx");
+    let path = path.to_str().unwrap();
+    let dims = dims_for("gpt2_cache_ts.onnx");
+    let mut args = vec!["inspect", path, "--fused"];
+    args.extend(dims.iter().copied());
+    let out = fusec(&args);
+    let plain = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let fused_ops =
+        |stdout: &str| stdout.lines().find(|l| l.starts_with("fused ops")).unwrap_or("").to_string();
+    assert!(fused_ops(&plain).contains("Concat") && !fused_ops(&plain).contains("Append"), "{plain}");
+    args.push("--cache-in-place");
+    let out = fusec(&args);
+    let in_place = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Two layers, a key and a value cache each; a layer's two appends in one kernel.
+    assert!(
+        fused_ops(&in_place).contains("Append 4") && !fused_ops(&in_place).contains("Concat"),
+        "{in_place}"
+    );
+    assert_eq!(in_place.lines().filter(|l| l.contains(" append ")).count(), 2, "{in_place}");
+    let bundle = std::env::temp_dir().join(format!("fusec-inspect-cache-{}.bundle", std::process::id()));
+    let mut compile = vec!["compile", path, "-o", bundle.to_str().unwrap()];
+    compile.extend(dims.iter().copied());
+    assert!(fusec(&compile).status.success());
+    let out = fusec(&["inspect", bundle.to_str().unwrap(), "--cache-in-place"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--cache-in-place shows the program made from an ONNX model"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_file(&bundle).ok();
+}
+
 #[test]
 fn inspect_dot_is_the_golden_picture() {
     let dir = tempfile::tempdir().unwrap();

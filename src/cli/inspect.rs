@@ -39,6 +39,10 @@ pub struct Inspect {
     /// Element type of the program shown (as `fusec compile --precision`).
     #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
     precision: String,
+    /// Show the program with a decoder's key/value cache updated in place (as `fusec compile
+    /// --cache-in-place`): each `present = Concat(past, new)` an append.
+    #[arg(long)]
+    cache_in_place: bool,
     /// Write the program as a Graphviz DOT graph: each kernel a coloured cluster with its
     /// launch number, kind, the ONNX nodes it covers and its estimated bytes; GEMMs in bold.
     #[arg(long, value_name = "FILE")]
@@ -108,6 +112,7 @@ impl Inspect {
             (self.dump, "--dump"),
             (self.fused, "--fused"),
             (self.no_fuse, "--no-fuse"),
+            (self.cache_in_place, "--cache-in-place"),
             (self.dot.is_some(), "--dot"),
             (self.svg.is_some(), "--svg"),
             (self.launches.is_some(), "--launches"),
@@ -287,6 +292,7 @@ impl Inspect {
             let options = CompileOptions {
                 import: import_options.clone(),
                 precision: precision(&self.precision),
+                cache_in_place: self.cache_in_place,
                 ..Default::default()
             };
             let (plan, symbolic) = fusec::pipeline::plan_symbolic(&self.model, &options)?;
@@ -317,6 +323,7 @@ impl Inspect {
                 import: import_options,
                 no_fuse: self.no_fuse,
                 precision: precision(&self.precision),
+                cache_in_place: self.cache_in_place,
                 ..Default::default()
             };
             let (plan, report) = fusec::pipeline::plan_model(model, &self.model, &options, &mut |_| {})?;
