@@ -88,6 +88,7 @@ def compile(
     fuse: bool = True,
     arch: str = "sm_90",
     exact_gelu: bool = False,
+    cache_in_place: bool = False,
 ) -> Bundle:
     """Compiles the ONNX file `model` into a `Bundle` (written to `output` too when given).
 
@@ -100,6 +101,11 @@ def compile(
     exact_gelu: in fp16/bf16 builds an erf-GELU right after a GEMM is computed in its tanh form
         inside cuBLASLt's epilogue (at most 4.7e-4 apart); True keeps erf, as an epilogue
         kernel of its own (also `FUSEC_EXACT_GELU=1`).
+    cache_in_place: a decoder exported with its cache (`past_key_values.*` in, `present.*`
+        out, each `present` a `Concat(past, new)`): each cache input is stored inside its
+        `present` output, in the storage type, and a step writes only the new positions (what
+        `fusec generate` and `Generator` compile; `Bundle.inputs` names the output an input is
+        `inside`). `Generator.from_bundles` takes such a step bundle.
     arch: the GPU architecture PTX is compiled for when NVRTC is available (else the bundle
         keeps CUDA sources and the session compiles them at load).
 
@@ -121,6 +127,7 @@ def compile(
         arch=arch,
         progress=progress,
         exact_gelu=exact_gelu,
+        cache_in_place=cache_in_place,
     )
     if output is not None:
         bundle.save(os.fspath(output))

@@ -42,6 +42,8 @@ pub fn io_dict<'py>(py: Python<'py>, spec: &IoSpec, ranges: &[BundleRange]) -> P
         }
     }
     d.set_item("shape", shape)?;
+    // An input stored inside an output's buffer (a cache updated in place): that output.
+    d.set_item("inside", spec.inside.as_ref().map(|i| i.output.clone()))?;
     Ok(d)
 }
 
@@ -179,7 +181,7 @@ pub fn precision_named(precision: &str) -> PyResult<DType> {
 // The arguments are the Python function's keywords.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (model, dims=None, inputs=None, precision="fp32", fuse=true, arch="sm_90", progress=None, exact_gelu=false))]
+#[pyo3(signature = (model, dims=None, inputs=None, precision="fp32", fuse=true, arch="sm_90", progress=None, exact_gelu=false, cache_in_place=false))]
 pub fn compile(
     py: Python<'_>,
     model: PathBuf,
@@ -190,6 +192,7 @@ pub fn compile(
     arch: &str,
     progress: Option<Py<PyAny>>,
     exact_gelu: bool,
+    cache_in_place: bool,
 ) -> PyResult<PyBundle> {
     let mut dim_specs = Vec::new();
     for (symbol, value) in dims.into_iter().flat_map(|d| d.iter()) {
@@ -212,6 +215,7 @@ pub fn compile(
         arch: Some(arch.to_string()),
         precision,
         exact_gelu: exact_gelu || CompileOptions::default().exact_gelu,
+        cache_in_place,
         ..Default::default()
     };
     let bundle = py.detach(|| {

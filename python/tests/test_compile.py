@@ -23,8 +23,10 @@ def test_compile_gives_a_bundle_that_describes_itself(caplog):
     assert info["fused"] and info["precision"] == "f32"
     assert 0 < info["kernels"] <= info["launches"]
     assert info["graph_breaks"] == 0 and info["weight_bytes"] > 0 and info["arena_bytes"] > 0
-    assert bundle.inputs == [{"name": "input", "dtype": "int64", "shape": [2, 16]}]
-    assert bundle.outputs == [{"name": "last_hidden_state", "dtype": "float32", "shape": [2, 16, 64]}]
+    assert bundle.inputs == [{"name": "input", "dtype": "int64", "shape": [2, 16], "inside": None}]
+    assert bundle.outputs == [
+        {"name": "last_hidden_state", "dtype": "float32", "shape": [2, 16, 64], "inside": None}
+    ]
     assert bundle.ranges == []
     stages = [r.getMessage().split(":")[0] for r in caplog.records]
     assert {"import", "passes", "fuse", "plan", "codegen"} <= set(stages)
@@ -99,9 +101,30 @@ def test_a_dim_can_be_the_sum_of_two():
         fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={"batch": 1, "seq": 1, "total": "past+seq"})
 
 
+def test_a_cache_in_place_is_stored_inside_its_output():
+    dims = {"batch": 2, "seq": 1, "past": 5, "total": "past+seq"}
+    plain = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims=dims, precision="fp16")
+    bundle = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims=dims, precision="fp16", cache_in_place=True)
+    inputs = {i["name"]: i for i in bundle.inputs}
+    for layer in (0, 1):
+        for kind in ("key", "value"):
+            cache = inputs[f"past_key_values.{layer}.{kind}"]
+            # Inside its present, in the storage type; copied in and out in f32 without.
+            assert cache["inside"] == f"present.{layer}.{kind}" and cache["dtype"] == "float16"
+            assert cache["shape"] == [2, 4, 5, 16]
+            before = next(i for i in plain.inputs if i["name"] == cache["name"])
+            assert before["inside"] is None and before["dtype"] == "float32"
+    assert inputs["input_ids"]["inside"] is None
+    outputs = {o["name"]: o for o in bundle.outputs}
+    assert outputs["present.0.key"]["dtype"] == "float16" and outputs["present.0.key"]["shape"] == [2, 4, 6, 16]
+    # No cache converted or concatenated: fewer kernels (a layer's appends one), less memory.
+    assert bundle.info["kernels"] < plain.info["kernels"]
+    assert bundle.info["arena_bytes"] < plain.info["arena_bytes"]
+
+
 def test_inputs_given_by_shape_compile_without_dims():
     bundle = fusec.compile(MODELS / "mlp_block.onnx", inputs={"x": (5, 7, 40)})
-    assert bundle.inputs == [{"name": "x", "dtype": "float32", "shape": [5, 7, 40]}]
+    assert bundle.inputs == [{"name": "x", "dtype": "float32", "shape": [5, 7, 40], "inside": None}]
 
 
 def test_summarize_reads_what_the_file_declares():
