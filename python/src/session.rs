@@ -49,6 +49,23 @@ pub struct PySession {
     last_rust_s: f64,
 }
 
+/// Output `k` of the last run copied to the host: into page-locked memory from the session's
+/// pool where it is large (the copy lands there directly), else into new memory.
+enum Copied {
+    Pinned(fusec::runtime::PinnedOutput),
+    Words(Vec<u64>, usize),
+}
+
+fn copy_output(session: &Session, k: usize) -> Result<Copied, fusec::runtime::RuntimeError> {
+    Ok(match session.output_pinned(k)? {
+        Some(pinned) => Copied::Pinned(pinned),
+        None => {
+            let (words, len) = session.output_words(k)?;
+            Copied::Words(words, len)
+        }
+    })
+}
+
 /// Whether a CUDA driver (libcuda) can be loaded on this machine.
 #[pyfunction]
 pub fn cuda_available() -> bool {
@@ -174,15 +191,12 @@ impl PySession {
                         numpy_name(Some(t.dtype))
                     )));
                 };
-                // Page-locked memory from the session's pool where the output is large (the
-                // copy lands there directly), else new memory.
-                match session.output_pinned(k)? {
-                    Some(pinned) => outputs.push(HostOutput::from_pinned(pinned, t.dtype, format, &t.shape)),
-                    None => {
-                        let (words, len) = session.output_words(k)?;
-                        outputs.push(HostOutput::from_words(words, len, t.dtype, format, &t.shape));
+                outputs.push(match copy_output(session, k)? {
+                    Copied::Pinned(pinned) => HostOutput::from_pinned(pinned, t.dtype, format, &t.shape),
+                    Copied::Words(words, len) => {
+                        HostOutput::from_words(words, len, t.dtype, format, &t.shape)
                     }
-                }
+                });
             }
             *last_rust_s = start.elapsed().as_secs_f64();
             Ok(outputs)
@@ -334,10 +348,7 @@ impl PySession {
                     let types = session.run_host_on_device(&inputs)?;
                     for k in wanted.clone().unwrap_or_else(|| (0..types.len()).collect()) {
                         // As `run_host_outputs` copies it.
-                        match session.output_pinned(k)? {
-                            Some(pinned) => drop(std::hint::black_box(pinned)),
-                            None => drop(std::hint::black_box(session.output_words(k)?)),
-                        }
+                        drop(std::hint::black_box(copy_output(session, k)?));
                     }
                 } else {
                     std::hint::black_box(session.run(&tensors)?);

@@ -239,9 +239,7 @@ impl Session {
             })
             .collect();
         for j in absorbed {
-            if let Some(Loaded::Kernel(launch)) = steps.get(j) {
-                steps[j] = Loaded::Absorbed(launch.clone());
-            }
+            super::tuning::absorb(&mut steps, j, true);
         }
         Ok(steps)
     }

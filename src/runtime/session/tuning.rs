@@ -192,21 +192,10 @@ impl Session {
                 }
                 let (absorbs, skinny) = (*absorbs, *on_skinny);
                 if let Some(j) = absorbs {
-                    self.absorb(j, skinny);
+                    absorb(&mut self.steps, j, skinny);
                 }
             }
         }
-    }
-
-    /// Leaves norm step `j` out (`absorbed`: the GEMM after it computes it) or puts it back.
-    fn absorb(&mut self, j: usize, absorbed: bool) {
-        let Some(step) = self.steps.get_mut(j) else { return };
-        let next = match (&*step, absorbed) {
-            (Loaded::Kernel(launch), true) => Loaded::Absorbed(launch.clone()),
-            (Loaded::Absorbed(launch), false) => Loaded::Kernel(launch.clone()),
-            _ => return,
-        };
-        *step = next;
     }
 
     /// Applies a cached choice to `members`; false when it no longer fits.
@@ -271,4 +260,16 @@ impl Session {
         }
         Ok(median(times))
     }
+}
+
+/// Leaves norm step `j` of `steps` out (`absorbed`: the GEMM after it computes it) or puts it
+/// back.
+pub(super) fn absorb(steps: &mut [Loaded], j: usize, absorbed: bool) {
+    let Some(step) = steps.get_mut(j) else { return };
+    let next = match (&*step, absorbed) {
+        (Loaded::Kernel(launch), true) => Loaded::Absorbed(launch.clone()),
+        (Loaded::Absorbed(launch), false) => Loaded::Kernel(launch.clone()),
+        _ => return,
+    };
+    *step = next;
 }
