@@ -188,6 +188,10 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi, __half) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const unsigned*>(&h);
 }
+// Two halves of a 32-bit word as floats (the low one first).
+__device__ __forceinline__ float2 unpack2(unsigned w, __half) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
 __device__ __forceinline__ void mma_m16n8k16(float* d, const unsigned* a, unsigned b0, unsigned b1, __half) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -199,6 +203,9 @@ __device__ __forceinline__ void mma_m16n8k16(float* d, const unsigned* a, unsign
 __device__ __forceinline__ unsigned pack2(float lo, float hi, __nv_bfloat16) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ float2 unpack2(unsigned w, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
 }
 __device__ __forceinline__ void mma_m16n8k16(float* d, const unsigned* a, unsigned b0, unsigned b1, __nv_bfloat16) {
     asm volatile(

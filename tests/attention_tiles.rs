@@ -3,9 +3,10 @@
 //! products for the 8-key chunks it holds only. f16 programs at 150, 184 and 197 keys (an odd
 //! chunk count, seven, one); every kernel through NVRTC where it is found (the attention
 //! kernel through ptxas too: no spills), and the bundle against tract on a GPU. And attention
-//! of one query over many keys (a decoding step over a long cache): too few blocks for the
-//! chip, so clusters of blocks split the keys and merge their softmax states (compiled for an
-//! arch without clusters, the first block of each group does the work alone).
+//! of a few queries over many keys (a step of a short prompt over a long cache): too few blocks
+//! for the chip, so clusters of blocks split the keys and merge their softmax states (compiled
+//! for an arch without clusters, the first block of each group does the work alone); of one
+//! query (a decoding step), the decoding kernel, its live keys split over a cluster alike.
 
 mod common;
 
@@ -38,9 +39,9 @@ fn self_attention(dir: &Path, tokens: i64) -> PathBuf {
     write_model(dir, &format!("attention{tokens}"), &[48, tokens, 64], nodes, init)
 }
 
-/// One query (the last position's) over `tokens` keys, 12 sequences of one 64-wide head;
+/// The last `queries` positions' queries over `tokens` keys, 12 sequences of one 64-wide head;
 /// with `valid`, the keys from that one on masked out by -inf (a cache's empty slots).
-fn last_query(dir: &Path, tokens: i64, valid: Option<i64>) -> PathBuf {
+fn last_query(dir: &Path, tokens: i64, queries: i64, valid: Option<i64>) -> PathBuf {
     let mut nodes = vec![
         node("MatMul", &["x", "wq"], "qs", vec![]),
         node("Slice", &["qs", "starts", "ends", "axes"], "q", vec![]),
@@ -57,7 +58,7 @@ fn last_query(dir: &Path, tokens: i64, valid: Option<i64>) -> PathBuf {
         weight("wk", &[64, 64], 92, -0.3, 0.6),
         weight("wv", &[64, 64], 93, -0.3, 0.6),
         floats("scale", &[0.125]),
-        int64s("starts", &[tokens - 1]),
+        int64s("starts", &[tokens - queries]),
         int64s("ends", &[tokens]),
         int64s("axes", &[1]),
     ];
@@ -66,7 +67,7 @@ fn last_query(dir: &Path, tokens: i64, valid: Option<i64>) -> PathBuf {
         let mask: Vec<f32> = (0..tokens).map(|t| if t < valid { 0.0 } else { f32::NEG_INFINITY }).collect();
         init.push(floats("mask", &mask));
     }
-    let name = format!("last{tokens}_{}", valid.unwrap_or(tokens));
+    let name = format!("last{tokens}_{queries}_{}", valid.unwrap_or(tokens));
     write_model(dir, &name, &[12, tokens, 64], nodes, init)
 }
 
@@ -100,13 +101,13 @@ fn a_partial_last_key_tile_is_compiled_for_its_chunks() {
 }
 
 #[test]
-fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
+fn two_queries_over_a_long_cache_split_their_keys_over_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
     // 12 query blocks: 1,000 keys (16 tiles of 64) and 300 (5 tiles) over clusters of 4, 150 (3
     // tiles) of 2; 1,000 keys of which the first 380 are not masked out: tiles masked whole are
     // skipped.
     for (tokens, cluster, valid) in [(1000, 4, None), (300, 4, None), (150, 2, None), (1000, 4, Some(380))] {
-        let path = last_query(dir.path(), tokens, valid);
+        let path = last_query(dir.path(), tokens, 2, valid);
         let steps = common::compiled_steps(&path, &half());
         let attention: Vec<_> =
             steps.iter().flat_map(Step::sources).filter(|k| k.source.contains("mma_m16n8k16")).collect();
@@ -126,6 +127,43 @@ fn one_query_over_a_long_cache_splits_its_keys_over_a_cluster() {
             fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{tokens} keys for sm_80: {e}"));
         }
 
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
+        common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
+    }
+}
+
+/// One query over `tokens` keys (a decoding step): the decoding kernel, 12 batch × heads in
+/// clusters of 8 blocks; where a mask is read, the block finds the keys that weigh anything
+/// from it first (1,000 keys of which the first 380 are live). Odd counts (77, 301) leave lane
+/// groups and blocks with fewer keys than others.
+#[test]
+fn one_query_runs_in_the_decoding_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    for (tokens, valid) in [(1000, None), (301, None), (77, None), (1000, Some(380)), (301, Some(5))] {
+        let path = last_query(dir.path(), tokens, 1, valid);
+        let steps = common::compiled_steps(&path, &half());
+        let attention: Vec<_> = steps
+            .iter()
+            .flat_map(Step::sources)
+            .filter(|k| k.source.contains("Attention of one query row"))
+            .collect();
+        assert_eq!(attention.len(), 1, "{tokens} keys: one decoding attention kernel");
+        let kernel = attention[0];
+        assert!(
+            kernel.source.contains("FUSEC_CLUSTER_DIMS(8)"),
+            "{tokens} keys: no clusters of 8 in\n{}",
+            kernel.source
+        );
+        assert_eq!(kernel.grid, 12 * 8, "{tokens} keys: a cluster for each batch × head");
+        assert_eq!(
+            kernel.source.contains("atomicMin(&bounds[0]"),
+            valid.is_some(),
+            "{tokens} keys, {valid:?} valid"
+        );
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+            fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{tokens} keys for sm_80: {e}"));
+        }
         let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
         common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
     }

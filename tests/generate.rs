@@ -479,6 +479,86 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
     }
 }
 
+/// A one-token step in fp16 runs its attention in the decoding kernel (one query row a
+/// batch × head, the keys that weigh anything found from the mask and split over a cluster's
+/// blocks): its logits and presents agree with tract, at caches of 7 and 300 positions, for
+/// three sequences whose masks differ — all positions live, empty slots at the end (a cache
+/// not yet full), and zeros at the start too (a shorter prompt padded on the left).
+#[test]
+fn one_query_attention_matches_tract_in_fp16() {
+    let cases = [(DType::F16, 7usize), (DType::F16, 300)];
+    for file in DECODERS {
+        for (precision, past) in cases {
+            let batch = 3;
+            let bundle = compiled(file, batch, 1, past, precision, true);
+            let decoding = bundle.header.steps.iter().any(|s| match s {
+                fusec::codegen::Step::Launch(k) => k.source.contains("Attention of one query row"),
+                _ => false,
+            });
+            assert!(decoding, "{file} {precision}: no decoding attention kernel in the step");
+            if !fusec::runtime::driver_available() {
+                continue;
+            }
+            let total = past + 1;
+            let mask: Vec<i64> = (0..batch * total)
+                .map(|i| {
+                    let (b, t) = (i / total, i % total);
+                    let live = match b {
+                        0 => true,
+                        1 => t < past / 2 || t == past,
+                        _ => (t >= 3 && t < past - past / 3) || t == past,
+                    };
+                    i64::from(live)
+                })
+                .collect();
+            let mut seed = 40u64;
+            let inputs: Vec<(String, Tensor)> = specs(file, batch, 1, past)
+                .into_iter()
+                .map(|spec| {
+                    let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
+                    seed += 1;
+                    let value = match spec.name.as_str() {
+                        "attention_mask" => Tensor::from_i64(
+                            ArrayD::from_shape_vec(IxDyn(&spec.shape), mask.clone()).unwrap(),
+                            DType::I64,
+                        ),
+                        "position_ids" => Tensor::full(&ty, 5.0),
+                        "input_ids" => Tensor::from_i64(
+                            ArrayD::from_shape_vec(IxDyn(&spec.shape), vec![17, 300, 5]).unwrap(),
+                            DType::I64,
+                        ),
+                        _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
+                    };
+                    (spec.name, value)
+                })
+                .collect();
+            // The cache goes in in fp16 (it lies inside its present); tract takes the same
+            // values, rounded, in f32.
+            let inputs: Vec<(String, Tensor)> = inputs
+                .into_iter()
+                .map(|(name, t)| {
+                    let spec = bundle.header.inputs.iter().find(|i| i.name == name).unwrap();
+                    let dtype = DType::from_name(&spec.dtype).unwrap();
+                    let t = if dtype == t.dtype() { t } else { t.cast(dtype) };
+                    (name, t)
+                })
+                .collect();
+            let mut session = fusec::Session::new(&bundle, 0).unwrap();
+            let ours = session.run(&inputs).unwrap();
+            let values: Vec<Tensor> = inputs
+                .iter()
+                .map(|(_, t)| if t.dtype() == DType::F16 { t.cast(DType::F32) } else { t.clone() })
+                .collect();
+            let theirs = run_tract(&common::model_path(file), &values).unwrap();
+            for ((name, ours), theirs) in ours.iter().zip(&theirs) {
+                let error = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
+                println!("{file} {precision} past {past}: {name} rel-L2 {error:.2e}");
+                assert!(error <= 1e-2, "{file} {precision} past {past}: output '{name}' rel-L2 {error:.2e}");
+            }
+        }
+    }
+}
+
 /// Text prompts through a tokenizer file, decoded back: the fixture's word-level tokenizer
 /// (`models/make_tokenizer.py`) round-trips words, maps unknown ones to `[UNK]`, and a prompt
 /// given as text decodes on the CPU loop into the same tokens as its ids.

@@ -38,6 +38,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("row_cached", include_str!("../../templates/row_cached.cu.hbs")),
     ("attention", include_str!("../../templates/attention.cu.hbs")),
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
+    ("attention_decode", include_str!("../../templates/attention_decode.cu.hbs")),
     ("gate", include_str!("../../templates/gate.cu.hbs")),
     ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),

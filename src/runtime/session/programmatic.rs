@@ -59,9 +59,11 @@ impl Session {
     /// Median milliseconds of the program as runs replay it: each input written into its
     /// page-locked buffer (zeros) and copied in first, then the graph (captured anew), timed
     /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
-    /// ([`Session::time_replays`]). Not yet as `fusec bench`'s runs: on ViT-B/16 at batch 8
-    /// this timing (and back-to-back replays) finds programmatic launch 0–1 % slower, `bench`
-    /// 3 % faster (`benches/NOTES.md`).
+    /// ([`Session::time_replays`]). The plain program's time depends on the process's state
+    /// more than programmatic launch's does: on ViT-B/16 at batch 8 the plain replays ran
+    /// 0.817 ms before another build's session was loaded and 0.835–0.845 after, with
+    /// programmatic launch 0.82 in both (`benches/NOTES.md`). The choice holds for the state
+    /// it was made in.
     fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
         self.time_replays(Self::stage_zeros)
     }

@@ -20,6 +20,8 @@ use crate::ir::SymDim;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Pattern, Plan};
 
+mod decode;
+
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
 /// the largest block that still gives every multiprocessor a block.
 const MULTIPROCESSORS: usize = 132;
@@ -300,6 +302,9 @@ pub fn generate(
     let problem = Problem::new(plan, kernel)?;
     match plan.graph.node(problem.anchor).ty.dtype {
         DType::F16 | DType::BF16 => {
+            if let Some(source) = decode::generate(plan, kernel, &problem, name, hb)? {
+                return Ok(source);
+            }
             let top =
                 mma_tiling(problem.heads(), problem.queries(), problem.keys, problem.depth, problem.dv());
             let mut source = tensor_core(plan, kernel, &problem, name, hb, top)?;
