@@ -479,14 +479,14 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
     }
 }
 
-/// A one-token step in fp16 runs its attention in the decoding kernel (one query row a
+/// A one-token step in half types (the cache stored in them) runs its attention in the decoding kernel (one query row a
 /// batch × head, the keys that weigh anything found from the mask and split over a cluster's
 /// blocks): its logits and presents agree with tract, at caches of 7 and 300 positions, for
 /// three sequences whose masks differ — all positions live, empty slots at the end (a cache
 /// not yet full), and zeros at the start too (a shorter prompt padded on the left).
 #[test]
-fn one_query_attention_matches_tract_in_fp16() {
-    let cases = [(DType::F16, 7usize), (DType::F16, 300)];
+fn one_query_attention_matches_tract_in_half_types() {
+    let cases = [(DType::F16, 7usize), (DType::BF16, 300), (DType::F16, 300)];
     for file in DECODERS {
         for (precision, past) in cases {
             let batch = 3;
@@ -532,8 +532,8 @@ fn one_query_attention_matches_tract_in_fp16() {
                     (spec.name, value)
                 })
                 .collect();
-            // The cache goes in in fp16 (it lies inside its present); tract takes the same
-            // values, rounded, in f32.
+            // The cache goes in in the half type (it lies inside its present); tract takes
+            // the same values, rounded, in f32.
             let inputs: Vec<(String, Tensor)> = inputs
                 .into_iter()
                 .map(|(name, t)| {
@@ -547,7 +547,13 @@ fn one_query_attention_matches_tract_in_fp16() {
             let ours = session.run(&inputs).unwrap();
             let values: Vec<Tensor> = inputs
                 .iter()
-                .map(|(_, t)| if t.dtype() == DType::F16 { t.cast(DType::F32) } else { t.clone() })
+                .map(|(_, t)| {
+                    if t.dtype().is_float() && t.dtype() != DType::F32 {
+                        t.cast(DType::F32)
+                    } else {
+                        t.clone()
+                    }
+                })
                 .collect();
             let theirs = run_tract(&common::model_path(file), &values).unwrap();
             for ((name, ours), theirs) in ours.iter().zip(&theirs) {

@@ -234,12 +234,27 @@ impl Lowering<'_> {
     /// The bf16 policy: GEMM-like ops read `target`; any other op reads its float inputs in
     /// their common type (f32 when they differ) — constants count with their own type, but
     /// a bias vector added to a GEMM's product follows the product, as inside a Linear.
+    /// Whether `inputs` (of a concatenation) are an f32 graph input followed by values of
+    /// `target` only.
+    fn extends_an_input(&self, inputs: &[NodeId], target: DType) -> bool {
+        let node = |i: NodeId| self.out.node(i);
+        inputs.len() >= 2
+            && matches!(node(inputs[0]).op, Op::Input { .. })
+            && node(inputs[0]).ty.dtype == DType::F32
+            && inputs[1..].iter().all(|&i| node(i).ty.dtype == target)
+    }
+
     fn mixed(&self, op: &Op, inputs: &[NodeId], target: DType) -> (Op, Option<DType>) {
         let gemm_like =
             |op: &Op| matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. });
         match op {
             op if gemm_like(op) => (op.clone(), Some(target)),
             Op::Cast { .. } => (op.clone(), None),
+            // A decoder's cache: `present = Concat(past, new)`, `past` an f32 graph input and
+            // `new` a projection's product (bf16), is kept in bf16, as the attention that
+            // reads it takes its operands; so the cache updated in place is stored in bf16
+            // (half the bytes a step reads) rather than widened to f32.
+            Op::Concat { .. } if self.extends_an_input(inputs, target) => (op.clone(), Some(target)),
             _ => {
                 let bias_of_gemm = matches!(op, Op::Binary(crate::ir::BinaryOp::Add))
                     && inputs.iter().any(|&i| gemm_like(&self.out.node(i).op))
