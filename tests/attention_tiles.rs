@@ -108,27 +108,14 @@ fn two_queries_over_a_long_cache_split_their_keys_over_a_cluster() {
     // skipped.
     for (tokens, cluster, valid) in [(1000, 4, None), (300, 4, None), (150, 2, None), (1000, 4, Some(380))] {
         let path = last_query(dir.path(), tokens, 2, valid);
-        let steps = common::compiled_steps(&path, &half());
-        let attention: Vec<_> =
-            steps.iter().flat_map(Step::sources).filter(|k| k.source.contains("mma_m16n8k16")).collect();
-        assert_eq!(attention.len(), 1, "{tokens} keys: one tensor-core attention kernel");
-        let kernel = attention[0];
-        let dims = format!("FUSEC_CLUSTER_DIMS({cluster})");
-        assert!(kernel.source.contains(&dims), "{tokens} keys: no `{dims}` in\n{}", kernel.source);
-        assert_eq!(kernel.grid as i64, 12 * cluster, "{tokens} keys: a cluster for each query block");
-        assert_eq!(
-            kernel.source.contains("atomicOr(&live"),
-            valid.is_some(),
-            "{tokens} keys, {valid:?} valid"
+        split_keys(
+            dir.path(),
+            &path,
+            "mma_m16n8k16",
+            cluster,
+            ("atomicOr(&live", valid.is_some()),
+            tokens as u64,
         );
-        if fusec::nvrtc::available() {
-            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
-            // Before sm_90 (no clusters) the first block of each group works alone.
-            fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{tokens} keys for sm_80: {e}"));
-        }
-
-        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
-        common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
     }
 }
 
@@ -141,30 +128,37 @@ fn one_query_runs_in_the_decoding_kernel() {
     let dir = tempfile::tempdir().unwrap();
     for (tokens, valid) in [(1000, None), (301, None), (77, None), (1000, Some(380)), (301, Some(5))] {
         let path = last_query(dir.path(), tokens, 1, valid);
-        let steps = common::compiled_steps(&path, &half());
-        let attention: Vec<_> = steps
-            .iter()
-            .flat_map(Step::sources)
-            .filter(|k| k.source.contains("Attention of one query row"))
-            .collect();
-        assert_eq!(attention.len(), 1, "{tokens} keys: one decoding attention kernel");
-        let kernel = attention[0];
-        assert!(
-            kernel.source.contains("FUSEC_CLUSTER_DIMS(8)"),
-            "{tokens} keys: no clusters of 8 in\n{}",
-            kernel.source
+        split_keys(
+            dir.path(),
+            &path,
+            "Attention of one query row",
+            8,
+            ("atomicMin(&bounds[0]", valid.is_some()),
+            tokens as u64,
         );
-        assert_eq!(kernel.grid, 12 * 8, "{tokens} keys: a cluster for each batch × head");
-        assert_eq!(
-            kernel.source.contains("atomicMin(&bounds[0]"),
-            valid.is_some(),
-            "{tokens} keys, {valid:?} valid"
-        );
-        if fusec::nvrtc::available() {
-            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
-            fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{tokens} keys for sm_80: {e}"));
-        }
-        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, tokens as u64);
-        common::gpu_matches_tract(&path, &half(), &inputs, &theirs, 1e-2);
     }
+}
+
+/// The one kernel of `path`'s f16 program whose source holds `marker`: clusters of `cluster`
+/// blocks, one for each of the 12 query blocks; looking through its mask first (`looks` in its
+/// source) just where `masked`; no spills, and compiled for sm_80 too (no clusters there: the
+/// first block of each group works alone). Then the program against tract on a GPU, on random
+/// inputs drawn from `seed`.
+fn split_keys(dir: &Path, path: &Path, marker: &str, cluster: u32, (looks, masked): (&str, bool), seed: u64) {
+    let name = path.display();
+    let steps = common::compiled_steps(path, &half());
+    let kernels: Vec<_> =
+        steps.iter().flat_map(Step::sources).filter(|k| k.source.contains(marker)).collect();
+    assert_eq!(kernels.len(), 1, "{name}: one kernel with `{marker}`");
+    let kernel = kernels[0];
+    let dims = format!("FUSEC_CLUSTER_DIMS({cluster})");
+    assert!(kernel.source.contains(&dims), "{name}: no `{dims}` in\n{}", kernel.source);
+    assert_eq!(kernel.grid, 12 * cluster, "{name}: a cluster for each query block");
+    assert_eq!(kernel.source.contains(looks), masked, "{name}: `{looks}`");
+    if fusec::nvrtc::available() {
+        common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir);
+        fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{name} for sm_80: {e}"));
+    }
+    let (_, inputs, theirs) = common::tract_on_random_inputs(path, seed);
+    common::gpu_matches_tract(path, &half(), &inputs, &theirs, 1e-2);
 }

@@ -71,6 +71,36 @@ fn compiled(
     fusec::compile(&common::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
+/// The inputs of a one-token step of `file` for three sequences after `past` cached positions:
+/// ids 17, 300 and 5, `mask` (`3 × (past + 1)` values), every position `position`, caches
+/// drawn at random from `seed` on.
+fn one_token_inputs(
+    file: &str,
+    past: usize,
+    mask: &[i64],
+    position: f64,
+    seed: u64,
+) -> Vec<(String, Tensor)> {
+    let mut seed = seed;
+    specs(file, 3, 1, past)
+        .into_iter()
+        .map(|spec| {
+            let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
+            seed += 1;
+            let ids = |values: Vec<i64>| {
+                Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(&spec.shape), values).unwrap(), DType::I64)
+            };
+            let value = match spec.name.as_str() {
+                "attention_mask" => ids(mask.to_vec()),
+                "position_ids" => Tensor::full(&ty, position),
+                "input_ids" => ids(vec![17, 300, 5]),
+                _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
+            };
+            (spec.name, value)
+        })
+        .collect()
+}
+
 /// Compiled with the cache updated in place, each `past_key_values` input lies inside its
 /// `present` output (same place, rows `capacity + 1` positions apart), both in the storage type;
 /// the step no longer converts or copies the cache: fewer kernels in fp16, and at least the copy's
@@ -443,24 +473,7 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
     for file in DECODERS {
         let (batch, past) = (3, 7);
         let bundle = compiled(file, batch, 1, past, DType::F32, true);
-        let mut seed = 7u64;
-        let inputs: Vec<(String, Tensor)> = specs(file, batch, 1, past)
-            .into_iter()
-            .map(|spec| {
-                let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
-                seed += 1;
-                let value = match spec.name.as_str() {
-                    "attention_mask" => Tensor::full(&ty, 1.0),
-                    "position_ids" => Tensor::full(&ty, past as f64),
-                    "input_ids" => Tensor::from_i64(
-                        ArrayD::from_shape_vec(IxDyn(&spec.shape), vec![17, 300, 5]).unwrap(),
-                        DType::I64,
-                    ),
-                    _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
-                };
-                (spec.name, value)
-            })
-            .collect();
+        let inputs = one_token_inputs(file, past, &vec![1; batch * (past + 1)], past as f64, 7);
         let mut session = fusec::Session::new(&bundle, 0).unwrap();
         let ours = session.run(&inputs).unwrap();
         let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
@@ -511,27 +524,7 @@ fn one_query_attention_matches_tract_in_half_types() {
                     i64::from(live)
                 })
                 .collect();
-            let mut seed = 40u64;
-            let inputs: Vec<(String, Tensor)> = specs(file, batch, 1, past)
-                .into_iter()
-                .map(|spec| {
-                    let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
-                    seed += 1;
-                    let value = match spec.name.as_str() {
-                        "attention_mask" => Tensor::from_i64(
-                            ArrayD::from_shape_vec(IxDyn(&spec.shape), mask.clone()).unwrap(),
-                            DType::I64,
-                        ),
-                        "position_ids" => Tensor::full(&ty, 5.0),
-                        "input_ids" => Tensor::from_i64(
-                            ArrayD::from_shape_vec(IxDyn(&spec.shape), vec![17, 300, 5]).unwrap(),
-                            DType::I64,
-                        ),
-                        _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
-                    };
-                    (spec.name, value)
-                })
-                .collect();
+            let inputs = one_token_inputs(file, past, &mask, 5.0, 40);
             // The cache goes in in the half type (it lies inside its present); tract takes
             // the same values, rounded, in f32.
             let inputs: Vec<(String, Tensor)> = inputs
