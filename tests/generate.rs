@@ -102,15 +102,16 @@ fn one_token_inputs(
 }
 
 /// Compiled with the cache updated in place, each `past_key_values` input lies inside its
-/// `present` output (same place, rows `capacity + 1` positions apart), both in the storage type;
-/// the step no longer converts or copies the cache: fewer kernels in fp16, and at least the copy's
+/// `present` output (same place, rows `capacity + 1` positions apart), both in the storage type
+/// (bf16 too: the mixed policy keeps a cache in bf16, as attention reads it);
+/// the step no longer converts or copies the cache: fewer kernels in half types, and at least the copy's
 /// bytes (every cached tensor read and written once) fewer moved. The prompt step's cache is
 /// in place the same way, `capacity + seq` apart.
 #[test]
 fn a_cache_updated_in_place_lies_inside_its_output() {
     for file in DECODERS {
         let (heads, size) = cache_dims(file);
-        for precision in [DType::F32, DType::F16] {
+        for precision in [DType::F32, DType::F16, DType::BF16] {
             let copied = step_bundle(file, 2, 9, precision);
             let bundle = compiled(file, 2, 1, 9, precision, true);
             let h = &bundle.header;
@@ -138,7 +139,7 @@ fn a_cache_updated_in_place_lies_inside_its_output() {
                 assert_eq!((copy.to_offset, copy.to_pitch), (4 * size * element, 10 * size * element));
             }
             let cache_bytes = (layout.pairs.len() * 2 * heads * 9 * size * element) as u64;
-            // In fp16 the casts of the cache in and out are gone too.
+            // In half types the casts of the cache in and out are gone too.
             let fewer = h.kernels < copied.header.kernels
                 || (precision == DType::F32 && h.kernels == copied.header.kernels);
             assert!(

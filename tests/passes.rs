@@ -358,3 +358,43 @@ fn small_broadcast_vectors_are_stored() {
     let after = ir::evaluate(&g, &model_feeds).unwrap();
     assert_eq!(rel_l2(&after[0].1, &before[0].1), 0.0);
 }
+
+/// In the mixed bf16 policy a concatenation of an f32 graph input and bf16 values (a decoder's
+/// `present = Concat(past, new)`, `new` a projection's product) computes in bf16, as the
+/// attention that reads it takes its operands; other mixed concatenations (the input not first)
+/// still widen to f32, and the graph's inputs and outputs keep their types.
+#[test]
+fn a_cache_concatenation_stays_bf16_in_the_mixed_policy() {
+    let mut g = Graph::new();
+    let past = g.add_input("past", TensorType::new(DType::F32, vec![1, 2, 3, 4]));
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, 2, 1, 4]));
+    let w = ir::random_tensor(&TensorType::new(DType::F32, vec![4, 4]), 3, -1.0, 1.0);
+    let w = g.add_constant("w", Arc::new(w), origin("w"));
+    let new = g.add_op(Op::MatMul, &[x, w], "new", origin("matmul")).unwrap();
+    let present = g.add_op(Op::Concat { axis: 2 }, &[past, new], "present", origin("cat")).unwrap();
+    let other = g.add_op(Op::Concat { axis: 2 }, &[new, past], "other", origin("cat2")).unwrap();
+    g.set_outputs(vec![("present".into(), present), ("other".into(), other)]);
+    let (lowered, map) = fusec::passes::lower_precision(g.clone(), DType::BF16).unwrap();
+    assert_eq!(lowered.node(map[&present]).op, Op::Concat { axis: 2 });
+    assert_eq!(lowered.node(map[&present]).ty.dtype, DType::BF16, "the cache's concatenation");
+    assert_eq!(lowered.node(map[&other]).ty.dtype, DType::F32, "another mixed concatenation");
+    for &(_, out) in lowered.outputs() {
+        assert_eq!(lowered.node(out).ty.dtype, DType::F32, "outputs keep their type");
+    }
+    // The values: the cache's part as given, rounded to bf16.
+    let feeds: HashMap<String, Tensor> = [("past", &[1usize, 2, 3, 4][..]), ("x", &[1, 2, 1, 4][..])]
+        .iter()
+        .enumerate()
+        .map(|(k, (name, shape))| {
+            (
+                name.to_string(),
+                ir::random_tensor(&TensorType::new(DType::F32, shape.to_vec()), 10 + k as u64, -1.0, 1.0),
+            )
+        })
+        .collect();
+    let (ours, theirs) = (ir::evaluate(&lowered, &feeds).unwrap(), ir::evaluate(&g, &feeds).unwrap());
+    for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
+        let err = rel_l2(a, b);
+        assert!(err > 0.0 && err <= 1e-2, "{name}: rel-L2 {err:e}");
+    }
+}
