@@ -42,6 +42,11 @@ fn self_attention(dir: &Path, tokens: i64) -> PathBuf {
 /// The last `queries` positions' queries over `tokens` keys, 12 sequences of one 64-wide head;
 /// with `valid`, the keys from that one on masked out by -inf (a cache's empty slots).
 fn last_query(dir: &Path, tokens: i64, queries: i64, valid: Option<i64>) -> PathBuf {
+    last_query_of(dir, 64, tokens, queries, valid)
+}
+
+/// [`last_query`] for a head `width` wide (scaled by `1 / sqrt(width)`).
+fn last_query_of(dir: &Path, width: i64, tokens: i64, queries: i64, valid: Option<i64>) -> PathBuf {
     let mut nodes = vec![
         node("MatMul", &["x", "wq"], "qs", vec![]),
         node("Slice", &["qs", "starts", "ends", "axes"], "q", vec![]),
@@ -54,10 +59,10 @@ fn last_query(dir: &Path, tokens: i64, queries: i64, valid: Option<i64>) -> Path
         node("MatMul", &["p", "v"], "out", vec![]),
     ];
     let mut init = vec![
-        weight("wq", &[64, 64], 91, -0.3, 0.6),
-        weight("wk", &[64, 64], 92, -0.3, 0.6),
-        weight("wv", &[64, 64], 93, -0.3, 0.6),
-        floats("scale", &[0.125]),
+        weight("wq", &[width, width], 91, -0.3, 0.6),
+        weight("wk", &[width, width], 92, -0.3, 0.6),
+        weight("wv", &[width, width], 93, -0.3, 0.6),
+        floats("scale", &[1.0 / (width as f32).sqrt()]),
         int64s("starts", &[tokens - queries]),
         int64s("ends", &[tokens]),
         int64s("axes", &[1]),
@@ -67,8 +72,8 @@ fn last_query(dir: &Path, tokens: i64, queries: i64, valid: Option<i64>) -> Path
         let mask: Vec<f32> = (0..tokens).map(|t| if t < valid { 0.0 } else { f32::NEG_INFINITY }).collect();
         init.push(floats("mask", &mask));
     }
-    let name = format!("last{tokens}_{queries}_{}", valid.unwrap_or(tokens));
-    write_model(dir, &name, &[12, tokens, 64], nodes, init)
+    let name = format!("last{width}_{tokens}_{queries}_{}", valid.unwrap_or(tokens));
+    write_model(dir, &name, &[12, tokens, width], nodes, init)
 }
 
 fn half() -> CompileOptions {
@@ -161,4 +166,22 @@ fn split_keys(dir: &Path, path: &Path, marker: &str, cluster: u32, (looks, maske
     }
     let (_, inputs, theirs) = common::tract_on_random_inputs(path, seed);
     common::gpu_matches_tract(path, &half(), &inputs, &theirs, 1e-2);
+}
+
+/// The decoding kernel at other head sizes: 80 and 96 (lanes past the head's last 8-element
+/// pack load zeros), 128 and 256 (a whole warp a key): no spills, and against tract on a GPU.
+#[test]
+fn one_query_runs_in_the_decoding_kernel_at_other_head_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (width, valid) in [(80, None), (96, Some(200)), (128, None), (256, Some(150))] {
+        let path = last_query_of(dir.path(), width, 301, 1, valid);
+        split_keys(
+            dir.path(),
+            &path,
+            "Attention of one query row",
+            8,
+            ("atomicMin(&bounds[0]", valid.is_some()),
+            301,
+        );
+    }
 }
