@@ -361,8 +361,9 @@ fn small_broadcast_vectors_are_stored() {
 
 /// In the mixed bf16 policy a concatenation of an f32 graph input and bf16 values (a decoder's
 /// `present = Concat(past, new)`, `new` a projection's product) computes in bf16, as the
-/// attention that reads it takes its operands; other mixed concatenations (the input not first)
-/// still widen to f32, and the graph's inputs and outputs keep their types.
+/// attention that reads it takes its operands; other mixed concatenations (the input not first,
+/// or read by an elementwise op) still widen to f32, and the graph's inputs and outputs keep
+/// their types.
 #[test]
 fn a_cache_concatenation_stays_bf16_in_the_mixed_policy() {
     let mut g = Graph::new();
@@ -373,25 +374,31 @@ fn a_cache_concatenation_stays_bf16_in_the_mixed_policy() {
     let new = g.add_op(Op::MatMul, &[x, w], "new", origin("matmul")).unwrap();
     let present = g.add_op(Op::Concat { axis: 2 }, &[past, new], "present", origin("cat")).unwrap();
     let other = g.add_op(Op::Concat { axis: 2 }, &[new, past], "other", origin("cat2")).unwrap();
-    g.set_outputs(vec![("present".into(), present), ("other".into(), other)]);
+    // A concatenation of the same kind that an elementwise op reads.
+    let state = g.add_input("state", TensorType::new(DType::F32, vec![1, 2, 3, 4]));
+    let kept = g.add_op(Op::Concat { axis: 2 }, &[state, new], "kept", origin("cat3")).unwrap();
+    let added = g.add_op(Op::Binary(BinaryOp::Add), &[kept, kept], "added", origin("add")).unwrap();
+    g.set_outputs(vec![("present".into(), present), ("other".into(), other), ("added".into(), added)]);
     let (lowered, map) = fusec::passes::lower_precision(g.clone(), DType::BF16).unwrap();
     assert_eq!(lowered.node(map[&present]).op, Op::Concat { axis: 2 });
     assert_eq!(lowered.node(map[&present]).ty.dtype, DType::BF16, "the cache's concatenation");
     assert_eq!(lowered.node(map[&other]).ty.dtype, DType::F32, "another mixed concatenation");
+    assert_eq!(lowered.node(map[&kept]).ty.dtype, DType::F32, "a concatenation an addition reads");
     for &(_, out) in lowered.outputs() {
         assert_eq!(lowered.node(out).ty.dtype, DType::F32, "outputs keep their type");
     }
     // The values: the cache's part as given, rounded to bf16.
-    let feeds: HashMap<String, Tensor> = [("past", &[1usize, 2, 3, 4][..]), ("x", &[1, 2, 1, 4][..])]
-        .iter()
-        .enumerate()
-        .map(|(k, (name, shape))| {
-            (
-                name.to_string(),
-                ir::random_tensor(&TensorType::new(DType::F32, shape.to_vec()), 10 + k as u64, -1.0, 1.0),
-            )
-        })
-        .collect();
+    let feeds: HashMap<String, Tensor> =
+        [("past", &[1usize, 2, 3, 4][..]), ("x", &[1, 2, 1, 4][..]), ("state", &[1, 2, 3, 4][..])]
+            .iter()
+            .enumerate()
+            .map(|(k, (name, shape))| {
+                (
+                    name.to_string(),
+                    ir::random_tensor(&TensorType::new(DType::F32, shape.to_vec()), 10 + k as u64, -1.0, 1.0),
+                )
+            })
+            .collect();
     let (ours, theirs) = (ir::evaluate(&lowered, &feeds).unwrap(), ir::evaluate(&g, &feeds).unwrap());
     for ((name, a), (_, b)) in ours.iter().zip(&theirs) {
         let err = rel_l2(a, b);

@@ -136,7 +136,12 @@ pub fn lower_precision_halved(
             },
             op => {
                 let inputs: Vec<NodeId> = graph.inputs_of(id).iter().map(|i| map[i]).collect();
-                let (op, want) = if mixed { b.mixed(op, &inputs, target) } else { pure(op, target) };
+                let (op, want) = if mixed {
+                    let cache = matches!(op, Op::Concat { .. }) && read_by_products_only(&graph, id);
+                    b.mixed(op, &inputs, target, cache)
+                } else {
+                    pure(op, target)
+                };
                 let inputs = match want {
                     Some(want) => inputs
                         .into_iter()
@@ -244,17 +249,20 @@ impl Lowering<'_> {
             && inputs[1..].iter().all(|&i| node(i).ty.dtype == target)
     }
 
-    fn mixed(&self, op: &Op, inputs: &[NodeId], target: DType) -> (Op, Option<DType>) {
+    /// The mixed policy's choice for `op` of `inputs`; `cache`: a concatenation read only by
+    /// products (through views) or as a graph output ([`read_by_products_only`]).
+    fn mixed(&self, op: &Op, inputs: &[NodeId], target: DType, cache: bool) -> (Op, Option<DType>) {
         let gemm_like =
             |op: &Op| matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. });
         match op {
             op if gemm_like(op) => (op.clone(), Some(target)),
             Op::Cast { .. } => (op.clone(), None),
             // A decoder's cache: `present = Concat(past, new)`, `past` an f32 graph input and
-            // `new` a projection's product (bf16), is kept in bf16, as the attention that
-            // reads it takes its operands; so the cache updated in place is stored in bf16
-            // (half the bytes a step reads) rather than widened to f32.
-            Op::Concat { .. } if self.extends_an_input(inputs, target) => (op.clone(), Some(target)),
+            // `new` a projection's product (bf16), read only by attention (or products) and as
+            // an output, is kept in bf16, as attention takes its operands; so the cache
+            // updated in place is stored in bf16 (half the bytes a step reads) rather than
+            // widened to f32. Where anything else reads it, it widens as other ops do.
+            Op::Concat { .. } if cache && self.extends_an_input(inputs, target) => (op.clone(), Some(target)),
             _ => {
                 let bias_of_gemm = matches!(op, Op::Binary(crate::ir::BinaryOp::Add))
                     && inputs.iter().any(|&i| gemm_like(&self.out.node(i).op))
@@ -275,4 +283,20 @@ impl Lowering<'_> {
             }
         }
     }
+}
+
+/// Whether every reader of `id`, through views, is a product that takes its operands in the
+/// half type (a matrix product, attention, a convolution); a graph output may be one too.
+fn read_by_products_only(graph: &Graph, id: NodeId) -> bool {
+    let mut stack = vec![id];
+    while let Some(n) = stack.pop() {
+        for user in graph.users_of(n) {
+            match &graph.node(user).op {
+                op if op.is_view() => stack.push(user),
+                Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. } => {}
+                _ => return false,
+            }
+        }
+    }
+    true
 }
