@@ -236,9 +236,6 @@ impl Lowering<'_> {
         Ok(new)
     }
 
-    /// The bf16 policy: GEMM-like ops read `target`; any other op reads its float inputs in
-    /// their common type (f32 when they differ) — constants count with their own type, but
-    /// a bias vector added to a GEMM's product follows the product, as inside a Linear.
     /// Whether `inputs` (of a concatenation) are an f32 graph input followed by values of
     /// `target` only.
     fn extends_an_input(&self, inputs: &[NodeId], target: DType) -> bool {
@@ -249,13 +246,14 @@ impl Lowering<'_> {
             && inputs[1..].iter().all(|&i| node(i).ty.dtype == target)
     }
 
-    /// The mixed policy's choice for `op` of `inputs`; `cache`: a concatenation read only by
-    /// products (through views) or as a graph output ([`read_by_products_only`]).
+    /// The bf16 policy: GEMM-like ops read `target`; any other op reads its float inputs in
+    /// their common type (f32 when they differ) — constants count with their own type, but
+    /// a bias vector added to a GEMM's product follows the product, as inside a Linear.
+    /// `cache`: a concatenation read only by products (through views) or as a graph output
+    /// ([`read_by_products_only`]).
     fn mixed(&self, op: &Op, inputs: &[NodeId], target: DType, cache: bool) -> (Op, Option<DType>) {
-        let gemm_like =
-            |op: &Op| matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. });
         match op {
-            op if gemm_like(op) => (op.clone(), Some(target)),
+            op if takes_half_operands(op) => (op.clone(), Some(target)),
             Op::Cast { .. } => (op.clone(), None),
             // A decoder's cache: `present = Concat(past, new)`, `past` an f32 graph input and
             // `new` a projection's product (bf16), read only by attention (or products) and as
@@ -265,7 +263,7 @@ impl Lowering<'_> {
             Op::Concat { .. } if cache && self.extends_an_input(inputs, target) => (op.clone(), Some(target)),
             _ => {
                 let bias_of_gemm = matches!(op, Op::Binary(crate::ir::BinaryOp::Add))
-                    && inputs.iter().any(|&i| gemm_like(&self.out.node(i).op))
+                    && inputs.iter().any(|&i| takes_half_operands(&self.out.node(i).op))
                     && inputs.iter().any(|&i| {
                         let shape = &self.out.node(i).ty.shape;
                         self.constants.contains_key(&i) && shape.iter().rev().skip(1).all(|&d| d == 1)
@@ -285,15 +283,21 @@ impl Lowering<'_> {
     }
 }
 
+/// The ops the bf16 policy runs on `target` operands: matrix products, attention and
+/// convolutions.
+fn takes_half_operands(op: &Op) -> bool {
+    matches!(op, Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. })
+}
+
 /// Whether every reader of `id`, through views, is a product that takes its operands in the
-/// half type (a matrix product, attention, a convolution); a graph output may be one too.
+/// half type ([`takes_half_operands`]); a graph output may be one too.
 fn read_by_products_only(graph: &Graph, id: NodeId) -> bool {
     let mut stack = vec![id];
     while let Some(n) = stack.pop() {
         for user in graph.users_of(n) {
             match &graph.node(user).op {
                 op if op.is_view() => stack.push(user),
-                Op::MatMul | Op::Gemm { .. } | Op::Attention { .. } | Op::Conv { .. } => {}
+                op if takes_half_operands(op) => {}
                 _ => return false,
             }
         }

@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::{Common, Problem, MULTIPROCESSORS};
+use super::{forced_cluster, half_names, Common, Problem, MULTIPROCESSORS};
 use crate::codegen::expr::header;
 use crate::codegen::kernel::{coords_decl, Body};
 use crate::codegen::KernelSource;
@@ -49,7 +49,7 @@ pub(super) fn generate(
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
     let group = depth.max(dv).div_ceil(8).next_power_of_two();
     let cluster = cluster_size(problem.heads());
-    let half = if dtype == DType::BF16 { "__nv_bfloat16" } else { "__half" };
+    let (half, _) = half_names(dtype);
     let data = json!({
         "half": half,
         "threads": THREADS,
@@ -76,9 +76,6 @@ pub(super) fn generate(
 /// keys go by in trips of 64 (for a 64-wide head), each a wait on memory, so fewer keys a block
 /// is a shorter chain. `FUSEC_ATTENTION_CLUSTER` (1, 2, 4 or 8) overrides it, for measuring it.
 fn cluster_size(heads: usize) -> usize {
-    let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
-    if let Some(c @ (1 | 2 | 4 | 8)) = forced {
-        return c;
-    }
-    [8, 4, 2].into_iter().find(|&c| heads * c <= 4 * MULTIPROCESSORS).unwrap_or(1)
+    forced_cluster()
+        .unwrap_or_else(|| [8, 4, 2].into_iter().find(|&c| heads * c <= 4 * MULTIPROCESSORS).unwrap_or(1))
 }

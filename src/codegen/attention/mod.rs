@@ -405,14 +405,28 @@ pub fn mma_tiling(heads: usize, queries: usize, keys: usize, depth: usize, dv: u
 /// whether a block's states fit its value buffer for the merge. `FUSEC_ATTENTION_CLUSTER`
 /// (1, 2, 4 or 8) overrides the choice, for measuring it.
 fn cluster_size(blocks: usize, tiles: usize, fits: bool) -> usize {
-    let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
     if !fits {
         return 1;
     }
-    if let Some(c @ (1 | 2 | 4 | 8)) = forced {
+    if let Some(c) = forced_cluster() {
         return c;
     }
     [4, 2].into_iter().find(|&c| blocks * c <= MULTIPROCESSORS && tiles.div_ceil(c) >= 2).unwrap_or(1)
+}
+
+/// `FUSEC_ATTENTION_CLUSTER` where it is 1, 2, 4 or 8: blocks a cluster, for measuring the
+/// attention kernels' choice.
+fn forced_cluster() -> Option<usize> {
+    let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
+    forced.filter(|c| matches!(c, 1 | 2 | 4 | 8))
+}
+
+/// The C names of half type `dtype` (f16 unless bf16) and of the conversion to it from f32.
+fn half_names(dtype: DType) -> (&'static str, &'static str) {
+    match dtype {
+        DType::BF16 => ("__nv_bfloat16", "__float2bfloat16_rn"),
+        _ => ("__half", "__float2half_rn"),
+    }
 }
 
 /// Warps per block of the tensor-core kernel: the most (up to 4) that still give every
@@ -435,10 +449,7 @@ fn tensor_core(
     tiling: super::Tiling,
 ) -> Result<KernelSource, String> {
     let dtype = plan.graph.node(problem.anchor).ty.dtype;
-    let (half, to_half) = match dtype {
-        DType::BF16 => ("__nv_bfloat16", "__float2bfloat16_rn"),
-        _ => ("__half", "__float2half_rn"),
-    };
+    let (half, to_half) = half_names(dtype);
     let mut body = Body::new(plan, kernel);
     body.headers.extend(header(dtype));
     let rank = problem.rank();

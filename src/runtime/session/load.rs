@@ -201,8 +201,7 @@ impl Session {
                             // On by default (`FUSEC_PDL=0` turns it off): its first packs
                             // of weights are requested before it waits for the kernel before
                             // it, so their latency overlaps that kernel's end.
-                            launch.programmatic |= programmatic_launch_forced(major, true).unwrap_or(false)
-                                && waits_for_predecessor(source);
+                            launch.programmatic |= forced != Some(false) && waits_for_predecessor(source);
                             Some(launch)
                         }
                         _ => None,
