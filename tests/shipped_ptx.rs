@@ -2,7 +2,8 @@
 //! the binary) is what their sources compile to now: each is compiled again with NVRTC and the
 //! options `kernels/README.md` gives, and must match byte for byte — so a change to a source
 //! without its PTX regenerated fails here. Needs NVRTC 13.0 (the version the PTX was made
-//! with); skipped, saying so, without it.
+//! with); skipped, saying so, without it. `FUSEC_REGENERATE_PTX=1` writes the compiled PTX
+//! over the kept files instead of comparing.
 
 use std::path::Path;
 
@@ -41,6 +42,11 @@ fn the_kept_ptx_is_its_source_compiled() {
         let compiled = cudarc::nvrtc::compile_ptx_with_opts(&source_text, opts)
             .unwrap_or_else(|e| panic!("{source} {options:?}: {e:?}"))
             .to_src();
+        if std::env::var("FUSEC_REGENERATE_PTX").is_ok_and(|v| v.trim() == "1") {
+            // After a change to a source: write what it compiles to (kernels/README.md).
+            std::fs::write(dir.join(ptx), &compiled).unwrap();
+            continue;
+        }
         assert!(
             compiled == kept,
             "kernels/{ptx} is not what kernels/{source} compiles to with {options:?}: regenerate it \

@@ -38,6 +38,71 @@ fn the_gpu_argmax_is_the_hosts() {
     assert!(session.argmax_rows(name, 22, 40).is_err(), "more rows than the output holds");
 }
 
+/// The greedy choice over rows the kernel splits over many blocks (chunks of 1,024 merged by
+/// atomics) picks what the host's does: rows of a vocabulary (50,257) and of awkward widths
+/// around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
+/// all -inf or all NaN (index 0), -0 before +0 (equal: the first), the largest value last, and
+/// the same launch twice (the kernel clears its merge slots for the next).
+#[test]
+fn the_gpu_argmax_is_the_hosts_across_blocks() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver");
+        return;
+    }
+    let (rows, width) = (7usize, 50_257usize);
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![common::onnx::node("Mul", &["x", "c"], "y", vec![])];
+    let c = common::onnx::weight("c", &[1], 1, 1.0, 0.0);
+    let path = common::onnx::write_model(dir.path(), "logits", &[rows as i64, width as i64], nodes, vec![c]);
+    let bundle = fusec::compile(&path, &CompileOptions::default()).unwrap();
+    let mut session = fusec::Session::new(&bundle, 0).unwrap();
+    let mut next = common::xorshift(17);
+    let mut unit = move || (next() % 1_000_000) as f32 / 1_000_000.0;
+    let mut values = Vec::with_capacity(rows * width);
+    for r in 0..rows {
+        for i in 0..width {
+            let u = unit();
+            values.push(match r {
+                // Ties: a few values, the largest in many chunks.
+                0 => (u * 4.0).floor(),
+                1 if i % 7 == 0 => f32::NAN,
+                1 if i % 5 == 0 => f32::NEG_INFINITY,
+                2 => f32::NEG_INFINITY,
+                3 => f32::NAN,
+                // Every value negative but a -0 and, later, a +0.
+                4 if i == 3_000 => -0.0,
+                4 if i == 40_000 => 0.0,
+                4 => -1.0 - u,
+                5 if i == width - 1 => 30.0,
+                _ => 20.0 * u - 10.0,
+            });
+        }
+    }
+    let x = Tensor::from_f64(
+        ArrayD::from_shape_vec(IxDyn(&[rows, width]), values.iter().map(|&v| f64::from(v)).collect())
+            .unwrap(),
+        DType::F32,
+    );
+    let outputs = session.run(&[("x".to_string(), x)]).unwrap();
+    let name = outputs[0].0.clone();
+    let logits: Vec<f32> = outputs[0].1.to_f64_vec().iter().map(|&v| v as f32).collect();
+    let mut sampler = fusec::generate::Sampler::new(fusec::generate::Sampling::Greedy, 1.0, 0).unwrap();
+    for (rows, width) in
+        [(7, width), (1, width), (343, 1025), (3, 1024), (5, 1023), (2, 5003), (1, 7 * width), (9, 1)]
+    {
+        for _ in 0..2 {
+            let ours = session.argmax_rows(&name, rows, width).unwrap();
+            let theirs: Vec<i64> =
+                (0..rows).map(|r| sampler.choose(&logits[r * width..(r + 1) * width]) as i64).collect();
+            assert_eq!(ours, theirs, "{rows} rows of {width}");
+        }
+    }
+    // The cases above were what they were meant to be.
+    let row = |r: usize| &logits[r * width..(r + 1) * width];
+    assert_eq!(session.argmax_rows(&name, 7, width).unwrap()[2..6], [0, 0, 3_000, width as i64 - 1]);
+    assert!(row(0).iter().filter(|&&v| v == 3.0).count() > 100);
+}
+
 /// Top-k and top-p draws on the GPU (`Session::sample_rows`) pick what the host's sampler
 /// picks for the same draws (`Sampler::choose_with`) — both of the kernel's ways: kept sets of
 /// at most 1,024 candidates sorted, larger ones searched (top-k 2000, the wide nuclei) — on

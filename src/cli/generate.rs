@@ -153,6 +153,14 @@ impl Generate {
             .map(|(name, ms)| format!("{name} {:.3}", ms / steps))
             .collect();
         println!("ms per step after the first tokens: {}", phases.join(", "));
+        if let Some(gpu) = generation.gpu_phase_ms {
+            let phases: Vec<String> = fusec::generate::PHASES
+                .iter()
+                .zip(gpu)
+                .map(|(name, ms)| format!("{name} {:.4}", ms / steps))
+                .collect();
+            println!("GPU ms per step after the first tokens: {}", phases.join(", "));
+        }
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -15,6 +15,7 @@ pub mod prompt;
 pub mod reference;
 pub mod sampling;
 pub mod text;
+pub mod timing;
 
 use std::time::Instant;
 
@@ -25,6 +26,8 @@ pub use cache::CacheLayout;
 pub use compile::StepCompile;
 pub use sampling::{Sampler, Sampling};
 pub use text::TextCodec;
+pub use timing::PHASES;
+use timing::{Clock, Marks};
 
 /// Why generation failed.
 #[derive(Debug, thiserror::Error)]
@@ -87,34 +90,11 @@ pub struct Generation {
     pub first_token_ms: f64,
     /// Each step after that one, in ms.
     pub step_ms: Vec<f64>,
-    /// Those steps' time by phase, in ms ([`PHASES`]).
+    /// Those steps' time by phase, in ms ([`PHASES`]), as the host saw it.
     pub phase_ms: [f64; 5],
-}
-
-/// What a step's time goes to: writing its inputs, running the model, reading the logits
-/// (or, greedy on the GPU, choosing there and reading the ids), choosing tokens on the host,
-/// copying the new keys and values into the cache.
-pub const PHASES: [&str; 5] = ["inputs", "model", "logits", "choice", "cache copies"];
-
-/// Adds the time since the last lap to a phase, for the steps after the first tokens.
-struct Clock<'a> {
-    on: bool,
-    last: Instant,
-    phases: &'a mut [f64; 5],
-}
-
-impl<'a> Clock<'a> {
-    fn new(on: bool, phases: &'a mut [f64; 5]) -> Self {
-        Clock { on, last: Instant::now(), phases }
-    }
-
-    fn lap(&mut self, phase: usize) {
-        let now = Instant::now();
-        if self.on {
-            self.phases[phase] += (now - self.last).as_secs_f64() * 1e3;
-        }
-        self.last = now;
-    }
+    /// The same phases on the GPU's clock, where asked for (`FUSEC_GENERATE_GPU_TIMES=1`) and
+    /// the steps run there.
+    pub gpu_phase_ms: Option<[f64; 5]>,
 }
 
 impl Generation {
@@ -243,6 +223,10 @@ pub trait Steps {
     ) -> Result<(), GenerateError>;
     /// The element type of input `name`.
     fn input_type(&self, name: &str) -> Option<DType>;
+    /// A timing event recorded after the work issued so far, where the steps run on a GPU.
+    fn timing_event(&mut self) -> Result<Option<cudarc::driver::CudaEvent>, GenerateError> {
+        Ok(None)
+    }
 }
 
 impl Steps for Session {
@@ -335,6 +319,9 @@ impl Steps for Session {
     }
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
+    }
+    fn timing_event(&mut self) -> Result<Option<cudarc::driver::CudaEvent>, GenerateError> {
+        Ok(Some(self.record_timing_event()?))
     }
 }
 
@@ -446,11 +433,12 @@ impl<S: Steps> Generator<S> {
         // that step and which sequences take a token there; from then on the token input is
         // the device's).
         let mut fed: Option<(usize, Vec<bool>)> = None;
+        let mut marks = timing::gpu_times().then(Marks::default);
         for t in start..steps {
             if done.iter().all(|&d| d) {
                 break;
             }
-            let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms);
+            let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms, marks.as_mut());
             if fed.is_none() {
                 let tokens: Vec<f64> = (0..batch)
                     .map(|b| match (rows[b].get(t), out.tokens.get(b).and_then(|g| g.last())) {
@@ -473,11 +461,11 @@ impl<S: Steps> Generator<S> {
                     .collect();
                 self.write(cache::MASK, &[batch, capacity + 1], mask)?;
             }
-            clock.lap(0);
+            clock.lap(0, &mut self.steps)?;
             // Not waited for: what reads its results next waits (or, feeding ids back, only
             // the previous step's copy of them).
             self.steps.execute_queued()?;
-            clock.lap(1);
+            clock.lap(1, &mut self.steps)?;
             // The sequences that take a token now, and a draw for each (in order) where the
             // sampler draws: made for a sequence done since as well, so that what is drawn does
             // not depend on when the host learns a sequence is done (one step late where ids
@@ -494,9 +482,9 @@ impl<S: Steps> Generator<S> {
                     }
                 };
             if fed_now {
-                clock.lap(2);
+                clock.lap(2, &mut self.steps)?;
                 self.copy_cache(t)?;
-                clock.lap(4);
+                clock.lap(4, &mut self.steps)?;
                 // The previous step's ids, read while this one runs.
                 let first = (longest, started);
                 if let Some(ms) = read_fed(
@@ -510,21 +498,21 @@ impl<S: Steps> Generator<S> {
                 )? {
                     out.first_token_ms = ms;
                 }
-                clock.lap(3);
+                clock.lap(3, &mut self.steps)?;
                 fed = Some((t, takes));
             } else {
                 let chosen =
                     logits_of(&mut self.steps, &self.layout.logits, at, &sampler, &draws, &mut logits)?;
-                clock.lap(2);
+                clock.lap(2, &mut self.steps)?;
                 for b in 0..prompts.len() {
                     if takes[b] && !done[b] {
                         let token = pick(&chosen, &logits, &sampler, at, b, &draws);
                         record(&mut out.tokens, &mut done, b, token, options, &mut on_token);
                     }
                 }
-                clock.lap(3);
+                clock.lap(3, &mut self.steps)?;
                 self.copy_cache(t)?;
-                clock.lap(4);
+                clock.lap(4, &mut self.steps)?;
             }
             out.steps += 1;
             let now = Instant::now();
@@ -545,6 +533,9 @@ impl<S: Steps> Generator<S> {
             &mut on_token,
         )? {
             out.first_token_ms = ms;
+        }
+        if let Some(marks) = marks.filter(|m| !m.is_empty()) {
+            out.gpu_phase_ms = Some(marks.phase_ms()?);
         }
         Ok(out)
     }

@@ -4,7 +4,7 @@
 //! it knows this step's tokens, reading them one step later: the GPU is never idle while the
 //! host reads ids back and writes the next step's inputs.
 
-use cudarc::driver::{CudaEvent, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
 use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
@@ -12,12 +12,18 @@ use crate::plan::Location;
 /// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
 const IN_FLIGHT: usize = 2;
 
-/// The page-locked buffers the ids are copied into, one per copy in flight, each with the
-/// event recorded after its copy (the session's context tracks no events of its own), and
-/// which of them hold ids not yet taken (oldest first).
+/// Threads a block of the argmax kernel, and logits each takes (`ARGMAX_ITEMS` in
+/// `kernels/argmax_rows.cu`): a block a chunk of 1,024 of a row.
+const ARGMAX_THREADS: usize = 256;
+const ARGMAX_ITEMS: usize = 4;
+
+/// The page-locked buffers the ids are copied into (or, greedy, written into by the kernel:
+/// the buffers are mapped for the device), one per copy in flight, each with its device
+/// address and the event recorded after its copy (the session's context tracks no events of
+/// its own), and which of them hold ids not yet taken (oldest first).
 #[derive(Default)]
 pub(super) struct Feed {
-    host: Vec<(PinnedHostSlice<u8>, CudaEvent)>,
+    host: Vec<(PinnedHostSlice<u8>, u64, CudaEvent)>,
     /// (buffer, rows) of each copy not yet taken.
     pending: std::collections::VecDeque<(usize, usize)>,
     /// Copies issued so far (the next one's buffer is this modulo [`IN_FLIGHT`]).
@@ -37,9 +43,10 @@ impl Session {
         width: usize,
         tokens: &str,
     ) -> Result<(), RuntimeError> {
-        let (offset, target) = self.fed_input(tokens, rows)?;
-        self.launch_argmax(logits, rows, width, target)?;
-        self.copy_fed_back(offset, rows)
+        let (_, target) = self.fed_input(tokens, rows)?;
+        let (slot, host) = self.feed_buffer(rows)?;
+        self.launch_argmax(logits, rows, width, (target, Some(host)))?;
+        self.fed_back(slot, None, rows)
     }
 
     /// [`Session::argmax_feed`] for a token drawn from each of rows `at` of `logits`, as
@@ -54,8 +61,9 @@ impl Session {
         tokens: &str,
     ) -> Result<(), RuntimeError> {
         let (offset, target) = self.fed_input(tokens, at.rows)?;
+        let (slot, _) = self.feed_buffer(at.rows)?;
         self.launch_sample(logits, at, draw, temperature, draws, target)?;
-        self.copy_fed_back(offset, at.rows)
+        self.fed_back(slot, Some(offset), at.rows)
     }
 
     /// The arena offset and device address of `tokens`, an i64 `[rows, 1]` input the next run
@@ -79,27 +87,46 @@ impl Session {
         Ok((offset, self.address(spec.location)))
     }
 
-    /// Starts copying the `rows` ids just written at arena `offset` into the next page-locked
-    /// buffer, its event recorded after the copy.
-    fn copy_fed_back(&mut self, offset: usize, rows: usize) -> Result<(), RuntimeError> {
+    /// The next page-locked buffer for `rows` ids (made or grown here, mapped for the
+    /// device) and its device address.
+    fn feed_buffer(&mut self, rows: usize) -> Result<(usize, u64), RuntimeError> {
         let bytes = rows * 8;
         let slot = self.state.feed.issued % IN_FLIGHT;
         let feed = &mut self.state.feed;
         if feed.host.len() <= slot || feed.host[slot].0.len() < bytes {
             let context = self.stream.context();
-            // SAFETY: page-locked memory the copies below fill before it is read.
-            let buffer = unsafe { context.alloc_pinned::<u8>(bytes) }.map_err(driver)?;
+            // SAFETY: page-locked memory the copies or kernels below fill before it is read.
+            let buffer =
+                unsafe { context.alloc_pinned_with_flags::<u8>(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                    .map_err(driver)?;
+            let mut device = 0;
+            let host = buffer.as_ptr().map_err(driver)?;
+            // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) }
+                .result()
+                .map_err(driver)?;
             let event = context.new_event(None).map_err(driver)?;
             if feed.host.len() <= slot {
-                feed.host.push((buffer, event));
+                feed.host.push((buffer, device, event));
             } else {
-                feed.host[slot] = (buffer, event);
+                feed.host[slot] = (buffer, device, event);
             }
         }
-        let source = self.arena.slice(offset..offset + bytes);
-        let (buffer, event) = &mut feed.host[slot];
-        let mut host = super::io::Prefix { inner: buffer, len: bytes };
-        self.stream.memcpy_dtoh(&source, &mut host).map_err(driver)?;
+        Ok((slot, feed.host[slot].1))
+    }
+
+    /// After the kernel that chose `rows` ids: where they are at arena offset `copy`, starts
+    /// copying them into buffer `slot` (else the kernel wrote them there), then records the
+    /// buffer's event.
+    fn fed_back(&mut self, slot: usize, copy: Option<usize>, rows: usize) -> Result<(), RuntimeError> {
+        let bytes = rows * 8;
+        let feed = &mut self.state.feed;
+        let (buffer, _, event) = &mut feed.host[slot];
+        if let Some(offset) = copy {
+            let source = self.arena.slice(offset..offset + bytes);
+            let mut host = super::io::Prefix { inner: buffer, len: bytes };
+            self.stream.memcpy_dtoh(&source, &mut host).map_err(driver)?;
+        }
         event.record(&self.stream).map_err(driver)?;
         feed.pending.push_back((slot, rows));
         feed.issued += 1;
@@ -116,7 +143,7 @@ impl Session {
             .ok_or_else(|| RuntimeError::Input("no fed tokens are pending (argmax_feed first)".into()))?;
         // The buffer's last copy done (its own event: `as_slice` waits only where the context
         // tracks events, which the session's does not).
-        let (buffer, event) = &feed.host[slot];
+        let (buffer, _, event) = &feed.host[slot];
         event.synchronize().map_err(driver)?;
         let host = buffer.as_slice().map_err(driver)?;
         Ok(host[..rows * 8]
@@ -126,17 +153,18 @@ impl Session {
     }
 
     /// Launches the argmax kernel over `rows` rows of `width` of f32 output `name`, writing
-    /// `rows` i64 ids at device address `out` (checked by the caller to hold them).
+    /// `rows` i64 ids at device address `out` (checked by the caller to hold them) and, where
+    /// `host` is given, at that device address of mapped page-locked memory too.
     pub(super) fn launch_argmax(
         &mut self,
         name: &str,
         rows: usize,
         width: usize,
-        out: u64,
+        (out, host): (u64, Option<u64>),
     ) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
-        if spec.dtype != "f32" || rows * width * 4 > size || width == 0 {
+        if spec.dtype != "f32" || rows * width * 4 > size || width == 0 || width >= u32::MAX as usize {
             return Err(RuntimeError::Input(format!(
                 "output '{name}' ({}{:?}) does not hold {rows} f32 rows of {width}",
                 spec.dtype, spec.shape
@@ -144,16 +172,29 @@ impl Session {
         }
         let x = self.address(spec.location);
         let function = self.argmax_kernel()?;
+        if self.state.argmax_slots.as_ref().is_none_or(|s| s.len() < 2 * rows) {
+            self.state.argmax_slots = Some(self.stream.alloc_zeros::<u64>(2 * rows.max(1)).map_err(driver)?);
+        }
+        let slots = match self.state.argmax_slots.as_ref() {
+            Some(slots) => slots.device_ptr(&self.stream).0,
+            None => return Err(RuntimeError::Driver("no device buffer for the argmax".into())),
+        };
+        let too_many = || RuntimeError::Input(format!("{rows} rows of {width}"));
         let config = LaunchConfig {
-            grid_dim: (u32::try_from(rows).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?, 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (
+                u32::try_from(width.div_ceil(ARGMAX_THREADS * ARGMAX_ITEMS)).map_err(|_| too_many())?,
+                u32::try_from(rows).ok().filter(|&r| r <= 65_535).ok_or_else(too_many)?,
+                1,
+            ),
+            block_dim: (ARGMAX_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let width = width as u64;
+        let (width, host) = (width as u64, host.unwrap_or(0));
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&out).arg(&width);
+        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host);
         // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
-        // above to hold them) and writes `rows` ids at `out`, which the caller checked.
+        // above to hold them), uses two words a row of the slots (allocated for `rows`), and
+        // writes `rows` ids at `out` and at `host` where given, which the callers checked.
         unsafe { args.launch(config) }.map_err(driver)?;
         Ok(())
     }

@@ -110,6 +110,14 @@ impl Session {
     }
 
     /// `count` events that record timing.
+    /// A CUDA event that times, recorded on the session's stream now: the GPU's clock when
+    /// the work issued before it is done (a decoding loop's phases, `FUSEC_GENERATE_GPU_TIMES`).
+    pub fn record_timing_event(&self) -> Result<CudaEvent, RuntimeError> {
+        let event = self.timing_events(1)?.pop().ok_or_else(|| RuntimeError::Driver("no event".into()))?;
+        event.record(&self.stream).map_err(driver)?;
+        Ok(event)
+    }
+
     pub(super) fn timing_events(&self, count: usize) -> Result<Vec<CudaEvent>, RuntimeError> {
         use cudarc::driver::sys::CUevent_flags;
         let ctx = self.stream.context().clone();

@@ -18,6 +18,9 @@ const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
+    /// Two words a row for the argmax kernel's blocks to merge their choices in (zero between
+    /// launches: the kernel clears what it used).
+    pub(super) argmax_slots: Option<CudaSlice<u64>>,
     pub(super) ids: Option<CudaSlice<i64>>,
     /// `kernels/sample_rows.cu`, the blocks it takes a row and their threads, and the device
     /// arrays of each row's draw (`sample`).
@@ -243,7 +246,7 @@ impl Session {
     /// as `rows` rows of `width` (the first of equals; NaNs never win), chosen on the GPU: only
     /// the indices come back.
     pub fn argmax_rows(&mut self, name: &str, rows: usize, width: usize) -> Result<Vec<i64>, RuntimeError> {
-        self.ids_back(rows, |session, ids| session.launch_argmax(name, rows, width, ids))
+        self.ids_back(rows, |session, ids| session.launch_argmax(name, rows, width, (ids, None)))
     }
 
     /// The `rows` ids that `launch` writes at the device address it is given (the session's
