@@ -16,6 +16,16 @@ __device__ __forceinline__ void grid_begin() {
 #endif
 }
 
+// Asks L2 for `bytes` from `base`, every thread of the grid a share of the 128-byte lines,
+// without waiting for them: a kernel for a few rows fetching the next product's weights while
+// its own are read, so that they are in L2 when that product runs.
+__device__ __forceinline__ void prefetch_l2(const void* base, unsigned long long bytes) {
+    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x * 128ull;
+    for (unsigned long long o = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 128ull; o < bytes;
+         o += step)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + o));
+}
+
 // `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

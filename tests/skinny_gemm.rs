@@ -79,6 +79,21 @@ fn few_row_products_get_a_kernel_of_their_own() {
                 _ => 4,
             };
             assert_eq!(head.grid as usize, head_width.div_ceil(4 * per_warp), "four warps a block");
+            // Each asks L2 for the next product's weights (its last argument, the next kernel's
+            // B, all of its bytes); the head, last, for none.
+            let element = precision.size_bytes();
+            let [width, inner, _] = sizes.map(|s| s as usize);
+            for (k, next, bytes) in
+                [(first, second, inner * width * element), (second, head, head_width * width * element)]
+            {
+                assert!(
+                    k.source.contains(&format!("fusec::prefetch_l2(next_b, {bytes}ull)")),
+                    "{}",
+                    k.source
+                );
+                assert_eq!(k.args.last(), next.args.get(1), "{}: prefetches {:?}", k.name, k.args);
+            }
+            assert!(!head.source.contains("prefetch_l2(next_b"));
             for k in &kernels {
                 let entry = format!("__launch_bounds__({}, 1) {}(", k.block, k.function);
                 assert!(k.source.contains(&entry), "{}: no `{entry}`", k.name);

@@ -279,7 +279,8 @@ pub fn generate(
     };
     // The kernel for a few rows: with the norm right before it taken in where it can be, else
     // without.
-    let few_rows = |norm| super::skinny::generate(&spec, epilogue.is_some(), norm, name, hb);
+    let next = super::skinny::next_weights(plan, index);
+    let few_rows = |norm| super::skinny::generate(&spec, epilogue.is_some(), (norm, next), name, hb);
     let (skinny, absorbs) = match super::skinny::norm_before(plan, index, gemm, &spec) {
         Some(norm) => match few_rows(Some(&norm))? {
             Some(kernel) => (Some(kernel), Some(norm.step)),

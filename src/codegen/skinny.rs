@@ -153,6 +153,30 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     Some(Norm { step: index - 1, x, sum, gamma, beta, epsilon, rms })
 }
 
+/// Most bytes of the next product's weights a kernel for a few rows asks L2 for (a fraction of
+/// the H100's 50 MB, so that its own weights and the activations stay).
+const PREFETCH_MAX: usize = 16 << 20;
+
+/// The weights of the next product after kernel `index` (its B, stored among the weights,
+/// at most [`PREFETCH_MAX`] bytes) and their size: what the kernel for a few rows of kernel
+/// `index` asks L2 for while it runs. None with `FUSEC_SKINNY_PREFETCH=0` (at compile time).
+pub fn next_weights(plan: &Plan, index: usize) -> Option<(Location, usize)> {
+    if std::env::var("FUSEC_SKINNY_PREFETCH").is_ok_and(|v| v.trim() == "0") {
+        return None;
+    }
+    let graph = &plan.graph;
+    let next = plan
+        .kernels
+        .iter()
+        .skip(index + 1)
+        .find(|k| matches!(k.kind, crate::fusion::KernelKind::Gemm { .. }))?;
+    let b = *graph.inputs_of(*next.nodes.first()?).get(1)?;
+    let (location @ Location::Weights(_), _) = super::gemm::resolve(plan, b).ok()? else { return None };
+    let ty = &graph.node(b).ty;
+    let bytes = ty.len() * ty.dtype.size_bytes();
+    (bytes > 0 && bytes <= PREFETCH_MAX).then_some((location, bytes))
+}
+
 /// Whether `location` starts on a 16-byte boundary (packs are read whole).
 fn aligned(location: Location) -> bool {
     match location {
@@ -167,7 +191,7 @@ fn aligned(location: Location) -> bool {
 pub fn generate(
     g: &GemmSpec,
     epilogue_kernel: bool,
-    norm: Option<&Norm>,
+    (norm, next): (Option<&Norm>, Option<(Location, usize)>),
     name: &str,
     hb: &Handlebars<'_>,
 ) -> Result<Option<KernelSource>, String> {
@@ -230,6 +254,10 @@ pub fn generate(
                 args.push(h);
             }
         }
+    }
+    if let Some((b, _)) = next {
+        params.push("const void* __restrict__ next_b".to_string());
+        args.push(b);
     }
     let summed = norm.is_some_and(|n| n.sum.is_some());
     // A's element as stored (the sum of two, where the norm is of a sum).
@@ -317,6 +345,7 @@ pub fn generate(
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
         "activation": activation,
         "store": narrow("r", dtype),
+        "prefetch": next.map(|(_, bytes)| bytes),
         "params": params.join(", "),
     });
     let source = render(hb, "skinny_gemm", &data)?;
@@ -353,7 +382,7 @@ mod tests {
     #[test]
     fn launch_shapes_and_what_is_left_to_the_library() {
         let hb = super::super::templates().unwrap();
-        let make = |g: &GemmSpec| generate(g, false, None, "k", &hb).unwrap();
+        let make = |g: &GemmSpec| generate(g, false, (None, None), "k", &hb).unwrap();
         // [K, N]: columns in tiles of four packs (32 in f16): 2304 in 72 blocks, 768 in 24; 776
         // (97 packs) one pack a block.
         assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 72);
@@ -381,6 +410,6 @@ mod tests {
         }));
         assert!(make(&g).is_none());
         // A fused epilogue cuBLASLt cannot run stays with the library's call and its kernel.
-        assert!(generate(&spec(1, 2304, 768, false), true, None, "k", &hb).unwrap().is_none());
+        assert!(generate(&spec(1, 2304, 768, false), true, (None, None), "k", &hb).unwrap().is_none());
     }
 }
