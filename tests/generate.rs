@@ -510,6 +510,19 @@ fn one_query_attention_matches_tract_in_half_types() {
                 _ => false,
             });
             assert!(decoding, "{file} {precision}: no decoding attention kernel in the step");
+            // Its mask is the model's input, which no kernel writes: looked through before the
+            // kernel waits for the one before it.
+            let mut early = 0;
+            for step in &bundle.header.steps {
+                let fusec::codegen::Step::Launch(k) = step else { continue };
+                if let (Some(scan), Some(wait)) =
+                    (k.source.find("hi = bounds[1] + 1;"), k.source.find("fusec::grid_begin();"))
+                {
+                    assert!(scan < wait, "{file} {precision}: the mask scan after the wait in {}", k.name);
+                    early += 1;
+                }
+            }
+            assert!(early > 0, "{file} {precision}: no decoding kernel scans its mask");
             if !fusec::runtime::driver_available() {
                 continue;
             }

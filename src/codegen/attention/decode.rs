@@ -50,13 +50,15 @@ pub(super) fn generate(
     let group = depth.max(dv).div_ceil(8).next_power_of_two();
     let cluster = cluster_size(problem.heads());
     let (half, _) = half_names(dtype);
+    let scan = problem.inputs.len() > 3 && operands.causal.is_none();
     let data = json!({
         "half": half,
         "threads": THREADS,
         "group": group,
         "unroll": UNROLL,
         "cluster": (cluster > 1).then_some(cluster),
-        "scan": problem.inputs.len() > 3 && operands.causal.is_none(),
+        "scan": scan,
+        "early_scan": scan && mask_is_fixed(plan, kernel, problem),
         "keys": problem.keys_dims.c(),
         "depth": depth,
         "dv": dv,
@@ -69,6 +71,39 @@ pub(super) fn generate(
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }
     Ok(Some(source))
+}
+
+/// Whether the mask reads only memory no kernel of the program writes — graph inputs other
+/// than a cache appended in place, and constants — through the kernel's own ops and views:
+/// then the kernel looks through it before waiting for the kernel before it (programmatic
+/// dependent launch), so that the scan overlaps that kernel. `FUSEC_ATTENTION_EARLY_SCAN=0`
+/// keeps the scan after the wait, for measuring it.
+fn mask_is_fixed(plan: &Plan, kernel: &Kernel, problem: &Problem) -> bool {
+    if std::env::var("FUSEC_ATTENTION_EARLY_SCAN").is_ok_and(|v| v.trim() == "0") {
+        return false;
+    }
+    let graph = &plan.graph;
+    let Some(&mask) = problem.inputs.get(3) else { return false };
+    let mut stack = vec![mask];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let computed_here = kernel.nodes.contains(&id) && id != problem.anchor;
+        let view = !plan.locations.contains_key(&id) && node.op.is_view();
+        if computed_here || view {
+            stack.extend(graph.inputs_of(id));
+        } else if graph.constant(id).is_some() {
+            continue;
+        } else if !graph.inputs().contains(&id)
+            || graph.users_of(id).iter().any(|&u| matches!(graph.node(u).op, crate::ir::Op::Append { .. }))
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Blocks a batch × head: the most of 8, 4 and 2 that keep the launch within four blocks a
