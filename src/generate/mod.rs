@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::bundle::Bundle;
 use crate::ir::{DType, Element, Tensor};
-use crate::runtime::{RowCopy, RowDraw, RuntimeError, SampledRows, Session};
+use crate::runtime::{ColumnSet, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 pub use cache::CacheLayout;
 pub use compile::StepCompile;
 pub use sampling::{Sampler, Sampling};
@@ -213,6 +213,18 @@ pub trait Steps {
         }
         Ok(())
     }
+    /// [`Steps::copy_output_rows_many`], and `sets` applied in the same launch where these
+    /// steps can (on the GPU): `true` where they were, else they are left to the caller.
+    fn copy_output_rows_setting(
+        &mut self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<bool, GenerateError> {
+        let _ = sets;
+        self.copy_output_rows_many(pairs, copy)?;
+        Ok(false)
+    }
     /// Copies rows of outputs of these steps' last run into inputs of `target` (output,
     /// input pairs): a prompt step filling the one-token step's cache.
     fn copy_output_rows_into(
@@ -308,6 +320,15 @@ impl Steps for Session {
     }
     fn copy_output_rows_many(&mut self, pairs: &[(&str, &str)], copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows_many(self, pairs, copy)?)
+    }
+    fn copy_output_rows_setting(
+        &mut self,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<bool, GenerateError> {
+        Session::copy_output_rows_setting(self, pairs, copy, sets)?;
+        Ok(true)
     }
     fn copy_output_rows_into(
         &mut self,
@@ -434,6 +455,8 @@ impl<S: Steps> Generator<S> {
         // the device's).
         let mut fed: Option<(usize, Vec<bool>)> = None;
         let mut marks = timing::gpu_times().then(Marks::default);
+        // The step whose position and mask column the last cache copy set, if any.
+        let mut advanced: Option<usize> = None;
         for t in start..steps {
             if done.iter().all(|&d| d) {
                 break;
@@ -449,13 +472,17 @@ impl<S: Steps> Generator<S> {
                     .collect();
                 self.write(cache::TOKENS, &[batch, 1], tokens)?;
             }
-            if !self.steps.set_input_column(cache::POSITIONS, 0, t as f64)? {
+            // Where the last step's cache copy also set this step's position and mask column
+            // (`copy_cache`), they are not written again.
+            let preset = advanced == Some(t);
+            if !preset && !self.steps.set_input_column(cache::POSITIONS, 0, t as f64)? {
                 self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
             }
             // The mask takes the positions cached (before t) and the step's own (the last
             // column): written whole at the first step, then one column a step, where the
             // steps can set one on the device.
-            if t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)? {
+            if preset {
+            } else if t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)? {
                 let mask: Vec<f64> = (0..batch)
                     .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
                     .collect();
@@ -483,7 +510,7 @@ impl<S: Steps> Generator<S> {
                 };
             if fed_now {
                 clock.lap(2, &mut self.steps)?;
-                self.copy_cache(t)?;
+                advanced = self.copy_cache(t, t + 1 < steps)?.then_some(t + 1);
                 clock.lap(4, &mut self.steps)?;
                 // The previous step's ids, read while this one runs.
                 let first = (longest, started);
@@ -511,7 +538,7 @@ impl<S: Steps> Generator<S> {
                     }
                 }
                 clock.lap(3, &mut self.steps)?;
-                self.copy_cache(t)?;
+                advanced = self.copy_cache(t, t + 1 < steps)?.then_some(t + 1);
                 clock.lap(4, &mut self.steps)?;
             }
             out.steps += 1;
@@ -541,11 +568,18 @@ impl<S: Steps> Generator<S> {
     }
 
     /// After step `t`: the new token's keys and values copied into the cache's slot `t`
-    /// (nothing once the cache is full).
-    fn copy_cache(&mut self, t: usize) -> Result<(), GenerateError> {
+    /// (nothing once the cache is full) and, where a step follows (`next`) and the steps can,
+    /// its position (`t + 1`) and mask column (`t`) set in the same launch: `true` where they
+    /// were.
+    fn copy_cache(&mut self, t: usize, next: bool) -> Result<bool, GenerateError> {
         if t >= self.layout.capacity {
-            return Ok(());
+            return Ok(false);
         }
+        let sets = [
+            ColumnSet { input: cache::POSITIONS, column: 0, value: (t + 1) as f64 },
+            ColumnSet { input: cache::MASK, column: t, value: 1.0 },
+        ];
+        let sets = if next { &sets[..] } else { &[] };
         // One copy for all the cached tensors where they share a shape (one launch).
         let first = self.layout.pairs.first().filter(|f| {
             self.layout.pairs.iter().all(|p| self.layout.append(p, t) == self.layout.append(f, t))
@@ -553,13 +587,12 @@ impl<S: Steps> Generator<S> {
         if let Some(first) = first {
             let pairs: Vec<(&str, &str)> =
                 self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
-            self.steps.copy_output_rows_many(&pairs, self.layout.append(first, t))?;
-        } else {
-            for pair in &self.layout.pairs {
-                self.steps.copy_output_rows(&pair.present, &pair.past, self.layout.append(pair, t))?;
-            }
+            return self.steps.copy_output_rows_setting(&pairs, self.layout.append(first, t), sets);
         }
-        Ok(())
+        for pair in &self.layout.pairs {
+            self.steps.copy_output_rows(&pair.present, &pair.past, self.layout.append(pair, t))?;
+        }
+        Ok(false)
     }
 
     fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {

@@ -14,6 +14,7 @@
 //! CUDA graphs: the first `run` executes the steps one by one; it then captures them into a
 //! CUDA graph, and every later run replays that graph with one launch (unless turned off).
 
+mod columns;
 mod external;
 mod feed;
 mod graph;
@@ -38,6 +39,7 @@ use crate::bundle::{Bundle, IoSpec};
 use crate::ir::{DType, Tensor};
 use launch::Loaded;
 
+pub use columns::ColumnSet;
 pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use pinned::{PinnedOutput, PINNED_MIN_BYTES};
 pub use profile::{StepProfile, PROFILE_REPEAT};

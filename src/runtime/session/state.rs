@@ -4,6 +4,7 @@
 
 use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
+use super::columns::ColumnWrite;
 use super::{driver, tensor_from_bytes, RuntimeError, Session};
 use crate::bundle::IoSpec;
 use crate::ir::{DType, Tensor};
@@ -129,60 +130,6 @@ impl Session {
         // Through the input's page-locked buffer, as `run` does: in stream order before the
         // next run.
         self.stage_input(k, tensor.size_bytes(), |host| crate::plan::write_tensor_bytes(host, tensor))
-    }
-
-    /// Sets column `column` of every row of rank-2 input `name` (`[rows, columns]`) to
-    /// `value` in its element type, on the device, in stream order before the next run: one
-    /// 2D memset (two for 8-byte elements), no host buffer. A decoding step's attention mask
-    /// gains a position this way rather than being written whole every step.
-    pub fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<(), RuntimeError> {
-        let spec = self.input_to_write(name)?;
-        let [rows, columns] = spec.shape[..] else {
-            return Err(RuntimeError::Input(format!(
-                "input '{name}' is not [rows, columns]: {:?}",
-                spec.shape
-            )));
-        };
-        if column >= columns {
-            return Err(RuntimeError::Input(format!("input '{name}': column {column} of {columns}")));
-        }
-        let dtype = DType::from_name(&spec.dtype)
-            .ok_or_else(|| RuntimeError::Input(format!("input '{name}' has type {}", spec.dtype)))?;
-        let size = dtype.size_bytes();
-        let one = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[1]), value);
-        let mut bytes = vec![0u8; size];
-        crate::plan::write_tensor_bytes(&mut bytes, &Tensor::from_f64(one, dtype));
-        let (start, pitch, height) =
-            (self.address(spec.location) + (column * size) as u64, columns * size, rows);
-        let stream = self.stream.cu_stream();
-        // SAFETY: `height` rows of the input's buffer, one element each at `start` and `pitch`
-        // bytes apart (within the buffer: `column` < `columns`), on the session's stream.
-        let result = unsafe {
-            match size {
-                1 => sys::cuMemsetD2D8Async(start, pitch, bytes[0], 1, height, stream),
-                2 => sys::cuMemsetD2D16Async(
-                    start,
-                    pitch,
-                    u16::from_le_bytes([bytes[0], bytes[1]]),
-                    1,
-                    height,
-                    stream,
-                ),
-                _ => {
-                    let mut result = sys::CUresult::CUDA_SUCCESS;
-                    for (w, word) in bytes.chunks_exact(4).enumerate() {
-                        let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-                        result =
-                            sys::cuMemsetD2D32Async(start + 4 * w as u64, pitch, word, 1, height, stream);
-                        if result != sys::CUresult::CUDA_SUCCESS {
-                            break;
-                        }
-                    }
-                    result
-                }
-            }
-        };
-        result.result().map_err(driver)
     }
 
     /// Sets every byte of input `name` to zero on the device.
@@ -317,13 +264,12 @@ impl Session {
         pairs: &[(&str, &str)],
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
-        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
-        self.copy_rows(bases, targets, copy)
+        self.copy_output_rows_setting(pairs, copy, &[])
     }
 
     /// The first rows' addresses of `copy` for each (output, input) pair: in this session's
     /// outputs, and in `target`'s inputs (checked to hold the rows).
-    fn row_addresses(
+    pub(super) fn row_addresses(
         &self,
         target: &Session,
         pairs: &[(&str, &str)],
@@ -349,32 +295,33 @@ impl Session {
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
         let (bases, targets) = self.row_addresses(target, pairs, copy)?;
-        self.copy_rows(bases, targets, copy)?;
+        self.copy_rows(bases, targets, copy, &[])?;
         self.stream.synchronize().map_err(driver)
     }
 
     /// Copies `copy.rows` rows from each address of `bases` to the address beside it in
     /// `targets` (the first rows' first bytes), on the session's stream: one launch, or a 2-D
     /// copy each for rows not in whole 4-byte words.
-    fn copy_rows(
+    pub(super) fn copy_rows(
         &mut self,
         mut bases: Vec<u64>,
         targets: Vec<u64>,
         copy: RowCopy,
+        sets: &[ColumnWrite],
     ) -> Result<(), RuntimeError> {
         let n = targets.len();
         let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
-        if words.iter().any(|n| n % 4 != 0) {
+        let threads = (copy.rows * copy.width / 4) as u64;
+        if words.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
             for (&source, &target) in bases.iter().zip(&targets) {
                 self.copy_rows_2d(source, target, copy)?;
+            }
+            for set in sets {
+                self.write_column(set)?;
             }
             return Ok(());
         }
         bases.extend(targets);
-        let threads = (copy.rows * copy.width / 4) as u64;
-        if threads == 0 || n == 0 {
-            return Ok(());
-        }
         if self.state.row_copy.is_none() {
             self.state.row_copy = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
         }
@@ -387,11 +334,13 @@ impl Session {
         else {
             return Err(RuntimeError::Driver("the copy kernel did not load".into()));
         };
+        let set_rows = sets.iter().map(|s| s.rows).max().unwrap_or(0);
         let config = LaunchConfig {
             grid_dim: (
-                u32::try_from(threads.div_ceil(256))
+                u32::try_from(threads.max(set_rows).div_ceil(256))
                     .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
-                u32::try_from(n).map_err(|_| RuntimeError::Input(format!("{n} tensors")))?,
+                u32::try_from(n + usize::from(!sets.is_empty()))
+                    .map_err(|_| RuntimeError::Input(format!("{n} tensors")))?,
                 1,
             ),
             block_dim: (256, 1, 1),
@@ -400,10 +349,17 @@ impl Session {
         let (sources, targets) = (on_device.slice(..n), on_device.slice(n..2 * n));
         let (rows, width) = (copy.rows as u64, copy.width as u64 / 4);
         let (from_pitch, to_pitch) = (copy.from_pitch as u64 / 4, copy.to_pitch as u64 / 4);
+        let tensors = n as u64;
+        let none = ColumnWrite::default();
+        let [s0, s1] = [sets.first().unwrap_or(&none), sets.get(1).unwrap_or(&none)];
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&sources).arg(&targets).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch);
+        args.arg(&sources).arg(&targets).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch).arg(&tensors);
+        for set in [s0, s1] {
+            args.arg(&set.address).arg(&set.pitch).arg(&set.rows).arg(&set.bits).arg(&set.bytes);
+        }
         // SAFETY: every tensor's rows lie inside its output's and input's buffers (checked
-        // above), which the session owns; the base arrays hold `n` addresses each.
+        // above), which the session owns; the base arrays hold `n` addresses each; each column
+        // write's rows lie inside its input (`column_write`).
         unsafe { args.launch(config) }.map_err(driver)?;
         Ok(())
     }

@@ -1,0 +1,130 @@
+//! One column of a rank-2 input set to one value in every row, on the device: a decoding
+//! step's attention mask gains a position, its position input the next one, without writing
+//! either whole. On its own (2-D memsets) or in the launch that copies the step's new keys and
+//! values into the cache (`Session::copy_output_rows_setting`): the next step's inputs then
+//! cost no launch of their own.
+
+use cudarc::driver::sys;
+
+use super::{driver, RuntimeError, Session};
+use crate::ir::{DType, Tensor};
+
+/// Column `column` of `[rows, columns]` input `input` set to `value` in the input's element type.
+#[derive(Clone, Copy, Debug)]
+pub struct ColumnSet<'a> {
+    /// The input's name.
+    pub input: &'a str,
+    /// The column set in every row.
+    pub column: usize,
+    /// The value, converted to the input's element type.
+    pub value: f64,
+}
+
+/// A [`ColumnSet`] resolved on the device: the first row's element, the bytes from one row's
+/// to the next, the rows, the element's bytes (little-endian, in the low bytes) and its size.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ColumnWrite {
+    pub address: u64,
+    pub pitch: u64,
+    pub rows: u64,
+    pub bits: u64,
+    pub bytes: u64,
+}
+
+impl Session {
+    /// Sets column `column` of every row of rank-2 input `name` (`[rows, columns]`) to
+    /// `value` in its element type, on the device, in stream order before the next run: one
+    /// 2D memset (two for 8-byte elements), no host buffer. A decoding step's attention mask
+    /// gains a position this way rather than being written whole every step.
+    pub fn set_input_column(&mut self, name: &str, column: usize, value: f64) -> Result<(), RuntimeError> {
+        let write = self.column_write(ColumnSet { input: name, column, value })?;
+        self.write_column(&write)
+    }
+
+    /// Where and what `set` writes, checked: `[rows, columns]` input of one size, the column
+    /// inside it, an element of 1, 2, 4 or 8 bytes.
+    pub(super) fn column_write(&self, set: ColumnSet<'_>) -> Result<ColumnWrite, RuntimeError> {
+        let name = set.input;
+        let spec = self.input_to_write(name)?;
+        let [rows, columns] = spec.shape[..] else {
+            return Err(RuntimeError::Input(format!(
+                "input '{name}' is not [rows, columns]: {:?}",
+                spec.shape
+            )));
+        };
+        if set.column >= columns {
+            return Err(RuntimeError::Input(format!("input '{name}': column {} of {columns}", set.column)));
+        }
+        let dtype = DType::from_name(&spec.dtype)
+            .ok_or_else(|| RuntimeError::Input(format!("input '{name}' has type {}", spec.dtype)))?;
+        let size = dtype.size_bytes();
+        if ![1, 2, 4, 8].contains(&size) {
+            return Err(RuntimeError::Input(format!("input '{name}' has {size}-byte elements")));
+        }
+        let one = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[1]), set.value);
+        let mut bytes = [0u8; 8];
+        crate::plan::write_tensor_bytes(&mut bytes[..size], &Tensor::from_f64(one, dtype));
+        Ok(ColumnWrite {
+            address: self.address(spec.location) + (set.column * size) as u64,
+            pitch: (columns * size) as u64,
+            rows: rows as u64,
+            bits: u64::from_le_bytes(bytes),
+            bytes: size as u64,
+        })
+    }
+
+    /// `write` by 2-D memsets on the session's stream.
+    pub(super) fn write_column(&self, write: &ColumnWrite) -> Result<(), RuntimeError> {
+        let (start, pitch, height) = (write.address, write.pitch as usize, write.rows as usize);
+        let bytes = write.bits.to_le_bytes();
+        let stream = self.stream.cu_stream();
+        // SAFETY: `height` rows of an input's buffer, one element each at `start` and `pitch`
+        // bytes apart (within the buffer: `column_write` checked the column), on the session's
+        // stream.
+        let result = unsafe {
+            match write.bytes {
+                1 => sys::cuMemsetD2D8Async(start, pitch, bytes[0], 1, height, stream),
+                2 => sys::cuMemsetD2D16Async(
+                    start,
+                    pitch,
+                    u16::from_le_bytes([bytes[0], bytes[1]]),
+                    1,
+                    height,
+                    stream,
+                ),
+                4 => sys::cuMemsetD2D32Async(start, pitch, write.bits as u32, 1, height, stream),
+                _ => {
+                    let mut result =
+                        sys::cuMemsetD2D32Async(start, pitch, write.bits as u32, 1, height, stream);
+                    if result == sys::CUresult::CUDA_SUCCESS {
+                        result = sys::cuMemsetD2D32Async(
+                            start + 4,
+                            pitch,
+                            (write.bits >> 32) as u32,
+                            1,
+                            height,
+                            stream,
+                        );
+                    }
+                    result
+                }
+            }
+        };
+        result.result().map_err(driver)
+    }
+
+    /// [`Session::copy_output_rows_many`] and `sets` (at most two) in one launch, where the
+    /// copy runs as a kernel; else the copy, then each set on its own. A decoding step's new
+    /// keys and values go into the cache and the next step's position and mask slot are set
+    /// together.
+    pub fn copy_output_rows_setting(
+        &mut self,
+        pairs: &[(&str, &str)],
+        copy: super::RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<(), RuntimeError> {
+        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
+        let writes = sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        self.copy_rows(bases, targets, copy, &writes)
+    }
+}

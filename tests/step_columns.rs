@@ -1,0 +1,101 @@
+//! The next decoding step's position and mask column set in the launch that copies this
+//! step's keys and values into the cache (`Session::copy_output_rows_setting`): the step after
+//! it gives what it gives with the copy and the two columns set on their own — on the GPU,
+//! skipped without one; misuse is an error there too.
+
+mod common;
+
+use fusec::ir::{DType, Tensor};
+use fusec::runtime::{ColumnSet, RowCopy};
+use fusec::CompileOptions;
+use ndarray::{ArrayD, IxDyn};
+
+#[test]
+fn a_cache_copy_sets_the_next_steps_columns() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (the copy kernel runs on a GPU machine)");
+        return;
+    }
+    let (batch, past, heads, size) = (2usize, 15usize, 4usize, 16usize);
+    let dims = ["batch=2", "seq=1", "past=15", "total=16"].iter().map(|d| d.parse().unwrap()).collect();
+    let options = CompileOptions {
+        import: fusec::import::ImportOptions::new(vec![], dims),
+        cache_in_place: true,
+        ..Default::default()
+    };
+    let bundle = fusec::compile(&common::model_path("gpt2_cache_ts.onnx"), &options).unwrap();
+    let ints = |shape: &[usize], v: Vec<i64>| {
+        Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
+    };
+    // Row 1 has slots 4..9 empty; the step's own position is the last column.
+    let mask: Vec<i64> = (0..batch * (past + 1))
+        .map(|i| i64::from(i / (past + 1) == 0 || !(4..9).contains(&(i % (past + 1)))))
+        .collect();
+    let mut inputs = vec![
+        ("input_ids".to_string(), ints(&[batch, 1], vec![5, 300])),
+        ("attention_mask".to_string(), ints(&[batch, past + 1], mask)),
+        ("position_ids".to_string(), ints(&[batch, 1], vec![3, 3])),
+    ];
+    for spec in bundle.header.inputs.iter().filter(|s| s.name.starts_with("past")) {
+        let k = inputs.len();
+        let values: Vec<f32> =
+            (0..batch * heads * past * size).map(|i| ((i * 37 + k * 11) % 101) as f32 / 50.0 - 1.0).collect();
+        let shape = IxDyn(&[batch, heads, past, size]);
+        inputs.push((spec.name.clone(), Tensor::F32(ArrayD::from_shape_vec(shape, values).unwrap())));
+    }
+    let pairs: Vec<(String, String)> = bundle
+        .header
+        .inputs
+        .iter()
+        .filter(|s| s.name.starts_with("past"))
+        .map(|s| (s.name.replacen("past_key_values", "present", 1), s.name.clone()))
+        .collect();
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    // The new position (the present's last) into slot 3, rows of `size` f32s.
+    let row = size * 4;
+    let copy = RowCopy {
+        rows: batch * heads,
+        width: row,
+        from_offset: past * row,
+        from_pitch: (past + 1) * row,
+        to_offset: 3 * row,
+        to_pitch: (past + 1) * row,
+    };
+    let sets = [
+        ColumnSet { input: "position_ids", column: 0, value: 4.0 },
+        ColumnSet { input: "attention_mask", column: 5, value: 1.0 },
+    ];
+    let mut results = Vec::new();
+    for together in [true, false] {
+        let mut session = fusec::Session::new(&bundle, 0).unwrap();
+        session.run(&inputs).unwrap();
+        if together {
+            session.copy_output_rows_setting(&pairs, copy, &sets).unwrap();
+        } else {
+            session.copy_output_rows_many(&pairs, copy).unwrap();
+            for set in &sets {
+                session.set_input_column(set.input, set.column, set.value).unwrap();
+            }
+        }
+        session.execute_all().unwrap();
+        let outputs: Vec<Vec<f64>> = bundle
+            .header
+            .outputs
+            .iter()
+            .map(|o| session.read_output(&o.name).unwrap().to_f64_vec())
+            .collect();
+        results.push(outputs);
+        // Misuse: a column past the input, an input that is not [rows, columns].
+        let past_end = ColumnSet { input: "attention_mask", column: past + 1, value: 1.0 };
+        assert!(session.copy_output_rows_setting(&pairs, copy, &[past_end]).is_err());
+        let not_2d = ColumnSet { input: pairs[0].1, column: 0, value: 1.0 };
+        assert!(session.copy_output_rows_setting(&pairs, copy, &[not_2d]).is_err());
+    }
+    assert_eq!(results[0], results[1], "the step after the copy, columns set in its launch or on their own");
+    // The step did see the new columns: it differs from one without them.
+    let mut session = fusec::Session::new(&bundle, 0).unwrap();
+    session.run(&inputs).unwrap();
+    session.copy_output_rows_many(&pairs, copy).unwrap();
+    session.execute_all().unwrap();
+    assert_ne!(session.read_output("logits").unwrap().to_f64_vec(), results[0][0]);
+}
