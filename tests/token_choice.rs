@@ -38,6 +38,32 @@ fn the_gpu_argmax_is_the_hosts() {
     assert!(session.argmax_rows(name, 22, 40).is_err(), "more rows than the output holds");
 }
 
+/// A session of `y = x <op> c` over `[rows, width]` f32 logits (`Mul` by 1 keeps every value
+/// as it is), run on the values `value(row, index, u)` gives (`u` a seeded draw in [0, 1)):
+/// the session, the output's name and the logits it holds.
+fn logits_session(
+    (op, c): (&str, f32),
+    (rows, width): (usize, usize),
+    seed: u64,
+    value: impl Fn(usize, usize, f32) -> f32,
+) -> (fusec::Session, String, Vec<f32>) {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![common::onnx::node(op, &["x", "c"], "y", vec![])];
+    let c = common::onnx::weight("c", &[1], 1, c, 0.0);
+    let path = common::onnx::write_model(dir.path(), "logits", &[rows as i64, width as i64], nodes, vec![c]);
+    let bundle = fusec::compile(&path, &CompileOptions::default()).unwrap();
+    let mut session = fusec::Session::new(&bundle, 0).unwrap();
+    let mut next = common::xorshift(seed);
+    let values: Vec<f64> = (0..rows * width)
+        .map(|i| f64::from(value(i / width, i % width, (next() % 1_000_000) as f32 / 1_000_000.0)))
+        .collect();
+    let x = Tensor::from_f64(ArrayD::from_shape_vec(IxDyn(&[rows, width]), values).unwrap(), DType::F32);
+    let outputs = session.run(&[("x".to_string(), x)]).unwrap();
+    let name = outputs[0].0.clone();
+    let logits: Vec<f32> = outputs[0].1.to_f64_vec().iter().map(|&v| v as f32).collect();
+    (session, name, logits)
+}
+
 /// The greedy choice over rows the kernel splits over many blocks (chunks of 1,024 merged by
 /// atomics) picks what the host's does: rows of a vocabulary (50,257) and of awkward widths
 /// around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
@@ -49,43 +75,21 @@ fn the_gpu_argmax_is_the_hosts_across_blocks() {
         println!("skipped: no CUDA driver");
         return;
     }
-    let (rows, width) = (7usize, 50_257usize);
-    let dir = tempfile::tempdir().unwrap();
-    let nodes = vec![common::onnx::node("Mul", &["x", "c"], "y", vec![])];
-    let c = common::onnx::weight("c", &[1], 1, 1.0, 0.0);
-    let path = common::onnx::write_model(dir.path(), "logits", &[rows as i64, width as i64], nodes, vec![c]);
-    let bundle = fusec::compile(&path, &CompileOptions::default()).unwrap();
-    let mut session = fusec::Session::new(&bundle, 0).unwrap();
-    let mut next = common::xorshift(17);
-    let mut unit = move || (next() % 1_000_000) as f32 / 1_000_000.0;
-    let mut values = Vec::with_capacity(rows * width);
-    for r in 0..rows {
-        for i in 0..width {
-            let u = unit();
-            values.push(match r {
-                // Ties: a few values, the largest in many chunks.
-                0 => (u * 4.0).floor(),
-                1 if i % 7 == 0 => f32::NAN,
-                1 if i % 5 == 0 => f32::NEG_INFINITY,
-                2 => f32::NEG_INFINITY,
-                3 => f32::NAN,
-                // Every value negative but a -0 and, later, a +0.
-                4 if i == 3_000 => -0.0,
-                4 if i == 40_000 => 0.0,
-                4 => -1.0 - u,
-                5 if i == width - 1 => 30.0,
-                _ => 20.0 * u - 10.0,
-            });
-        }
-    }
-    let x = Tensor::from_f64(
-        ArrayD::from_shape_vec(IxDyn(&[rows, width]), values.iter().map(|&v| f64::from(v)).collect())
-            .unwrap(),
-        DType::F32,
-    );
-    let outputs = session.run(&[("x".to_string(), x)]).unwrap();
-    let name = outputs[0].0.clone();
-    let logits: Vec<f32> = outputs[0].1.to_f64_vec().iter().map(|&v| v as f32).collect();
+    let width = 50_257usize;
+    let (mut session, name, logits) = logits_session(("Mul", 1.0), (7, width), 17, |r, i, u| match r {
+        // Ties: a few values, the largest in many chunks.
+        0 => (u * 4.0).floor(),
+        1 if i % 7 == 0 => f32::NAN,
+        1 if i % 5 == 0 => f32::NEG_INFINITY,
+        2 => f32::NEG_INFINITY,
+        3 => f32::NAN,
+        // Every value negative but a -0 and, later, a +0.
+        4 if i == 3_000 => -0.0,
+        4 if i == 40_000 => 0.0,
+        4 => -1.0 - u,
+        5 if i == width - 1 => 30.0,
+        _ => 20.0 * u - 10.0,
+    });
     let mut sampler = fusec::generate::Sampler::new(fusec::generate::Sampling::Greedy, 1.0, 0).unwrap();
     for (rows, width) in
         [(7, width), (1, width), (343, 1025), (3, 1024), (5, 1023), (2, 5003), (1, 7 * width), (9, 1)]
@@ -119,38 +123,16 @@ fn the_gpu_draws_are_the_hosts() {
         return;
     }
     let (rows, width) = (12usize, 1997usize);
-    let dir = tempfile::tempdir().unwrap();
-    let nodes = vec![common::onnx::node("Add", &["x", "c"], "y", vec![])];
-    let c = common::onnx::weight("c", &[1], 1, 0.5, 0.0);
-    let path = common::onnx::write_model(dir.path(), "logits", &[rows as i64, width as i64], nodes, vec![c]);
-    let bundle = fusec::compile(&path, &CompileOptions::default()).unwrap();
-    let mut session = fusec::Session::new(&bundle, 0).unwrap();
-    let mut next = common::xorshift(3);
-    let mut unit = move || (next() % 1_000_000) as f32 / 1_000_000.0;
-    let mut values = Vec::with_capacity(rows * width);
-    for r in 0..rows {
-        for i in 0..width {
-            let u = unit();
-            values.push(match r {
-                1 => (u * 4.0).floor() - 1.0,
-                2 if i % 7 == 0 => f32::NAN,
-                2 if i % 5 == 0 => f32::NEG_INFINITY,
-                3 => 0.25,
-                4 => f32::NEG_INFINITY,
-                5 => f32::NAN,
-                r if r > 8 => 40.0 * u - 20.0,
-                _ => 8.0 * u - 4.0,
-            });
-        }
-    }
-    let x = Tensor::from_f64(
-        ArrayD::from_shape_vec(IxDyn(&[rows, width]), values.iter().map(|&v| f64::from(v)).collect())
-            .unwrap(),
-        DType::F32,
-    );
-    let outputs = session.run(&[("x".to_string(), x)]).unwrap();
-    let name = outputs[0].0.clone();
-    let logits: Vec<f32> = outputs[0].1.to_f64_vec().iter().map(|&v| v as f32).collect();
+    let (mut session, name, logits) = logits_session(("Add", 0.5), (rows, width), 3, |r, i, u| match r {
+        1 => (u * 4.0).floor() - 1.0,
+        2 if i % 7 == 0 => f32::NAN,
+        2 if i % 5 == 0 => f32::NEG_INFINITY,
+        3 => 0.25,
+        4 => f32::NEG_INFINITY,
+        5 => f32::NAN,
+        r if r > 8 => 40.0 * u - 20.0,
+        _ => 8.0 * u - 4.0,
+    });
     let samplings = [
         (Sampling::TopK(1), 1.0),
         (Sampling::TopK(5), 0.7),
