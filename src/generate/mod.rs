@@ -236,7 +236,7 @@ pub trait Steps {
     /// The element type of input `name`.
     fn input_type(&self, name: &str) -> Option<DType>;
     /// A timing event recorded after the work issued so far, where the steps run on a GPU.
-    fn timing_event(&mut self) -> Result<Option<cudarc::driver::CudaEvent>, GenerateError> {
+    fn timing_event(&mut self) -> Result<Option<crate::runtime::TimingEvent>, GenerateError> {
         Ok(None)
     }
 }
@@ -341,7 +341,7 @@ impl Steps for Session {
     fn input_type(&self, name: &str) -> Option<DType> {
         self.inputs().iter().find(|s| s.name == name).and_then(|s| DType::from_name(&s.dtype))
     }
-    fn timing_event(&mut self) -> Result<Option<cudarc::driver::CudaEvent>, GenerateError> {
+    fn timing_event(&mut self) -> Result<Option<crate::runtime::TimingEvent>, GenerateError> {
         Ok(Some(self.record_timing_event()?))
     }
 }

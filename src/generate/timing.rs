@@ -5,9 +5,8 @@
 
 use std::time::Instant;
 
-use cudarc::driver::CudaEvent;
-
 use super::GenerateError;
+use crate::runtime::TimingEvent;
 
 /// What a step's time goes to: writing its inputs, running the model, reading the logits
 /// (or, greedy on the GPU, choosing there and reading the ids), choosing tokens on the host,
@@ -23,7 +22,7 @@ pub fn gpu_times() -> bool {
 /// GPU events recorded at each lap of a generation: (the phase the lap ends, whether the
 /// step counts, the event).
 #[derive(Default)]
-pub(super) struct Marks(Vec<(usize, bool, CudaEvent)>);
+pub(super) struct Marks(Vec<(usize, bool, TimingEvent)>);
 
 impl Marks {
     pub(super) fn is_empty(&self) -> bool {
@@ -37,10 +36,7 @@ impl Marks {
         for pair in self.0.windows(2) {
             let ((_, _, start), (phase, on, end)) = (&pair[0], &pair[1]);
             if *on {
-                let ms = start.elapsed_ms(end).map_err(|e| {
-                    GenerateError::Runtime(crate::runtime::RuntimeError::Driver(format!("{e:?}")))
-                })?;
-                phases[*phase] += f64::from(ms);
+                phases[*phase] += start.elapsed_ms(end)?;
             }
         }
         Ok(phases)

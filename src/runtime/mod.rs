@@ -16,7 +16,7 @@ pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
     driver_available, driver_version, run_once, tensor_from_bytes, ColumnSet, DeviceInput, DeviceOutput,
     HostInput, PinnedOutput, RowCopy, RowDraw, SampledRows, Session, SessionOptions, StepProfile,
-    PINNED_MIN_BYTES, PROFILE_REPEAT,
+    TimingEvent, PINNED_MIN_BYTES, PROFILE_REPEAT,
 };
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -42,7 +42,7 @@ use launch::Loaded;
 pub use columns::ColumnSet;
 pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use pinned::{PinnedOutput, PINNED_MIN_BYTES};
-pub use profile::{StepProfile, PROFILE_REPEAT};
+pub use profile::{StepProfile, TimingEvent, PROFILE_REPEAT};
 pub use programmatic::LaunchChoice;
 pub use sample::{RowDraw, SampledRows};
 pub use state::RowCopy;

@@ -24,6 +24,16 @@ pub struct StepProfile {
     pub library_ms: Option<f64>,
 }
 
+/// A point on the GPU's clock ([`Session::record_timing_event`]).
+pub struct TimingEvent(CudaEvent);
+
+impl TimingEvent {
+    /// Milliseconds from this event to `end` (waits for both).
+    pub fn elapsed_ms(&self, end: &TimingEvent) -> Result<f64, RuntimeError> {
+        self.0.elapsed_ms(&end.0).map(f64::from).map_err(driver)
+    }
+}
+
 /// The middle value of `times` (0 when empty).
 pub(super) fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -112,10 +122,10 @@ impl Session {
     /// `count` events that record timing.
     /// A CUDA event that times, recorded on the session's stream now: the GPU's clock when
     /// the work issued before it is done (a decoding loop's phases, `FUSEC_GENERATE_GPU_TIMES`).
-    pub fn record_timing_event(&self) -> Result<CudaEvent, RuntimeError> {
+    pub fn record_timing_event(&self) -> Result<TimingEvent, RuntimeError> {
         let event = self.timing_events(1)?.pop().ok_or_else(|| RuntimeError::Driver("no event".into()))?;
         event.record(&self.stream).map_err(driver)?;
-        Ok(event)
+        Ok(TimingEvent(event))
     }
 
     pub(super) fn timing_events(&self, count: usize) -> Result<Vec<CudaEvent>, RuntimeError> {
