@@ -481,8 +481,7 @@ impl<S: Steps> Generator<S> {
             // The mask takes the positions cached (before t) and the step's own (the last
             // column): written whole at the first step, then one column a step, where the
             // steps can set one on the device.
-            if preset {
-            } else if t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)? {
+            if !preset && (t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)?) {
                 let mask: Vec<f64> = (0..batch)
                     .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
                     .collect();

@@ -73,44 +73,25 @@ impl Session {
         })
     }
 
-    /// `write` by 2-D memsets on the session's stream.
+    /// `write` by 2-D memsets on the session's stream: one of the element's size, or one a
+    /// 4-byte word of an 8-byte element.
     pub(super) fn write_column(&self, write: &ColumnWrite) -> Result<(), RuntimeError> {
         let (start, pitch, height) = (write.address, write.pitch as usize, write.rows as usize);
-        let bytes = write.bits.to_le_bytes();
         let stream = self.stream.cu_stream();
         // SAFETY: `height` rows of an input's buffer, one element each at `start` and `pitch`
         // bytes apart (within the buffer: `column_write` checked the column), on the session's
         // stream.
-        let result = unsafe {
+        unsafe {
             match write.bytes {
-                1 => sys::cuMemsetD2D8Async(start, pitch, bytes[0], 1, height, stream),
-                2 => sys::cuMemsetD2D16Async(
-                    start,
-                    pitch,
-                    u16::from_le_bytes([bytes[0], bytes[1]]),
-                    1,
-                    height,
-                    stream,
-                ),
-                4 => sys::cuMemsetD2D32Async(start, pitch, write.bits as u32, 1, height, stream),
-                _ => {
-                    let mut result =
-                        sys::cuMemsetD2D32Async(start, pitch, write.bits as u32, 1, height, stream);
-                    if result == sys::CUresult::CUDA_SUCCESS {
-                        result = sys::cuMemsetD2D32Async(
-                            start + 4,
-                            pitch,
-                            (write.bits >> 32) as u32,
-                            1,
-                            height,
-                            stream,
-                        );
-                    }
-                    result
-                }
+                1 => sys::cuMemsetD2D8Async(start, pitch, write.bits as u8, 1, height, stream).result(),
+                2 => sys::cuMemsetD2D16Async(start, pitch, write.bits as u16, 1, height, stream).result(),
+                bytes => (0..bytes / 4).try_for_each(|w| {
+                    let word = (write.bits >> (32 * w)) as u32;
+                    sys::cuMemsetD2D32Async(start + 4 * w, pitch, word, 1, height, stream).result()
+                }),
             }
-        };
-        result.result().map_err(driver)
+        }
+        .map_err(driver)
     }
 
     /// [`Session::copy_output_rows_many`] and `sets` (at most two) in one launch, where the
