@@ -2,7 +2,8 @@
 //! call: an MLP of two MatMuls (a bias and ReLU after the first, the residual after the second;
 //! weights stored `[K, N]`) and a head through `Gemm` with `transB` (weights `[N, K]`, an odd
 //! width), at 3 and 8 rows, awkward sizes. Every kernel through NVRTC (through ptxas too where
-//! it is found: no spills), none for 9 rows; on a GPU, the bundle with
+//! it is found: no spills), none for 9 rows in f32 (tens of rows in half types: the
+//! tensor-core kernel); on a GPU, the bundle with
 //! the kernels forced (`FUSEC_SKINNY=1`) and with them chosen by timing, against tract.
 
 mod common;
@@ -115,9 +116,45 @@ fn few_row_products_get_a_kernel_of_their_own() {
             println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
         }
     }
-    // Nine rows: the library's call alone.
+    // Nine rows in f32: the library's call alone.
     let path = mlp(dir.path(), 9, [200, 264, 517]);
-    assert!(skinny_kernels(&path, &options(DType::F16)).is_empty());
+    assert!(skinny_kernels(&path, &options(DType::F32)).is_empty());
+}
+
+/// Tens of rows in a half type (a decoding step of a batch) get the tensor-core kernel: odd row
+/// counts (a partial tile of 8), K in chunks of 32, an odd head width, and a GPT-2 small
+/// block's sizes at 32 rows (K split over a cluster's blocks). Every kernel through NVRTC
+/// (no spills); on a GPU, forced and chosen by timing, against tract.
+#[test]
+fn tens_of_rows_run_on_tensor_cores() {
+    let dir = tempfile::tempdir().unwrap();
+    for (rows, sizes) in [(13, [224, 288, 517]), (40, [224, 288, 517]), (64, [96, 160, 77]), (32, [768, 3072, 1000])] {
+        let path = mlp(dir.path(), rows, sizes);
+        for precision in [DType::F16, DType::BF16] {
+            let kernels = skinny_kernels(&path, &options(precision));
+            assert_eq!(kernels.len(), 3, "{rows} rows, {precision}: one kernel a GEMM");
+            for k in &kernels {
+                assert!(k.source.contains("on tensor cores") && k.source.contains("mma_m16n8k16"), "{}", k.source);
+                if fusec::nvrtc::available() {
+                    common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
+                }
+            }
+            let [first, _, head] = &kernels[..] else { unreachable!() };
+            assert!(first.source.contains("fusec::relu(r)") && first.source.contains("bias[c]"));
+            assert!(head.source.contains("B stored [N, K]") && head.source.contains("bias[c]"));
+        }
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
+        if fusec::runtime::driver_available() {
+            for forced in ["1", ""] {
+                std::env::set_var("FUSEC_SKINNY", forced);
+                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+                common::gpu_matches_tract(&path, &options(DType::BF16), &inputs, &theirs, 3e-2);
+            }
+            std::env::remove_var("FUSEC_SKINNY");
+        } else {
+            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
+        }
+    }
 }
 
 /// A decoding step's program, `batch` sequences, 16 cached positions, fp16.

@@ -42,6 +42,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("gate", include_str!("../../templates/gate.cu.hbs")),
     ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),
+    ("skinny_mma", include_str!("../../templates/skinny_mma.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

@@ -1,9 +1,12 @@
 //! A GEMM of a few rows (a decoding step: one token a sequence) as a kernel of fusec's
-//! (`templates/skinny_gemm.cu.hbs`), kept beside the library call in the step: such a product
-//! is bound by reading its weights once, and cuBLAS's kernels for it leave much of the GPU's
-//! bandwidth unused. The runtime times both in the program and keeps the faster (as it chooses
-//! cuBLASLt algorithms); the epilogue cuBLASLt would run (α, bias, residual, ReLU or
-//! tanh-GELU) runs in the kernel's last step.
+//! (`templates/skinny_gemm.cu.hbs`; tens of rows in half types on tensor cores, `mma.rs`),
+//! kept beside the library call in the step: such a product is bound by reading its weights
+//! once, and cuBLAS's kernels for it leave much of the GPU's bandwidth unused. The runtime
+//! times both in the program and keeps the faster (as it chooses cuBLASLt algorithms); the
+//! epilogue cuBLASLt would run (α, bias, residual, ReLU or tanh-GELU) runs in the kernel's
+//! last step.
+
+mod mma;
 
 use handlebars::Handlebars;
 use serde_json::json;
@@ -15,7 +18,8 @@ use super::KernelSource;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Location, Plan};
 
-/// The most rows of A the kernel takes (its sums are `rows × pack` registers a thread).
+/// The most rows of A the kernel on CUDA cores takes (its sums are `rows × pack` registers a
+/// thread); more, up to [`mma::MAX_ROWS`], go to the tensor-core kernel.
 pub const MAX_ROWS: usize = crate::plan::FEW_ROWS;
 
 /// Threads per block of a `[K, N]` operand's kernel.
@@ -185,7 +189,7 @@ fn aligned(location: Location) -> bool {
 }
 
 /// The kernel for GEMM `g` of step `name`, where it is one: a single static product of at
-/// most [`MAX_ROWS`] rows, A read as stored, whole 16-byte packs along B's stored rows; with
+/// most [`MAX_ROWS`] rows (or [`mma::MAX_ROWS`] of a half type, no norm taken in), A read as stored, whole 16-byte packs along B's stored rows; with
 /// `epilogue_kernel` (the step's fused ops run after the call), only where cuBLASLt's epilogue
 /// is exactly those ops.
 pub fn generate(
@@ -199,7 +203,9 @@ pub fn generate(
     if g.dims.is_some()
         || g.batch != 1
         || g.m == 0
-        || g.m > MAX_ROWS
+        || g.m > mma::MAX_ROWS
+        || (g.m > MAX_ROWS && g.m < mma::fewest_rows())
+        || (g.m >= mma::fewest_rows() && (norm.is_some() || dtype == DType::F32))
         || g.a.transposed
         || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
         || (epilogue_kernel && g.lt_epilogue.is_none())
@@ -274,6 +280,34 @@ pub fn generate(
         Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
     };
+    let name = format!("{name}_skinny");
+    // What both kernels take: the product, its epilogue, the next product's weights.
+    let mut data = json!({
+        "name": name,
+        "headers": header(dtype).into_iter().collect::<Vec<_>>(),
+        "describe": describe,
+        "t": t,
+        "m": m,
+        "n": n,
+        "k": k,
+        "rows": rows,
+        "alpha": format!("{alpha:?}f"),
+        "bias": bias.is_some(),
+        "residual": residual.is_some(),
+        "bias_arg": if bias.is_some() { "bias" } else { "nullptr" },
+        "residual_arg": if residual.is_some() { "residual" } else { "nullptr" },
+        "load_bias": load("bias[c]", dtype),
+        "load_residual": load(&format!("residual[m * {n}LL + c]"), dtype),
+        "activation": activation,
+        "store": narrow("r", dtype),
+        "prefetch": next.map(|(_, bytes)| bytes),
+        "params": params.join(", "),
+    });
+    if m >= mma::fewest_rows() {
+        return mma::generate(g, data, hb).map(|launch| {
+            launch.map(|(source, grid, block)| KernelSource::new(&name, source, grid, block, args))
+        });
+    }
     // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).
     let per_warp = match m {
         1..=2 => 1,
@@ -297,17 +331,8 @@ pub fn generate(
         let k_lanes = threads / col_lanes;
         (threads, n / cols, k.div_ceil(k_lanes))
     };
-    let name = format!("{name}_skinny");
-    let data = json!({
-        "name": name,
-        "headers": header(dtype).into_iter().collect::<Vec<_>>(),
-        "describe": describe,
-        "t": t,
-        "m": m,
-        "n": n,
-        "k": k,
+    let fields = json!({
         "lanes": lanes,
-        "rows": rows,
         "block": block,
         "warps": block / 32,
         "per_warp": per_warp,
@@ -321,13 +346,6 @@ pub fn generate(
         "cols": cols,
         "col_lanes": col_lanes,
         "k_lanes": block / col_lanes,
-        "alpha": format!("{alpha:?}f"),
-        "bias": bias.is_some(),
-        "residual": residual.is_some(),
-        "bias_arg": if bias.is_some() { "bias" } else { "nullptr" },
-        "residual_arg": if residual.is_some() { "residual" } else { "nullptr" },
-        "load_bias": load("bias[c]", dtype),
-        "load_residual": load(&format!("residual[m * {n}LL + c]"), dtype),
         "load_a": norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
         "load_a_scalar": norm_expr(
             element(&format!("a_in[m * {k}LL + k]"), &format!("a_term[m * {k}LL + k]")),
@@ -343,13 +361,17 @@ pub fn generate(
         "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
         "store_h": narrow("x", dtype),
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
-        "activation": activation,
-        "store": narrow("r", dtype),
-        "prefetch": next.map(|(_, bytes)| bytes),
-        "params": params.join(", "),
     });
+    extend(&mut data, fields);
     let source = render(hb, "skinny_gemm", &data)?;
     Ok(Some(KernelSource::new(&name, source, grid as u32, block as u32, args)))
+}
+
+/// `data` (an object) with `fields`' entries added.
+fn extend(data: &mut serde_json::Value, fields: serde_json::Value) {
+    if let (Some(data), serde_json::Value::Object(fields)) = (data.as_object_mut(), fields) {
+        data.extend(fields);
+    }
 }
 
 #[cfg(test)]
@@ -391,8 +413,14 @@ mod tests {
         // [N, K]: a warp a column at one row, four columns a warp at eight.
         assert_eq!(make(&spec(1, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(4) as u32);
         assert_eq!(make(&spec(8, 1000, 64, true)).unwrap().grid, 1000usize.div_ceil(16) as u32);
-        // Nine rows, a ragged K or N, a misaligned operand, a range of sizes: none.
-        assert!(make(&spec(9, 2304, 768, false)).is_none());
+        // Nine rows in f16: the tensor-core kernel; in f32, a ragged K or N, a misaligned
+        // operand, a range of sizes: none.
+        let mma = make(&spec(9, 2304, 768, false)).unwrap();
+        assert!(mma.source.contains("mma_m16n8k16") && mma.source.contains("__byte_perm"), "{}", mma.source);
+        let mut g = spec(9, 2304, 768, false);
+        g.dtype = DType::F32;
+        assert!(make(&g).is_none());
+        assert!(make(&spec(65, 2304, 768, false)).is_none());
         assert!(make(&spec(1, 2304, 766, true)).is_none());
         assert!(make(&spec(1, 2300, 768, false)).is_none());
         let mut g = spec(1, 2304, 768, false);

@@ -1,0 +1,130 @@
+//! The kernel for tens of rows of A (a decoding step of a batch of sequences) in a half type:
+//! the CUDA-core kernel's sums grow with the rows (and lost to cuBLASLt from eight rows on),
+//! so here the products run on tensor cores (`templates/skinny_mma.cu.hbs`), B still read
+//! once, straight into mma fragments, spread down K over enough warps (a cluster's blocks
+//! where one block's warps are too few) to keep every multiprocessor reading.
+
+use handlebars::Handlebars;
+use serde_json::{json, Value};
+
+use super::super::gemm::GemmSpec;
+use super::super::kernel::render;
+use super::extend;
+
+/// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
+pub const MAX_ROWS: usize = 64;
+
+/// Warps reading B, over the grid, that keep the H100's 132 multiprocessors busy (eight each).
+const WARPS_WANTED: usize = 132 * 8;
+
+/// Most warps a block (more split K through a cluster's blocks).
+const MAX_WARPS: usize = 4;
+
+/// Most blocks a cluster (the portable limit).
+const MAX_CLUSTER: usize = 8;
+
+/// The fewest rows that take the tensor-core kernel: past the CUDA-core kernel's
+/// [`super::MAX_ROWS`]; `FUSEC_SKINNY_MMA` sets it at compile time (`0`: never), for measuring
+/// the two kernels at the same rows.
+pub fn fewest_rows() -> usize {
+    match std::env::var("FUSEC_SKINNY_MMA").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(0) => usize::MAX,
+        Some(rows) => rows.max(1),
+        None => super::MAX_ROWS + 1,
+    }
+}
+
+/// The launch of the product: `(tile columns, warps a block, blocks a cluster, chunks of K)`
+/// for `m` rows, `n` columns, `k` deep, B stored `[N, K]` where `rows`. None where K is not
+/// whole chunks of 32. `FUSEC_SKINNY_WARPS` (the warps wanted over the grid) overrides
+/// [`WARPS_WANTED`], for measuring it.
+pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, usize, usize)> {
+    if k % 32 != 0 || m == 0 || m > MAX_ROWS || (!rows && n % 4 != 0) {
+        return None;
+    }
+    let m_tiles = m.div_ceil(8);
+    // Columns a warp: two mma tiles of 16 (one where A's tiles are many); for B [K, N], a
+    // lane's pack of 8 or 4 consecutive columns is 4 or 2 tiles.
+    let cols = match rows {
+        true if m_tiles <= 4 => 32,
+        true => 16,
+        false if m_tiles <= 4 && n % 8 == 0 => 64,
+        false => 32,
+    };
+    let chunks = k / 32;
+    let wanted = std::env::var("FUSEC_SKINNY_WARPS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&w| w > 0)
+        .unwrap_or(WARPS_WANTED);
+    // Splits of K: enough warps over the grid, at least two chunks a warp.
+    let splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
+    let warps = splits.min(MAX_WARPS);
+    let mut cluster = splits.div_ceil(warps).min(MAX_CLUSTER);
+    while cluster > 1 && warps * cluster > chunks {
+        cluster -= 1;
+    }
+    Some((cols, warps, cluster, chunks))
+}
+
+/// The tensor-core kernel's source and launch `(source, grid, block)` for `g`, whose common
+/// template data (`data`: the product, its epilogue, parameters) the caller made; None where
+/// [`shape`] gives none.
+pub fn generate(g: &GemmSpec, mut data: Value, hb: &Handlebars<'_>) -> Result<Option<(String, u32, u32)>, String> {
+    let rows = g.b.transposed;
+    let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
+    let m_tiles = g.m.div_ceil(8);
+    // B [K, N]: a lane's columns are one pack (8 or 4 elements); two chunks of eight packs in
+    // flight, or four of four; B [N, K]: four chunks of two 16-byte packs a tile.
+    let pack = cols / 8;
+    let (tiles, unroll) = match rows {
+        true => (cols / 16, 4),
+        false => (pack / 2, if pack == 8 { 2 } else { 4 }),
+    };
+    let block = warps * 32;
+    let grid = g.n.div_ceil(cols) * cluster;
+    extend(
+        &mut data,
+        json!({
+            "block": block,
+            "warps": warps,
+            "cluster": (cluster > 1).then_some(cluster),
+            "splits": warps * cluster,
+            "chunks": chunks,
+            "cols": cols,
+            "tiles": tiles,
+            "m_tiles": m_tiles,
+            "m_pad": 8 * m_tiles,
+            "unroll": unroll,
+            "pack": pack,
+            "pack_type": if pack == 8 { "uint4" } else { "uint2" },
+        }),
+    );
+    let source = render(hb, "skinny_mma", &data)?;
+    Ok(Some((source, grid as u32, block as u32)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warps_split_k_until_the_grid_is_full() {
+        // GPT-2 small at 32 rows: the QKV product ([K, N] 768 × 2304) in 36 tiles of 64
+        // columns, 24 chunks of K over 4 warps and a cluster of 3 (two chunks a warp); the MLP's second (3072 deep,
+        // 768 wide) over 12 tiles, 48 chunks over 4 warps × 8 blocks; the vocabulary ([N, K],
+        // 50,257 columns) in tiles of 32, one warp each.
+        std::env::remove_var("FUSEC_SKINNY_WARPS");
+        assert_eq!(shape(32, 2304, 768, false), Some((64, 4, 3, 24)));
+        assert_eq!(shape(32, 768, 3072, false), Some((64, 4, 8, 96)));
+        assert_eq!(shape(32, 50257, 768, true), Some((32, 1, 1, 24)));
+        // 40 rows: tiles of 32 and 16; a K of 64 in two chunks, one warp each.
+        assert_eq!(shape(40, 2304, 768, false).map(|s| s.0), Some(32));
+        assert_eq!(shape(40, 1000, 768, true).map(|s| s.0), Some(16));
+        assert_eq!(shape(16, 64, 64, false), Some((64, 1, 1, 2)));
+        // K not in chunks of 32, N not in packs, too many rows: none.
+        assert_eq!(shape(16, 2304, 776, false), None);
+        assert_eq!(shape(16, 2302, 768, false), None);
+        assert_eq!(shape(65, 2304, 768, false), None);
+    }
+}
