@@ -1,9 +1,9 @@
 //! Products of a few rows (a decoding step's GEMMs) get fusec's own kernel beside the library
 //! call: an MLP of two MatMuls (a bias and ReLU after the first, the residual after the second;
 //! weights stored `[K, N]`) and a head through `Gemm` with `transB` (weights `[N, K]`, an odd
-//! width), at 3 and 8 rows, awkward sizes. Every kernel through NVRTC (through ptxas too where
-//! it is found: no spills), none for 9 rows in f32 (tens of rows in half types: the
-//! tensor-core kernel); on a GPU, the bundle with
+//! width), at 3 and 4 rows (more take the tensor-core kernel in half types), awkward sizes.
+//! Every kernel through NVRTC (through ptxas too where it is found: no spills), none for 9
+//! rows in f32 (tens of rows in half types: the tensor-core kernel); on a GPU, the bundle with
 //! the kernels forced (`FUSEC_SKINNY=1`) and with them chosen by timing, against tract.
 
 mod common;
@@ -57,7 +57,7 @@ fn few_row_products_get_a_kernel_of_their_own() {
     let dir = tempfile::tempdir().unwrap();
     // Awkward sizes, then a GPT-2 small block's (the longest loops down K and along it).
     for (rows, sizes) in
-        [(3, [200, 264, 517]), (8, [200, 264, 517]), (1, [768, 3072, 1000]), (8, [768, 3072, 1000])]
+        [(3, [200, 264, 517]), (4, [200, 264, 517]), (1, [768, 3072, 1000]), (4, [768, 3072, 1000])]
     {
         let path = mlp(dir.path(), rows, sizes);
         let head_width = sizes[2] as usize;
@@ -157,6 +157,32 @@ fn tens_of_rows_run_on_tensor_cores() {
     }
 }
 
+/// A head through `MatMul` whose weights `[K, N]` have rows of an odd width (GPT-2's vocabulary,
+/// 50,257 wide, exported this way) is read by rows, `[N, K]`, through a transpose that costs
+/// no kernel, so it gets a kernel for a few rows (on CUDA cores at 3 rows, tensor cores at
+/// 24). On a GPU, against tract.
+#[test]
+fn odd_width_weights_are_read_by_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    for rows in [3, 24] {
+        let nodes = vec![node("MatMul", &["x", "w"], "logits", vec![])];
+        let init = vec![weight("w", &[96, 517], 76, -0.2, 0.4)];
+        let path = write_model(dir.path(), &format!("head{rows}"), &[rows, 96], nodes, init);
+        let steps = common::compiled_steps(&path, &options(DType::F16));
+        // The input's cast to f16, the GEMM, the output's cast back: no transpose of its own.
+        assert_eq!(steps.len(), 3, "{steps:?}");
+        let Step::Gemm { gemm, skinny: Some(kernel), .. } = &steps[1] else { panic!("{steps:?}") };
+        assert!(gemm.b.transposed && gemm.n == 517 && gemm.k == 96, "{gemm:?}");
+        assert!(kernel.source.contains("B stored [N, K]"), "{}", kernel.source);
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
+        if fusec::runtime::driver_available() {
+            std::env::set_var("FUSEC_SKINNY", "1");
+            common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+            std::env::remove_var("FUSEC_SKINNY");
+        }
+    }
+}
+
 /// A decoding step's program, `batch` sequences, 16 cached positions, fp16.
 fn decoding_step(file: &str, batch: usize) -> (PathBuf, CompileOptions) {
     let batch = format!("batch={batch}");
@@ -176,11 +202,14 @@ fn decoding_step(file: &str, batch: usize) -> (PathBuf, CompileOptions) {
 /// decoder's RMSNorms likewise. On a GPU, the step with them taken in against tract.
 #[test]
 fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
-    // One sequence, and three (three rows of A normalised in the kernel).
+    // One sequence, and three (three rows of A normalised in the kernel), then 13 and 32.
     let cases = [
         ("gpt2_cache_ts.onnx", "layernorm", 1),
         ("llama_cache_ts.onnx", "rmsnorm", 1),
         ("gpt2_cache_ts.onnx", "layernorm", 3),
+        // Tens of rows: the tensor-core kernel takes the norm in as it reads A.
+        ("gpt2_cache_ts.onnx", "layernorm", 13),
+        ("llama_cache_ts.onnx", "rmsnorm", 32),
     ];
     for (file, norm, batch) in cases {
         let expected = 5;
@@ -191,6 +220,7 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
             .filter_map(|s| match s {
                 Step::Gemm { absorbs: Some(j), skinny: Some(k), .. } => {
                     assert!(k.source.contains("Norm of"), "{}", k.source);
+                    assert_eq!(k.source.contains("on tensor cores"), batch > 8, "{}", k.source);
                     if fusec::nvrtc::available() {
                         let dir = tempfile::tempdir().unwrap();
                         common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
@@ -211,7 +241,7 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
         if norm == "layernorm" {
             let summed = steps
                 .iter()
-                .filter(|s| matches!(s, Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } if k.source.contains("h_out[")))
+                .filter(|s| matches!(s, Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } if k.source.contains("__restrict__ h_out")))
                 .count();
             assert_eq!(summed, 4, "{file} at batch {batch}");
         }

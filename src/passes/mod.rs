@@ -17,6 +17,7 @@ mod shared;
 mod small_views;
 mod split_reductions;
 mod squeeze_excite;
+mod weights_by_rows;
 
 pub use attention_masks::{mask_prologue, own_attention_masks, owns_prologue};
 pub use cache_in_place::CacheInPlace;
@@ -34,6 +35,7 @@ pub use shared::SharedConstants;
 pub use small_views::store_small_vectors;
 pub use split_reductions::SplitReductions;
 pub use squeeze_excite::squeeze_excite;
+pub use weights_by_rows::WeightsByRows;
 
 use thiserror::Error;
 

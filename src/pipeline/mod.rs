@@ -368,6 +368,11 @@ pub(crate) fn lower_fused(
         }
         passes::own_attention_masks(&mut graph, &mut covers)
             .map_err(|source| PassError { pass: "attention-masks", source })?;
+        // After fusion, whose constant folding would undo it.
+        passes::WeightsByRows::sharing(shared)
+            .run(&mut graph)
+            .map_err(|source| PassError { pass: "weights-by-rows", source })?;
+        crate::ir::verify(&graph).map_err(|source| PassError { pass: "weights-by-rows", source })?;
     }
     let partition = fusion::partition(&graph, &covers, mode)?;
     Ok((Plan::unplaced(graph, partition)?, report))

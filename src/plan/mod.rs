@@ -281,8 +281,8 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
 }
 
 /// The most rows of A a GEMM may have to get codegen's kernel for a few rows (which may take in
-/// the norm before it).
-pub const FEW_ROWS: usize = 8;
+/// the norm before it; `codegen::skinny`: on CUDA cores up to 8, on tensor cores up to 64).
+pub const FEW_ROWS: usize = 64;
 
 /// Whether `next` is a GEMM of at most [`FEW_ROWS`] rows right after `norm`, a LayerNorm or
 /// RMSNorm kernel.

@@ -23,14 +23,19 @@ const MAX_WARPS: usize = 4;
 /// Most blocks a cluster (the portable limit).
 const MAX_CLUSTER: usize = 8;
 
-/// The fewest rows that take the tensor-core kernel: past the CUDA-core kernel's
-/// [`super::MAX_ROWS`]; `FUSEC_SKINNY_MMA` sets it at compile time (`0`: never), for measuring
-/// the two kernels at the same rows.
+/// The fewest rows that take the tensor-core kernel by default: GPT-2 small's step on the H200
+/// was as fast with either kernel at 4 rows, faster with this one at 8, slower at 2
+/// (`benches/NOTES.md`).
+const FEWEST_ROWS: usize = 5;
+
+/// The fewest rows that take the tensor-core kernel ([`FEWEST_ROWS`]; fewer go to the
+/// CUDA-core kernel); `FUSEC_SKINNY_MMA` sets it at compile time (`0`: never, the CUDA-core
+/// kernel up to its [`super::MAX_ROWS`]), for measuring the two kernels at the same rows.
 pub fn fewest_rows() -> usize {
     match std::env::var("FUSEC_SKINNY_MMA").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
         Some(0) => usize::MAX,
         Some(rows) => rows.max(1),
-        None => super::MAX_ROWS + 1,
+        None => FEWEST_ROWS,
     }
 }
 
@@ -98,6 +103,7 @@ pub fn generate(g: &GemmSpec, mut data: Value, hb: &Handlebars<'_>) -> Result<Op
             "unroll": unroll,
             "pack": pack,
             "pack_type": if pack == 8 { "uint4" } else { "uint2" },
+            "rows_per_warp": g.m.div_ceil(warps),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;

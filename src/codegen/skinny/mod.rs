@@ -20,7 +20,7 @@ use crate::plan::{Location, Plan};
 
 /// The most rows of A the kernel on CUDA cores takes (its sums are `rows × pack` registers a
 /// thread); more, up to [`mma::MAX_ROWS`], go to the tensor-core kernel.
-pub const MAX_ROWS: usize = crate::plan::FEW_ROWS;
+pub const MAX_ROWS: usize = 8;
 
 /// Threads per block of a `[K, N]` operand's kernel.
 const COLS_BLOCK: usize = 256;
@@ -189,7 +189,7 @@ fn aligned(location: Location) -> bool {
 }
 
 /// The kernel for GEMM `g` of step `name`, where it is one: a single static product of at
-/// most [`MAX_ROWS`] rows (or [`mma::MAX_ROWS`] of a half type, no norm taken in), A read as stored, whole 16-byte packs along B's stored rows; with
+/// most [`MAX_ROWS`] rows (or [`mma::MAX_ROWS`] of a half type), A read as stored, whole 16-byte packs along B's stored rows; with
 /// `epilogue_kernel` (the step's fused ops run after the call), only where cuBLASLt's epilogue
 /// is exactly those ops.
 pub fn generate(
@@ -200,12 +200,13 @@ pub fn generate(
     hb: &Handlebars<'_>,
 ) -> Result<Option<KernelSource>, String> {
     let dtype = g.dtype;
+    // Half types of enough rows take the tensor-core kernel.
+    let tensor_cores = dtype != DType::F32 && g.m >= mma::fewest_rows();
     if g.dims.is_some()
         || g.batch != 1
         || g.m == 0
         || g.m > mma::MAX_ROWS
-        || (g.m > MAX_ROWS && g.m < mma::fewest_rows())
-        || (g.m >= mma::fewest_rows() && (norm.is_some() || dtype == DType::F32))
+        || (g.m > MAX_ROWS && !tensor_cores)
         || g.a.transposed
         || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
         || (epilogue_kernel && g.lt_epilogue.is_none())
@@ -302,8 +303,20 @@ pub fn generate(
         "store": narrow("r", dtype),
         "prefetch": next.map(|(_, bytes)| bytes),
         "params": params.join(", "),
+        "norm": norm.is_some(),
+        "rms": norm.is_some_and(|n| n.rms),
+        "beta": norm.is_some_and(|n| n.beta.is_some()),
+        "summed": summed,
+        "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
+        "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
+        "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
+        "store_h": narrow("x", dtype),
     });
-    if m >= mma::fewest_rows() {
+    if tensor_cores {
+        // The tensor-core kernel reads the norm's scale and shift in packs too.
+        if norm.is_some_and(|n| !std::iter::once(n.gamma).chain(n.beta).all(aligned)) {
+            return Ok(None);
+        }
         return mma::generate(g, data, hb).map(|launch| {
             launch.map(|(source, grid, block)| KernelSource::new(&name, source, grid, block, args))
         });
@@ -353,13 +366,6 @@ pub fn generate(
             norm,
             dtype
         ),
-        "norm": norm.is_some(),
-        "rms": norm.is_some_and(|n| n.rms),
-        "summed": summed,
-        "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
-        "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
-        "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
-        "store_h": narrow("x", dtype),
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
     });
     extend(&mut data, fields);
@@ -410,9 +416,12 @@ mod tests {
         assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 72);
         assert_eq!(make(&spec(1, 768, 3072, false)).unwrap().grid, 24);
         assert_eq!(make(&spec(1, 776, 768, false)).unwrap().grid, 97);
-        // [N, K]: a warp a column at one row, four columns a warp at eight.
+        // [N, K]: a warp a column at one row, four columns a warp at eight (f32: in half
+        // types eight rows take the tensor-core kernel).
         assert_eq!(make(&spec(1, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(4) as u32);
-        assert_eq!(make(&spec(8, 1000, 64, true)).unwrap().grid, 1000usize.div_ceil(16) as u32);
+        let mut g = spec(8, 1000, 64, true);
+        g.dtype = DType::F32;
+        assert_eq!(make(&g).unwrap().grid, 1000usize.div_ceil(16) as u32);
         // Nine rows in f16: the tensor-core kernel; in f32, a ragged K or N, a misaligned
         // operand, a range of sizes: none.
         let mma = make(&spec(9, 2304, 768, false)).unwrap();
