@@ -16,6 +16,16 @@ __device__ __forceinline__ void grid_begin() {
 #endif
 }
 
+// `p`, which the compiler must take as changed here. Called right after `grid_begin` on each
+// pointer the kernel before may have written: LLVM may move a read through a `__restrict__`
+// pointer above inline assembly that does not name it (the wait's "memory" clobber does not
+// hold it back), which would read the kernel before's output before it is complete.
+template <typename T>
+__device__ __forceinline__ T* after_wait(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
 // Asks L2 for `bytes` from `base`, every thread of the grid a share of the 128-byte lines,
 // without waiting for them: a kernel for a few rows fetching the next product's weights while
 // its own are read, so that they are in L2 when that product runs.

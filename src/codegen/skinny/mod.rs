@@ -313,8 +313,12 @@ pub fn generate(
         "store_h": narrow("x", dtype),
     });
     if tensor_cores {
-        // The tensor-core kernel reads the norm's scale and shift in packs too.
-        if norm.is_some_and(|n| !std::iter::once(n.gamma).chain(n.beta).all(aligned)) {
+        // The tensor-core kernel leaves the norm to its own kernel unless
+        // `FUSEC_SKINNY_MMA_NORM=1`: taken in, each block computes every row's statistics
+        // before its first product, and GPT-2 small's step at 16 and 32 rows was slower that
+        // way on the H200 (`benches/NOTES.md`). Its scale and shift are read in packs.
+        let apart = std::env::var("FUSEC_SKINNY_MMA_NORM").map_or(true, |v| v.trim() != "1");
+        if norm.is_some_and(|n| apart || !std::iter::once(n.gamma).chain(n.beta).all(aligned)) {
             return Ok(None);
         }
         return mma::generate(g, data, hb).map(|launch| {
