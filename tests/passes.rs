@@ -405,3 +405,35 @@ fn a_cache_concatenation_stays_bf16_in_the_mixed_policy() {
         assert!(err > 0.0 && err <= 1e-2, "{name}: rel-L2 {err:e}");
     }
 }
+
+/// A MatMul's constant weights of an odd width are stored transposed, read through a
+/// `Transpose`; the product is unchanged (exactly: the same sums), weights of a width in
+/// packs and weights also read as a left operand are left as they are.
+#[test]
+fn odd_width_weights_are_stored_by_rows() {
+    use fusec::passes::WeightsByRows;
+    let values = |n: usize, seed: f32| (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect::<Vec<f32>>();
+    let weights = |k: usize, n: usize, seed: f32| {
+        Arc::new(Tensor::F32(ndarray::Array::from_shape_vec(vec![k, n], values(k * n, seed)).unwrap()))
+    };
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![3, 6]));
+    let odd = g.add_constant("odd", weights(6, 7, 0.1), origin("odd"));
+    let even = g.add_constant("even", weights(6, 8, 0.2), origin("even"));
+    let y = g.add_op(Op::MatMul, &[x, odd], "y", origin("head")).unwrap();
+    let z = g.add_op(Op::MatMul, &[x, even], "z", origin("proj")).unwrap();
+    g.set_outputs(vec![("y".into(), y), ("z".into(), z)]);
+    let x_value = Tensor::F32(ndarray::Array::from_shape_vec(vec![3, 6], values(18, 0.5)).unwrap());
+    let feeds: HashMap<_, _> = [("x".to_string(), x_value)].into_iter().collect();
+    let before = ir::evaluate(&g, &feeds).unwrap();
+    assert_eq!(WeightsByRows::default().run(&mut g).unwrap(), 1);
+    ir::verify(&g).unwrap();
+    let b = g.inputs_of(y)[1];
+    assert_eq!(g.node(b).op, Op::Transpose { perm: vec![1, 0] });
+    assert_eq!(g.constant(g.inputs_of(b)[0]).unwrap().shape(), &[7, 6]);
+    assert_eq!(g.inputs_of(z)[1], even);
+    let after = ir::evaluate(&g, &feeds).unwrap();
+    for ((name, a), (_, b)) in after.iter().zip(&before) {
+        assert_eq!(rel_l2(a, b), 0.0, "{name}");
+    }
+}

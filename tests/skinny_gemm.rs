@@ -128,13 +128,19 @@ fn few_row_products_get_a_kernel_of_their_own() {
 #[test]
 fn tens_of_rows_run_on_tensor_cores() {
     let dir = tempfile::tempdir().unwrap();
-    for (rows, sizes) in [(13, [224, 288, 517]), (40, [224, 288, 517]), (64, [96, 160, 77]), (32, [768, 3072, 1000])] {
+    for (rows, sizes) in
+        [(13, [224, 288, 517]), (40, [224, 288, 517]), (64, [96, 160, 77]), (32, [768, 3072, 1000])]
+    {
         let path = mlp(dir.path(), rows, sizes);
         for precision in [DType::F16, DType::BF16] {
             let kernels = skinny_kernels(&path, &options(precision));
             assert_eq!(kernels.len(), 3, "{rows} rows, {precision}: one kernel a GEMM");
             for k in &kernels {
-                assert!(k.source.contains("on tensor cores") && k.source.contains("mma_m16n8k16"), "{}", k.source);
+                assert!(
+                    k.source.contains("on tensor cores") && k.source.contains("mma_m16n8k16"),
+                    "{}",
+                    k.source
+                );
                 if fusec::nvrtc::available() {
                     common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
                 }
@@ -217,7 +223,10 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
         if batch > 8 {
             // The tensor-core kernel takes the norm in only when asked (slower on the H200).
             let apart = common::compiled_steps(&path, &options);
-            assert!(!apart.iter().any(|s| matches!(s, Step::Gemm { absorbs: Some(_), .. })), "{file} at {batch}");
+            assert!(
+                !apart.iter().any(|s| matches!(s, Step::Gemm { absorbs: Some(_), .. })),
+                "{file} at {batch}"
+            );
             std::env::set_var("FUSEC_SKINNY_MMA_NORM", "1");
         }
         let steps = common::compiled_steps(&path, &options);

@@ -5,8 +5,6 @@
 //! kernels for a few rows need whole packs along the stored rows, which `[N, K]` gives
 //! whatever N is.
 
-use std::sync::Arc;
-
 use super::{Pass, SharedConstants};
 use crate::ir::ops::layout;
 use crate::ir::{Graph, IrError, Op, Origin};
@@ -56,7 +54,8 @@ impl Pass for WeightsByRows<'_> {
             }
             let node = graph.node(id);
             let (name, origin) = (node.name.clone(), node.origin.clone());
-            let fail = |message: String| IrError::Op { node: origin.node.clone(), op: "MatMul".into(), message };
+            let fail =
+                |message: String| IrError::Op { node: origin.node.clone(), op: "MatMul".into(), message };
             let transposed = SharedConstants::derive_or_make(self.shared, "transpose", &[&weight], || {
                 layout::eval_transpose(&weight, &[1, 0])
             })

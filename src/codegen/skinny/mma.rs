@@ -75,7 +75,11 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
 /// The tensor-core kernel's source and launch `(source, grid, block)` for `g`, whose common
 /// template data (`data`: the product, its epilogue, parameters) the caller made; None where
 /// [`shape`] gives none.
-pub fn generate(g: &GemmSpec, mut data: Value, hb: &Handlebars<'_>) -> Result<Option<(String, u32, u32)>, String> {
+pub fn generate(
+    g: &GemmSpec,
+    mut data: Value,
+    hb: &Handlebars<'_>,
+) -> Result<Option<(String, u32, u32)>, String> {
     let rows = g.b.transposed;
     let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
     let m_tiles = g.m.div_ceil(8);
