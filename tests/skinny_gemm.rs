@@ -52,6 +52,24 @@ fn skinny_kernels(path: &Path, options: &CompileOptions) -> Vec<KernelSource> {
         .collect()
 }
 
+/// On a GPU, the model at each `(precision, tolerance)` against tract on random inputs
+/// (`seed`), the kernels for a few rows forced, then chosen by timing (whichever wins, the same
+/// outputs).
+fn forced_and_timed_match_tract(path: &Path, seed: u64, precisions: &[(DType, f64)]) {
+    let (_, inputs, theirs) = common::tract_on_random_inputs(path, seed);
+    if !fusec::runtime::driver_available() {
+        println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
+        return;
+    }
+    for forced in ["1", ""] {
+        std::env::set_var("FUSEC_SKINNY", forced);
+        for &(precision, tolerance) in precisions {
+            common::gpu_matches_tract(path, &options(precision), &inputs, &theirs, tolerance);
+        }
+    }
+    std::env::remove_var("FUSEC_SKINNY");
+}
+
 #[test]
 fn few_row_products_get_a_kernel_of_their_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,18 +121,7 @@ fn few_row_products_get_a_kernel_of_their_own() {
                 }
             }
         }
-        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
-        if fusec::runtime::driver_available() {
-            // Forced, then chosen by timing (whichever wins, the same outputs).
-            for forced in ["1", ""] {
-                std::env::set_var("FUSEC_SKINNY", forced);
-                common::gpu_matches_tract(&path, &options(DType::F32), &inputs, &theirs, 1e-5);
-                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
-            }
-            std::env::remove_var("FUSEC_SKINNY");
-        } else {
-            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
-        }
+        forced_and_timed_match_tract(&path, rows as u64, &[(DType::F32, 1e-5), (DType::F16, 1e-2)]);
     }
     // Nine rows in f32: the library's call alone.
     let path = mlp(dir.path(), 9, [200, 264, 517]);
@@ -149,17 +156,7 @@ fn tens_of_rows_run_on_tensor_cores() {
             assert!(first.source.contains("fusec::relu(r)") && first.source.contains("bias[c]"));
             assert!(head.source.contains("B stored [N, K]") && head.source.contains("bias[c]"));
         }
-        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
-        if fusec::runtime::driver_available() {
-            for forced in ["1", ""] {
-                std::env::set_var("FUSEC_SKINNY", forced);
-                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
-                common::gpu_matches_tract(&path, &options(DType::BF16), &inputs, &theirs, 3e-2);
-            }
-            std::env::remove_var("FUSEC_SKINNY");
-        } else {
-            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
-        }
+        forced_and_timed_match_tract(&path, rows as u64, &[(DType::F16, 1e-2), (DType::BF16, 3e-2)]);
     }
 }
 
