@@ -323,14 +323,32 @@ fn identical_layers_share_one_function() {
         for (function, steps) in &functions {
             assert!(steps.iter().all(|s| s.source == steps[0].source), "{file}: {function} has two sources");
         }
-        println!("{file}: {} kernel launches, {} functions", sources.len(), functions.len());
+        // The kernels for a few rows (18 rows here: the tensor-core kernel) are one a GEMM
+        // shape, counted apart.
+        let few_rows: std::collections::HashSet<&str> = bundle
+            .header
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                fusec::codegen::Step::Gemm { skinny: Some(k), .. } => Some(k.function.as_str()),
+                _ => None,
+            })
+            .collect();
+        println!(
+            "{file}: {} kernel launches, {} functions ({} for a few rows)",
+            sources.len(),
+            functions.len(),
+            few_rows.len()
+        );
         if file == "bert12_ts.onnx" {
-            // 12 layers: embeddings, then per layer the same handful of kernels.
+            // 12 layers: embeddings, then per layer the same handful of kernels; a kernel for
+            // a few rows for each of a layer's four GEMM shapes and the head's.
             assert!(
-                sources.len() >= 60 && functions.len() <= 12,
-                "{} sources, {} functions",
+                sources.len() >= 60 && functions.len() - few_rows.len() <= 12 && few_rows.len() <= 6,
+                "{} sources, {} functions, {} for a few rows",
                 sources.len(),
-                functions.len()
+                functions.len(),
+                few_rows.len()
             );
         }
     }
