@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::super::gemm::GemmSpec;
 use super::super::kernel::render;
-use super::extend;
+use super::{extend, knob};
 
 /// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
 pub const MAX_ROWS: usize = 64;
@@ -32,7 +32,7 @@ const FEWEST_ROWS: usize = 5;
 /// CUDA-core kernel); `FUSEC_SKINNY_MMA` sets it at compile time (`0`: never, the CUDA-core
 /// kernel up to its [`super::MAX_ROWS`]), for measuring the two kernels at the same rows.
 pub fn fewest_rows() -> usize {
-    match std::env::var("FUSEC_SKINNY_MMA").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+    match knob("FUSEC_SKINNY_MMA") {
         Some(0) => usize::MAX,
         Some(rows) => rows.max(1),
         None => FEWEST_ROWS,
@@ -57,11 +57,7 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
         false => 32,
     };
     let chunks = k / 32;
-    let wanted = std::env::var("FUSEC_SKINNY_WARPS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&w| w > 0)
-        .unwrap_or(WARPS_WANTED);
+    let wanted = knob("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(WARPS_WANTED);
     // Splits of K: enough warps over the grid, at least two chunks a warp.
     let splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
     let warps = splits.min(MAX_WARPS);

@@ -309,8 +309,6 @@ pub fn generate(
         "summed": summed,
         "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
         "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
-        "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
-        "store_h": narrow("x", dtype),
     });
     if tensor_cores {
         // The tensor-core kernel leaves the norm to its own kernel unless
@@ -335,7 +333,6 @@ pub fn generate(
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
     // override both, for measuring them.
-    let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok());
     let forced_cols = knob("FUSEC_SKINNY_COLS").filter(|c| [1, 2, 4, 8].contains(c) && n % (c * lanes) == 0);
     let col_lanes = forced_cols
         .unwrap_or_else(|| [4usize, 2, 1].into_iter().find(|&cl| n % (cl * lanes) == 0).unwrap_or(1));
@@ -371,10 +368,18 @@ pub fn generate(
             dtype
         ),
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
+        "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
+        "store_h": narrow("x", dtype),
     });
     extend(&mut data, fields);
     let source = render(hb, "skinny_gemm", &data)?;
     Ok(Some(KernelSource::new(&name, source, grid as u32, block as u32, args)))
+}
+
+/// The number environment variable `name` holds, if it holds one (the knobs for measuring
+/// the kernels, read at compile time).
+fn knob(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok())
 }
 
 /// `data` (an object) with `fields`' entries added.
