@@ -20,6 +20,23 @@ const THREADS: usize = 128;
 /// Keys a lane group has in flight at once.
 const UNROLL: usize = 4;
 
+/// Threads a block and keys a lane group a trip: [`THREADS`] and [`UNROLL`] unless
+/// `FUSEC_ATTENTION_DECODE_THREADS` (64, 128, 256 or 512) or `FUSEC_ATTENTION_DECODE_UNROLL`
+/// (1, 2, 4 or 8) says otherwise, for measuring them.
+fn launch() -> (usize, usize) {
+    let var = |name: &str, allowed: &[usize], default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|v| allowed.contains(v))
+            .unwrap_or(default)
+    };
+    (
+        var("FUSEC_ATTENTION_DECODE_THREADS", &[64, 128, 256, 512], THREADS),
+        var("FUSEC_ATTENTION_DECODE_UNROLL", &[1, 2, 4, 8], UNROLL),
+    )
+}
+
 /// The decoding kernel for `problem`, where it applies: half types, one query row (at the top
 /// of any ranges, and fixed), the depth and the value width multiples of 8 of at most 256,
 /// and K and V rows contiguous in 16-byte runs. `FUSEC_ATTENTION_DECODE=0` turns it off, for
@@ -51,11 +68,12 @@ pub(super) fn generate(
     let cluster = cluster_size(problem.heads());
     let (half, _) = half_names(dtype);
     let scan = problem.inputs.len() > 3 && operands.causal.is_none();
+    let (threads, unroll) = launch();
     let data = json!({
         "half": half,
-        "threads": THREADS,
+        "threads": threads,
         "group": group,
-        "unroll": UNROLL,
+        "unroll": unroll,
         "cluster": (cluster > 1).then_some(cluster),
         "scan": scan,
         "early_scan": scan && mask_is_fixed(plan, kernel, problem),
@@ -66,7 +84,7 @@ pub(super) fn generate(
         "v_address": v_address,
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
-    let mut source = common.render(hb, "attention_decode", data, 1, problem.heads() * cluster, THREADS)?;
+    let mut source = common.render(hb, "attention_decode", data, 1, problem.heads() * cluster, threads)?;
     if let Some(scale) = &mut source.scale {
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }

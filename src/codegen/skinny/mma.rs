@@ -68,6 +68,19 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     Some((cols, warps, cluster, chunks))
 }
 
+/// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
+/// lanes' stores of one accumulator fall in distinct banks (B `[N, K]`: column `16t + r (+ 8)`,
+/// row `2q (+ 1)`, so rows 4 banks apart put the 8 r beside the 4 q) or at most two to a bank (B
+/// `[K, N]`: column `pack·r + …`, every bank a multiple of the pack apart, which no row stride
+/// separates fully).
+fn row_stride(cols: usize, rows: bool) -> usize {
+    if rows {
+        cols + 4
+    } else {
+        cols + 1
+    }
+}
+
 /// The tensor-core kernel's source and launch `(source, grid, block)` for `g`, whose common
 /// template data (`data`: the product, its epilogue, parameters) the caller made; None where
 /// [`shape`] gives none.
@@ -82,9 +95,12 @@ pub fn generate(
     // B [K, N]: a lane's columns are one pack (8 or 4 elements); two chunks of eight packs in
     // flight, or four of four; B [N, K]: four chunks of two 16-byte packs a tile.
     let pack = cols / 8;
+    // (Three chunks of eight packs where that is all a warp has: one trip to memory.)
+    let per_warp = chunks.div_ceil(warps * cluster);
     let (tiles, unroll) = match rows {
         true => (cols / 16, 4),
-        false => (pack / 2, if pack == 8 { 2 } else { 4 }),
+        false if pack == 8 => (pack / 2, if per_warp == 3 { 3 } else { 2 }),
+        false => (pack / 2, 4),
     };
     let block = warps * 32;
     let grid = g.n.div_ceil(cols) * cluster;
@@ -104,6 +120,8 @@ pub fn generate(
             "pack": pack,
             "pack_type": if pack == 8 { "uint4" } else { "uint2" },
             "rows_per_warp": g.m.div_ceil(warps),
+            "many_warps": warps > 1,
+            "row_stride": row_stride(cols, rows),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
@@ -132,5 +150,37 @@ mod tests {
         assert_eq!(shape(16, 2304, 776, false), None);
         assert_eq!(shape(16, 2302, 768, false), None);
         assert_eq!(shape(65, 2304, 768, false), None);
+    }
+
+    /// The most lanes of a warp whose stores of one accumulator fall in one bank at different
+    /// addresses (1: none wait), with the template's mapping of lanes to outputs.
+    fn bank_ways(rows: bool, cols: usize) -> usize {
+        let stride = row_stride(cols, rows);
+        let pack = cols / 8;
+        let tiles = if rows { cols / 16 } else { pack / 2 };
+        let mut worst = 0;
+        for t in 0..tiles {
+            for e in 0..4 {
+                let mut banks = vec![std::collections::BTreeSet::new(); 32];
+                for lane in 0..32 {
+                    let (r, q) = (lane / 4, lane % 4);
+                    let (rho, row) = (r + 8 * (e / 2), 2 * q + e % 2);
+                    let col = if rows { 16 * t + rho } else { pack * (rho % 8) + 2 * t + rho / 8 };
+                    let at = row * stride + col;
+                    banks[at % 32].insert(at);
+                }
+                worst = worst.max(banks.iter().map(|b| b.len()).max().unwrap());
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn partial_sums_are_stored_without_bank_conflicts() {
+        // B [N, K]: none; B [K, N]: at most two lanes a bank (eight and four unpadded).
+        assert_eq!(bank_ways(true, 16), 1);
+        assert_eq!(bank_ways(true, 32), 1);
+        assert_eq!(bank_ways(false, 64), 2);
+        assert_eq!(bank_ways(false, 32), 2);
     }
 }
