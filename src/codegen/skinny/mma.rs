@@ -23,6 +23,12 @@ const MAX_WARPS: usize = 4;
 /// Most blocks a cluster (the portable limit).
 const MAX_CLUSTER: usize = 8;
 
+/// Chunks of K a warp has in flight at once where B is stored `[N, K]`: GPT-2 small's
+/// vocabulary at 32 rows on the H200 took 43.1 µs with 4, 33.9 with 6, 46.1 with 8 (202
+/// registers) (`benches/NOTES.md`). `FUSEC_SKINNY_MMA_UNROLL` (1 to 8) overrides it, and
+/// `FUSEC_SKINNY_MMA_NARROW=1` takes tiles of 16 columns where they would be 32, for measuring them.
+const ROWS_UNROLL: usize = 6;
+
 /// The fewest rows that take the tensor-core kernel by default: GPT-2 small's step on the H200
 /// was as fast with either kernel at 4 rows, faster with this one at 8, slower at 2
 /// (`benches/NOTES.md`).
@@ -50,8 +56,9 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     let m_tiles = m.div_ceil(8);
     // Columns a warp: two mma tiles of 16 (one where A's tiles are many); for B [K, N], a
     // lane's pack of 8 or 4 consecutive columns is 4 or 2 tiles.
+    let narrow = knob("FUSEC_SKINNY_MMA_NARROW") == Some(1);
     let cols = match rows {
-        true if m_tiles <= 4 => 32,
+        true if m_tiles <= 4 && !narrow => 32,
         true => 16,
         false if m_tiles <= 4 && n % 8 == 0 => 64,
         false => 32,
@@ -93,12 +100,15 @@ pub fn generate(
     let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
     let m_tiles = g.m.div_ceil(8);
     // B [K, N]: a lane's columns are one pack (8 or 4 elements); two chunks of eight packs in
-    // flight, or four of four; B [N, K]: four chunks of two 16-byte packs a tile.
+    // flight, or four of four; B [N, K]: six chunks of two 16-byte packs a tile.
     let pack = cols / 8;
     // (Three chunks of eight packs where that is all a warp has: one trip to memory.)
     let per_warp = chunks.div_ceil(warps * cluster);
     let (tiles, unroll) = match rows {
-        true => (cols / 16, 4),
+        true => (
+            cols / 16,
+            knob("FUSEC_SKINNY_MMA_UNROLL").filter(|u| (1..=8).contains(u)).unwrap_or(ROWS_UNROLL),
+        ),
         false if pack == 8 => (pack / 2, if per_warp == 3 { 3 } else { 2 }),
         false => (pack / 2, 4),
     };
