@@ -51,8 +51,8 @@ pub(super) const TIMED_RUNS: usize = 15;
 /// below this fraction of the current one: within it, timing noise would decide.
 pub(super) const MARGIN: f64 = 0.995;
 /// Names the timing method in the cache file's name, so choices timed another way (or among
-/// other candidates) are not reused.
-const TIMING: &str = "program3";
+/// other candidates, or against an earlier build of fusec's own kernels) are not reused.
+const TIMING: &str = "program4";
 
 /// Split-K counts tried beside each of the first [`VARIANT_BASES`] heuristic algorithms that
 /// run without one: an output of few tiles (1024×768 in 128×128 tiles is 48 of the H100's 132
