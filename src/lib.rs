@@ -16,6 +16,7 @@ pub mod fusion;
 pub mod generate;
 pub mod import;
 pub mod ir;
+mod knobs;
 pub mod nvrtc;
 mod parallel;
 pub mod passes;

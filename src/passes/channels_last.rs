@@ -54,7 +54,7 @@ const CHANNEL_STEP: usize = 8;
 /// `benches/NOTES.md`). `FUSEC_CHANNEL_STEP=N` pads to N instead, at compile time; `0` leaves
 /// such a convolution NCHW.
 fn channel_step(dtype: DType) -> usize {
-    let chosen = std::env::var("FUSEC_CHANNEL_STEP").ok().and_then(|v| v.trim().parse().ok());
+    let chosen = crate::knobs::number("FUSEC_CHANNEL_STEP");
     chosen.unwrap_or(if dtype == DType::BF16 { 2 * CHANNEL_STEP } else { CHANNEL_STEP })
 }
 

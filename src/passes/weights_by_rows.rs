@@ -36,7 +36,7 @@ impl Pass for WeightsByRows<'_> {
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         let mut changed = 0;
         // `FUSEC_WEIGHTS_BY_ROWS=0` leaves the weights as the model stores them, for measuring.
-        if std::env::var("FUSEC_WEIGHTS_BY_ROWS").is_ok_and(|v| v.trim() == "0") {
+        if crate::knobs::off("FUSEC_WEIGHTS_BY_ROWS") {
             return Ok(0);
         }
         for id in graph.topo_order()? {

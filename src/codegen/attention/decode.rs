@@ -13,6 +13,7 @@ use crate::codegen::kernel::{coords_decl, Body};
 use crate::codegen::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::{DType, SymDim};
+use crate::knobs;
 use crate::plan::Plan;
 
 /// Threads a block.
@@ -24,16 +25,9 @@ const UNROLL: usize = 4;
 /// `FUSEC_ATTENTION_DECODE_THREADS` (64, 128, 256 or 512) or `FUSEC_ATTENTION_DECODE_UNROLL`
 /// (1, 2, 4 or 8) says otherwise, for measuring them.
 fn launch() -> (usize, usize) {
-    let var = |name: &str, allowed: &[usize], default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|v| allowed.contains(v))
-            .unwrap_or(default)
-    };
     (
-        var("FUSEC_ATTENTION_DECODE_THREADS", &[64, 128, 256, 512], THREADS),
-        var("FUSEC_ATTENTION_DECODE_UNROLL", &[1, 2, 4, 8], UNROLL),
+        knobs::one_of("FUSEC_ATTENTION_DECODE_THREADS", &[64, 128, 256, 512]).unwrap_or(THREADS),
+        knobs::one_of("FUSEC_ATTENTION_DECODE_UNROLL", &[1, 2, 4, 8]).unwrap_or(UNROLL),
     )
 }
 
@@ -53,7 +47,7 @@ pub(super) fn generate(
     let one_query = problem.out_dims[rank - 2].value() == Some(1);
     let (depth, dv) = (problem.depth, problem.dv());
     let fits = depth % 8 == 0 && dv % 8 == 0 && depth.max(dv) <= 256;
-    let off = std::env::var("FUSEC_ATTENTION_DECODE").is_ok_and(|v| v == "0");
+    let off = crate::knobs::off("FUSEC_ATTENTION_DECODE");
     if !matches!(dtype, DType::F16 | DType::BF16) || !one_query || !fits || off {
         return Ok(None);
     }
@@ -97,7 +91,7 @@ pub(super) fn generate(
 /// dependent launch), so that the scan overlaps that kernel. `FUSEC_ATTENTION_EARLY_SCAN=0`
 /// keeps the scan after the wait, for measuring it.
 fn mask_is_fixed(plan: &Plan, kernel: &Kernel, problem: &Problem) -> bool {
-    if std::env::var("FUSEC_ATTENTION_EARLY_SCAN").is_ok_and(|v| v.trim() == "0") {
+    if crate::knobs::off("FUSEC_ATTENTION_EARLY_SCAN") {
         return false;
     }
     let graph = &plan.graph;

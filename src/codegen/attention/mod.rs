@@ -417,8 +417,7 @@ fn cluster_size(blocks: usize, tiles: usize, fits: bool) -> usize {
 /// `FUSEC_ATTENTION_CLUSTER` where it is 1, 2, 4 or 8: blocks a cluster, for measuring the
 /// attention kernels' choice.
 fn forced_cluster() -> Option<usize> {
-    let forced = std::env::var("FUSEC_ATTENTION_CLUSTER").ok().and_then(|w| w.parse().ok());
-    forced.filter(|c| matches!(c, 1 | 2 | 4 | 8))
+    crate::knobs::one_of("FUSEC_ATTENTION_CLUSTER", &[1, 2, 4, 8])
 }
 
 /// The C names of half type `dtype` (f16 unless bf16) and of the conversion to it from f32.
@@ -433,8 +432,7 @@ fn half_names(dtype: DType) -> (&'static str, &'static str) {
 /// multiprocessor a block, so that small batches spread over the chip.
 /// `FUSEC_ATTENTION_WARPS` (1, 2, 4 or 8) overrides the choice, for measuring the variants.
 fn warps_per_block(heads: usize, queries: usize) -> usize {
-    let forced = std::env::var("FUSEC_ATTENTION_WARPS").ok().and_then(|w| w.parse().ok());
-    if let Some(w @ (1 | 2 | 4 | 8)) = forced {
+    if let Some(w) = crate::knobs::one_of("FUSEC_ATTENTION_WARPS", &[1, 2, 4, 8]) {
         return w;
     }
     [4, 2, 1].into_iter().find(|&w| heads * queries.div_ceil(16 * w) >= MULTIPROCESSORS).unwrap_or(1)
@@ -534,7 +532,7 @@ fn tensor_core(
 /// Not with a causal mask (each query block's last tile differs) or a tile shared by warps.
 /// `FUSEC_ATTENTION_LAST_TILE=0` turns it off, for measuring it.
 fn last_chunks(problem: &Problem, causal: bool, kt: usize, splits: usize) -> Option<usize> {
-    if causal || splits != 1 || std::env::var("FUSEC_ATTENTION_LAST_TILE").is_ok_and(|v| v == "0") {
+    if causal || splits != 1 || crate::knobs::off("FUSEC_ATTENTION_LAST_TILE") {
         return None;
     }
     let keys = problem.keys_dims.value()?;
@@ -554,7 +552,7 @@ fn skip_masked(problem: &Problem, causal: bool, buffers: usize) -> bool {
         && !causal
         && buffers > 1
         && problem.queries() <= 16
-        && !std::env::var("FUSEC_ATTENTION_SKIP").is_ok_and(|v| v == "0")
+        && !crate::knobs::off("FUSEC_ATTENTION_SKIP")
 }
 
 /// How many warps may share each group of query rows' keys, most preferred first, for a
@@ -563,8 +561,7 @@ fn skip_masked(problem: &Problem, causal: bool, buffers: usize) -> bool {
 /// unsplit and 4.6 µs split four ways), else none (8×128 and 32×128 measured the same either
 /// way). `FUSEC_ATTENTION_SPLITS` (1, 2 or 4) overrides the choice, for measuring it.
 fn key_splits(warps: usize) -> Vec<usize> {
-    let forced = std::env::var("FUSEC_ATTENTION_SPLITS").ok().and_then(|w| w.parse().ok());
-    if let Some(n @ (1 | 2 | 4)) = forced {
+    if let Some(n) = crate::knobs::one_of("FUSEC_ATTENTION_SPLITS", &[1, 2, 4]) {
         return vec![n, 1];
     }
     if warps < 4 * MULTIPROCESSORS {

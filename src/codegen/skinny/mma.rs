@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use super::super::gemm::GemmSpec;
 use super::super::kernel::render;
-use super::{extend, knob};
+use super::extend;
+use crate::knobs::{number, one_of};
 
 /// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
 pub const MAX_ROWS: usize = 64;
@@ -38,7 +39,7 @@ const FEWEST_ROWS: usize = 5;
 /// CUDA-core kernel); `FUSEC_SKINNY_MMA` sets it at compile time (`0`: never, the CUDA-core
 /// kernel up to its [`super::MAX_ROWS`]), for measuring the two kernels at the same rows.
 pub fn fewest_rows() -> usize {
-    match knob("FUSEC_SKINNY_MMA") {
+    match number("FUSEC_SKINNY_MMA") {
         Some(0) => usize::MAX,
         Some(rows) => rows.max(1),
         None => FEWEST_ROWS,
@@ -56,7 +57,7 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     let m_tiles = m.div_ceil(8);
     // Columns a warp: two mma tiles of 16 (one where A's tiles are many); for B [K, N], a
     // lane's pack of 8 or 4 consecutive columns is 4 or 2 tiles.
-    let narrow = knob("FUSEC_SKINNY_MMA_NARROW") == Some(1);
+    let narrow = number("FUSEC_SKINNY_MMA_NARROW") == Some(1);
     let cols = match rows {
         true if m_tiles <= 4 && !narrow => 32,
         true => 16,
@@ -64,7 +65,7 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
         false => 32,
     };
     let chunks = k / 32;
-    let wanted = knob("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(WARPS_WANTED);
+    let wanted = number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(WARPS_WANTED);
     // Splits of K: enough warps over the grid, at least two chunks a warp.
     let splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
     let warps = splits.min(MAX_WARPS);
@@ -105,10 +106,9 @@ pub fn generate(
     // (Three chunks of eight packs where that is all a warp has: one trip to memory.)
     let per_warp = chunks.div_ceil(warps * cluster);
     let (tiles, unroll) = match rows {
-        true => (
-            cols / 16,
-            knob("FUSEC_SKINNY_MMA_UNROLL").filter(|u| (1..=8).contains(u)).unwrap_or(ROWS_UNROLL),
-        ),
+        true => {
+            (cols / 16, one_of("FUSEC_SKINNY_MMA_UNROLL", &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap_or(ROWS_UNROLL))
+        }
         false if pack == 8 => (pack / 2, if per_warp == 3 { 3 } else { 2 }),
         false => (pack / 2, 4),
     };

@@ -16,6 +16,7 @@ use super::gemm::{GemmSpec, LtActivation};
 use super::kernel::render;
 use super::KernelSource;
 use crate::ir::{DType, NodeId, Op};
+use crate::knobs::one_of;
 use crate::plan::{Location, Plan};
 
 /// The most rows of A the kernel on CUDA cores takes (its sums are `rows × pack` registers a
@@ -165,7 +166,7 @@ const PREFETCH_MAX: usize = 16 << 20;
 /// at most [`PREFETCH_MAX`] bytes) and their size: what the kernel for a few rows of kernel
 /// `index` asks L2 for while it runs. None with `FUSEC_SKINNY_PREFETCH=0` (at compile time).
 pub fn next_weights(plan: &Plan, index: usize) -> Option<(Location, usize)> {
-    if std::env::var("FUSEC_SKINNY_PREFETCH").is_ok_and(|v| v.trim() == "0") {
+    if crate::knobs::off("FUSEC_SKINNY_PREFETCH") {
         return None;
     }
     let graph = &plan.graph;
@@ -333,11 +334,11 @@ pub fn generate(
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
     // override both, for measuring them.
-    let forced_cols = knob("FUSEC_SKINNY_COLS").filter(|c| [1, 2, 4, 8].contains(c) && n % (c * lanes) == 0);
+    let forced_cols = one_of("FUSEC_SKINNY_COLS", &[1, 2, 4, 8]).filter(|c| n % (c * lanes) == 0);
     let col_lanes = forced_cols
         .unwrap_or_else(|| [4usize, 2, 1].into_iter().find(|&cl| n % (cl * lanes) == 0).unwrap_or(1));
     let cols = col_lanes * lanes;
-    let threads = knob("FUSEC_SKINNY_THREADS").filter(|t| [128, 256, 512].contains(t)).unwrap_or(COLS_BLOCK);
+    let threads = one_of("FUSEC_SKINNY_THREADS", &[128, 256, 512]).unwrap_or(COLS_BLOCK);
     let (block, grid, iterations) = if rows {
         let packs = k / lanes;
         (ROWS_WARPS * 32, n.div_ceil(ROWS_WARPS * per_warp), packs.div_ceil(32))
@@ -374,12 +375,6 @@ pub fn generate(
     extend(&mut data, fields);
     let source = render(hb, "skinny_gemm", &data)?;
     Ok(Some(KernelSource::new(&name, source, grid as u32, block as u32, args)))
-}
-
-/// The number environment variable `name` holds, if it holds one (the knobs for measuring
-/// the kernels, read at compile time).
-fn knob(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse::<usize>().ok())
 }
 
 /// `data` (an object) with `fields`' entries added.
