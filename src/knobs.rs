@@ -18,6 +18,11 @@ pub(crate) fn off(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v.trim() == "0")
 }
 
+/// Whether environment variable `name` is `1`: a knob turning something on.
+pub(crate) fn on(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v.trim() == "1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,13 +34,15 @@ mod tests {
         assert_eq!(number(name), Some(4));
         assert_eq!(one_of(name, &[1, 2, 4]), Some(4));
         assert_eq!(one_of(name, &[1, 2]), None);
-        assert!(!off(name));
+        assert!(!off(name) && !on(name));
         std::env::set_var(name, "0");
-        assert!(off(name));
+        assert!(off(name) && !on(name));
+        std::env::set_var(name, "1 ");
+        assert!(on(name) && !off(name));
         std::env::set_var(name, "many");
         assert_eq!(number(name), None);
         std::env::remove_var(name);
         assert_eq!(number(name), None);
-        assert!(!off(name));
+        assert!(!off(name) && !on(name));
     }
 }

@@ -34,11 +34,11 @@ impl Pass for WeightsByRows<'_> {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
-        let mut changed = 0;
         // `FUSEC_WEIGHTS_BY_ROWS=0` leaves the weights as the model stores them, for measuring.
         if crate::knobs::off("FUSEC_WEIGHTS_BY_ROWS") {
             return Ok(0);
         }
+        let mut changed = 0;
         for id in graph.topo_order()? {
             let Some(weight) = graph.constant(id).cloned() else { continue };
             let users = graph.users_of(id);

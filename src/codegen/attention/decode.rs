@@ -47,7 +47,7 @@ pub(super) fn generate(
     let one_query = problem.out_dims[rank - 2].value() == Some(1);
     let (depth, dv) = (problem.depth, problem.dv());
     let fits = depth % 8 == 0 && dv % 8 == 0 && depth.max(dv) <= 256;
-    let off = crate::knobs::off("FUSEC_ATTENTION_DECODE");
+    let off = knobs::off("FUSEC_ATTENTION_DECODE");
     if !matches!(dtype, DType::F16 | DType::BF16) || !one_query || !fits || off {
         return Ok(None);
     }
@@ -91,7 +91,7 @@ pub(super) fn generate(
 /// dependent launch), so that the scan overlaps that kernel. `FUSEC_ATTENTION_EARLY_SCAN=0`
 /// keeps the scan after the wait, for measuring it.
 fn mask_is_fixed(plan: &Plan, kernel: &Kernel, problem: &Problem) -> bool {
-    if crate::knobs::off("FUSEC_ATTENTION_EARLY_SCAN") {
+    if knobs::off("FUSEC_ATTENTION_EARLY_SCAN") {
         return false;
     }
     let graph = &plan.graph;

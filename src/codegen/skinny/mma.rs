@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::super::gemm::GemmSpec;
 use super::super::kernel::render;
 use super::extend;
-use crate::knobs::{number, one_of};
+use crate::knobs::{number, on, one_of};
 
 /// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
 pub const MAX_ROWS: usize = 64;
@@ -57,7 +57,7 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     let m_tiles = m.div_ceil(8);
     // Columns a warp: two mma tiles of 16 (one where A's tiles are many); for B [K, N], a
     // lane's pack of 8 or 4 consecutive columns is 4 or 2 tiles.
-    let narrow = number("FUSEC_SKINNY_MMA_NARROW") == Some(1);
+    let narrow = on("FUSEC_SKINNY_MMA_NARROW");
     let cols = match rows {
         true if m_tiles <= 4 && !narrow => 32,
         true => 16,

@@ -16,7 +16,7 @@ use super::gemm::{GemmSpec, LtActivation};
 use super::kernel::render;
 use super::KernelSource;
 use crate::ir::{DType, NodeId, Op};
-use crate::knobs::one_of;
+use crate::knobs::{self, one_of};
 use crate::plan::{Location, Plan};
 
 /// The most rows of A the kernel on CUDA cores takes (its sums are `rows × pack` registers a
@@ -166,7 +166,7 @@ const PREFETCH_MAX: usize = 16 << 20;
 /// at most [`PREFETCH_MAX`] bytes) and their size: what the kernel for a few rows of kernel
 /// `index` asks L2 for while it runs. None with `FUSEC_SKINNY_PREFETCH=0` (at compile time).
 pub fn next_weights(plan: &Plan, index: usize) -> Option<(Location, usize)> {
-    if crate::knobs::off("FUSEC_SKINNY_PREFETCH") {
+    if knobs::off("FUSEC_SKINNY_PREFETCH") {
         return None;
     }
     let graph = &plan.graph;
@@ -316,7 +316,7 @@ pub fn generate(
         // `FUSEC_SKINNY_MMA_NORM=1`: taken in, each block computes every row's statistics
         // before its first product, and GPT-2 small's step at 16 and 32 rows was slower that
         // way on the H200 (`benches/NOTES.md`). Its scale and shift are read in packs.
-        let apart = std::env::var("FUSEC_SKINNY_MMA_NORM").map_or(true, |v| v.trim() != "1");
+        let apart = !knobs::on("FUSEC_SKINNY_MMA_NORM");
         if norm.is_some_and(|n| apart || !std::iter::once(n.gamma).chain(n.beta).all(aligned)) {
             return Ok(None);
         }
