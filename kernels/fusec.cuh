@@ -59,6 +59,15 @@ __device__ __forceinline__ P load_or_zero(const P* p, bool inside) {
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 
+// 2^x as the one multi-function instruction, results below f32's normal range flushed to zero
+// (exp2f also scales such inputs around it: two multiplies and a compare more). For softmax
+// weights, which half-type products then read, where a weight under 1e-38 is a zero anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // The remainder with the divisor's sign (ONNX Mod with fmod=0, Python's %).

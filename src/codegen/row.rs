@@ -256,6 +256,67 @@ fn cached_layout(plan: &Plan, kernel: &Kernel, row: &Row) -> Option<Layout> {
     (packs * pack <= MAX_CACHED).then_some(Layout { threads, rows_per_block, pack, packs })
 }
 
+/// Registers a thread may spend on the epilogue's operands loaded before the statistics.
+const EARLY_WORDS: usize = 32;
+
+/// The epilogue's pack loads of a cached row kernel, issued before the statistics are reduced
+/// (the LayerNorm's weight and bias, a residual read after it) so that their latency passes
+/// under the shuffles rather than after them: one array of packs a load, filled in a loop of
+/// its own.
+#[derive(Default)]
+struct Early {
+    /// The arrays' declarations.
+    decls: Vec<String>,
+    /// One element of each array, at pack `k` (the loop's index).
+    loads: Vec<String>,
+}
+
+/// Splits the epilogue's statements before its lane loop (`const fusec::Pack<T, N> p = …;`
+/// loads, store registers) into the loads moved early and what stays, each moved load read
+/// there from its array. Nothing moves where the arrays would take more than
+/// [`EARLY_WORDS`] registers.
+fn early_loads(before: Vec<String>, packs: usize) -> (Early, Vec<String>) {
+    let parsed: Vec<Option<(String, String, String)>> = before
+        .iter()
+        .map(|s| {
+            let (declared, value) = s.strip_prefix("const fusec::Pack<")?.split_once(" = ")?;
+            let (ty, name) = declared.rsplit_once(' ')?;
+            Some((format!("fusec::Pack<{ty}"), name.to_string(), value.strip_suffix(';')?.to_string()))
+        })
+        .collect();
+    let words: usize = parsed.iter().flatten().map(|(ty, _, _)| pack_bytes(ty).div_ceil(4) * packs).sum();
+    if words == 0 || words > EARLY_WORDS {
+        return (Early::default(), before);
+    }
+    let mut early = Early::default();
+    let kept = before
+        .into_iter()
+        .zip(parsed)
+        .map(|(statement, parsed)| match parsed {
+            Some((ty, name, value)) => {
+                early.decls.push(format!("{ty} {name}_early[{packs}];"));
+                early.loads.push(format!("{name}_early[k] = {value};"));
+                format!("const {ty} {name} = {name}_early[k];")
+            }
+            None => statement,
+        })
+        .collect();
+    (early, kept)
+}
+
+/// The bytes of a `fusec::Pack<T, N>` named by its type (4 a lane where T is not known).
+fn pack_bytes(ty: &str) -> usize {
+    let inner = ty.trim_start_matches("fusec::Pack<").trim_end_matches('>');
+    let Some((element, count)) = inner.rsplit_once(", ") else { return 4 };
+    let size = match element {
+        "__half" | "__nv_bfloat16" | "short" | "unsigned short" => 2,
+        "char" | "signed char" | "unsigned char" | "bool" => 1,
+        "double" | "long long" | "unsigned long long" => 8,
+        _ => 4,
+    };
+    size * count.trim().parse::<usize>().unwrap_or(1)
+}
+
 /// The register-cached row kernel (see the module's documentation).
 fn cached(
     plan: &Plan,
@@ -329,6 +390,11 @@ fn cached(
     }
     let finish = std::mem::take(&mut body.statements);
     let (finish_before, finish_after) = body.end_lanes();
+    let (early, finish_before) = if crate::knobs::off("FUSEC_ROW_EARLY") {
+        (Early::default(), finish_before)
+    } else {
+        early_loads(finish_before, layout.packs)
+    };
     let threads = layout.threads * layout.rows_per_block;
     let data = json!({
         "name": name,
@@ -349,6 +415,8 @@ fn cached(
         "load": load,
         "load_after": load_after,
         "passes": passes,
+        "early_decls": early.decls,
+        "early_loads": early.loads,
         "finish_before": finish_before,
         "finish": finish,
         "finish_after": finish_after,
@@ -487,4 +555,50 @@ fn general(
         source.scale = Some(super::LaunchScale::new(row.rows_dims.clone(), 1, false));
     }
     Ok(source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{early_loads, pack_bytes};
+
+    #[test]
+    fn epilogue_loads_move_before_the_statistics_within_a_register_budget() {
+        let weight =
+            "const fusec::Pack<__half, 8> p3 = *reinterpret_cast<const fusec::Pack<__half, 8>*>(in2 + (cb));";
+        let bias = "const fusec::Pack<__half, 8> p4 = fusec::load_or_zero(reinterpret_cast<const fusec::Pack<__half, 8>*>(in3 + (cb)), c0 < 3);";
+        let store = "fusec::Pack<__half, 8> s1;";
+        let before = vec![weight.to_string(), store.to_string(), bias.to_string()];
+        let (early, kept) = early_loads(before.clone(), 3);
+        assert_eq!(
+            early.decls,
+            ["fusec::Pack<__half, 8> p3_early[3];", "fusec::Pack<__half, 8> p4_early[3];"]
+        );
+        assert_eq!(
+            early.loads[1],
+            "p4_early[k] = fusec::load_or_zero(reinterpret_cast<const fusec::Pack<__half, 8>*>(in3 + (cb)), c0 < 3);"
+        );
+        assert_eq!(
+            kept,
+            [
+                "const fusec::Pack<__half, 8> p3 = p3_early[k];",
+                store,
+                "const fusec::Pack<__half, 8> p4 = p4_early[k];"
+            ]
+        );
+        // Two loads of 4 words over 5 packs would take 40 registers: nothing moves.
+        let (early, kept) = early_loads(before.clone(), 5);
+        assert!(early.decls.is_empty() && early.loads.is_empty());
+        assert_eq!(kept, before);
+        // Only store registers: nothing to move.
+        let (early, kept) = early_loads(vec![store.to_string()], 1);
+        assert!(early.loads.is_empty() && kept == [store]);
+    }
+
+    #[test]
+    fn pack_sizes_follow_their_element_types() {
+        assert_eq!(pack_bytes("fusec::Pack<__half, 8>"), 16);
+        assert_eq!(pack_bytes("fusec::Pack<__nv_bfloat16, 4>"), 8);
+        assert_eq!(pack_bytes("fusec::Pack<float, 4>"), 16);
+        assert_eq!(pack_bytes("fusec::Pack<long long, 2>"), 16);
+    }
 }
