@@ -23,7 +23,10 @@ fn standard_passes_keep_every_fixture_meaning() {
             let err = rel_l2(a, b);
             assert!(err <= 1e-6, "{file} {name}: rel-L2 {err:e} after passes");
         }
-        assert!(graph.node_count() <= model.graph.node_count(), "{file}: passes added nodes");
+        // Slices may be added: `SliceEarly` slices each input of an op it moves a slice before.
+        let others =
+            |g: &Graph| g.node_ids().filter(|&id| !matches!(g.node(id).op, Op::Slice { .. })).count();
+        assert!(others(&graph) <= others(&model.graph), "{file}: passes added nodes");
     }
 }
 
@@ -436,4 +439,89 @@ fn odd_width_weights_are_stored_by_rows() {
     for ((name, a), (_, b)) in after.iter().zip(&before) {
         assert_eq!(rel_l2(a, b), 0.0, "{name}");
     }
+}
+
+#[test]
+fn a_class_token_read_after_the_last_layer_is_all_that_layer_computes() {
+    use fusec::import::ImportOptions;
+    // torchvision's VisionTransformer reads `x[:, 0]` after its last encoder layer: that
+    // layer's MLP, LayerNorms, output projection and attention queries are then computed for
+    // the class token's row alone; the first layer, and the last one's keys and values, for
+    // all 17 tokens.
+    for file in ["vit_tv_ts.onnx", "vit_tv_dynamo.onnx"] {
+        let model = import(&common::model_path(file), &ImportOptions::default().dim("batch", 3)).unwrap();
+        let feeds: HashMap<_, _> = common::random_inputs(&model, 11).into_iter().collect();
+        let before = ir::evaluate(&model.graph, &feeds).unwrap();
+        let mut graph = model.graph.clone();
+        run_passes(&mut graph, &standard()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let after = ir::evaluate(&graph, &feeds).unwrap();
+        let err = rel_l2(&after[0].1, &before[0].1);
+        assert!(err <= 1e-6, "{file}: rel-L2 {err:e} after passes");
+        let shapes = |kind: &str| -> Vec<Vec<usize>> {
+            let mut shapes: Vec<Vec<usize>> = graph
+                .node_ids()
+                .filter(|&id| graph.node(id).op.kind() == kind)
+                .map(|id| graph.node(id).ty.shape.clone())
+                .collect();
+            shapes.sort();
+            shapes
+        };
+        assert_eq!(
+            shapes("LayerNorm"),
+            [vec![3, 1, 64], vec![3, 1, 64], vec![3, 17, 64], vec![3, 17, 64], vec![3, 17, 64]],
+            "{file}"
+        );
+        // Each layer's scores: the first layer's 17 × 17, the last one's 1 × 17.
+        let softmax = shapes("Softmax");
+        assert_eq!(softmax.len(), 2, "{file}: {softmax:?}");
+        let rows: Vec<usize> = softmax.iter().map(|s| s[s.len() - 2]).collect();
+        assert_eq!((rows.iter().min(), rows.iter().max()), (Some(&1), Some(&17)), "{file}: {softmax:?}");
+    }
+}
+
+#[test]
+fn a_slice_moves_before_a_reshape_and_pointwise_ops_but_not_past_a_whole_reader() {
+    use fusec::ir::SliceAxis;
+    use fusec::passes::SliceEarly;
+    let all = |len| SliceAxis { start: 0, step: 1, len };
+    // y = Slice(Reshape(Gelu-ish(x · w)), rows 1..2 of axis 0), with x [6, 4] and the reshape
+    // [3, 2, 4]: the kept rows are rows 2..4 of x, so the product is of two rows.
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![6, 4]));
+    let w = g.add_constant(
+        "w",
+        Arc::new(ir::random_tensor(&TensorType::new(DType::F32, vec![4, 4]), 3, -1.0, 1.0)),
+        origin("w"),
+    );
+    let p = g.add_op(Op::MatMul, &[x, w], "p", origin("p")).unwrap();
+    let t = g.add_op(Op::Unary(UnaryOp::Tanh), &[p], "t", origin("t")).unwrap();
+    let r = g.add_op(Op::Reshape { shape: vec![3, 2, 4] }, &[t], "r", origin("r")).unwrap();
+    let y = g
+        .add_op(
+            Op::Slice { axes: vec![SliceAxis { start: 1, step: 1, len: 1 }, all(2), all(4)] },
+            &[r],
+            "y",
+            origin("y"),
+        )
+        .unwrap();
+    // z reads the product whole: the slice stops there.
+    let z = g.add_op(Op::Unary(UnaryOp::Neg), &[p], "z", origin("z")).unwrap();
+    g.set_outputs(vec![("y".into(), y), ("z".into(), z)]);
+    let feeds: HashMap<_, _> =
+        [("x".to_string(), ir::random_tensor(&TensorType::new(DType::F32, vec![6, 4]), 5, -1.0, 1.0))].into();
+    let before = ir::evaluate(&g, &feeds).unwrap();
+    let moved = SliceEarly.run(&mut g).unwrap();
+    Dce.run(&mut g).unwrap();
+    ir::verify(&g).unwrap();
+    let after = ir::evaluate(&g, &feeds).unwrap();
+    for ((name, a), (_, b)) in after.iter().zip(&before) {
+        assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{name}");
+    }
+    // Through the reshape (rows 2..4 of the [6, 4] tanh) and the tanh, not past the product.
+    assert_eq!(moved, 2);
+    let tanh = g.node_ids().find(|&id| g.node(id).op.kind() == "Tanh").unwrap();
+    assert_eq!(g.node(tanh).ty.shape, [2, 4]);
+    let cut = g.inputs_of(tanh)[0];
+    assert_eq!(g.node(cut).op, Op::Slice { axes: vec![SliceAxis { start: 2, step: 1, len: 2 }, all(4)] });
+    assert_eq!(g.inputs_of(cut), [p]);
 }

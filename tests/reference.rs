@@ -65,6 +65,8 @@ reference_tests! {
     llama_dynamo => "llama_dynamo.onnx",
     vit_ts => "vit_ts.onnx",
     vit_dynamo => "vit_dynamo.onnx",
+    vit_tv_ts => "vit_tv_ts.onnx",
+    vit_tv_dynamo => "vit_tv_dynamo.onnx",
     mlp_block => "mlp_block.onnx",
     layernorm_div => "layernorm_div.onnx",
     layernorm_reciprocal => "layernorm_reciprocal.onnx",

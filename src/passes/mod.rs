@@ -14,6 +14,7 @@ mod merge_matmuls;
 mod noop;
 mod precision;
 mod shared;
+mod slice_early;
 mod small_views;
 mod split_reductions;
 mod squeeze_excite;
@@ -32,6 +33,7 @@ pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
 pub use shared::SharedConstants;
+pub use slice_early::SliceEarly;
 pub use small_views::store_small_vectors;
 pub use split_reductions::SplitReductions;
 pub use squeeze_excite::squeeze_excite;
@@ -72,6 +74,7 @@ pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + 
         Box::new(FoldConvAffine),
         Box::new(GatherNdViews),
         Box::new(RemoveNoops),
+        Box::new(SliceEarly),
         Box::new(Cse),
         Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
