@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::expr::literal;
 use super::index::{delinearize, reshape_coords, Coords};
-use super::kernel::{args, coords_decl, params, render, Body};
+use super::kernel::{args, coords_decl, params, render, Body, PackLoad};
 use super::KernelSource;
 use crate::fusion::Kernel;
 use crate::ir::SymDim;
@@ -271,50 +271,26 @@ struct Early {
     loads: Vec<String>,
 }
 
-/// Splits the epilogue's statements before its lane loop (`const fusec::Pack<T, N> p = …;`
-/// loads, store registers) into the loads moved early and what stays, each moved load read
-/// there from its array. Nothing moves where the arrays would take more than
-/// [`EARLY_WORDS`] registers.
-fn early_loads(before: Vec<String>, packs: usize) -> (Early, Vec<String>) {
-    let parsed: Vec<Option<(String, String, String)>> = before
-        .iter()
-        .map(|s| {
-            let (declared, value) = s.strip_prefix("const fusec::Pack<")?.split_once(" = ")?;
-            let (ty, name) = declared.rsplit_once(' ')?;
-            Some((format!("fusec::Pack<{ty}"), name.to_string(), value.strip_suffix(';')?.to_string()))
-        })
-        .collect();
-    let words: usize = parsed.iter().flatten().map(|(ty, _, _)| pack_bytes(ty).div_ceil(4) * packs).sum();
+/// Splits the epilogue's statements before its lane loop (its vector `loads`, store
+/// registers) into the loads moved early and what stays, each moved load read there from its
+/// array. Nothing moves where the arrays would take more than [`EARLY_WORDS`] registers.
+fn early_loads(before: Vec<String>, loads: &[PackLoad], packs: usize) -> (Early, Vec<String>) {
+    let words: usize = loads.iter().map(|l| l.words() * packs).sum();
     if words == 0 || words > EARLY_WORDS {
         return (Early::default(), before);
     }
-    let mut early = Early::default();
+    let early = Early {
+        decls: loads.iter().map(|l| format!("{} {}_early[{packs}];", l.c_type(), l.name)).collect(),
+        loads: loads.iter().map(|l| format!("{}_early[k] = {};", l.name, l.value)).collect(),
+    };
     let kept = before
         .into_iter()
-        .zip(parsed)
-        .map(|(statement, parsed)| match parsed {
-            Some((ty, name, value)) => {
-                early.decls.push(format!("{ty} {name}_early[{packs}];"));
-                early.loads.push(format!("{name}_early[k] = {value};"));
-                format!("const {ty} {name} = {name}_early[k];")
-            }
+        .map(|statement| match loads.iter().find(|l| l.declaration() == statement) {
+            Some(l) => format!("const {} {} = {}_early[k];", l.c_type(), l.name, l.name),
             None => statement,
         })
         .collect();
     (early, kept)
-}
-
-/// The bytes of a `fusec::Pack<T, N>` named by its type (4 a lane where T is not known).
-fn pack_bytes(ty: &str) -> usize {
-    let inner = ty.trim_start_matches("fusec::Pack<").trim_end_matches('>');
-    let Some((element, count)) = inner.rsplit_once(", ") else { return 4 };
-    let size = match element {
-        "__half" | "__nv_bfloat16" | "short" | "unsigned short" => 2,
-        "char" | "signed char" | "unsigned char" | "bool" => 1,
-        "double" | "long long" | "unsigned long long" => 8,
-        _ => 4,
-    };
-    size * count.trim().parse::<usize>().unwrap_or(1)
 }
 
 /// The register-cached row kernel (see the module's documentation).
@@ -389,11 +365,11 @@ fn cached(
         body.store(kernel, o, &coords_of(o))?;
     }
     let finish = std::mem::take(&mut body.statements);
-    let (finish_before, finish_after) = body.end_lanes();
+    let (finish_before, finish_after, finish_loads) = body.end_lanes_with_loads();
     let (early, finish_before) = if crate::knobs::off("FUSEC_ROW_EARLY") {
         (Early::default(), finish_before)
     } else {
-        early_loads(finish_before, layout.packs)
+        early_loads(finish_before, &finish_loads, layout.packs)
     };
     let threads = layout.threads * layout.rows_per_block;
     let data = json!({
@@ -559,16 +535,31 @@ fn general(
 
 #[cfg(test)]
 mod tests {
-    use super::{early_loads, pack_bytes};
+    use super::early_loads;
+    use crate::codegen::kernel::PackLoad;
+    use crate::ir::DType;
 
     #[test]
     fn epilogue_loads_move_before_the_statistics_within_a_register_budget() {
-        let weight =
-            "const fusec::Pack<__half, 8> p3 = *reinterpret_cast<const fusec::Pack<__half, 8>*>(in2 + (cb));";
-        let bias = "const fusec::Pack<__half, 8> p4 = fusec::load_or_zero(reinterpret_cast<const fusec::Pack<__half, 8>*>(in3 + (cb)), c0 < 3);";
+        let pack = |name: &str, value: &str| PackLoad {
+            dtype: DType::F16,
+            count: 8,
+            name: name.into(),
+            value: value.into(),
+        };
+        let weight = pack("p3", "*reinterpret_cast<const fusec::Pack<__half, 8>*>(in2 + (cb))");
+        let bias = pack(
+            "p4",
+            "fusec::load_or_zero(reinterpret_cast<const fusec::Pack<__half, 8>*>(in3 + (cb)), c0 < 3)",
+        );
+        assert_eq!(
+            weight.declaration(),
+            "const fusec::Pack<__half, 8> p3 = *reinterpret_cast<const fusec::Pack<__half, 8>*>(in2 + (cb));"
+        );
         let store = "fusec::Pack<__half, 8> s1;";
-        let before = vec![weight.to_string(), store.to_string(), bias.to_string()];
-        let (early, kept) = early_loads(before.clone(), 3);
+        let loads = [weight.clone(), bias.clone()];
+        let before = vec![weight.declaration(), store.to_string(), bias.declaration()];
+        let (early, kept) = early_loads(before.clone(), &loads, 3);
         assert_eq!(
             early.decls,
             ["fusec::Pack<__half, 8> p3_early[3];", "fusec::Pack<__half, 8> p4_early[3];"]
@@ -586,19 +577,21 @@ mod tests {
             ]
         );
         // Two loads of 4 words over 5 packs would take 40 registers: nothing moves.
-        let (early, kept) = early_loads(before.clone(), 5);
+        let (early, kept) = early_loads(before.clone(), &loads, 5);
         assert!(early.decls.is_empty() && early.loads.is_empty());
         assert_eq!(kept, before);
         // Only store registers: nothing to move.
-        let (early, kept) = early_loads(vec![store.to_string()], 1);
+        let (early, kept) = early_loads(vec![store.to_string()], &[], 1);
         assert!(early.loads.is_empty() && kept == [store]);
     }
 
     #[test]
     fn pack_sizes_follow_their_element_types() {
-        assert_eq!(pack_bytes("fusec::Pack<__half, 8>"), 16);
-        assert_eq!(pack_bytes("fusec::Pack<__nv_bfloat16, 4>"), 8);
-        assert_eq!(pack_bytes("fusec::Pack<float, 4>"), 16);
-        assert_eq!(pack_bytes("fusec::Pack<long long, 2>"), 16);
+        let pack = |dtype, count| PackLoad { dtype, count, name: "p".into(), value: "v".into() };
+        assert_eq!(pack(DType::F16, 8).words(), 4);
+        assert_eq!(pack(DType::BF16, 4).words(), 2);
+        assert_eq!(pack(DType::F32, 4).words(), 4);
+        assert_eq!(pack(DType::I64, 2).words(), 4);
+        assert_eq!(pack(DType::BF16, 4).c_type(), "fusec::Pack<__nv_bfloat16, 4>");
     }
 }

@@ -51,7 +51,17 @@ impl Pass for SliceEarly {
 
 /// Whether `axis` of a slice takes the whole of an axis of `size`.
 fn whole(axis: &SliceAxis, size: usize) -> bool {
-    axis.start == 0 && axis.step == 1 && axis.len == size
+    *axis == all(size)
+}
+
+/// The slice axis that takes the whole of an axis of `size`.
+fn all(size: usize) -> SliceAxis {
+    SliceAxis { start: 0, step: 1, len: size }
+}
+
+/// Whether slice `axes` take the whole of every axis of `shape`.
+fn takes_all(axes: &[SliceAxis], shape: &[usize]) -> bool {
+    axes.iter().zip(shape).all(|(a, &size)| whole(a, size))
 }
 
 /// The slice `axes` (of an output of `out` rank) as it applies to an input of `shape` that
@@ -65,7 +75,7 @@ fn broadcast(axes: &[SliceAxis], shape: &[usize]) -> Vec<SliceAxis> {
         .map(|(a, &size)| {
             let axis = axes[lead + a];
             if size == 1 || whole(&axis, size) {
-                SliceAxis { start: 0, step: 1, len: size }
+                all(size)
             } else {
                 axis
             }
@@ -105,16 +115,16 @@ fn rewritten(
             }
             // A: its rows and batch axes; B: batch axes only (its rows are the reduced axis).
             let mut on_a = slice.to_vec();
-            on_a[rank - 1] = SliceAxis { start: 0, step: 1, len: a[a.len() - 1] };
+            on_a[rank - 1] = all(a[a.len() - 1]);
             let mut on_b = slice.to_vec();
-            on_b[rank - 2] = SliceAxis { start: 0, step: 1, len: b[b.len() - 2] };
-            on_b[rank - 1] = SliceAxis { start: 0, step: 1, len: b[b.len() - 1] };
+            on_b[rank - 2] = all(b[b.len() - 2]);
+            on_b[rank - 1] = all(b[b.len() - 1]);
             Some((op.clone(), vec![broadcast(&on_a, a), broadcast(&on_b, b)]))
         }
         Op::Gemm { trans_a: false, .. } if sliced == [0] => {
             let a = &in_shapes[0];
-            let mut inputs = vec![vec![slice[0], SliceAxis { start: 0, step: 1, len: a[1] }]];
-            inputs.push(in_shapes[1].iter().map(|&len| SliceAxis { start: 0, step: 1, len }).collect());
+            let mut inputs = vec![vec![slice[0], all(a[1])]];
+            inputs.push(in_shapes[1].iter().copied().map(all).collect());
             if let Some(c) = in_shapes.get(2) {
                 if c.len() > rank {
                     return None;
@@ -133,16 +143,16 @@ fn rewritten(
                 }
                 let mut axes = slice.to_vec();
                 let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-                axes[rank - 1] = SliceAxis { start: 0, step: 1, len: cols };
+                axes[rank - 1] = all(cols);
                 if i == 1 || i == 2 {
-                    axes[rank - 2] = SliceAxis { start: 0, step: 1, len: rows };
+                    axes[rank - 2] = all(rows);
                 }
                 inputs.push(broadcast(&axes, shape));
             }
             Some((op.clone(), inputs))
         }
         Op::Transpose { perm } => {
-            let mut on_input = vec![SliceAxis { start: 0, step: 1, len: 0 }; rank];
+            let mut on_input = vec![all(0); rank];
             for (o, &i) in perm.iter().enumerate() {
                 on_input[i] = slice[o];
             }
@@ -168,8 +178,7 @@ fn rewritten(
                     && (cut.start + cut.len) * inner <= input[b] * inner_in
             })?;
             let inner_in: usize = input[b + 1..].iter().product();
-            let mut on_input: Vec<SliceAxis> =
-                input.iter().map(|&len| SliceAxis { start: 0, step: 1, len }).collect();
+            let mut on_input: Vec<SliceAxis> = input.iter().copied().map(all).collect();
             on_input[b] =
                 SliceAxis { start: cut.start * inner / inner_in, step: 1, len: cut.len * inner / inner_in };
             let mut shape = out_shape.to_vec();
@@ -184,7 +193,7 @@ fn rewritten(
 /// of it where there is one, else a new one.
 fn slice_of(graph: &mut Graph, input: NodeId, axes: Vec<SliceAxis>, name: &str) -> Result<NodeId, IrError> {
     let shape = graph.node(input).ty.shape.clone();
-    if axes.iter().zip(&shape).all(|(a, &size)| whole(a, size)) {
+    if takes_all(&axes, &shape) {
         return Ok(input);
     }
     let existing = graph
@@ -207,7 +216,7 @@ fn move_up(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
         return Ok(false);
     }
     let out_shape = graph.node(source).ty.shape.clone();
-    if axes.len() != out_shape.len() || axes.iter().zip(&out_shape).all(|(a, &size)| whole(a, size)) {
+    if axes.len() != out_shape.len() || takes_all(&axes, &out_shape) {
         return Ok(false);
     }
     let readers = graph.users_of(source);

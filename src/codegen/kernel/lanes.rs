@@ -11,6 +11,37 @@ use crate::ir::{DType, NodeId, SymDim};
 /// The coordinate of an element along the last axis inside a thread's lane loop.
 pub(in crate::codegen) const LANE: &str = "cj";
 
+/// One vector load of a lane loop, declared before the loop: `const fusec::Pack<T, count> name =
+/// value;`.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::codegen) struct PackLoad {
+    /// The element type in memory.
+    pub dtype: DType,
+    /// Elements in the pack.
+    pub count: usize,
+    /// The pack's variable.
+    pub name: String,
+    /// The expression loading it.
+    pub value: String,
+}
+
+impl PackLoad {
+    /// The pack's C type.
+    pub(in crate::codegen) fn c_type(&self) -> String {
+        format!("fusec::Pack<{}, {}>", c_type(self.dtype).unwrap_or("float"), self.count)
+    }
+
+    /// The statement declaring and loading it.
+    pub(in crate::codegen) fn declaration(&self) -> String {
+        format!("const {} {} = {};", self.c_type(), self.name, self.value)
+    }
+
+    /// The 32-bit registers it takes.
+    pub(in crate::codegen) fn words(&self) -> usize {
+        (self.dtype.size_bytes() * self.count).div_ceil(4)
+    }
+}
+
 /// A thread's `count` consecutive elements along the last axis (of size `width`, a multiple
 /// of `count`), starting at coordinate `base`. Reads and writes of a tensor whose last
 /// coordinate is the lane's become one aligned load before the loop and one store after it.
@@ -24,6 +55,8 @@ pub(super) struct Lanes {
     pub(super) after: Vec<String>,
     /// Loaded packs by address.
     loaded: BTreeMap<String, String>,
+    /// The vector loads among `before`, in order.
+    loads: Vec<PackLoad>,
     /// Columns (axis 2 of NHWC) the thread computes one after another from column `q0`, the
     /// lane loop repeated for each; `None`: one.
     tile: Option<usize>,
@@ -103,6 +136,7 @@ impl Body<'_> {
             before: Vec::new(),
             after: Vec::new(),
             loaded: BTreeMap::new(),
+            loads: Vec::new(),
             tile: None,
             prologue: Vec::new(),
             guard: None,
@@ -113,7 +147,13 @@ impl Body<'_> {
     /// Ends the lane loop: its pack loads and store registers (before the loop) and its pack
     /// stores (after it).
     pub(in crate::codegen) fn end_lanes(&mut self) -> (Vec<String>, Vec<String>) {
-        self.lanes.take().map(|l| (l.before, l.after)).unwrap_or_default()
+        let (before, after, _) = self.end_lanes_with_loads();
+        (before, after)
+    }
+
+    /// [`Body::end_lanes`], and the vector loads among the statements before the loop.
+    pub(in crate::codegen) fn end_lanes_with_loads(&mut self) -> (Vec<String>, Vec<String>, Vec<PackLoad>) {
+        self.lanes.take().map(|l| (l.before, l.after, l.loads)).unwrap_or_default()
     }
 
     /// Makes each thread of the lane loop compute `count` columns (axis 2), from column
@@ -246,7 +286,9 @@ impl Body<'_> {
                     Some(g) => format!("fusec::load_or_zero({at}, {g})"),
                     None => format!("*{at}"),
                 };
-                lanes.before.push(format!("const fusec::Pack<{ty}, {n}> {pack} = {value};"));
+                let load = PackLoad { dtype, count: n, name: pack.clone(), value };
+                lanes.before.push(load.declaration());
+                lanes.loads.push(load);
                 lanes.loaded.insert(key, pack.clone());
                 pack
             }

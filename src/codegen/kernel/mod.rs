@@ -67,7 +67,7 @@ struct Buffer {
 
 mod lanes;
 use lanes::Lanes;
-pub(super) use lanes::{LANE, TILE_FIRST, TILE_OFFSET};
+pub(super) use lanes::{PackLoad, LANE, TILE_FIRST, TILE_OFFSET};
 
 impl<'a> Body<'a> {
     pub fn new(plan: &'a Plan, kernel: &Kernel) -> Self {
