@@ -6,13 +6,22 @@ namespace fusec {
 
 // Programmatic dependent launch (sm_90 and later). A kernel launched with programmatic stream
 // serialization may be scheduled while the kernel before it in the stream is finishing; every
-// generated kernel calls this first, before it reads or writes memory: it waits until that
-// kernel has completed and its writes are visible, then lets the next kernel be scheduled.
+// generated kernel calls this first, before it reads or writes memory the kernel before may
+// write: it lets the next kernel be scheduled, then waits until the kernel before has
+// completed and its writes are visible. Letting the next one be scheduled before the wait
+// is safe (it waits for this kernel's completion in turn) and gives it a kernel's time to be
+// scheduled and to request what it reads first; `FUSEC_TRIGGER_AFTER_WAIT` (the knob
+// `FUSEC_PDL_EARLY_TRIGGER=0`) lets it be scheduled only after the wait, for measuring.
 // Launched without the attribute (or before sm_90), both instructions are no-ops.
 __device__ __forceinline__ void grid_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef FUSEC_TRIGGER_AFTER_WAIT
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 

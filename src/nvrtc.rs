@@ -9,6 +9,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use thiserror::Error;
 
 use crate::codegen::{KernelSource, DEVICE_HEADER};
+use crate::knobs;
 
 /// Why NVRTC did not give a kernel's PTX.
 #[derive(Debug, Error)]
@@ -45,9 +46,21 @@ pub fn available() -> bool {
 }
 
 /// The kernel's source as NVRTC compiles it: the shared header inlined (NVRTC has no file
-/// system access to `kernels/`).
+/// system access to `kernels/`). `FUSEC_PDL_EARLY_TRIGGER=0` (at compile time) has each
+/// kernel let the next be scheduled only after its own wait ([`source_with_header`]).
 pub fn full_source(kernel: &KernelSource) -> String {
-    kernel.source.replace("#include \"fusec.cuh\"", DEVICE_HEADER)
+    source_with_header(kernel, knobs::off("FUSEC_PDL_EARLY_TRIGGER"))
+}
+
+/// [`full_source`], with `fusec::grid_begin` letting the next kernel be scheduled after its
+/// wait for the kernel before (`trigger_after_wait`) or, as by default, before it.
+pub fn source_with_header(kernel: &KernelSource, trigger_after_wait: bool) -> String {
+    let header = if trigger_after_wait {
+        format!("#define FUSEC_TRIGGER_AFTER_WAIT\n{DEVICE_HEADER}")
+    } else {
+        DEVICE_HEADER.to_string()
+    };
+    kernel.source.replace("#include \"fusec.cuh\"", &header)
 }
 
 /// The CUDA headers (cuda_fp16.h, cuda_bf16.h) kernels on half types include:

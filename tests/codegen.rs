@@ -154,6 +154,33 @@ fn nvrtc_cache_is_reused() {
     }
 }
 
+/// A generated kernel lets the next one be scheduled (programmatic dependent launch) before it
+/// waits for the one before, so that the next one's launch and first reads overlap this one;
+/// with the order measured against it (`FUSEC_PDL_EARLY_TRIGGER=0`), after the wait.
+#[test]
+fn kernels_let_the_next_be_scheduled_before_they_wait() {
+    if !fusec::nvrtc::available() {
+        println!("skipped: NVRTC not found");
+        return;
+    }
+    let (_, _, steps) = programs().into_iter().find(|(f, fused, _)| f == "mlp_block.onnx" && *fused).unwrap();
+    let source = steps
+        .iter()
+        .flat_map(|s| s.sources())
+        .find(|s| s.source.contains("fusec::grid_begin();"))
+        .expect("a kernel that waits for the one before")
+        .clone();
+    for after in [false, true] {
+        let mut inlined = source.clone();
+        inlined.source = fusec::nvrtc::source_with_header(&source, after);
+        let ptx = fusec::nvrtc::compile(&inlined, "sm_90").unwrap();
+        let trigger = ptx.find("griddepcontrol.launch_dependents").expect("a trigger in the PTX");
+        let wait = ptx.find("griddepcontrol.wait").expect("a wait in the PTX");
+        assert_eq!(trigger > wait, after, "{}: trigger at {trigger}, wait at {wait}", source.name);
+    }
+    assert_eq!(fusec::nvrtc::full_source(&source), fusec::nvrtc::source_with_header(&source, false));
+}
+
 /// GEMM epilogues that are a bias vector then at most ReLU or tanh-GELU run inside cuBLASLt
 /// (one launch); erf-GELU, which cuBLASLt does not have, keeps its epilogue kernel.
 #[test]

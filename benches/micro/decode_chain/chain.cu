@@ -1,0 +1,432 @@
+// A decoding step's chain of dependent products, on its own (benches/NOTES.md, twenty-seventh
+// session): 73 matrix-vector phases in the shape of GPT-2 small's step at batch 1 (per layer
+// QKV, a 64-row stand-in for the cache append, a 768 x 768 read standing in for attention's
+// cache, the out-projection, MLP up and down; then the vocabulary), fp16 weights stored
+// [N, K], each phase reading the one before's output (f32 partial sums). Run as
+//   - one kernel a phase in a CUDA graph, with and without programmatic dependent launch, the
+//     next kernel let scheduled before or after the wait, the next phase's weights asked of L2;
+//   - one persistent kernel with a grid barrier (a counter, release/acquire) between phases:
+//     the phase's first weights in registers before the barrier, or the next phase's too, or
+//     every phase's weights streamed through a ring of shared-memory slots by bulk copies.
+// Each phase's first items are loaded before it waits. Every variant prints its median and a
+// digest of the last output, the same bits in every variant. TINY=1 makes every phase 64 x 768
+// (98 KB): what a dependent phase costs with next to nothing to read. TWO=1 makes a layer two
+// phases of the same bytes (its attention with both projections, its MLP's two products, the
+// sums split over K): 25 dependent phases a step rather than 73. Compile-time sizes:
+// -DTHREADS_=512 -DMINB=1 -DGRIDM=1 -DPRE_=2 (threads a block, blocks a multiprocessor the
+// launch bounds ask, blocks a multiprocessor launched, items a warp loads before the wait).
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cstdio>
+#include <vector>
+#include <algorithm>
+#include <string>
+#include <cmath>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+
+#ifndef THREADS_
+#define THREADS_ 512
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
+#ifndef GRIDM
+#define GRIDM 1
+#endif
+#ifndef PRE_
+#define PRE_ 2
+#endif
+constexpr int THREADS = THREADS_;
+constexpr int WARPS = THREADS / 32;
+constexpr int CHUNK = 768;            // elements of K an item covers
+constexpr int VEC = CHUNK / 8 / 32;   // uint4 a lane an item: 3
+constexpr int XS_MAX = 3072;          // the widest K
+constexpr int PRE = PRE_;                // items a warp loads before the wait
+
+struct Phase {
+  const __half* w;   // [N, K] rows
+  const float* x;    // [xchunks, K] partials of the input (summed on read)
+  float* y;          // [K / CHUNK, N] partials
+  int n, k, xchunks;
+};
+
+__device__ __forceinline__ void wait_dep() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dep() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+
+struct Pre { uint4 v[PRE][VEC]; };
+
+__device__ __forceinline__ int items_of(const Phase& p) { return p.n * (p.k / CHUNK); }
+
+__device__ __forceinline__ void load_pre(const Phase& p, int vblock, int nblocks, Pre& pre) {
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int chunks = p.k / CHUNK, items = items_of(p);
+  int gw = vblock * WARPS + warp, tw = nblocks * WARPS;
+#pragma unroll
+  for (int i = 0; i < PRE; i++) {
+    int it = gw + i * tw;
+    if (it < items) {
+      int n = it / chunks, c = it % chunks;
+      const uint4* row = reinterpret_cast<const uint4*>(p.w + (size_t)n * p.k + c * CHUNK);
+#pragma unroll
+      for (int v = 0; v < VEC; v++) pre.v[i][v] = __ldg(row + v * 32 + lane);
+    }
+  }
+}
+
+// every item of the phase this block will read, asked of L2 (lines of 128 bytes)
+__device__ __forceinline__ void prefetch_l2(const Phase& p, int vblock, int nblocks, int from) {
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int chunks = p.k / CHUNK, items = items_of(p);
+  int gw = vblock * WARPS + warp, tw = nblocks * WARPS;
+  for (int it = gw + from * tw; it < items; it += tw) {
+    int n = it / chunks, c = it % chunks;
+    const char* row = reinterpret_cast<const char*>(p.w + (size_t)n * p.k + c * CHUNK);
+    if (lane < CHUNK * 2 / 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(row + lane * 128));
+  }
+}
+
+__device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
+  if (threadIdx.x == 0) {
+    unsigned seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
+    } while (seen < target);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void grid_arrive(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(bar) : "memory");
+}
+
+// One item's dot product (a lane's VEC packs of the row against xs), summed over the warp and
+// stored by lane 0 as partial c of output n.
+__device__ __forceinline__ void dot_item(const Phase& p, const float* xs, int n, int c, const uint4 (&w)[VEC]) {
+  int lane = threadIdx.x % 32;
+  float s = 0.f;
+#pragma unroll
+  for (int v = 0; v < VEC; v++) {
+    const __half2* h = reinterpret_cast<const __half2*>(&w[v]);
+    const float* xv = xs + c * CHUNK + (v * 32 + lane) * 8;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float2 f = __half22float2(h[j]);
+      s += f.x * xv[2 * j] + f.y * xv[2 * j + 1];
+    }
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+  if (lane == 0) p.y[(size_t)c * p.n + n] = s;
+}
+
+__device__ __forceinline__ void finish(const Phase& p, int vblock, int nblocks, const Pre& pre) {
+  extern __shared__ float xs[];
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int chunks = p.k / CHUNK, items = items_of(p);
+  int gw = vblock * WARPS + warp, tw = nblocks * WARPS;
+  for (int k = threadIdx.x; k < p.k; k += THREADS) {
+    float s = 0.f;
+    for (int c = 0; c < p.xchunks; c++) s += __ldcg(p.x + (size_t)c * p.k + k);
+    xs[k] = s;
+  }
+  __syncthreads();
+  auto item = [&](int it, const uint4 (&w)[VEC]) { dot_item(p, xs, it / chunks, it % chunks, w); };
+#pragma unroll
+  for (int i = 0; i < PRE; i++) {
+    int it = gw + i * tw;
+    if (it < items) item(it, pre.v[i]);
+  }
+  for (int it = gw + PRE * tw; it < items; it += tw) {
+    int n = it / chunks, c = it % chunks;
+    const uint4* row = reinterpret_cast<const uint4*>(p.w + (size_t)n * p.k + c * CHUNK);
+    uint4 w[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) w[v] = __ldg(row + v * 32 + lane);
+    item(it, w);
+  }
+}
+
+template <bool L2, bool EARLY = true>
+__global__ void __launch_bounds__(THREADS, MINB) phase_kernel(Phase p, Phase next, int has_next) {
+  if (EARLY) launch_dep();
+  Pre pre;
+  load_pre(p, blockIdx.x, gridDim.x, pre);
+  if (L2 && has_next) prefetch_l2(next, blockIdx.x, gridDim.x, 0);
+  wait_dep();
+  if (!EARLY) launch_dep();
+  finish(p, blockIdx.x, gridDim.x, pre);
+}
+
+// DEPTH 1: a phase's first items loaded before its barrier; DEPTH 2: the next phase's too,
+// before the current one's barrier. L2: the phase after those asked of L2.
+template <int DEPTH, bool L2>
+__global__ void __launch_bounds__(THREADS, 1) persistent_kernel(const Phase* ps, int count, unsigned* bar) {
+  Pre a, b;
+  int g = gridDim.x, vb = blockIdx.x;
+  load_pre(ps[0], vb, g, a);
+  for (int i = 0; i < count; i += 2) {
+    if (DEPTH == 2 && i + 1 < count) load_pre(ps[i + 1], vb, g, b);
+    if (L2 && i + DEPTH < count) prefetch_l2(ps[i + DEPTH], vb, g, 0);
+    grid_wait(bar, i * g);
+    finish(ps[i], vb, g, a);
+    grid_arrive(bar);
+    if (i + 1 >= count) break;
+    if (DEPTH == 1) load_pre(ps[i + 1], vb, g, b);
+    if (DEPTH == 2 && i + 2 < count) load_pre(ps[i + 2], vb, g, a);
+    if (L2 && i + 1 + DEPTH < count) prefetch_l2(ps[i + 1 + DEPTH], vb, g, 0);
+    grid_wait(bar, (i + 1) * g);
+    finish(ps[i + 1], vb, g, b);
+    grid_arrive(bar);
+    if (DEPTH == 1 && i + 2 < count) load_pre(ps[i + 2], vb, g, a);
+  }
+}
+
+
+// Weights through a ring of shared-memory slots filled by bulk copies: a slot is one block's
+// 16 items of one phase (16 x 1536 bytes); the copies run ahead of the grid barriers.
+constexpr int SLOT = WARPS * CHUNK * 2;  // bytes
+constexpr int RING = 8;
+
+__device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+struct Cursor { int phase, i; };
+
+__device__ __forceinline__ bool next_slot(const Phase* ps, int count, int vb, int g, Cursor& c) {
+  // advance to the next (phase, i) that has items for this block
+  while (c.phase < count) {
+    int items = items_of(ps[c.phase]);
+    if (c.i * g * WARPS + vb * WARPS < items) return true;
+    c.phase++; c.i = 0;
+  }
+  return false;
+}
+
+__device__ __forceinline__ void issue(const Phase* ps, int vb, int g, Cursor c, char* slot, unsigned long long* mb) {
+  const Phase& p = ps[c.phase];
+  int items = items_of(p);
+  int first = c.i * g * WARPS + vb * WARPS;
+  int n = min(WARPS, items - first);
+  unsigned bytes = n * CHUNK * 2;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(mb)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(saddr(slot)), "l"(p.w + (size_t)first * CHUNK), "r"(bytes), "r"(saddr(mb)) : "memory");
+}
+
+__global__ void __launch_bounds__(THREADS, 1) persistent_ring(const Phase* ps, int count, unsigned* bar) {
+  extern __shared__ __align__(128) char smem_raw[];
+  float* xs = reinterpret_cast<float*>(smem_raw);
+  char* ring = smem_raw + XS_MAX * 4;
+  unsigned long long* mb = reinterpret_cast<unsigned long long*>(ring + RING * SLOT);
+  int g = gridDim.x, vb = blockIdx.x;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Cursor prod{0, 0};
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < RING; r++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(mb + r)));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < RING; r++) {
+      if (!next_slot(ps, count, vb, g, prod)) break;
+      issue(ps, vb, g, prod, ring + r * SLOT, mb + r);
+      prod.i++;
+    }
+  }
+  int used = 0;  // slots consumed so far
+  for (int ph = 0; ph < count; ph++) {
+    const Phase& p = ps[ph];
+    int chunks = p.k / CHUNK, items = items_of(p);
+    grid_wait(bar, ph * g);
+    for (int k = threadIdx.x; k < p.k; k += THREADS) {
+      float s = 0.f;
+      for (int c = 0; c < p.xchunks; c++) s += __ldcg(p.x + (size_t)c * p.k + k);
+      xs[k] = s;
+    }
+    __syncthreads();
+    for (int i = 0; i * g * WARPS + vb * WARPS < items; i++) {
+      int r = used % RING;
+      unsigned parity = (used / RING) & 1;
+      unsigned ok = 0;
+      do {
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(ok) : "r"(saddr(mb + r)), "r"(parity) : "memory");
+      } while (!ok);
+      int it = i * g * WARPS + vb * WARPS + warp;
+      if (it < items) {
+        const uint4* row = reinterpret_cast<const uint4*>(ring + r * SLOT + warp * CHUNK * 2);
+        uint4 w[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; v++) w[v] = row[v * 32 + lane];
+        dot_item(p, xs, it / chunks, it % chunks, w);
+      }
+      __syncthreads();
+      used++;
+      if (threadIdx.x == 0 && next_slot(ps, count, vb, g, prod)) {
+        issue(ps, vb, g, prod, ring + r * SLOT, mb + r);
+        prod.i++;
+      }
+    }
+    grid_arrive(bar);
+  }
+}
+
+__global__ void fill(__half* w, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
+    w[i] = __float2half(((h & 0xffff) / 65535.f - 0.5f) * 0.12f);
+  }
+}
+__global__ void fillf(float* x, int n) { for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = 1.f + 0.001f * i; }
+
+int main() {
+  int dev = 0, sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev));
+  printf("%s, %d SMs\n", prop.name, sms);
+  // GPT-2 small, batch 1: per layer QKV, append, attention (its cache's bytes), out, up, down.
+  struct Shape { int n, k; };
+  std::vector<Shape> shapes;
+  for (int l = 0; l < 12; l++) {
+    shapes.push_back({2304, 768});
+    shapes.push_back({64, 768});
+    shapes.push_back({768, 768});
+    shapes.push_back({768, 768});
+    shapes.push_back({3072, 768});
+    shapes.push_back({768, 3072});
+  }
+  shapes.push_back({50257, 768});
+  const bool two = getenv("TWO") != nullptr;
+  if (two) {
+    // A layer in two dependent phases of the same bytes: its attention with the QKV and
+    // out-projections (5.9 MB), its MLP's two products (9.4 MB), each phase's 768 outputs
+    // as sums split 5 and 8 ways, added by the phase after as it reads them.
+    shapes.clear();
+    for (int l = 0; l < 12; l++) {
+      shapes.push_back({3840, 768});
+      shapes.push_back({6144, 768});
+    }
+    shapes.push_back({50257, 768});
+  }
+  if (getenv("TINY")) for (auto& s : shapes) { s.n = 64; s.k = 768; }
+  size_t wbytes = 0;
+  for (auto s : shapes) wbytes += (size_t)s.n * s.k * 2;
+  std::vector<__half*> ws;
+  for (auto s : shapes) {
+    __half* w;
+    CK(cudaMalloc(&w, (size_t)s.n * s.k * 2));
+    fill<<<256, 256>>>(w, (size_t)s.n * s.k, (unsigned)ws.size());
+    ws.push_back(w);
+  }
+  // activations: a ring of buffers, each [4, 50257] floats
+  std::vector<float*> acts(shapes.size() + 1);
+  for (auto& a : acts) { CK(cudaMalloc(&a, 4 * 50257 * 4)); CK(cudaMemset(a, 0, 4 * 50257 * 4)); }
+  fillf<<<1, 256>>>(acts[0], 4 * 50257);
+  std::vector<Phase> ps;
+  int xch = 1;  // partial sums the first phase reads: one
+  for (size_t i = 0; i < shapes.size(); i++) {
+    // A phase reads the first k of the one before's outputs, summing its partials.
+    ps.push_back(Phase{ws[i], acts[i], acts[i + 1], shapes[i].n, shapes[i].k, xch});
+    xch = two ? shapes[i].n / CHUNK : shapes[i].k / CHUNK;
+  }
+  Phase* dps;
+  CK(cudaMalloc(&dps, ps.size() * sizeof(Phase)));
+  CK(cudaMemcpy(dps, ps.data(), ps.size() * sizeof(Phase), cudaMemcpyHostToDevice));
+  unsigned* bar;
+  CK(cudaMalloc(&bar, 4));
+  size_t smem = XS_MAX * 4;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // the copy rate
+  void *ca, *cb;
+  size_t cbytes = 256 << 20;
+  CK(cudaMalloc(&ca, cbytes)); CK(cudaMalloc(&cb, cbytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  auto timeit = [&](auto fn, int iters) {
+    for (int i = 0; i < 20; i++) fn();
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> t;
+    for (int i = 0; i < iters; i++) {
+      CK(cudaEventRecord(e0, st)); fn(); CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  auto summary = [&]() {
+    CK(cudaStreamSynchronize(st));
+    std::vector<float> h(50257);
+    CK(cudaMemcpy(h.data(), acts.back(), 50257 * 4, cudaMemcpyDeviceToHost));
+    double a = 0, b = 0;
+    for (int i = 0; i < 50257; i++) { a += h[i]; b += fabs(h[i]); }
+    char buf[128]; snprintf(buf, 128, "out sum %.6e abs %.6e, [7] %.6e", a, b, h[7]);
+    return std::string(buf);
+  };
+  float cms = timeit([&] { CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st)); }, 50);
+  double rate = cbytes / (cms * 1e-3);
+  printf("copy rate %.0f GB/s (bytes/time of a D2D copy); weights %.1f MB; floor %.4f ms\n", rate / 1e9,
+         wbytes / 1e6, wbytes / rate * 1e3);
+  int grid = sms * GRIDM;
+  printf("threads %d, min blocks %d, grid %d, items loaded before the wait %d\n", THREADS, MINB, grid, PRE);
+  auto kernels = [&](auto kern, int pdl, const char* name) {
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (size_t i = 0; i < ps.size(); i++) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = pdl;
+      cfg.attrs = at; cfg.numAttrs = 1;
+      int has = i + 1 < ps.size();
+      CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
+    printf("%-40s %.4f ms; %s\n", name, ms, summary().c_str());
+  };
+  auto persistent = [&](auto kern, const char* name) {
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaMemsetAsync(bar, 0, 4, st));
+    kern<<<grid, THREADS, smem, st>>>(dps, (int)ps.size(), bar);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
+    printf("%-40s %.4f ms; %s\n", name, ms, summary().c_str());
+  };
+  kernels(phase_kernel<false>, 0, "kernels, no PDL");
+  kernels(phase_kernel<false>, 1, "kernels, PDL");
+  kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2");
+  kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait");
+  kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait");
+  persistent(persistent_kernel<1, false>, "persistent, depth 1");
+  persistent(persistent_kernel<2, false>, "persistent, depth 2");
+  persistent(persistent_kernel<1, true>, "persistent, depth 1, L2 next");
+  persistent(persistent_kernel<2, true>, "persistent, depth 2, L2 after");
+  {
+    size_t rs = XS_MAX * 4 + RING * SLOT + RING * 8;
+    CK(cudaFuncSetAttribute(persistent_ring, cudaFuncAttributeMaxDynamicSharedMemorySize, rs));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaMemsetAsync(bar, 0, 4, st));
+    persistent_ring<<<grid, THREADS, rs, st>>>(dps, (int)ps.size(), bar);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
+    printf("%-40s %.4f ms; %s\n", "persistent, ring of bulk copies", ms, summary().c_str());
+  }
+  CK(cudaStreamSynchronize(st));
+  return 0;
+}
