@@ -373,60 +373,52 @@ int main() {
          wbytes / 1e6, wbytes / rate * 1e3);
   int grid = sms * GRIDM;
   printf("threads %d, min blocks %d, grid %d, items loaded before the wait %d\n", THREADS, MINB, grid, PRE);
+  // Records the launches `record` makes into a CUDA graph, times its replays, prints the median.
+  auto time_graph = [&](auto record, const char* name) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    record();
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
+    printf("%-40s %.4f ms; %s\n", name, ms, summary().c_str());
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+  };
   auto kernels = [&](auto kern, int pdl, const char* name) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (size_t i = 0; i < ps.size(); i++) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = pdl;
-      cfg.attrs = at; cfg.numAttrs = 1;
-      int has = i + 1 < ps.size();
-      CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
-    }
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
-    printf("%-40s %.4f ms; %s\n", name, ms, summary().c_str());
+    time_graph([&] {
+      for (size_t i = 0; i < ps.size(); i++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = pdl;
+        cfg.attrs = at; cfg.numAttrs = 1;
+        int has = i + 1 < ps.size();
+        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
+      }
+    }, name);
   };
-  auto persistent = [&](auto kern, const char* name) {
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    CK(cudaMemsetAsync(bar, 0, 4, st));
-    kern<<<grid, THREADS, smem, st>>>(dps, (int)ps.size(), bar);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
-    printf("%-40s %.4f ms; %s\n", name, ms, summary().c_str());
+  // One launch of a persistent kernel, its barrier's counter zeroed first.
+  auto persistent = [&](auto kern, const char* name, size_t bytes) {
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    time_graph([&] {
+      CK(cudaMemsetAsync(bar, 0, 4, st));
+      kern<<<grid, THREADS, bytes, st>>>(dps, (int)ps.size(), bar);
+    }, name);
   };
   kernels(phase_kernel<false>, 0, "kernels, no PDL");
   kernels(phase_kernel<false>, 1, "kernels, PDL");
   kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2");
   kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait");
   kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait");
-  persistent(persistent_kernel<1, false>, "persistent, depth 1");
-  persistent(persistent_kernel<2, false>, "persistent, depth 2");
-  persistent(persistent_kernel<1, true>, "persistent, depth 1, L2 next");
-  persistent(persistent_kernel<2, true>, "persistent, depth 2, L2 after");
-  {
-    size_t rs = XS_MAX * 4 + RING * SLOT + RING * 8;
-    CK(cudaFuncSetAttribute(persistent_ring, cudaFuncAttributeMaxDynamicSharedMemorySize, rs));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    CK(cudaMemsetAsync(bar, 0, 4, st));
-    persistent_ring<<<grid, THREADS, rs, st>>>(dps, (int)ps.size(), bar);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    float ms = timeit([&] { CK(cudaGraphLaunch(ge, st)); }, 200);
-    printf("%-40s %.4f ms; %s\n", "persistent, ring of bulk copies", ms, summary().c_str());
-  }
+  persistent(persistent_kernel<1, false>, "persistent, depth 1", smem);
+  persistent(persistent_kernel<2, false>, "persistent, depth 2", smem);
+  persistent(persistent_kernel<1, true>, "persistent, depth 1, L2 next", smem);
+  persistent(persistent_kernel<2, true>, "persistent, depth 2, L2 after", smem);
+  persistent(persistent_ring, "persistent, ring of bulk copies", XS_MAX * 4 + RING * SLOT + RING * 8);
   CK(cudaStreamSynchronize(st));
   return 0;
 }
