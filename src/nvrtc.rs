@@ -55,10 +55,10 @@ pub fn full_source(kernel: &KernelSource) -> String {
 /// [`full_source`], with `fusec::grid_begin` letting the next kernel be scheduled after its
 /// wait for the kernel before (`trigger_after_wait`) or, as by default, before it.
 pub fn source_with_header(kernel: &KernelSource, trigger_after_wait: bool) -> String {
-    let header = if trigger_after_wait {
-        format!("#define FUSEC_TRIGGER_AFTER_WAIT\n{DEVICE_HEADER}")
+    let header: std::borrow::Cow<'_, str> = if trigger_after_wait {
+        format!("#define FUSEC_TRIGGER_AFTER_WAIT\n{DEVICE_HEADER}").into()
     } else {
-        DEVICE_HEADER.to_string()
+        DEVICE_HEADER.into()
     };
     kernel.source.replace("#include \"fusec.cuh\"", &header)
 }
