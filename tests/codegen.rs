@@ -17,11 +17,20 @@ pub fn programs() -> Vec<(String, bool, Vec<Step>)> {
     out.extend(attention_programs());
     for file in common::all_fixtures() {
         for precision in [DType::F16, DType::BF16] {
-            let import = common::shape_variants(&file).remove(0);
-            let options = fusec::CompileOptions { import, precision, ..Default::default() };
-            let bundle = fusec::compile(&common::model_path(&file), &options)
-                .unwrap_or_else(|e| panic!("{file} {precision}: {e}"));
-            out.push((format!("{file} {precision}"), true, bundle.header.steps));
+            // A decoder with a cache (a one-token step) also as `fusec generate` compiles it: the
+            // cache appended in place, by the attention kernel.
+            for cache_in_place in [false, common::has_cache(&file)] {
+                let import = common::shape_variants(&file).remove(0);
+                let options =
+                    fusec::CompileOptions { import, precision, cache_in_place, ..Default::default() };
+                let bundle = fusec::compile(&common::model_path(&file), &options)
+                    .unwrap_or_else(|e| panic!("{file} {precision}: {e}"));
+                let place = if cache_in_place { " cache in place" } else { "" };
+                out.push((format!("{file} {precision}{place}"), true, bundle.header.steps));
+                if !common::has_cache(&file) {
+                    break;
+                }
+            }
         }
     }
     out

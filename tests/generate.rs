@@ -173,7 +173,9 @@ fn a_cache_updated_in_place_lies_inside_its_output() {
 
 /// A decoder layer's key and value appends to its cache in place are one kernel storing both
 /// (they share a geometry, read one projection and are read by one attention), not a launch
-/// each: one append kernel a layer, in the one-token step and in a prompt step.
+/// each: one append kernel a layer in a prompt step; in the one-token step (half types) none,
+/// the layer's attention kernel storing both itself and reading the new position from
+/// registers.
 #[test]
 fn a_layers_key_and_value_appends_are_one_kernel() {
     for file in DECODERS {
@@ -187,17 +189,38 @@ fn a_layers_key_and_value_appends_are_one_kernel() {
             let path = common::model_path(file);
             let (plan, _) = fusec::pipeline::plan_reporting(&path, &options, &mut |_| {}).unwrap();
             let steps = fusec::codegen::generate(&plan).unwrap();
-            let appends: Vec<&str> = steps
-                .iter()
-                .filter_map(|s| match s {
-                    fusec::codegen::Step::Launch(k) if k.source.contains(": append\n") => {
-                        Some(k.source.as_str())
-                    }
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(appends.len(), 2, "{file}, {seq} tokens: one append kernel a layer");
-            assert!(appends.iter().all(|k| k.contains("out1") && !k.contains("out2")), "{file}: {appends:?}");
+            let launches = |about: &str| -> Vec<String> {
+                steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        fusec::codegen::Step::Launch(k) if k.source.contains(&format!(": {about}\n")) => {
+                            Some(k.source.clone())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            };
+            let (appends, attention) = (launches("append"), launches("attention"));
+            assert_eq!(attention.len(), 2, "{file}, {seq} tokens: one attention kernel a layer");
+            let stores_both = |k: &String| k.contains("out1") && !k.contains("out2");
+            if seq == 1 {
+                assert!(appends.is_empty(), "{file}, one token: the appends joined attention");
+                for k in &attention {
+                    let stores = k.lines().filter(|l| l.contains("*reinterpret_cast<uint4*>((out")).count();
+                    assert_eq!(stores, 2, "{file}: the new key and value stored once each\n{k}");
+                    // The new key and value read as 16-byte runs where the projection left
+                    // them, and taken from registers at their position, not from the cache.
+                    assert_eq!(
+                        k.matches("n = *reinterpret_cast<const uint4*>((in").count(),
+                        2,
+                        "{file}\n{k}"
+                    );
+                    assert!(k.contains("(fresh ? kn :") && k.contains("(fresh ? vn :"), "{file}\n{k}");
+                }
+            } else {
+                assert_eq!(appends.len(), 2, "{file}, {seq} tokens: one append kernel a layer");
+                assert!(appends.iter().all(stores_both), "{file}: {appends:?}");
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use thiserror::Error;
 pub use analysis::{FusionAnalysis, FusionGraph};
 pub use cost::LAUNCH_BYTES;
 pub use lang::{ConstId, FusionLang, InputId, OpId, Perm};
-pub use partition::{partition, Kernel, KernelKind, Mode, Partition};
+pub use partition::{append_behind, decoding_takes_appends, partition, Kernel, KernelKind, Mode, Partition};
 
 use crate::ir::{Graph, IrError, NodeId};
 

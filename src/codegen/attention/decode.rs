@@ -9,10 +9,11 @@ use serde_json::json;
 
 use super::{forced_cluster, half_names, Common, Problem, MULTIPROCESSORS};
 use crate::codegen::expr::header;
+use crate::codegen::index::trace_back;
 use crate::codegen::kernel::{coords_decl, Body};
 use crate::codegen::KernelSource;
 use crate::fusion::Kernel;
-use crate::ir::{DType, SymDim};
+use crate::ir::{DType, Op, SymDim};
 use crate::knobs;
 use crate::plan::Plan;
 
@@ -53,8 +54,20 @@ pub(super) fn generate(
     }
     let mut body = Body::new(plan, kernel);
     body.headers.extend(header(dtype));
+    // Appends to the cache that joined this kernel (`fusion::decoding_takes_appends`): their
+    // buffers are read as stored values, through the pointer the new position is stored with.
+    for &n in &kernel.nodes {
+        if matches!(plan.graph.node(n).op, Op::Append { .. }) {
+            body.members.remove(&n);
+            body.read_back.insert(n);
+        }
+    }
     let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
     let operands = problem.operands(&mut body, kernel, &batch)?;
+    let append = match body.read_back.is_empty() {
+        true => None,
+        false => Some(appended(plan, &mut body, problem, &batch)?),
+    };
     let k_address = problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?;
     let v_address = problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, 8, dtype)?;
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
@@ -76,6 +89,7 @@ pub(super) fn generate(
         "dv": dv,
         "k_address": k_address,
         "v_address": v_address,
+        "append": append,
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
     let mut source = common.render(hb, "attention_decode", data, 1, problem.heads() * cluster, threads)?;
@@ -83,6 +97,64 @@ pub(super) fn generate(
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }
     Ok(Some(source))
+}
+
+/// What the kernel needs to append this step's key and value to the cache itself: the new
+/// position (`past`), the new key's element at depth `d` and the value's at width `e` (read
+/// from where the kernel before left them) and, where 8 of them from `d` (`e`) are one aligned
+/// run, their address, and the cache addresses of the new position's rows at `d` and `e`.
+fn appended(
+    plan: &Plan,
+    body: &mut Body<'_>,
+    problem: &Problem,
+    batch: &[String],
+) -> Result<serde_json::Value, String> {
+    let graph = &plan.graph;
+    let rank = problem.rank();
+    let dtype = graph.node(problem.anchor).ty.dtype;
+    let mut part = |input: usize, last2: [&str; 2], key_axis: usize| -> Result<[String; 4], String> {
+        let id = problem.inputs[input];
+        let append = crate::fusion::append_behind(graph, id, key_axis)
+            .filter(|a| body.read_back.contains(a))
+            .ok_or("an attention kernel with appends that do not feed its keys and values")?;
+        let coords = problem.input_coords(plan, input, batch, last2);
+        let (_, at) = trace_back(graph, &|n| plan.dims(n), id, coords, &|n| n == append)
+            .ok_or("keys or values that do not trace back to their append")?;
+        let Op::Append { axis } = graph.node(append).op else { return Err("not an append".into()) };
+        if at[axis].replace(['(', ')', ' '], "") != "t" {
+            return Err(format!("the key axis of '{}' is not the append's", graph.node(append).name));
+        }
+        let inputs = graph.inputs_of(append);
+        let past = plan.dims(inputs[0])[axis].c();
+        let mut new = at.clone();
+        new[axis] = "0LL".into();
+        let value = body.read(inputs[1], new.clone())?;
+        // The row's 8 elements from a multiple of 8 as one 16-byte load, where they are one
+        // aligned run of the half type.
+        let last = new.len() - 1;
+        let pack = match body.packs_along(inputs[1], last, 8) {
+            true => Some(body.address(inputs[1], new)?).filter(|(_, t)| *t == dtype).map(|(a, _)| a),
+            false => None,
+        };
+        let mut store = at;
+        store[axis] = past.clone();
+        let (address, _) = body.address(append, store)?;
+        Ok([past, value, pack.unwrap_or_default(), address])
+    };
+    let [past, k, k_pack, k_store] = part(1, ["d", "t"], rank - 1)?;
+    let [v_past, v, v_pack, v_store] = part(2, ["t", "e"], rank - 2)?;
+    if past != v_past {
+        return Err("key and value caches of different lengths".into());
+    }
+    Ok(json!({
+        "past": past,
+        "k": k,
+        "v": v,
+        "k_pack": k_pack,
+        "v_pack": v_pack,
+        "k_store": k_store,
+        "v_store": v_store,
+    }))
 }
 
 /// Whether the mask reads only memory no kernel of the program writes — graph inputs other
@@ -110,7 +182,7 @@ fn mask_is_fixed(plan: &Plan, kernel: &Kernel, problem: &Problem) -> bool {
         } else if graph.constant(id).is_some() {
             continue;
         } else if !graph.inputs().contains(&id)
-            || graph.users_of(id).iter().any(|&u| matches!(graph.node(u).op, crate::ir::Op::Append { .. }))
+            || graph.users_of(id).iter().any(|&u| matches!(graph.node(u).op, Op::Append { .. }))
         {
             return false;
         }

@@ -305,6 +305,9 @@ pub fn generate(
             if let Some(source) = decode::generate(plan, kernel, &problem, name, hb)? {
                 return Ok(source);
             }
+            if kernel.nodes.iter().any(|&n| matches!(plan.graph.node(n).op, Op::Append { .. })) {
+                return Err("cache appends joined an attention that the decoding kernel does not run".into());
+            }
             let top =
                 mma_tiling(problem.heads(), problem.queries(), problem.keys, problem.depth, problem.dv());
             let mut source = tensor_core(plan, kernel, &problem, name, hb, top)?;

@@ -56,6 +56,9 @@ pub struct Body<'a> {
     /// Set in a depthwise convolution's kernel that stages its input in shared memory
     /// (`codegen::depthwise`).
     pub(super) shared_depthwise: Option<super::depthwise::Tile>,
+    /// Values this kernel stores and then reads back (the decoding attention's cache, which it
+    /// appends to): read through their writable pointer, so that one parameter serves both.
+    pub(super) read_back: HashSet<NodeId>,
 }
 
 /// A pointer parameter of a kernel: `{qualifier}{ty}* name`, pointing at `location`.
@@ -83,6 +86,7 @@ impl<'a> Body<'a> {
             known: Vec::new(),
             patterns: Vec::new(),
             shared_depthwise: None,
+            read_back: HashSet::new(),
         }
     }
 
@@ -127,6 +131,7 @@ impl<'a> Body<'a> {
         let location = self.location(id).or_else(|| self.plan.locations.get(&id).copied());
         let location =
             location.ok_or_else(|| format!("value '{}' has no memory", self.plan.graph.node(id).name))?;
+        let writable = writable || self.read_back.contains(&id);
         let name = format!("{}{}", if writable { "out" } else { "in" }, id.index());
         self.declare(&name, location, self.plan.graph.node(id).ty.dtype, writable)?;
         Ok(name)

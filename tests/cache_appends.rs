@@ -1,0 +1,135 @@
+//! A decoding step's key and value appends run inside its attention kernel (half types, one
+//! query row, the cache updated in place). Here the new key and value are not 16-byte runs in
+//! memory — the projection lays a row's two heads side by side, element by element — so the
+//! kernel reads them element by element. Its kernels through NVRTC (no spills); on a GPU,
+//! every output — attention's and both caches — against tract.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::onnx::{floats, int, int64s, ints, node, value_info, weight};
+use fusec::codegen::Step;
+use fusec::ir::DType;
+use fusec::pipeline::CompileOptions;
+use prost::Message;
+use tract_onnx::pb::{GraphProto, ModelProto, OperatorSetIdProto};
+
+/// Cached positions.
+const PAST: i64 = 5;
+/// Heads and their width.
+const HEADS: i64 = 2;
+const WIDTH: i64 = 32;
+
+/// One token's attention over a cache of [`PAST`] positions: `x [1, 1, 64]`, `past_key` and
+/// `past_value` `[1, 2, PAST, 32]` in; the attention's output and `present_key`,
+/// `present_value` (`Concat(past, new)`) out. The query is laid out head after head; the new
+/// key and value head beside head (`[.., 32, 2]`, transposed to `[1, 2, 1, 32]`).
+fn model(dir: &Path) -> PathBuf {
+    let hidden = HEADS * WIDTH;
+    let nodes = vec![
+        node("MatMul", &["x", "wq"], "q0", vec![]),
+        node("Reshape", &["q0", "by_head"], "q1", vec![]),
+        node("Transpose", &["q1"], "q", vec![ints("perm", &[0, 2, 1, 3])]),
+        node("MatMul", &["x", "wk"], "k0", vec![]),
+        node("Reshape", &["k0", "by_element"], "k1", vec![]),
+        node("Transpose", &["k1"], "k", vec![ints("perm", &[0, 3, 1, 2])]),
+        node("MatMul", &["x", "wv"], "v0", vec![]),
+        node("Reshape", &["v0", "by_element"], "v1", vec![]),
+        node("Transpose", &["v1"], "v", vec![ints("perm", &[0, 3, 1, 2])]),
+        node("Concat", &["past_key", "k"], "present_key", vec![int("axis", 2)]),
+        node("Concat", &["past_value", "v"], "present_value", vec![int("axis", 2)]),
+        node("Transpose", &["present_key"], "kt", vec![ints("perm", &[0, 1, 3, 2])]),
+        node("MatMul", &["q", "kt"], "s", vec![]),
+        node("Mul", &["s", "scale"], "scaled", vec![]),
+        node("Softmax", &["scaled"], "p", vec![int("axis", -1)]),
+        node("MatMul", &["p", "present_value"], "out", vec![]),
+    ];
+    let init = vec![
+        weight("wq", &[hidden, hidden], 71, -0.3, 0.6),
+        weight("wk", &[hidden, hidden], 72, -0.3, 0.6),
+        weight("wv", &[hidden, hidden], 73, -0.3, 0.6),
+        floats("scale", &[1.0 / (WIDTH as f32).sqrt()]),
+        int64s("by_head", &[1, 1, HEADS, WIDTH]),
+        int64s("by_element", &[1, 1, WIDTH, HEADS]),
+    ];
+    let cache = [1, HEADS, PAST, WIDTH];
+    let graph = GraphProto {
+        name: "cache_appends".into(),
+        node: nodes,
+        initializer: init,
+        input: vec![
+            value_info("x", &[1, 1, hidden]),
+            value_info("past_key", &cache),
+            value_info("past_value", &cache),
+        ],
+        output: ["out", "present_key", "present_value"]
+            .iter()
+            .map(|&name| tract_onnx::pb::ValueInfoProto { name: name.into(), ..Default::default() })
+            .collect(),
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 18 }],
+        graph: Some(graph),
+        ..Default::default()
+    };
+    let path = dir.join("cache_appends.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    path
+}
+
+fn in_place() -> CompileOptions {
+    CompileOptions { precision: DType::F16, cache_in_place: true, ..Default::default() }
+}
+
+#[test]
+fn appends_inside_attention_read_a_new_key_laid_out_element_by_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = model(dir.path());
+    let steps = common::compiled_steps(&path, &in_place());
+    let sources: Vec<_> = steps.iter().flat_map(Step::sources).collect();
+    assert!(!sources.iter().any(|k| k.source.contains(": append\n")), "the appends joined attention");
+    let attention: Vec<_> =
+        sources.iter().filter(|k| k.source.contains("Attention of one query row")).collect();
+    assert_eq!(attention.len(), 1, "one decoding attention kernel");
+    let kernel = attention[0];
+    // The new key and value element by element (`element(…)`), not as 16-byte loads.
+    assert!(kernel.source.contains("auto element = [&]"), "{}", kernel.source);
+    assert!(
+        kernel.source.contains("(fresh ? kn :") && kernel.source.contains("(fresh ? vn :"),
+        "{}",
+        kernel.source
+    );
+    if fusec::nvrtc::available() {
+        common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+    }
+    if !fusec::runtime::driver_available() {
+        println!("skipped the GPU run: no CUDA driver on this machine");
+        return;
+    }
+    let options = CompileOptions { arch: Some("sm_90".into()), ..in_place() };
+    let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{e}"));
+    // The cache goes in in the half type (it lies inside its present); tract takes the same
+    // values, rounded, in f32.
+    let model = fusec::import::import(&path, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
+    let (mut ours_in, mut theirs_in) = (Vec::new(), Vec::new());
+    for (name, t) in common::random_inputs(&model, 29) {
+        let spec = bundle.header.inputs.iter().find(|i| i.name == name).unwrap();
+        let dtype = DType::from_name(&spec.dtype).unwrap();
+        let stored = t.cast(dtype);
+        theirs_in.push(stored.cast(DType::F32));
+        ours_in.push((name, stored));
+    }
+    let theirs = fusec::import::run_tract(&path, &theirs_in).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = ours_in;
+    let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
+    let ours = session.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ours.len(), 3);
+    for ((name, ours), theirs) in ours.iter().zip(&theirs) {
+        let err = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
+        println!("{name}: rel-L2 {err:e} against tract");
+        assert!(err <= 1e-2, "{name}: rel-L2 {err:e}");
+    }
+}
