@@ -205,6 +205,19 @@ fn a_layers_key_and_value_appends_are_one_kernel() {
             let stores_both = |k: &String| k.contains("out1") && !k.contains("out2");
             if seq == 1 {
                 assert!(appends.is_empty(), "{file}, one token: the appends joined attention");
+                // Each attention kernel reads its layer's whole key and value caches (the
+                // floor `bench` prints counts them).
+                let graph = &plan.graph;
+                for kernel in plan.kernels.iter().filter(|k| k.kind == fusec::fusion::KernelKind::Attention) {
+                    let cache: u64 = kernel
+                        .nodes
+                        .iter()
+                        .filter(|&&n| matches!(graph.node(n).op, fusec::ir::Op::Append { .. }))
+                        .map(|&n| graph.node(n).ty.size_bytes() as u64)
+                        .sum();
+                    assert!(cache > 0, "{file}: an attention kernel without its appends");
+                    assert!(plan.kernel_traffic_bytes(kernel) >= cache, "{file}: the caches' reads counted");
+                }
                 for k in &attention {
                     let stores = k.lines().filter(|l| l.contains("*reinterpret_cast<uint4*>((out")).count();
                     assert_eq!(stores, 2, "{file}: the new key and value stored once each\n{k}");

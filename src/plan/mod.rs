@@ -507,7 +507,11 @@ impl Plan {
         for &node in &kernel.nodes {
             let skip = appended(node).map(|inputs| inputs[0]);
             for input in graph.inputs_of(node) {
-                if !kernel.nodes.contains(&input) && Some(input) != skip {
+                let here = kernel.nodes.contains(&input);
+                // An append this kernel computes and then reads (the decoding attention over
+                // the cache it appends to) is read whole.
+                let read_back = here && appended(input).is_some() && appended(node).is_none();
+                if (!here || read_back) && Some(input) != skip {
                     read.extend(stored_value(graph, input, &stored));
                 }
             }
