@@ -1,8 +1,9 @@
-//! A decoding step's key and value appends run inside its attention kernel (half types, one
-//! query row, the cache updated in place). Here the new key and value are not 16-byte runs in
-//! memory — the projection lays a row's two heads side by side, element by element — so the
-//! kernel reads them element by element. Its kernels through NVRTC (no spills); on a GPU,
-//! every output — attention's and both caches — against tract.
+//! A decoding step's key and value appends to its cache (updated in place): one kernel a
+//! layer in a prompt step, inside the layer's attention kernel in a one-token step of a half
+//! type. And where the new key and value are not 16-byte runs in memory — the projection lays
+//! a row's two heads side by side, element by element — the kernel reads them element by
+//! element: its kernels through NVRTC (no spills); on a GPU, every output — attention's and
+//! both caches — against tract.
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::onnx::{floats, int, int64s, ints, node, value_info, weight};
 use fusec::codegen::Step;
+use fusec::import::ImportOptions;
 use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
 use prost::Message;
@@ -131,5 +133,76 @@ fn appends_inside_attention_read_a_new_key_laid_out_element_by_element() {
         let err = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
         println!("{name}: rel-L2 {err:e} against tract");
         assert!(err <= 1e-2, "{name}: rel-L2 {err:e}");
+    }
+}
+
+/// A decoder layer's key and value appends to its cache in place are one kernel storing both
+/// (they share a geometry, read one projection and are read by one attention), not a launch
+/// each: one append kernel a layer in a prompt step; in the one-token step (half types) none,
+/// the layer's attention kernel storing both itself and reading the new position from
+/// registers.
+#[test]
+fn a_layers_key_and_value_appends_are_one_kernel() {
+    for file in ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"] {
+        for seq in [1, 4] {
+            let options = CompileOptions {
+                import: ImportOptions::default()
+                    .dim("batch", 2)
+                    .dim("seq", seq)
+                    .dim("past", 9)
+                    .dim("total", 9 + seq),
+                precision: DType::F16,
+                cache_in_place: true,
+                ..Default::default()
+            };
+            let path = common::model_path(file);
+            let (plan, _) = fusec::pipeline::plan_reporting(&path, &options, &mut |_| {}).unwrap();
+            let steps = fusec::codegen::generate(&plan).unwrap();
+            let launches = |about: &str| -> Vec<String> {
+                steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        fusec::codegen::Step::Launch(k) if k.source.contains(&format!(": {about}\n")) => {
+                            Some(k.source.clone())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            };
+            let (appends, attention) = (launches("append"), launches("attention"));
+            assert_eq!(attention.len(), 2, "{file}, {seq} tokens: one attention kernel a layer");
+            let stores_both = |k: &String| k.contains("out1") && !k.contains("out2");
+            if seq == 1 {
+                assert!(appends.is_empty(), "{file}, one token: the appends joined attention");
+                // Each attention kernel reads its layer's whole key and value caches (the
+                // floor `bench` prints counts them).
+                let graph = &plan.graph;
+                for kernel in plan.kernels.iter().filter(|k| k.kind == fusec::fusion::KernelKind::Attention) {
+                    let cache: u64 = kernel
+                        .nodes
+                        .iter()
+                        .filter(|&&n| matches!(graph.node(n).op, fusec::ir::Op::Append { .. }))
+                        .map(|&n| graph.node(n).ty.size_bytes() as u64)
+                        .sum();
+                    assert!(cache > 0, "{file}: an attention kernel without its appends");
+                    assert!(plan.kernel_traffic_bytes(kernel) >= cache, "{file}: the caches' reads counted");
+                }
+                for k in &attention {
+                    let stores = k.lines().filter(|l| l.contains("*reinterpret_cast<uint4*>((out")).count();
+                    assert_eq!(stores, 2, "{file}: the new key and value stored once each\n{k}");
+                    // The new key and value read as 16-byte runs where the projection left
+                    // them, and taken from registers at their position, not from the cache.
+                    assert_eq!(
+                        k.matches("n = *reinterpret_cast<const uint4*>((in").count(),
+                        2,
+                        "{file}\n{k}"
+                    );
+                    assert!(k.contains("(fresh ? kn :") && k.contains("(fresh ? vn :"), "{file}\n{k}");
+                }
+            } else {
+                assert_eq!(appends.len(), 2, "{file}, {seq} tokens: one append kernel a layer");
+                assert!(appends.iter().all(stores_both), "{file}: {appends:?}");
+            }
+        }
     }
 }
