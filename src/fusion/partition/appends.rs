@@ -64,12 +64,15 @@ pub fn decoding_takes_appends(graph: &Graph, attention: NodeId) -> bool {
 /// the new position from the append's new part.
 pub fn append_behind(graph: &Graph, mut id: NodeId, mut key_axis: usize) -> Option<NodeId> {
     let rank = graph.node(id).ty.rank();
+    if rank < 2 || key_axis + 2 < rank || key_axis >= rank {
+        return None;
+    }
     let mut row_axis = if key_axis + 1 == rank { rank - 2 } else { rank - 1 };
     loop {
         let node = graph.node(id);
         if let Op::Append { axis } = node.op {
             let new = graph.inputs_of(id)[1];
-            let last = node.ty.rank() - 1;
+            let last = node.ty.rank().checked_sub(1)?;
             let one = graph.node(new).ty.shape.get(axis) == Some(&1);
             return (axis == key_axis && row_axis == last && axis + 1 == last && one).then_some(id);
         }
@@ -109,6 +112,9 @@ impl Builder<'_> {
             }
             let inputs = self.graph.inputs_of(attention);
             let rank = self.graph.node(inputs[1]).ty.rank();
+            if rank < 2 {
+                continue;
+            }
             let k = append_behind(self.graph, inputs[1], rank - 1);
             let v = append_behind(self.graph, inputs[2], rank - 2);
             let (Some(k), Some(v)) = (k, v) else { continue };
