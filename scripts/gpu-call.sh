@@ -44,6 +44,11 @@
 #             (fp32), then bench --strict fused against unfused at batch 8 (fp32 and fp16);
 #             then PyTorch eager and reduce-overhead (channels-last, fp16, batch 8) side by side
 #             (benches/compare_torch_cnn.py; CNN_TORCH= leaves it out)
+#   cnnsuite  #26's table in one call: the torchvision classifiers and ViT-B/16
+#             (benches/export_cnn.py), fp16, for each batch of $BATCHES (default "8 1 32") fusec
+#             bench --strict of every model, then PyTorch eager and reduce-overhead
+#             (benches/compare_torch_cnn.py, channels-last); no step started after $STOP seconds
+#             from the part's start (default 500)
 #   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
 #             their GPU halves (tests/generate.rs, tests/attention_tiles.rs, ...)
 #   python    the staged wheel (FUSEC_STAGE_WHEEL=1) installed, then python/tests run from
@@ -134,6 +139,25 @@ for part in "$@"; do
       done
       timeout 200 .gpu/fusec bench .bench-work/bert_base_mask.onnx --dim batch=1..32 --dim seq=1..512 --precision fp16 --sizes "${SHAPES:-1x128,8x128,32x128,8x384}" --iters 200 --json "$OUT/res/sizes-bert_base_mask.json"
       ;;
+    cnnsuite)
+      C=.bench-work/cnn
+      M="resnet50 mobilenet_v3_large efficientnet_b0 convnext_tiny vit_b_16"
+      start=$(date +%s)
+      left() { echo $(( ${STOP:-500} - ($(date +%s) - start) )); }
+      timeout 200 python3 benches/export_cnn.py $C $M 2>&1 | grep -v Warning | tail -3
+      for b in ${BATCHES:-8 1 32}; do
+        for m in $M; do
+          [ "$(left)" -gt 20 ] || { echo "out of time before fusec $m b$b"; continue; }
+          echo "--- fusec $m b$b $(date -u +%T)"
+          timeout $(( $(left) < 120 ? $(left) : 120 )) .gpu/fusec bench $C/$m.onnx --dim batch=$b --precision fp16 \
+            --iters 30 --warmup 5 --strict --json "$OUT/res/cnnsuite-$m-b$b.json" 2>&1 | grep -E "^fused|^unfused|speedup|warning|error"
+          echo "bench --strict exit: ${PIPESTATUS[0]}"
+        done
+        [ "$(left)" -gt 30 ] || { echo "out of time before torch b$b"; continue; }
+        echo "--- torch b$b $(date -u +%T)"
+        timeout "$(left)" python3 benches/compare_torch_cnn.py --json "$OUT/res/cnnsuite-torch-b$b.json" \
+          --models "$(echo $M | tr ' ' ,)" --batches $b --iters 30 --warmup 5 2>&1 | grep -E "median_ms|Error"
+      done ;;
     cnn)
       C=.bench-work/cnn
       timeout 300 python3 benches/export_cnn.py $C ${CNN_MODELS:-resnet50 mobilenet_v3_large} 2>&1 | grep -v Warning | tail -4
