@@ -113,19 +113,10 @@ fn appends_inside_attention_read_a_new_key_laid_out_element_by_element() {
     }
     let options = CompileOptions { arch: Some("sm_90".into()), ..in_place() };
     let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{e}"));
-    // The cache goes in in the half type (it lies inside its present); tract takes the same
-    // values, rounded, in f32.
+    // The cache goes in in the half type; tract takes the same values, rounded, in f32.
     let model = fusec::import::import(&path, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
-    let (mut ours_in, mut theirs_in) = (Vec::new(), Vec::new());
-    for (name, t) in common::random_inputs(&model, 29) {
-        let spec = bundle.header.inputs.iter().find(|i| i.name == name).unwrap();
-        let dtype = DType::from_name(&spec.dtype).unwrap();
-        let stored = t.cast(dtype);
-        theirs_in.push(stored.cast(DType::F32));
-        ours_in.push((name, stored));
-    }
-    let theirs = fusec::import::run_tract(&path, &theirs_in).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = ours_in;
+    let (inputs, values) = common::in_bundle_types(&bundle, common::random_inputs(&model, 29));
+    let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
     let mut session = fusec::runtime::Session::new(&bundle, 0).unwrap_or_else(|e| panic!("{e}"));
     let ours = session.run(&inputs).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ours.len(), 3);

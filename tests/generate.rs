@@ -507,30 +507,11 @@ fn one_query_attention_matches_tract_in_half_types() {
                     i64::from(live)
                 })
                 .collect();
-            let inputs = one_token_inputs(file, past, &mask, 5.0, 40);
-            // The cache goes in in the half type (it lies inside its present); tract takes
-            // the same values, rounded, in f32.
-            let inputs: Vec<(String, Tensor)> = inputs
-                .into_iter()
-                .map(|(name, t)| {
-                    let spec = bundle.header.inputs.iter().find(|i| i.name == name).unwrap();
-                    let dtype = DType::from_name(&spec.dtype).unwrap();
-                    let t = if dtype == t.dtype() { t } else { t.cast(dtype) };
-                    (name, t)
-                })
-                .collect();
+            // The cache goes in in the half type; tract takes the same values, rounded, in f32.
+            let (inputs, values) =
+                common::in_bundle_types(&bundle, one_token_inputs(file, past, &mask, 5.0, 40));
             let mut session = fusec::Session::new(&bundle, 0).unwrap();
             let ours = session.run(&inputs).unwrap();
-            let values: Vec<Tensor> = inputs
-                .iter()
-                .map(|(_, t)| {
-                    if t.dtype().is_float() && t.dtype() != DType::F32 {
-                        t.cast(DType::F32)
-                    } else {
-                        t.clone()
-                    }
-                })
-                .collect();
             let theirs = run_tract(&common::model_path(file), &values).unwrap();
             for ((name, ours), theirs) in ours.iter().zip(&theirs) {
                 let error = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);

@@ -93,6 +93,37 @@ pub fn all_fixtures() -> Vec<String> {
     files
 }
 
+/// `inputs` in the element types `bundle` declares for them (a cache updated in place goes in
+/// in its half type, as it lies inside its present), and the same values as tract takes them:
+/// half types widened to f32, the rounding kept.
+pub fn in_bundle_types(
+    bundle: &fusec::Bundle,
+    inputs: Vec<(String, Tensor)>,
+) -> (Vec<(String, Tensor)>, Vec<Tensor>) {
+    let ours: Vec<(String, Tensor)> = inputs
+        .into_iter()
+        .map(|(name, t)| {
+            let spec = bundle.header.inputs.iter().find(|i| i.name == name).unwrap();
+            let dtype = DType::from_name(&spec.dtype).unwrap();
+            let t = if dtype == t.dtype() { t } else { t.cast(dtype) };
+            (name, t)
+        })
+        .collect();
+    let theirs = ours
+        .iter()
+        .map(
+            |(_, t)| {
+                if t.dtype().is_float() && t.dtype() != DType::F32 {
+                    t.cast(DType::F32)
+                } else {
+                    t.clone()
+                }
+            },
+        )
+        .collect();
+    (ours, theirs)
+}
+
 /// Random, non-zero inputs for every input of `model`: token ids below the fixtures'
 /// vocabulary of 512, floats in [-2, 2), padding masks right-padded and token types 0 then 1
 /// (`random_input`).
