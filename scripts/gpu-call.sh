@@ -45,7 +45,8 @@
 #             then PyTorch eager and reduce-overhead (channels-last, fp16, batch 8) side by side
 #             (benches/compare_torch_cnn.py; CNN_TORCH= leaves it out)
 #   cnnsuite  #26's table in one call: the torchvision classifiers and ViT-B/16
-#             (benches/export_cnn.py), fp16, for each batch of $BATCHES (default "8 1 32") fusec
+#             (benches/export_cnn.py), in $PRECISION (fp16 or fp32, default fp16), for each
+#             batch of $BATCHES (default "8 1 32") fusec
 #             bench --strict of every model, then PyTorch eager and reduce-overhead
 #             (benches/compare_torch_cnn.py, channels-last); no step started after $STOP seconds
 #             from the part's start (default 500)
@@ -149,14 +150,14 @@ for part in "$@"; do
         for m in $M; do
           [ "$(left)" -gt 20 ] || { echo "out of time before fusec $m b$b"; continue; }
           echo "--- fusec $m b$b $(date -u +%T)"
-          timeout $(( $(left) < 120 ? $(left) : 120 )) .gpu/fusec bench $C/$m.onnx --dim batch=$b --precision fp16 \
+          timeout $(( $(left) < 120 ? $(left) : 120 )) .gpu/fusec bench $C/$m.onnx --dim batch=$b --precision "${PRECISION:-fp16}" \
             --iters 30 --warmup 5 --strict --json "$OUT/res/cnnsuite-$m-b$b.json" 2>&1 | grep -E "^fused|^unfused|speedup|warning|error"
           echo "bench --strict exit: ${PIPESTATUS[0]}"
         done
         [ "$(left)" -gt 30 ] || { echo "out of time before torch b$b"; continue; }
         echo "--- torch b$b $(date -u +%T)"
         timeout "$(left)" python3 benches/compare_torch_cnn.py --json "$OUT/res/cnnsuite-torch-b$b.json" \
-          --models "$(echo $M | tr ' ' ,)" --batches $b --iters 30 --warmup 5 2>&1 | grep -E "median_ms|Error"
+          --models "$(echo $M | tr ' ' ,)" --batches $b --dtypes "${PRECISION:-fp16}" --iters 30 --warmup 5 2>&1 | grep -E "median_ms|Error"
       done ;;
     cnn)
       C=.bench-work/cnn

@@ -191,6 +191,23 @@ fn int(v: usize) -> Result<i32, RuntimeError> {
     i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("convolution size {v} is too large")))
 }
 
+/// Whether `algo` sums the products of a convolution as written (an implicit or explicit GEMM,
+/// or the direct loop): the algorithms an f32 convolution may take. Winograd's and the FFT's
+/// transforms round in f32 on the way, which a deep network amplifies: ResNet-50 (random
+/// weights) in f32 came 1.9e-5 (rel-L2) from its unfused build at batch 8 on an H200, over
+/// `fusec bench`'s 1e-5 (`benches/NOTES.md`). `FUSEC_CUDNN_ANY_ALGO=1` lets an f32 convolution
+/// take any algorithm, for measuring.
+fn exact_algo(algo: cudnnConvolutionFwdAlgo_t) -> bool {
+    use cudnnConvolutionFwdAlgo_t::*;
+    matches!(
+        algo,
+        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+            | CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+            | CUDNN_CONVOLUTION_FWD_ALGO_GEMM
+            | CUDNN_CONVOLUTION_FWD_ALGO_DIRECT
+    )
+}
+
 /// Algorithms chosen in this process, by the convolution's shape, type and GPU.
 static CHOSEN: Mutex<Option<HashMap<String, (cudnnConvolutionFwdAlgo_t, usize)>>> = Mutex::new(None);
 
@@ -286,7 +303,8 @@ impl ConvCall {
         let (algo, workspace) = match cached {
             Some(chosen) => chosen,
             None => {
-                let chosen = call.find(dnn, (scratch_ptr, scratch), &key)?;
+                let exact = spec.dtype == DType::F32 && !crate::knobs::on("FUSEC_CUDNN_ANY_ALGO");
+                let chosen = call.find(dnn, (scratch_ptr, scratch), &key, exact)?;
                 CHOSEN
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -311,14 +329,15 @@ impl ConvCall {
     }
 
     /// The fastest algorithm cuDNN measures for this convolution (`key`, in the debug log)
-    /// within the workspace.
+    /// within the workspace; of the [`exact_algo`]s alone where `exact`.
     fn find(
         &self,
         dnn: &Dnn,
         (scratch_ptr, scratch): (u64, usize),
         key: &str,
+        exact: bool,
     ) -> Result<(cudnnConvolutionFwdAlgo_t, usize), RuntimeError> {
-        const WANTED: usize = 8;
+        const WANTED: usize = 16;
         // SAFETY: all-zero bytes are a valid value of this plain C struct.
         let mut results: [sys::cudnnConvolutionFwdAlgoPerf_t; WANTED] = unsafe { std::mem::zeroed() };
         let mut returned = 0;
@@ -363,7 +382,7 @@ impl ConvCall {
         // workspace; the forward call picks an engine of the algorithm itself, whose
         // workspace cuDNN states apart. The call is given the larger of the two: with the
         // search's alone, ViT-B/16's patch embedding (NCHW) was refused (BAD_PARAM).
-        for r in results.iter().filter(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS) {
+        for r in results.iter().filter(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && (!exact || exact_algo(r.algo))) {
             let mut needed = 0usize;
             // SAFETY: the descriptors are this call's; writes one size.
             let sized = unsafe {

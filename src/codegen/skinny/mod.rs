@@ -325,11 +325,14 @@ pub fn generate(
         });
     }
     // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).
-    let per_warp = match m {
+    // `FUSEC_SKINNY_PER_WARP` (1, 2, 4 or 8) and `FUSEC_SKINNY_WARPS` (4, 8 or 16 a block)
+    // override both, for measuring them.
+    let per_warp = one_of("FUSEC_SKINNY_PER_WARP", &[1, 2, 4, 8]).unwrap_or(match m {
         1..=2 => 1,
         3..=4 => 2,
         _ => 4,
-    };
+    });
+    let rows_warps = one_of("FUSEC_SKINNY_WARPS", &[4, 8, 16]).unwrap_or(ROWS_WARPS);
     // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
@@ -341,7 +344,7 @@ pub fn generate(
     let threads = one_of("FUSEC_SKINNY_THREADS", &[128, 256, 512]).unwrap_or(COLS_BLOCK);
     let (block, grid, iterations) = if rows {
         let packs = k / lanes;
-        (ROWS_WARPS * 32, n.div_ceil(ROWS_WARPS * per_warp), packs.div_ceil(32))
+        (rows_warps * 32, n.div_ceil(rows_warps * per_warp), packs.div_ceil(32))
     } else {
         let k_lanes = threads / col_lanes;
         (threads, n / cols, k.div_ceil(k_lanes))
