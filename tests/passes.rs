@@ -525,3 +525,45 @@ fn a_slice_moves_before_a_reshape_and_pointwise_ops_but_not_past_a_whole_reader(
     assert_eq!(g.node(cut).op, Op::Slice { axes: vec![SliceAxis { start: 2, step: 1, len: 2 }, all(4)] });
     assert_eq!(g.inputs_of(cut), [p]);
 }
+
+/// A reduction over the last axes (a global pool over NCHW) is one row reduction over their
+/// run, through reshapes; over other axes (NHWC's spatial ones) one reduction per axis. Both
+/// keep their values, with and without the reduced axes kept.
+#[test]
+fn a_pool_over_the_last_axes_is_one_row_reduction() {
+    use fusec::ir::ReduceOp;
+    use fusec::passes::SplitReductions;
+    for (axes, keep_dims, reductions) in
+        [(vec![2, 3], true, 1), (vec![3, 2], false, 1), (vec![1, 2, 3], true, 1), (vec![1, 2], true, 2)]
+    {
+        let mut g = Graph::new();
+        let ty = TensorType::new(DType::F32, vec![2, 3, 5, 7]);
+        let x = g.add_input("x", ty.clone());
+        let op = Op::Reduce { op: ReduceOp::Mean, axes: axes.clone(), keep_dims };
+        let pool = g.add_op(op, &[x], "pool", origin("pool")).unwrap();
+        g.set_outputs(vec![("pool".into(), pool)]);
+        let feeds: HashMap<_, _> = [("x".to_string(), ir::random_tensor(&ty, 7, -1.0, 1.0))].into();
+        let before = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(SplitReductions.run(&mut g).unwrap(), 1);
+        ir::verify(&g).unwrap();
+        let after = ir::evaluate(&g, &feeds).unwrap();
+        assert_eq!(after[0].1.shape(), before[0].1.shape(), "{axes:?}");
+        let err = rel_l2(&after[0].1, &before[0].1);
+        assert!(err <= 1e-6, "{axes:?}: rel-L2 {err:e}");
+        let reduces: Vec<Op> = g
+            .node_ids()
+            .map(|id| g.node(id).op.clone())
+            .filter(|op| matches!(op, Op::Reduce { .. }))
+            .collect();
+        assert_eq!(reduces.len(), reductions, "{axes:?}: {reduces:?}");
+        if reductions == 1 {
+            // Over the run's one axis of a [2, 3, 35] (or [2, 105]) view.
+            let Op::Reduce { axes: ref one, .. } = reduces[0] else { unreachable!() };
+            assert_eq!(one.len(), 1);
+            let input = g.node_ids().find(|&id| matches!(g.node(id).op, Op::Reduce { .. })).unwrap();
+            let rows = &g.node(g.inputs_of(input)[0]).ty.shape;
+            assert_eq!(rows.iter().product::<usize>(), 210, "{rows:?}");
+            assert_eq!(rows.len(), one[0] + 1, "{rows:?}");
+        }
+    }
+}

@@ -163,20 +163,27 @@ fn tens_of_rows_run_on_tensor_cores() {
 /// A head through `MatMul` whose weights `[K, N]` have rows of an odd width (GPT-2's vocabulary,
 /// 50,257 wide, exported this way) is read by rows, `[N, K]`, through a transpose that costs
 /// no kernel, so it gets a kernel for a few rows (on CUDA cores at 3 rows, tensor cores at
-/// 24). On a GPU, against tract.
+/// 24; at one row and a vocabulary's width, eight columns a warp, eight warps a block, the
+/// last block's columns ragged). On a GPU, against tract.
 #[test]
 fn odd_width_weights_are_read_by_rows() {
     let dir = tempfile::tempdir().unwrap();
-    for rows in [3, 24] {
+    for (rows, width) in [(1, 16411), (3, 517), (24, 517)] {
         let nodes = vec![node("MatMul", &["x", "w"], "logits", vec![])];
-        let init = vec![weight("w", &[96, 517], 76, -0.2, 0.4)];
+        let init = vec![weight("w", &[96, width], 76, -0.2, 0.4)];
         let path = write_model(dir.path(), &format!("head{rows}"), &[rows, 96], nodes, init);
         let steps = common::compiled_steps(&path, &options(DType::F16));
         // The input's cast to f16, the GEMM, the output's cast back: no transpose of its own.
         assert_eq!(steps.len(), 3, "{steps:?}");
         let Step::Gemm { gemm, skinny: Some(kernel), .. } = &steps[1] else { panic!("{steps:?}") };
-        assert!(gemm.b.transposed && gemm.n == 517 && gemm.k == 96, "{gemm:?}");
+        assert!(gemm.b.transposed && gemm.n == width as usize && gemm.k == 96, "{gemm:?}");
         assert!(kernel.source.contains("B stored [N, K]"), "{}", kernel.source);
+        if rows == 1 {
+            assert_eq!((kernel.grid as usize, kernel.block), (16411usize.div_ceil(64), 256));
+        }
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+        }
         let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
         if fusec::runtime::driver_available() {
             std::env::set_var("FUSEC_SKINNY", "1");

@@ -29,6 +29,10 @@ const COLS_BLOCK: usize = 256;
 /// Warps per block of an `[N, K]` operand's kernel.
 const ROWS_WARPS: usize = 4;
 
+/// Columns from which an `[N, K]` operand's product of one or two rows is a vocabulary's
+/// projection, read eight columns a warp.
+const WIDE: usize = 16384;
+
 /// A LayerNorm (or RMSNorm) over the last axis of A, computed in the kernel from its input
 /// rather than by the row kernel before it (whose step the runtime then leaves out). Where that
 /// kernel also adds the residual stream (`h = x + y`, the norm of `h`), the kernel adds it too,
@@ -325,14 +329,19 @@ pub fn generate(
         });
     }
     // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).
+    // A vocabulary's projection (tens of thousands of columns) at one or two rows: eight
+    // columns a warp and eight warps a block, its 77 MB (GPT-2 small) in 23.8 µs on an H200
+    // where one column a warp took 66 µs and cuBLAS 28.5 (`benches/NOTES.md`).
     // `FUSEC_SKINNY_PER_WARP` (1, 2, 4 or 8) and `FUSEC_SKINNY_WARPS` (4, 8 or 16 a block)
     // override both, for measuring them.
+    let wide = rows && m <= 2 && n >= WIDE;
     let per_warp = one_of("FUSEC_SKINNY_PER_WARP", &[1, 2, 4, 8]).unwrap_or(match m {
+        _ if wide => 8,
         1..=2 => 1,
         3..=4 => 2,
         _ => 4,
     });
-    let rows_warps = one_of("FUSEC_SKINNY_WARPS", &[4, 8, 16]).unwrap_or(ROWS_WARPS);
+    let rows_warps = one_of("FUSEC_SKINNY_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
     // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
@@ -424,8 +433,12 @@ mod tests {
         assert_eq!(make(&spec(1, 768, 3072, false)).unwrap().grid, 24);
         assert_eq!(make(&spec(1, 776, 768, false)).unwrap().grid, 97);
         // [N, K]: a warp a column at one row, four columns a warp at eight (f32: in half
-        // types eight rows take the tensor-core kernel).
-        assert_eq!(make(&spec(1, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(4) as u32);
+        // types eight rows take the tensor-core kernel); a vocabulary at one row eight columns
+        // a warp, eight warps a block, at three rows two a warp.
+        assert_eq!(make(&spec(1, 4096, 768, true)).unwrap().grid, 4096usize.div_ceil(4) as u32);
+        let vocabulary = make(&spec(1, 50257, 768, true)).unwrap();
+        assert_eq!((vocabulary.grid, vocabulary.block), (50257usize.div_ceil(64) as u32, 256));
+        assert_eq!(make(&spec(3, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(8) as u32);
         let mut g = spec(8, 1000, 64, true);
         g.dtype = DType::F32;
         assert_eq!(make(&g).unwrap().grid, 1000usize.div_ceil(16) as u32);
