@@ -58,6 +58,24 @@ fn channel_step(dtype: DType) -> usize {
     chosen.unwrap_or(if dtype == DType::BF16 { 2 * CHANNEL_STEP } else { CHANNEL_STEP })
 }
 
+/// Whether a network of element type `dtype` runs channels-last: in half types always (cuDNN's
+/// tensor-core kernels are NHWC); in f32 where it has a depthwise convolution, which only
+/// the generated NHWC kernels run well. Measured on an H200 in f32 (`benches/NOTES.md`,
+/// twenty-ninth session): channels-last took MobileNetV3-Large at batch 32 from 4.21 to 1.22
+/// ms, EfficientNet-B0 from 8.66 to 2.00, ConvNeXt-T from 10.67 to 8.37; ViT-B/16 (one
+/// convolution) moved 1–2 %, and ResNet-50's f32 result moved from 9.1e-6 to 2.1e-5 of tract's
+/// (rel-L2, over the 1e-5 bound), so networks without a depthwise convolution stay NCHW.
+/// `FUSEC_CHANNELS_LAST_F32=1` or `0` decides for f32 networks, for measuring.
+pub fn wanted(graph: &Graph, dtype: DType) -> bool {
+    match dtype {
+        DType::F16 | DType::BF16 => true,
+        DType::F32 if crate::knobs::on("FUSEC_CHANNELS_LAST_F32") => true,
+        DType::F32 if crate::knobs::off("FUSEC_CHANNELS_LAST_F32") => false,
+        DType::F32 => graph.node_ids().any(|id| graph.is_depthwise_conv(id)),
+        _ => false,
+    }
+}
+
 /// Convolutions to NHWC, and the transposes between them cancelled.
 pub struct ChannelsLast;
 

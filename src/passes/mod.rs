@@ -3,7 +3,7 @@
 
 mod attention_masks;
 mod cache_in_place;
-mod channels_last;
+pub mod channels_last;
 mod const_fold;
 mod cse;
 mod dce;

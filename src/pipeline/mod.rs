@@ -336,11 +336,9 @@ pub(crate) fn lower_fused(
     };
     done("lower");
     let (mut graph, mut covers) = (graph, covers);
-    // Half-type convolutions channels-last on tensor cores where asked (the unfused baseline
-    // keeps the model's NCHW).
-    // `FUSEC_CHANNELS_LAST_F32=1`: f32 too, for measuring.
-    let layout_for = matches!(options.precision, DType::F16 | DType::BF16) || crate::knobs::on("FUSEC_CHANNELS_LAST_F32");
-    if mode == Mode::Fused && layout_for && options.channels_last {
+    // Convolutions channels-last where asked and the element type wants it (the unfused
+    // baseline keeps the model's NCHW).
+    if mode == Mode::Fused && options.channels_last && passes::channels_last::wanted(&graph, options.precision) {
         use passes::Pass;
         passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;
