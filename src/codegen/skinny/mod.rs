@@ -332,7 +332,7 @@ pub fn generate(
     // A vocabulary's projection (tens of thousands of columns) at one or two rows: eight
     // columns a warp and eight warps a block, its 77 MB (GPT-2 small) in 23.8 µs on an H200
     // where one column a warp took 66 µs and cuBLAS 28.5 (`benches/NOTES.md`).
-    // `FUSEC_SKINNY_PER_WARP` (1, 2, 4 or 8) and `FUSEC_SKINNY_WARPS` (4, 8 or 16 a block)
+    // `FUSEC_SKINNY_PER_WARP` (1, 2, 4 or 8) and `FUSEC_SKINNY_BLOCK_WARPS` (4, 8 or 16)
     // override both, for measuring them.
     let wide = rows && m <= 2 && n >= WIDE;
     let per_warp = one_of("FUSEC_SKINNY_PER_WARP", &[1, 2, 4, 8]).unwrap_or(match m {
@@ -341,7 +341,7 @@ pub fn generate(
         3..=4 => 2,
         _ => 4,
     });
-    let rows_warps = one_of("FUSEC_SKINNY_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
+    let rows_warps = one_of("FUSEC_SKINNY_BLOCK_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
     // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
