@@ -3,8 +3,9 @@
 //! widths, stride 2, dilation 2, 32 to 160 channels — with a bias and SiLU in their epilogue;
 //! a 3×3 and a 5×5 over 48 channels keep the generated loop.
 //! Asymmetric pads (TensorFlow's SAME padding at stride 2) keep a depthwise convolution
-//! channels-last (cuDNN, which takes only symmetric ones, never runs it). Every kernel compiles with NVRTC where it is found; on a GPU each
-//! model runs against tract.
+//! channels-last (cuDNN, which takes only symmetric ones, never runs it). An f32 network runs
+//! channels-last where it has a depthwise convolution, NCHW otherwise. Every kernel compiles
+//! with NVRTC where it is found; on a GPU each model runs against tract.
 
 mod common;
 
@@ -208,4 +209,51 @@ fn a_program_for_ranges_keeps_the_loop() {
     let conv = launches.iter().find(|k| k.source.contains(": conv\n")).expect("a convolution kernel");
     assert!(!conv.source.contains("dw_in"), "{}", conv.source);
     assert!(launches.iter().all(|k| k.scale.is_some()), "every launch follows the range");
+}
+
+/// In f32 a network runs channels-last where it has a depthwise convolution (which only the
+/// generated NHWC kernels run well) and stays NCHW otherwise (`passes::channels_last::wanted`):
+/// the 7×7 depthwise case takes the tile kernel in f32 too; a plain 3×3 convolution with a
+/// global average pool after it keeps an NCHW cuDNN call, and the pool (over the last two
+/// axes) is one row reduction over their run. Every kernel through NVRTC; on a GPU, both
+/// against tract at f32's tolerance.
+#[test]
+fn f32_networks_go_channels_last_for_their_depthwise_convolutions() {
+    let names =
+        |steps: &[Step]| steps.iter().flat_map(Step::sources).map(|k| k.name.clone()).collect::<Vec<_>>();
+    let dir = tempfile::tempdir().unwrap();
+    let options = CompileOptions { precision: DType::F32, channels_last: true, ..Default::default() };
+    let depthwise = model(dir.path(), &CASES[0]);
+    let steps = common::compiled_steps(&depthwise, &options);
+    let tile = steps.iter().any(|s| matches!(s, Step::Launch(k) if k.source.contains("float dw_in")));
+    assert!(tile, "{:?}", names(&steps));
+    let (_, inputs, theirs) = common::tract_on_random_inputs(&depthwise, 5);
+    common::gpu_matches_tract(&depthwise, &options, &inputs, &theirs, 1e-5);
+
+    let nodes = vec![
+        node("Conv", &["x", "w", "b"], "conv", vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1; 4])]),
+        node("Relu", &["conv"], "r", vec![]),
+        node("GlobalAveragePool", &["r"], "y", vec![]),
+    ];
+    let init = vec![weight("w", &[24, 16, 3, 3], 96, -0.3, 0.6), weight("b", &[24], 97, -0.2, 0.4)];
+    let plain = write_model(dir.path(), "plain", &[3, 16, 13, 11], nodes, init);
+    let steps = common::compiled_steps(&plain, &options);
+    let layouts: Vec<bool> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv { conv, .. } => Some(conv.channels_last),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(layouts, [false], "{:?}", names(&steps));
+    let reductions: Vec<&str> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Launch(k) if k.name.contains("reduce") => Some(k.source.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reductions.len(), 1, "{:?}", names(&steps));
+    let (_, inputs, theirs) = common::tract_on_random_inputs(&plain, 6);
+    common::gpu_matches_tract(&plain, &options, &inputs, &theirs, 1e-5);
 }

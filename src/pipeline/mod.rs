@@ -338,7 +338,10 @@ pub(crate) fn lower_fused(
     let (mut graph, mut covers) = (graph, covers);
     // Convolutions channels-last where asked and the element type wants it (the unfused
     // baseline keeps the model's NCHW).
-    if mode == Mode::Fused && options.channels_last && passes::channels_last::wanted(&graph, options.precision) {
+    if mode == Mode::Fused
+        && options.channels_last
+        && passes::channels_last::wanted(&graph, options.precision)
+    {
         use passes::Pass;
         passes::ChannelsLast.run(&mut graph).map_err(|source| PassError { pass: "channels-last", source })?;
         crate::ir::verify(&graph).map_err(|source| PassError { pass: "channels-last", source })?;

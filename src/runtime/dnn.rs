@@ -382,7 +382,10 @@ impl ConvCall {
         // workspace; the forward call picks an engine of the algorithm itself, whose
         // workspace cuDNN states apart. The call is given the larger of the two: with the
         // search's alone, ViT-B/16's patch embedding (NCHW) was refused (BAD_PARAM).
-        for r in results.iter().filter(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && (!exact || exact_algo(r.algo))) {
+        for r in results
+            .iter()
+            .filter(|r| r.status == cudnnStatus_t::CUDNN_STATUS_SUCCESS && (!exact || exact_algo(r.algo)))
+        {
             let mut needed = 0usize;
             // SAFETY: the descriptors are this call's; writes one size.
             let sized = unsafe {

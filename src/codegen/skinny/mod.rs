@@ -341,7 +341,8 @@ pub fn generate(
         3..=4 => 2,
         _ => 4,
     });
-    let rows_warps = one_of("FUSEC_SKINNY_BLOCK_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
+    let rows_warps =
+        one_of("FUSEC_SKINNY_BLOCK_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
     // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
