@@ -14,6 +14,14 @@
 use super::Pass;
 use crate::ir::{Graph, IrError, NodeId, Op};
 
+/// A reduction over the last axes is one over their run where it has at least this many rows
+/// (a block each)…
+const TRAILING_ROWS: usize = 64;
+/// …or runs of at most this many elements: a few very long rows would leave most of the GPU
+/// idle, one block a row, where the split form spreads the first stage over many blocks. (A
+/// guard by reasoning, not measured: the pools measured had 72 to 30,720 rows.)
+const TRAILING_RUN: usize = 8192;
+
 /// Reductions over several axes split into one per axis.
 pub struct SplitReductions;
 
@@ -42,7 +50,10 @@ fn split(graph: &mut Graph, id: NodeId) -> Result<bool, IrError> {
     let input = graph.inputs_of(id)[0];
     let shape = graph.node(input).ty.shape.clone();
     let rank = shape.len();
-    if order.iter().enumerate().all(|(k, &axis)| axis + 1 + k == rank) {
+    let lead = rank.saturating_sub(order.len());
+    let (rows, run) = (shape[..lead].iter().product::<usize>(), shape[lead..].iter().product::<usize>());
+    let fills = rows >= TRAILING_ROWS || run <= TRAILING_RUN;
+    if fills && order.iter().enumerate().all(|(k, &axis)| axis + 1 + k == rank) {
         return trailing(graph, id, input, order.len());
     }
     let mut value = input;
