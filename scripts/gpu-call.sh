@@ -57,6 +57,10 @@
 #   decode    GPT-2 small with its cache (models/export_cache.py --size small): fusec generate,
 #             fp16, a 128-token prompt and 256 new tokens at batch 1, 8 and 32, greedy, then
 #             top-p 0.9 at batch 1; each sequence's tokens hashed, so builds can be compared
+#   gate      the Llama-style decoder (models/export_cache.py --size small llama): fusec generate
+#             fp16 128 + 256 tokens at batch 1, FUSEC_SKINNY_GATE=1 and without alternated twice,
+#             the few-row kernels pinned (FUSEC_SKINNY=1), then once each chosen by timing;
+#             and the staged test-skinny_gate (its GPU half against tract)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -102,6 +106,17 @@ for part in "$@"; do
         echo "--- $args: tokens $(grep '^sequence' /tmp/decode.txt | md5sum | cut -c1-8)"
         grep -E "time to first|error" /tmp/decode.txt
       done ;;
+    gate)
+      [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
+      prompt=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
+      for run in "1 1" "0 1" "1 1" "0 1" "1 " "0 "; do
+        set -- $run
+        FUSEC_SKINNY_GATE=$1 FUSEC_SKINNY=${2:-} .gpu/fusec generate .bench-work/llama_small_cache.onnx --prompt-ids "$prompt" \
+          --max-new-tokens 256 --precision fp16 --batch 1 > /tmp/gate.txt 2>&1
+        echo "--- FUSEC_SKINNY_GATE=$1 FUSEC_SKINNY=${2:-timed}: tokens $(grep '^sequence' /tmp/gate.txt | md5sum | cut -c1-8)"
+        grep -E "time to first|error" /tmp/gate.txt
+      done
+      [ -x .gpu/test-skinny_gate ] && FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-skinny_gate 2>&1 | grep -E "^test |test result|panicked" ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx

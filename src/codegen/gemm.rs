@@ -277,13 +277,21 @@ pub fn generate(
     } else {
         None
     };
-    // The kernel for a few rows: with the norm right before it taken in where it can be, else
-    // without.
+    // The kernel for a few rows: with the norm (or gate) right before it taken in where it can
+    // be, else without.
+    use super::skinny::Prologue;
     let next = super::skinny::next_weights(plan, index);
-    let few_rows = |norm| super::skinny::generate(&spec, epilogue.is_some(), (norm, next), name, hb);
-    let (skinny, absorbs) = match super::skinny::norm_before(plan, index, gemm, &spec) {
-        Some(norm) => match few_rows(Some(&norm))? {
-            Some(kernel) => (Some(kernel), Some(norm.step)),
+    let few_rows = |prologue| super::skinny::generate(&spec, epilogue.is_some(), (prologue, next), name, hb);
+    let norm = super::skinny::norm_before(plan, index, gemm, &spec);
+    let gate = norm.is_none().then(|| super::skinny::gate_before(plan, index, gemm, &spec)).flatten();
+    let prologue = match (&norm, &gate) {
+        (Some(norm), _) => Some((Prologue::Norm(norm), norm.step)),
+        (None, Some(gate)) => Some((Prologue::Gate(gate), gate.step)),
+        (None, None) => None,
+    };
+    let (skinny, absorbs) = match prologue {
+        Some((prologue, step)) => match few_rows(Some(prologue))? {
+            Some(kernel) => (Some(kernel), Some(step)),
             None => (few_rows(None)?, None),
         },
         None => (few_rows(None)?, None),

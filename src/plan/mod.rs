@@ -285,11 +285,17 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
 pub const FEW_ROWS: usize = 64;
 
 /// Whether `next` is a GEMM of at most [`FEW_ROWS`] rows right after `norm`, a LayerNorm or
-/// RMSNorm kernel.
+/// RMSNorm kernel — or, with `FUSEC_SKINNY_GATE=1`, a pointwise kernel with a sigmoid (a gated
+/// MLP's gate, `codegen::skinny::gate_before`).
 fn few_row_gemm_after_norm(graph: &Graph, norm: &Kernel, next: &Kernel) -> bool {
     use crate::fusion::KernelKind;
-    let is_norm =
-        matches!(&norm.kind, KernelKind::RowReduction { op } if op == "LayerNorm" || op == "RmsNorm");
+    let gate = || {
+        norm.kind == KernelKind::Pointwise
+            && norm.nodes.iter().any(|&n| graph.node(n).op == Op::Unary(crate::ir::UnaryOp::Sigmoid))
+            && crate::knobs::on("FUSEC_SKINNY_GATE")
+    };
+    let is_norm = matches!(&norm.kind, KernelKind::RowReduction { op } if op == "LayerNorm" || op == "RmsNorm")
+        || gate();
     let Some(&gemm) = next.nodes.first() else { return false };
     let ty = &graph.node(gemm).ty;
     let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
@@ -382,8 +388,8 @@ impl Plan {
                 }
             }
         }
-        // A norm's inputs are kept through the GEMM of a few rows right after it, which may
-        // compute the norm itself (`codegen::skinny`) while writing its own output.
+        // A norm's (or gate's) inputs are kept through the GEMM of a few rows right after it,
+        // which may compute the norm itself (`codegen::skinny`) while writing its own output.
         for k in 0..kernels.len().saturating_sub(1) {
             if few_row_gemm_after_norm(&graph, &kernels[k], &kernels[k + 1]) {
                 for last in last_read.values_mut().filter(|last| **last == k) {

@@ -6,7 +6,10 @@
 //! epilogue cuBLASLt would run (α, bias, residual, ReLU or tanh-GELU) runs in the kernel's
 //! last step.
 
+mod gate;
 mod mma;
+
+pub use gate::{gate_before, Gate};
 
 use handlebars::Handlebars;
 use serde_json::json;
@@ -54,6 +57,16 @@ pub struct Norm {
     pub epsilon: f32,
     /// RMSNorm: no mean taken out, no shift.
     pub rms: bool,
+}
+
+/// What the kernel computes A from where it is not A as stored, standing in for the kernel
+/// before the GEMM's (whose step the runtime then leaves out).
+#[derive(Clone, Copy, Debug)]
+pub enum Prologue<'a> {
+    /// A LayerNorm or RMSNorm of A's rows (of a sum of two).
+    Norm(&'a Norm),
+    /// A gated MLP's gate, `x · σ(x) · y`.
+    Gate(&'a Gate),
 }
 
 /// A's element `a` (a float expression) normalised: its row's statistics (`mean[m]`,
@@ -200,11 +213,19 @@ fn aligned(location: Location) -> bool {
 pub fn generate(
     g: &GemmSpec,
     epilogue_kernel: bool,
-    (norm, next): (Option<&Norm>, Option<(Location, usize)>),
+    (prologue, next): (Option<Prologue<'_>>, Option<(Location, usize)>),
     name: &str,
     hb: &Handlebars<'_>,
 ) -> Result<Option<KernelSource>, String> {
     let dtype = g.dtype;
+    let norm = match prologue {
+        Some(Prologue::Norm(norm)) => Some(norm),
+        _ => None,
+    };
+    let gate = match prologue {
+        Some(Prologue::Gate(gate)) => Some(gate),
+        _ => None,
+    };
     // Half types of enough rows take the tensor-core kernel.
     let tensor_cores = dtype != DType::F32 && g.m >= mma::fewest_rows();
     if g.dims.is_some()
@@ -222,13 +243,16 @@ pub fn generate(
     let rows = g.b.transposed;
     let alpha = g.alpha * g.lt_epilogue.map_or(1.0, |e| e.scale());
     // A as the kernel reads it: the norm's input (and the sum's second term) where it takes
-    // the norm in.
-    let a = norm.map_or(g.a.location, |n| n.x);
-    let term = norm.and_then(|n| n.sum).map(|(y, _)| y);
+    // the norm in, the gate's two factors where it takes the gate in (rows `a_stride` apart).
+    let a = gate.map_or(norm.map_or(g.a.location, |n| n.x), |gate| gate.x);
+    let term = gate.map(|gate| gate.y).or(norm.and_then(|n| n.sum).map(|(y, _)| y));
+    let a_stride = gate.map_or(g.k, |gate| gate.stride);
     if g.k % lanes != 0
         || (!rows && g.n % lanes != 0)
         || !alpha.is_finite()
+        || a_stride % lanes != 0
         || ![a, g.b.location].into_iter().chain(term).all(aligned)
+        || (tensor_cores && gate.is_some())
     {
         return Ok(None);
     }
@@ -267,15 +291,23 @@ pub fn generate(
             }
         }
     }
+    if let Some(gate) = gate {
+        params.push(format!("const {t}* __restrict__ a_term"));
+        args.push(gate.y);
+    }
     if let Some((b, _)) = next {
         params.push("const void* __restrict__ next_b".to_string());
         args.push(b);
     }
     let summed = norm.is_some_and(|n| n.sum.is_some());
-    // A's element as stored (the sum of two, where the norm is of a sum).
-    let element = |first: &str, second: &str| match summed {
-        true => format!("({} + {})", load(first, dtype), load(second, dtype)),
-        false => load(first, dtype),
+    // A's element as stored (the sum of two, where the norm is of a sum; the gate of two).
+    let element = |first: &str, second: &str| match (summed, gate) {
+        (true, _) => format!("({} + {})", load(first, dtype), load(second, dtype)),
+        (false, Some(_)) => {
+            let x = load(first, dtype);
+            format!("({x} * fusec::sigmoid({x}) * {})", load(second, dtype))
+        }
+        (false, None) => load(first, dtype),
     };
     let activation = match epilogue.map(|e| e.activation) {
         Some(LtActivation::Relu) => "fusec::relu(r)",
@@ -285,7 +317,7 @@ pub fn generate(
     let describe = match epilogue {
         Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
-    };
+    } + if gate.is_some() { " (A = x·σ(x)·y, x and y read where stored)" } else { "" };
     let name = format!("{name}_skinny");
     // What both kernels take: the product, its epilogue, the next product's weights.
     let mut data = json!({
@@ -311,7 +343,9 @@ pub fn generate(
         "norm": norm.is_some(),
         "rms": norm.is_some_and(|n| n.rms),
         "beta": norm.is_some_and(|n| n.beta.is_some()),
-        "summed": summed,
+        // A second operand read beside A: the sum's second term, or the gate's second factor.
+        "summed": summed || gate.is_some(),
+        "a_stride": a_stride,
         "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
         "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
     });
@@ -376,7 +410,7 @@ pub fn generate(
         "k_lanes": block / col_lanes,
         "load_a": norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
         "load_a_scalar": norm_expr(
-            element(&format!("a_in[m * {k}LL + k]"), &format!("a_term[m * {k}LL + k]")),
+            element(&format!("a_in[m * {a_stride}LL + k]"), &format!("a_term[m * {a_stride}LL + k]")),
             "k",
             norm,
             dtype

@@ -1,0 +1,88 @@
+//! A gated MLP (Llama's: `down(silu(x·Wg) · (x·Wu)) + x`) at a few rows with
+//! `FUSEC_SKINNY_GATE=1`: the gate and up products merge into one (two slices of its output),
+//! and the down product's kernel for a few rows computes `g · σ(g) · u` as it reads A, standing
+//! in for the pointwise kernel before it (whose step it absorbs). At 1 and 3 rows, f32 and f16,
+//! awkward sizes; every kernel through NVRTC (and ptxas where found: no spills); without the
+//! knob the pointwise kernel stays. On a GPU, the model with the kernels forced and chosen by
+//! timing, against tract. One test in this file: the knob is an environment variable read
+//! at compile time.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::onnx::{node, weight, write_model};
+use fusec::codegen::Step;
+use fusec::ir::DType;
+use fusec::pipeline::CompileOptions;
+use fusec::plan::Location;
+
+/// `rows` rows of `width` through a gated MLP `inner` wide, with a residual.
+fn gated_mlp(dir: &Path, rows: i64, width: i64, inner: i64) -> PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "wg"], "g", vec![]),
+        node("MatMul", &["x", "wu"], "u", vec![]),
+        node("Sigmoid", &["g"], "s", vec![]),
+        node("Mul", &["g", "s"], "gs", vec![]),
+        node("Mul", &["gs", "u"], "h", vec![]),
+        node("MatMul", &["h", "wd"], "d", vec![]),
+        node("Add", &["d", "x"], "y", vec![]),
+    ];
+    let init = vec![
+        weight("wg", &[width, inner], 81, -0.2, 0.4),
+        weight("wu", &[width, inner], 82, -0.2, 0.4),
+        weight("wd", &[inner, width], 83, -0.2, 0.4),
+    ];
+    write_model(dir, &format!("gated{rows}_{width}_{inner}"), &[rows, width], nodes, init)
+}
+
+/// The down product's step (the last GEMM) and the index of the step it absorbs, if any.
+fn down(steps: &[Step]) -> (&Step, Option<usize>) {
+    let step = steps.iter().rev().find(|s| matches!(s, Step::Gemm { .. })).expect("a GEMM step");
+    let Step::Gemm { absorbs, .. } = step else { unreachable!() };
+    (step, *absorbs)
+}
+
+#[test]
+fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    for (rows, width, inner) in [(1, 200, 264), (3, 136, 520)] {
+        let path = gated_mlp(dir.path(), rows, width, inner);
+        for precision in [DType::F32, DType::F16] {
+            let options = CompileOptions { precision, ..Default::default() };
+            std::env::remove_var("FUSEC_SKINNY_GATE");
+            let apart = common::compiled_steps(&path, &options);
+            assert_eq!(down(&apart).1, None, "{rows} rows, {precision}: no gate taken in without the knob");
+
+            std::env::set_var("FUSEC_SKINNY_GATE", "1");
+            let steps = common::compiled_steps(&path, &options);
+            let (step, absorbs) = down(&steps);
+            let absorbed = absorbs.unwrap_or_else(|| panic!("{rows} rows, {precision}: the gate kept apart"));
+            // The absorbed step is the pointwise kernel of the gate, right before the product.
+            let Step::Launch(gate) = &steps[absorbed] else { panic!("{:?}", steps[absorbed]) };
+            assert!(gate.source.contains("fusec::sigmoid"), "{}", gate.source);
+            assert!(matches!(steps[absorbed + 1], Step::Gemm { .. }));
+            let Step::Gemm { gemm, skinny: Some(kernel), .. } = step else { panic!("{step:?}") };
+            assert_eq!((gemm.m, gemm.k), (rows as usize, inner as usize));
+            assert!(kernel.source.contains("fusec::sigmoid") && kernel.source.contains("a_term"));
+            // x and y are the two halves of the merged gate-and-up product's rows: the second
+            // `inner` elements after the first, rows `2 · inner` apart.
+            let element = precision.size_bytes();
+            let Location::Arena(x) = kernel.args[0] else { panic!("{:?}", kernel.args) };
+            let y = Location::Arena(x + inner as usize * element);
+            assert!(kernel.args[3..].contains(&y), "{:?}", kernel.args);
+            assert!(kernel.source.contains(&format!("m * {}LL", 2 * inner)), "{}", kernel.source);
+            if fusec::nvrtc::available() {
+                common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+            }
+            let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
+            let tolerance = if precision == DType::F32 { 1e-5 } else { 1e-2 };
+            for forced in ["1", ""] {
+                std::env::set_var("FUSEC_SKINNY", forced);
+                common::gpu_matches_tract(&path, &options, &inputs, &theirs, tolerance);
+            }
+            std::env::remove_var("FUSEC_SKINNY");
+        }
+    }
+    std::env::remove_var("FUSEC_SKINNY_GATE");
+}
