@@ -50,6 +50,8 @@
 #             bench --strict of every model, then PyTorch eager and reduce-overhead
 #             (benches/compare_torch_cnn.py, channels-last); no step started after $STOP seconds
 #             from the part's start (default 500)
+#   cnncheck  each model of cnnsuite against tract at batch 1 (fusec run --check, x_1.npy) in
+#             $PRECISION (default fp32; the tolerance follows it)
 #   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
 #             their GPU halves (tests/generate.rs, tests/attention_tiles.rs, ...)
 #   python    the staged wheel (FUSEC_STAGE_WHEEL=1) installed, then python/tests run from
@@ -173,6 +175,15 @@ for part in "$@"; do
         echo "--- torch b$b $(date -u +%T)"
         timeout "$(left)" python3 benches/compare_torch_cnn.py --json "$OUT/res/cnnsuite-torch-b$b.json" \
           --models "$(echo $M | tr ' ' ,)" --batches $b --dtypes "${PRECISION:-fp16}" --iters 30 --warmup 5 2>&1 | grep -E "median_ms|Error"
+      done ;;
+    cnncheck)
+      C=.bench-work/cnn
+      M="resnet50 mobilenet_v3_large efficientnet_b0 convnext_tiny vit_b_16"
+      [ -f $C/x_1.npy ] || timeout 200 python3 benches/export_cnn.py $C $M 2>&1 | grep -v Warning | tail -1
+      for m in $M; do
+        echo "--- $m ${PRECISION:-fp32} $(date -u +%T)"
+        timeout 60 .gpu/fusec compile $C/$m.onnx -o /tmp/check.bundle --dim batch=1 --precision "${PRECISION:-fp32}" 2>&1 | grep -E "error"
+        timeout 60 .gpu/fusec run /tmp/check.bundle --input x=$C/x_1.npy --check 2>&1 | grep -E "check|error"
       done ;;
     cnn)
       C=.bench-work/cnn
