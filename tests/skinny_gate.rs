@@ -3,8 +3,9 @@
 //! and the down product's kernel for a few rows computes `g · σ(g) · u` as it reads A, standing
 //! in for the pointwise kernel before it (whose step it absorbs). At 1 and 3 rows, f32 and f16,
 //! awkward sizes; every kernel through NVRTC (and ptxas where found: no spills); without the
-//! knob the pointwise kernel stays. On a GPU, the model with the kernels forced and chosen by
-//! timing, against tract. One test in this file: the knob is an environment variable read
+//! knob the pointwise kernel stays; the Llama-style decoder's step takes in every layer's gate.
+//! On a GPU, the models with the kernels forced (and the MLP chosen by timing too), against
+//! tract. One test in this file: the knob is an environment variable read
 //! at compile time.
 
 mod common;
@@ -84,5 +85,49 @@ fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
             std::env::remove_var("FUSEC_SKINNY");
         }
     }
+    llama_steps_gates();
     std::env::remove_var("FUSEC_SKINNY_GATE");
+}
+
+/// The Llama-style decoder's step (the exporter's pattern: the gate and up products merged,
+/// `g · σ(g)` then times `u`) at one sequence, fp16, with the knob set: every layer's gate
+/// kernel is absorbed by its down product's kernel, which goes through NVRTC and ptxas; on a
+/// GPU, the step with the kernels forced against tract.
+fn llama_steps_gates() {
+    let path = common::model_path("llama_cache_ts.onnx");
+    let dims = ["batch=1", "seq=1", "past=16", "total=17"].iter().map(|d| d.parse().unwrap()).collect();
+    let options = CompileOptions {
+        import: fusec::import::ImportOptions::new(vec![], dims),
+        precision: DType::F16,
+        ..Default::default()
+    };
+    let gate_kernel = |s: &Step| matches!(s, Step::Launch(k) if k.source.contains("fusec::sigmoid("));
+    std::env::remove_var("FUSEC_SKINNY_GATE");
+    let layers = common::compiled_steps(&path, &options).iter().filter(|s| gate_kernel(s)).count();
+    assert!(layers > 0, "no gate kernel in the Llama-style step");
+    std::env::set_var("FUSEC_SKINNY_GATE", "1");
+    let steps = common::compiled_steps(&path, &options);
+    let dir = tempfile::tempdir().unwrap();
+    let mut absorbed = 0;
+    for step in &steps {
+        if let Step::Gemm { absorbs: Some(j), skinny: Some(kernel), .. } = step {
+            if gate_kernel(&steps[*j]) {
+                assert!(kernel.source.contains("fusec::sigmoid("), "{}", kernel.source);
+                if fusec::nvrtc::available() {
+                    common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+                }
+                absorbed += 1;
+            }
+        }
+    }
+    assert_eq!(absorbed, layers, "every layer's gate taken in");
+    let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, 4);
+    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    if fusec::runtime::driver_available() {
+        std::env::set_var("FUSEC_SKINNY", "1");
+        common::gpu_matches_tract(&path, &options, &inputs, &theirs, 1e-2);
+        std::env::remove_var("FUSEC_SKINNY");
+    }
 }
