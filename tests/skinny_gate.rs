@@ -94,13 +94,7 @@ fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
 /// kernel is absorbed by its down product's kernel, which goes through NVRTC and ptxas; on a
 /// GPU, the step with the kernels forced against tract.
 fn llama_steps_gates() {
-    let path = common::model_path("llama_cache_ts.onnx");
-    let dims = ["batch=1", "seq=1", "past=16", "total=17"].iter().map(|d| d.parse().unwrap()).collect();
-    let options = CompileOptions {
-        import: fusec::import::ImportOptions::new(vec![], dims),
-        precision: DType::F16,
-        ..Default::default()
-    };
+    let (path, options) = common::decoding_step("llama_cache_ts.onnx", 1);
     let gate_kernel = |s: &Step| matches!(s, Step::Launch(k) if k.source.contains("fusec::sigmoid("));
     std::env::remove_var("FUSEC_SKINNY_GATE");
     let layers = common::compiled_steps(&path, &options).iter().filter(|s| gate_kernel(s)).count();

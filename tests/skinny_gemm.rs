@@ -193,19 +193,6 @@ fn odd_width_weights_are_read_by_rows() {
     }
 }
 
-/// A decoding step's program, `batch` sequences, 16 cached positions, fp16.
-fn decoding_step(file: &str, batch: usize) -> (PathBuf, CompileOptions) {
-    let batch = format!("batch={batch}");
-    let dims = [batch.as_str(), "seq=1", "past=16", "total=17"].iter().map(|d| d.parse().unwrap()).collect();
-    // The cache copied rather than in place: the inputs stay f32, as tract takes them.
-    let options = CompileOptions {
-        import: fusec::import::ImportOptions::new(vec![], dims),
-        precision: DType::F16,
-        ..Default::default()
-    };
-    (common::model_path(file), options)
-}
-
 /// In a decoding step the norm before a GEMM (with the residual add its kernel does) is taken
 /// into the GEMM's kernel for a few rows: GPT-2's five LayerNorms (each with the GEMM right
 /// after it: the QKV projection, the MLP's first product, the vocabulary), the Llama-style
@@ -223,7 +210,7 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
     ];
     for (file, norm, batch) in cases {
         let expected = 5;
-        let (path, options) = decoding_step(file, batch);
+        let (path, options) = common::decoding_step(file, batch);
         if batch > 8 {
             // The tensor-core kernel takes the norm in only when asked (slower on the H200).
             let apart = common::compiled_steps(&path, &options);

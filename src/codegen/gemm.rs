@@ -284,14 +284,10 @@ pub fn generate(
     let few_rows = |prologue| super::skinny::generate(&spec, epilogue.is_some(), (prologue, next), name, hb);
     let norm = super::skinny::norm_before(plan, index, gemm, &spec);
     let gate = norm.is_none().then(|| super::skinny::gate_before(plan, index, gemm, &spec)).flatten();
-    let prologue = match (&norm, &gate) {
-        (Some(norm), _) => Some((Prologue::Norm(norm), norm.step)),
-        (None, Some(gate)) => Some((Prologue::Gate(gate), gate.step)),
-        (None, None) => None,
-    };
+    let prologue = norm.as_ref().map(Prologue::Norm).or(gate.as_ref().map(Prologue::Gate));
     let (skinny, absorbs) = match prologue {
-        Some((prologue, step)) => match few_rows(Some(prologue))? {
-            Some(kernel) => (Some(kernel), Some(step)),
+        Some(prologue) => match few_rows(Some(prologue))? {
+            Some(kernel) => (Some(kernel), Some(prologue.step())),
             None => (few_rows(None)?, None),
         },
         None => (few_rows(None)?, None),

@@ -285,9 +285,9 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
 pub const FEW_ROWS: usize = 64;
 
 /// Whether `next` is a GEMM of at most [`FEW_ROWS`] rows right after `norm`, a LayerNorm or
-/// RMSNorm kernel — or, with `FUSEC_SKINNY_GATE=1`, a pointwise kernel with a sigmoid (a gated
+/// RMSNorm kernel (which that GEMM's kernel may compute itself) — or, with `FUSEC_SKINNY_GATE=1`, a pointwise kernel with a sigmoid (a gated
 /// MLP's gate, `codegen::skinny::gate_before`).
-fn few_row_gemm_after_norm(graph: &Graph, norm: &Kernel, next: &Kernel) -> bool {
+fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> bool {
     use crate::fusion::KernelKind;
     let gate = || {
         norm.kind == KernelKind::Pointwise
@@ -391,7 +391,7 @@ impl Plan {
         // A norm's (or gate's) inputs are kept through the GEMM of a few rows right after it,
         // which may compute the norm itself (`codegen::skinny`) while writing its own output.
         for k in 0..kernels.len().saturating_sub(1) {
-            if few_row_gemm_after_norm(&graph, &kernels[k], &kernels[k + 1]) {
+            if few_row_gemm_after_prologue(&graph, &kernels[k], &kernels[k + 1]) {
                 for last in last_read.values_mut().filter(|last| **last == k) {
                     *last = k + 1;
                 }

@@ -316,3 +316,17 @@ pub fn mutated(
     }
     out
 }
+
+/// A decoding step's program of cache fixture `file` (`models/`): `batch` sequences, one new
+/// token each, 16 cached positions, fp16. The cache is copied rather than updated in place, so
+/// the inputs stay f32, as tract takes them.
+pub fn decoding_step(file: &str, batch: usize) -> (PathBuf, fusec::pipeline::CompileOptions) {
+    let batch = format!("batch={batch}");
+    let dims = [batch.as_str(), "seq=1", "past=16", "total=17"].iter().map(|d| d.parse().unwrap()).collect();
+    let options = fusec::pipeline::CompileOptions {
+        import: ImportOptions::new(vec![], dims),
+        precision: DType::F16,
+        ..Default::default()
+    };
+    (model_path(file), options)
+}

@@ -122,11 +122,7 @@ pub fn gate_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     }
     // Nothing read is written: the GEMM's output overlaps neither operand's rows.
     let (out, span) = (g.m * g.n * bytes, (g.m * stride) * bytes);
-    let overlaps = |a: Location| match (a, g.c) {
-        (Location::Arena(p), Location::Arena(q)) => p < q + out && q < p + span,
-        _ => false,
-    };
-    if overlaps(x_at) || overlaps(y_at) {
+    if [x_at, y_at].into_iter().any(|at| super::overlaps(at, span, g.c, out)) {
         return None;
     }
     Some(Gate { step: index - 1, x: x_at, y: y_at, stride })

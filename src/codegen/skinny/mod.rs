@@ -69,6 +69,16 @@ pub enum Prologue<'a> {
     Gate(&'a Gate),
 }
 
+impl Prologue<'_> {
+    /// The step of the kernel it stands in for.
+    pub fn step(&self) -> usize {
+        match self {
+            Prologue::Norm(norm) => norm.step,
+            Prologue::Gate(gate) => gate.step,
+        }
+    }
+}
+
 /// A's element `a` (a float expression) normalised: its row's statistics (`mean[m]`,
 /// `rstd[m]`), then the scale and shift at column `column`.
 fn norm_expr(a: String, column: &str, norm: Option<&Norm>, dtype: DType) -> String {
@@ -160,10 +170,6 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     };
     // Nothing read may be written: the GEMM's output and the stored sum overlap no input.
     let (rows, out) = (g.m * g.k * bytes, g.m * g.n * bytes);
-    let overlaps = |a: Location, a_len: usize, b: Location, b_len: usize| match (a, b) {
-        (Location::Arena(p), Location::Arena(q)) => p < q + b_len && q < p + a_len,
-        _ => false,
-    };
     let read: Vec<Location> = std::iter::once(x).chain(sum.map(|(y, _)| y)).collect();
     let written: Vec<(Location, usize)> =
         std::iter::once((g.c, out)).chain(sum.and_then(|(_, h)| h).map(|h| (h, rows))).collect();
@@ -197,6 +203,15 @@ pub fn next_weights(plan: &Plan, index: usize) -> Option<(Location, usize)> {
     let ty = &graph.node(b).ty;
     let bytes = ty.len() * ty.dtype.size_bytes();
     (bytes > 0 && bytes <= PREFETCH_MAX).then_some((location, bytes))
+}
+
+/// Whether `a_len` bytes at `a` and `b_len` bytes at `b` share any byte (only arena memory is
+/// written, so weights overlap nothing a kernel writes).
+fn overlaps(a: Location, a_len: usize, b: Location, b_len: usize) -> bool {
+    match (a, b) {
+        (Location::Arena(p), Location::Arena(q)) => p < q + b_len && q < p + a_len,
+        _ => false,
+    }
 }
 
 /// Whether `location` starts on a 16-byte boundary (packs are read whole).
