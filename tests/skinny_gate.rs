@@ -1,12 +1,12 @@
-//! A gated MLP (Llama's: `down(silu(x·Wg) · (x·Wu)) + x`) at a few rows with
-//! `FUSEC_SKINNY_GATE=1`: the gate and up products merge into one (two slices of its output),
-//! and the down product's kernel for a few rows computes `g · σ(g) · u` as it reads A, standing
-//! in for the pointwise kernel before it (whose step it absorbs). At 1 and 3 rows, f32 and f16,
-//! awkward sizes; every kernel through NVRTC (and ptxas where found: no spills); without the
-//! knob the pointwise kernel stays; the Llama-style decoder's step takes in every layer's gate.
-//! On a GPU, the models with the kernels forced (and the MLP chosen by timing too), against
-//! tract. One test in this file: the knob is an environment variable read
-//! at compile time.
+//! A gated MLP (Llama's: `down(silu(x·Wg) · (x·Wu)) + x`) at a few rows: the gate and up
+//! products merge into one (two slices of its output), and the down product's kernel for a
+//! few rows computes `g · σ(g) · u` as it reads A, standing in for the pointwise kernel before
+//! it (whose step it absorbs). At 1 and 3 rows, f32 and f16, awkward sizes; every kernel
+//! through NVRTC (and ptxas where found: no spills); with `FUSEC_SKINNY_GATE=0` the pointwise
+//! kernel stays, and it stays where the gates outgrow a block's shared memory; the Llama-style
+//! decoder's step takes in every layer's gate. On a GPU, the models with the kernels forced
+//! (and the MLP chosen by timing too), against tract. One test in this file: the knob is an
+//! environment variable read at compile time.
 
 mod common;
 
@@ -51,11 +51,11 @@ fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
         let path = gated_mlp(dir.path(), rows, width, inner);
         for precision in [DType::F32, DType::F16] {
             let options = CompileOptions { precision, ..Default::default() };
-            std::env::remove_var("FUSEC_SKINNY_GATE");
+            std::env::set_var("FUSEC_SKINNY_GATE", "0");
             let apart = common::compiled_steps(&path, &options);
-            assert_eq!(down(&apart).1, None, "{rows} rows, {precision}: no gate taken in without the knob");
+            assert_eq!(down(&apart).1, None, "{rows} rows, {precision}: a gate taken in with the knob at 0");
 
-            std::env::set_var("FUSEC_SKINNY_GATE", "1");
+            std::env::remove_var("FUSEC_SKINNY_GATE");
             let steps = common::compiled_steps(&path, &options);
             let (step, absorbs) = down(&steps);
             let absorbed = absorbs.unwrap_or_else(|| panic!("{rows} rows, {precision}: the gate kept apart"));
@@ -65,7 +65,8 @@ fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
             assert!(matches!(steps[absorbed + 1], Step::Gemm { .. }));
             let Step::Gemm { gemm, skinny: Some(kernel), .. } = step else { panic!("{step:?}") };
             assert_eq!((gemm.m, gemm.k), (rows as usize, inner as usize));
-            assert!(kernel.source.contains("fusec::sigmoid") && kernel.source.contains("a_term"));
+            // The block computes the gates once into shared memory, from both factors.
+            assert!(kernel.source.contains("gates(a_in, a_term, gs)"), "{}", kernel.source);
             // x and y are the two halves of the merged gate-and-up product's rows: the second
             // `inner` elements after the first, rows `2 · inner` apart.
             let element = precision.size_bytes();
@@ -85,28 +86,33 @@ fn a_gated_mlps_gate_is_computed_by_the_down_products_kernel() {
             std::env::remove_var("FUSEC_SKINNY");
         }
     }
+    // More gates than a block's shared memory holds (2 × 5,128 > 10,240): the gate stays apart.
+    let path = gated_mlp(dir.path(), 2, 24, 5128);
+    let steps =
+        common::compiled_steps(&path, &CompileOptions { precision: DType::F16, ..Default::default() });
+    assert_eq!(down(&steps).1, None, "a gate over the shared memory's size taken in");
     llama_steps_gates();
     std::env::remove_var("FUSEC_SKINNY_GATE");
 }
 
 /// The Llama-style decoder's step (the exporter's pattern: the gate and up products merged,
-/// `g · σ(g)` then times `u`) at one sequence, fp16, with the knob set: every layer's gate
+/// `g · σ(g)` then times `u`) at one sequence, fp16, by default: every layer's gate
 /// kernel is absorbed by its down product's kernel, which goes through NVRTC and ptxas; on a
 /// GPU, the step with the kernels forced against tract.
 fn llama_steps_gates() {
     let (path, options) = common::decoding_step("llama_cache_ts.onnx", 1);
     let gate_kernel = |s: &Step| matches!(s, Step::Launch(k) if k.source.contains("fusec::sigmoid("));
-    std::env::remove_var("FUSEC_SKINNY_GATE");
+    std::env::set_var("FUSEC_SKINNY_GATE", "0");
     let layers = common::compiled_steps(&path, &options).iter().filter(|s| gate_kernel(s)).count();
     assert!(layers > 0, "no gate kernel in the Llama-style step");
-    std::env::set_var("FUSEC_SKINNY_GATE", "1");
+    std::env::remove_var("FUSEC_SKINNY_GATE");
     let steps = common::compiled_steps(&path, &options);
     let dir = tempfile::tempdir().unwrap();
     let mut absorbed = 0;
     for step in &steps {
         if let Step::Gemm { absorbs: Some(j), skinny: Some(kernel), .. } = step {
             if gate_kernel(&steps[*j]) {
-                assert!(kernel.source.contains("fusec::sigmoid("), "{}", kernel.source);
+                assert!(kernel.source.contains("gates(a_in, a_term, gs)"), "{}", kernel.source);
                 if fusec::nvrtc::available() {
                     common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
                 }

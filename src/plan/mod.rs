@@ -285,14 +285,14 @@ pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> b
 pub const FEW_ROWS: usize = 64;
 
 /// Whether `next` is a GEMM of at most [`FEW_ROWS`] rows right after `norm`, a LayerNorm or
-/// RMSNorm kernel (which that GEMM's kernel may compute itself) — or, with `FUSEC_SKINNY_GATE=1`, a pointwise kernel with a sigmoid (a gated
-/// MLP's gate, `codegen::skinny::gate_before`).
+/// RMSNorm kernel (which that GEMM's kernel may compute itself) — or (unless `FUSEC_SKINNY_GATE=0`) a
+/// pointwise kernel with a sigmoid (a gated MLP's gate, `codegen::skinny::gate_before`).
 fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> bool {
     use crate::fusion::KernelKind;
     let gate = || {
         norm.kind == KernelKind::Pointwise
             && norm.nodes.iter().any(|&n| graph.node(n).op == Op::Unary(crate::ir::UnaryOp::Sigmoid))
-            && crate::knobs::on("FUSEC_SKINNY_GATE")
+            && !crate::knobs::off("FUSEC_SKINNY_GATE")
     };
     let is_norm = matches!(&norm.kind, KernelKind::RowReduction { op } if op == "LayerNorm" || op == "RmsNorm")
         || gate();

@@ -36,6 +36,10 @@ const ROWS_WARPS: usize = 4;
 /// projection, read eight columns a warp.
 const WIDE: usize = 16384;
 
+/// The most gates (rows × K) a block computes into shared memory (40 KB of f32), where the
+/// kernel takes a gated MLP's gate in; more leave the gate to its own kernel.
+const GATE_FLOATS: usize = 10240;
+
 /// A LayerNorm (or RMSNorm) over the last axis of A, computed in the kernel from its input
 /// rather than by the row kernel before it (whose step the runtime then leaves out). Where that
 /// kernel also adds the residual stream (`h = x + y`, the norm of `h`), the kernel adds it too,
@@ -268,6 +272,7 @@ pub fn generate(
         || a_stride % lanes != 0
         || ![a, g.b.location].into_iter().chain(term).all(aligned)
         || (tensor_cores && gate.is_some())
+        || (gate.is_some() && g.m * g.k > GATE_FLOATS)
     {
         return Ok(None);
     }
@@ -315,14 +320,11 @@ pub fn generate(
         args.push(b);
     }
     let summed = norm.is_some_and(|n| n.sum.is_some());
-    // A's element as stored (the sum of two, where the norm is of a sum; the gate of two).
-    let element = |first: &str, second: &str| match (summed, gate) {
-        (true, _) => format!("({} + {})", load(first, dtype), load(second, dtype)),
-        (false, Some(_)) => {
-            let x = load(first, dtype);
-            format!("({x} * fusec::sigmoid({x}) * {})", load(second, dtype))
-        }
-        (false, None) => load(first, dtype),
+    // A's element as stored (the sum of two, where the norm is of a sum). The gate's A is
+    // computed by the block into shared memory (`gates` in the template).
+    let element = |first: &str, second: &str| match summed {
+        true => format!("({} + {})", load(first, dtype), load(second, dtype)),
+        false => load(first, dtype),
     };
     let activation = match epilogue.map(|e| e.activation) {
         Some(LtActivation::Relu) => "fusec::relu(r)",
@@ -423,13 +425,23 @@ pub fn generate(
         "cols": cols,
         "col_lanes": col_lanes,
         "k_lanes": block / col_lanes,
-        "load_a": norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
-        "load_a_scalar": norm_expr(
-            element(&format!("a_in[m * {a_stride}LL + k]"), &format!("a_term[m * {a_stride}LL + k]")),
-            "k",
-            norm,
-            dtype
-        ),
+        // The gate's A read from shared memory, where the block computed it (`gates`).
+        "load_a": match gate {
+            Some(_) => "ga[v]".to_string(),
+            None => norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
+        },
+        "load_a_scalar": match gate {
+            Some(_) => "gs[m][k]".to_string(),
+            None => norm_expr(
+                element(&format!("a_in[m * {a_stride}LL + k]"), &format!("a_term[m * {a_stride}LL + k]")),
+                "k",
+                norm,
+                dtype,
+            ),
+        },
+        "gate": gate.is_some(),
+        "gate_x": load("a.v[v]", dtype),
+        "gate_y": load("a2.v[v]", dtype),
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
         "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
         "store_h": narrow("x", dtype),
