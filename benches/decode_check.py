@@ -4,12 +4,13 @@ with the same weights (the model rebuilt as that script builds it: the same seed
 re-drawn biases and norm scales), on the GPU machine:
 
     python3 benches/decode_check.py --fusec .gpu/fusec --onnx-dir .bench-work --size small \
-        [--model gpt2|llama] [--prompt 16] [--new 32]
+        [--model gpt2|llama] [--prompt 16] [--new 32] [--precisions fp32,fp16,bf16]
 
 PyTorch runs `generate` greedily in f32 (its dynamic cache) after a random prompt; fusec runs
 `fusec generate` on the exported file with the same prompt ids, in fp32 (the issue's check:
 the first 32 tokens identical) and in fp16 (how many of the first tokens agree, for
-information). Exit status 1 when the fp32 tokens differ.
+information; `--precisions` names others, bf16 among them). Exit status 1 when the fp32
+tokens differ.
 """
 
 import argparse
@@ -55,6 +56,7 @@ def main():
     p.add_argument("--model", default="gpt2")
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--new", type=int, default=32)
+    p.add_argument("--precisions", default="fp32,fp16")
     a = p.parse_args()
     model = build(a.size, a.model).cuda()
     vocab = model.config.vocab_size
@@ -64,13 +66,14 @@ def main():
                              min_new_tokens=a.new, do_sample=False, pad_token_id=0, eos_token_id=None)
     theirs = out[0, a.prompt:].tolist()
     onnx = f"{a.onnx_dir}/{a.model}_{a.size}_cache.onnx"
-    ours32 = fusec_tokens(a.fusec, onnx, prompt[0].tolist(), a.new, "fp32")
-    ours16 = fusec_tokens(a.fusec, onnx, prompt[0].tolist(), a.new, "fp16")
+    ours = {p: fusec_tokens(a.fusec, onnx, prompt[0].tolist(), a.new, p) for p in a.precisions.split(",")}
     same = lambda x: next((i for i, (u, v) in enumerate(zip(x, theirs)) if u != v), len(theirs))  # noqa: E731
-    result = {"model": f"{a.model}_{a.size}", "prompt": a.prompt, "new": a.new,
-              "fp32_identical": ours32 == theirs, "fp32_first_difference": same(ours32),
-              "fp16_first_difference": same(ours16)}
+    result = {"model": f"{a.model}_{a.size}", "prompt": a.prompt, "new": a.new}
+    if "fp32" in ours:
+        result["fp32_identical"] = ours["fp32"] == theirs
+    result.update({f"{p}_first_difference": same(t) for p, t in ours.items()})
     print(json.dumps(result))
+    ours32 = ours.get("fp32", theirs)
     if ours32 != theirs:
         print(f"PyTorch f32: {theirs}\nfusec fp32:  {ours32}")
         sys.exit(1)

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use fusec::import::import;
 use fusec::ir::{self, rel_l2, BinaryOp, DType, Graph, Op, Origin, Tensor, TensorType, UnaryOp};
-use fusec::passes::{run_passes, standard, ConstFold, Cse, Dce, GatherNdViews, Pass, RemoveNoops};
+use fusec::passes::{
+    run_passes, standard, ConstFold, Cse, Dce, GatherNdViews, OuterProducts, Pass, RemoveNoops,
+};
 
 #[test]
 fn standard_passes_keep_every_fixture_meaning() {
@@ -573,4 +575,113 @@ fn a_pool_over_the_last_axes_is_one_row_reduction() {
             assert_eq!(rows.len(), one[0] + 1, "{rows:?}");
         }
     }
+}
+
+/// A product over one element (`[2, 3, 1] · [1, 1, 4]`, the batch broadcast too: a rotary
+/// embedding's frequencies times its positions) is a broadcast Mul with the product's values;
+/// one over two elements (`[3, 2] · [2, 4]`) and a vector's (`[1] · [1, 4]`) stay MatMuls.
+#[test]
+fn a_product_over_one_element_is_a_broadcast_mul() {
+    let mut g = Graph::new();
+    let shapes: [(&str, Vec<usize>); 6] = [
+        ("a", vec![2, 3, 1]),
+        ("b", vec![1, 1, 4]),
+        ("c", vec![3, 2]),
+        ("d", vec![2, 4]),
+        ("e", vec![1]),
+        ("f", vec![1, 4]),
+    ];
+    let ids: Vec<_> = shapes
+        .iter()
+        .map(|(name, shape)| g.add_input(name, TensorType::new(DType::F32, shape.clone())))
+        .collect();
+    let outer = g.add_op(Op::MatMul, &[ids[0], ids[1]], "outer", origin("outer")).unwrap();
+    let inner = g.add_op(Op::MatMul, &[ids[2], ids[3]], "inner", origin("inner")).unwrap();
+    let vector = g.add_op(Op::MatMul, &[ids[4], ids[5]], "vector", origin("vector")).unwrap();
+    g.set_outputs(vec![("outer".into(), outer), ("inner".into(), inner), ("vector".into(), vector)]);
+    let feeds: HashMap<_, _> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            (
+                name.to_string(),
+                ir::random_tensor(&TensorType::new(DType::F32, shape.clone()), 11 + i as u64, -1.0, 2.0),
+            )
+        })
+        .collect();
+    let before = ir::evaluate(&g, &feeds).unwrap();
+    assert_eq!(OuterProducts.run(&mut g).unwrap(), 1);
+    ir::verify(&g).unwrap();
+    assert_eq!(
+        [outer, inner, vector].map(|id| g.node(id).op.clone()),
+        [Op::Binary(BinaryOp::Mul), Op::MatMul, Op::MatMul]
+    );
+    let after = ir::evaluate(&g, &feeds).unwrap();
+    for ((name, b), (_, a)) in before.iter().zip(&after) {
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert!(rel_l2(a, b) < 1e-6, "{name}: {}", rel_l2(a, b));
+    }
+}
+
+/// A rotary embedding's table as Llama's exporters write it (positions cast to f32 times the
+/// inverse frequencies, a product over one element, transposed, concatenated with itself;
+/// cosines and sines) turning a value, at positions 1,000 to 1,006: lowered to f16 and to
+/// bf16, its angles stay f32 (rounded to f16 they are off by up to half a radian there, and
+/// bf16 does not hold the positions) and the result is within the type's rounding of f32.
+#[test]
+fn rotary_angles_stay_f32_in_half_type_graphs() {
+    for precision in [DType::F16, DType::BF16] {
+        rotary_angles_stay_f32(precision);
+    }
+}
+
+fn rotary_angles_stay_f32(precision: DType) {
+    let (s, half) = (7usize, 8usize);
+    let mut g = Graph::new();
+    let positions = g.add_input("positions", TensorType::new(DType::I64, vec![1, s]));
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![1, s, 2 * half]));
+    let inv: Vec<f64> = (0..half).map(|i| 10000f64.powf(-(i as f64) / half as f64)).collect();
+    let inv = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, half, 1]), inv).unwrap();
+    let inv = g.add_constant("inv_freq", Arc::new(Tensor::from_f64(inv, DType::F32)), origin("inv_freq"));
+    let op =
+        |g: &mut Graph, op: Op, inputs: &[_], name: &str| g.add_op(op, inputs, name, origin(name)).unwrap();
+    let p = op(&mut g, Op::Cast { to: DType::F32 }, &[positions], "cast");
+    let p = op(&mut g, Op::Reshape { shape: vec![1, 1, s] }, &[p], "unsqueeze");
+    let freqs = op(&mut g, Op::MatMul, &[inv, p], "freqs");
+    let freqs = op(&mut g, Op::Transpose { perm: vec![0, 2, 1] }, &[freqs], "transpose");
+    let emb = op(&mut g, Op::Concat { axis: 2 }, &[freqs, freqs], "emb");
+    let cos = op(&mut g, Op::Unary(UnaryOp::Cos), &[emb], "cos");
+    let sin = op(&mut g, Op::Unary(UnaryOp::Sin), &[emb], "sin");
+    let a = op(&mut g, Op::Binary(BinaryOp::Mul), &[x, cos], "x_cos");
+    let b = op(&mut g, Op::Binary(BinaryOp::Mul), &[x, sin], "x_sin");
+    let y = op(&mut g, Op::Binary(BinaryOp::Add), &[a, b], "y");
+    g.set_outputs(vec![("y".into(), y)]);
+    let at: Vec<i64> = (0..s as i64).map(|i| 1000 + i).collect();
+    let at = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, s]), at).unwrap();
+    let feeds: HashMap<_, _> = [
+        ("positions".to_string(), Tensor::from_i64(at, DType::I64)),
+        (
+            "x".to_string(),
+            ir::random_tensor(&TensorType::new(DType::F32, vec![1, s, 2 * half]), 3, -1.0, 2.0),
+        ),
+    ]
+    .into();
+    let reference = ir::evaluate(&g, &feeds).unwrap();
+    // As compilation runs them: the passes (the product over one element a Mul), then lowering.
+    assert_eq!(OuterProducts.run(&mut g).unwrap(), 1);
+    let (lowered, map) = fusec::passes::lower_precision(g, precision).unwrap();
+    let dtype = |id| lowered.node(map[&id]).ty.dtype;
+    assert_eq!([freqs, emb].map(dtype), [DType::F32; 2], "{precision}");
+    let angle = lowered.node_ids().find(|&n| lowered.node(n).op == Op::Unary(UnaryOp::Cos)).unwrap();
+    assert_eq!(lowered.node(lowered.inputs_of(angle)[0]).ty.dtype, DType::F32, "{precision}");
+    if precision == DType::F16 {
+        assert_eq!([x, a, y].map(dtype), [DType::F16; 3]);
+    } else {
+        // The bf16 policy rounds the sines and cosines where the (f32) value reads them.
+        assert_eq!([cos, sin].map(dtype), [DType::BF16; 2]);
+    }
+    let out = ir::evaluate(&lowered, &feeds).unwrap();
+    let err = rel_l2(&out[0].1, &reference[0].1);
+    let bound = if precision == DType::F16 { 2e-3 } else { 1e-2 };
+    assert!(err < bound, "{precision}: rel-L2 {err:e} against f32");
 }

@@ -1,6 +1,7 @@
 //! Graph-to-graph passes, one file per pass. [`run_passes`] runs a list of them in order and
 //! verifies the graph after each; [`standard`] is the list compilation uses.
 
+mod angles;
 mod attention_masks;
 mod cache_in_place;
 pub mod channels_last;
@@ -12,6 +13,7 @@ mod gather_views;
 mod gelu_tanh;
 mod merge_matmuls;
 mod noop;
+mod outer_products;
 mod precision;
 mod shared;
 mod slice_early;
@@ -31,6 +33,7 @@ pub use gather_views::GatherNdViews;
 pub use gelu_tanh::gelu_after_gemm_as_tanh;
 pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
+pub use outer_products::OuterProducts;
 pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
 pub use shared::SharedConstants;
 pub use slice_early::SliceEarly;
@@ -76,6 +79,7 @@ pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + 
         Box::new(RemoveNoops),
         Box::new(SliceEarly),
         Box::new(Cse),
+        Box::new(OuterProducts),
         Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
     ]

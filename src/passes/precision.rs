@@ -15,12 +15,16 @@
 //!
 //! Casts between the two land next to the op that needs them, where fusion puts them in the
 //! producer's or consumer's kernel.
+//!
+//! Under both, the angles of sines and cosines (a rotary embedding's positions times its
+//! frequencies) are computed in f32, as PyTorch computes them (`angles`); the sines and
+//! cosines are rounded to the target where the rest reads them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::SharedConstants;
-use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor};
+use crate::ir::{DType, Graph, IrError, NodeId, Op, Origin, Tensor, UnaryOp};
 
 /// The graph in `target` precision, and where each old node went.
 ///
@@ -52,7 +56,12 @@ pub fn halve_constants(
     // Each value once, with every (graph, node) holding it.
     let mut holders: HashMap<usize, Holders> = HashMap::new();
     for (g, graph) in graphs.iter_mut().enumerate() {
-        let ids: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).ty.dtype == DType::F32).collect();
+        // Constants only angles read stay f32 (`angles`).
+        let kept = super::angles::kept_in_f32(graph);
+        let ids: Vec<NodeId> = graph
+            .node_ids()
+            .filter(|&id| graph.node(id).ty.dtype == DType::F32 && !kept.contains(&id))
+            .collect();
         for id in ids {
             if let Some(value) = graph.take_constant(id) {
                 holders
@@ -89,6 +98,8 @@ pub fn lower_precision_halved(
     halved: Option<HashMap<NodeId, Arc<Tensor>>>,
 ) -> Result<(Graph, HashMap<NodeId, NodeId>), IrError> {
     let mixed = target == DType::BF16;
+    // The f16 policy's angles and what only they read, kept in f32 (`angles`).
+    let kept = if mixed { Default::default() } else { super::angles::kept_in_f32(&graph) };
     // Readers (one per use) still to lower, per constant; graph outputs hold theirs to the end.
     let mut readers: HashMap<NodeId, usize> = HashMap::new();
     for id in graph.node_ids() {
@@ -130,7 +141,8 @@ pub fn lower_precision_halved(
                     new
                 }
                 None => {
-                    let stored = if value.dtype() == DType::F32 && !mixed { target } else { value.dtype() };
+                    let half = value.dtype() == DType::F32 && !mixed && !kept.contains(&id);
+                    let stored = if half { target } else { value.dtype() };
                     b.constant(&node.name, value, stored, node.origin.clone())
                 }
             },
@@ -139,8 +151,12 @@ pub fn lower_precision_halved(
                 let (op, want) = if mixed {
                     let cache = matches!(op, Op::Concat { .. }) && read_by_products_only(&graph, id);
                     b.mixed(op, &inputs, target, cache)
+                } else if kept.contains(&id) {
+                    (op.clone(), Some(DType::F32))
                 } else {
-                    pure(op, target)
+                    // A kept value read by the rest in the target type.
+                    let from_kept = graph.inputs_of(id).iter().any(|i| kept.contains(i));
+                    (pure(op, target).0, from_kept.then_some(target))
                 };
                 let inputs = match want {
                     Some(want) => inputs
@@ -149,7 +165,16 @@ pub fn lower_precision_halved(
                         .collect::<Result<_, _>>()?,
                     None => inputs,
                 };
-                b.out.add_op(op, &inputs, &node.name, node.origin.clone())?
+                let angle = matches!(op, Op::Unary(UnaryOp::Sin | UnaryOp::Cos));
+                let new = b.out.add_op(op, &inputs, &node.name, node.origin.clone())?;
+                // The bf16 policy's sines and cosines of f32 angles, rounded to the target as
+                // PyTorch's rotary embeddings round them for the queries and keys they turn
+                // (else those, and a decoder's cache, would widen to f32).
+                if mixed && angle && b.out.node(new).ty.dtype == DType::F32 {
+                    b.convert(new, target)?
+                } else {
+                    new
+                }
             }
         };
         map.insert(id, new);

@@ -122,8 +122,10 @@ pub fn gate_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     if stride != y_stride {
         return None;
     }
-    // Nothing read is written: the GEMM's output overlaps neither operand's rows.
-    let (out, span) = (g.m * g.n * bytes, (g.m * stride) * bytes);
+    // Nothing read is written: the GEMM's output overlaps neither operand's rows (each `K`
+    // elements, `stride` apart: the last row ends `K` elements after its start, so `y`'s
+    // last row ends where the merged product does, not a half-row past it).
+    let (out, span) = (g.m * g.n * bytes, (g.m.checked_sub(1)? * stride + g.k) * bytes);
     if [x_at, y_at].into_iter().any(|at| super::overlaps(at, span, g.c, out)) {
         return None;
     }
