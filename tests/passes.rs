@@ -577,35 +577,45 @@ fn a_pool_over_the_last_axes_is_one_row_reduction() {
     }
 }
 
-/// A product over one element (`[2, 3, 1] · [1, 1, 4]`, the batch broadcast too: a rotary
-/// embedding's frequencies times its positions) is a broadcast Mul with the product's values;
-/// one over two elements (`[3, 2] · [2, 4]`) and a vector's (`[1] · [1, 4]`) stay MatMuls.
+/// A product of a constant over one element (`[2, 3, 1] · [1, 1, 4]`, the batch broadcast
+/// too: a rotary embedding's frequencies times its positions) is a broadcast Mul with the
+/// product's values; one over two elements (`[3, 2] · [2, 4]`), a vector's (`[1] · [1, 4]`)
+/// and one of two computed values (attention's weights times its values at one key) stay
+/// MatMuls.
 #[test]
 fn a_product_over_one_element_is_a_broadcast_mul() {
     let mut g = Graph::new();
-    let shapes: [(&str, Vec<usize>); 6] = [
-        ("a", vec![2, 3, 1]),
+    let constant = |g: &mut Graph, name: &str, shape: Vec<usize>, seed: u64| {
+        let value = ir::random_tensor(&TensorType::new(DType::F32, shape), seed, -1.0, 2.0);
+        g.add_constant(name, Arc::new(value), origin(name))
+    };
+    let a = constant(&mut g, "a", vec![2, 3, 1], 11);
+    let c = constant(&mut g, "c", vec![3, 2], 12);
+    let e = constant(&mut g, "e", vec![1], 13);
+    let inputs: [(&str, Vec<usize>); 5] = [
         ("b", vec![1, 1, 4]),
-        ("c", vec![3, 2]),
         ("d", vec![2, 4]),
-        ("e", vec![1]),
         ("f", vec![1, 4]),
+        ("w", vec![2, 3, 1]),
+        ("z", vec![1, 1, 4]),
     ];
-    let ids: Vec<_> = shapes
+    let ids: Vec<_> = inputs
         .iter()
         .map(|(name, shape)| g.add_input(name, TensorType::new(DType::F32, shape.clone())))
         .collect();
-    let outer = g.add_op(Op::MatMul, &[ids[0], ids[1]], "outer", origin("outer")).unwrap();
-    let inner = g.add_op(Op::MatMul, &[ids[2], ids[3]], "inner", origin("inner")).unwrap();
-    let vector = g.add_op(Op::MatMul, &[ids[4], ids[5]], "vector", origin("vector")).unwrap();
-    g.set_outputs(vec![("outer".into(), outer), ("inner".into(), inner), ("vector".into(), vector)]);
-    let feeds: HashMap<_, _> = shapes
+    let outer = g.add_op(Op::MatMul, &[a, ids[0]], "outer", origin("outer")).unwrap();
+    let inner = g.add_op(Op::MatMul, &[c, ids[1]], "inner", origin("inner")).unwrap();
+    let vector = g.add_op(Op::MatMul, &[e, ids[2]], "vector", origin("vector")).unwrap();
+    let computed = g.add_op(Op::MatMul, &[ids[3], ids[4]], "computed", origin("computed")).unwrap();
+    let products = [outer, inner, vector, computed];
+    g.set_outputs(products.iter().map(|&p| (g.node(p).name.clone(), p)).collect());
+    let feeds: HashMap<_, _> = inputs
         .iter()
         .enumerate()
         .map(|(i, (name, shape))| {
             (
                 name.to_string(),
-                ir::random_tensor(&TensorType::new(DType::F32, shape.clone()), 11 + i as u64, -1.0, 2.0),
+                ir::random_tensor(&TensorType::new(DType::F32, shape.clone()), 21 + i as u64, -1.0, 2.0),
             )
         })
         .collect();
@@ -613,8 +623,8 @@ fn a_product_over_one_element_is_a_broadcast_mul() {
     assert_eq!(OuterProducts.run(&mut g).unwrap(), 1);
     ir::verify(&g).unwrap();
     assert_eq!(
-        [outer, inner, vector].map(|id| g.node(id).op.clone()),
-        [Op::Binary(BinaryOp::Mul), Op::MatMul, Op::MatMul]
+        products.map(|id| g.node(id).op.clone()),
+        [Op::Binary(BinaryOp::Mul), Op::MatMul, Op::MatMul, Op::MatMul]
     );
     let after = ir::evaluate(&g, &feeds).unwrap();
     for ((name, b), (_, a)) in before.iter().zip(&after) {

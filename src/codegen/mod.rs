@@ -16,6 +16,7 @@ pub mod index;
 mod kernel;
 mod pool;
 mod row;
+mod siblings;
 mod skinny;
 
 use handlebars::Handlebars;
@@ -97,6 +98,10 @@ pub struct KernelSource {
     /// The sizes that choose among `variants`.
     #[serde(default)]
     pub attention: Option<Box<AttentionDims>>,
+    /// The steps this kernel also runs (pointwise kernels merged into its launch, `siblings`):
+    /// the runtime leaves them out.
+    #[serde(default)]
+    pub merges: Vec<usize>,
 }
 
 /// How the tensor-core attention kernel is tiled: warps of 16 query rows per block, warps
@@ -208,6 +213,7 @@ impl KernelSource {
             variants: Vec::new(),
             tiling: None,
             attention: None,
+            merges: Vec::new(),
         }
     }
 }
@@ -314,7 +320,8 @@ fn templates() -> Result<Handlebars<'static>, CodegenError> {
 pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
     let hb = templates()?;
     let mut functions = std::collections::HashMap::new();
-    plan.kernels
+    let mut steps = plan
+        .kernels
         .iter()
         .enumerate()
         .map(|(k, kernel)| {
@@ -356,7 +363,9 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
             }
             Ok(step)
         })
-        .collect()
+        .collect::<Result<Vec<Step>, CodegenError>>()?;
+    siblings::merge(plan, &mut steps, &mut |kernel| share(kernel, "pointwise", &mut functions));
+    Ok(steps)
 }
 
 /// Checks that every kernel of a step of a program for ranges of sizes says how its launch

@@ -8,8 +8,8 @@ use crate::ir::{BinaryOp, Graph, IrError, Op};
 
 use super::Pass;
 
-/// Rewrites every `MatMul` whose operands are matrices (or batches of them) over one element
-/// as a broadcast `Mul`.
+/// Rewrites every `MatMul` of a constant whose operands are matrices (or batches of them) over
+/// one element as a broadcast `Mul`.
 pub struct OuterProducts;
 
 impl Pass for OuterProducts {
@@ -26,7 +26,12 @@ impl Pass for OuterProducts {
             let inputs = graph.inputs_of(id);
             let (a, b) = (&graph.node(inputs[0]).ty.shape, &graph.node(inputs[1]).ty.shape);
             // Rank 2 and more on both sides: a vector's MatMul drops an axis a Mul would keep.
-            let outer = a.len() >= 2 && b.len() >= 2 && a[a.len() - 1] == 1 && b[b.len() - 2] == 1;
+            // One side a constant (the frequencies): attention's product with its values is
+            // over the keys, one key at a sequence of one, and must stay a MatMul for the
+            // attention rules.
+            let constant = inputs.iter().any(|&i| graph.constant(graph.behind_views(i)).is_some());
+            let outer =
+                constant && a.len() >= 2 && b.len() >= 2 && a[a.len() - 1] == 1 && b[b.len() - 2] == 1;
             if outer {
                 graph.node_mut(id).op = Op::Binary(BinaryOp::Mul);
                 rewritten += 1;

@@ -129,7 +129,11 @@ pub fn compile_reporting(
     let graph_breaks = plan.graph_breaks;
     let (traffic_bytes, flops) = (plan.traffic_bytes(), plan.flops());
     let steps = codegen::generate(&plan)?;
-    let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum();
+    // Steps another step's launch runs (pointwise kernels merged, `codegen::siblings`) are not
+    // launched.
+    let merged: usize =
+        steps.iter().map(|s| if let codegen::Step::Launch(k) = s { k.merges.len() } else { 0 }).sum();
+    let steps_launches: usize = steps.iter().map(codegen::Step::launches).sum::<usize>() - merged;
     for source in steps.iter().flat_map(codegen::Step::sources) {
         tracing::debug!(kernel = %source.name, function = %source.function, grid = source.grid, block = source.block, "generated");
     }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 
 mod instance;
+pub mod siblings;
 
 use crate::fusion::{Kernel, Partition};
 use crate::ir::{Graph, IrError, NodeId, Op};
@@ -395,6 +396,12 @@ impl Plan {
                 for last in last_read.values_mut().filter(|last| **last == k) {
                     *last = k + 1;
                 }
+            }
+        }
+        // What a run of pointwise kernels launched as one reads is kept to the run's end.
+        for (first, last) in siblings::sibling_runs(&graph, &kernels) {
+            for read in last_read.values_mut().filter(|read| (first..last).contains(*read)) {
+                *read = last;
             }
         }
         // (name, output value, the stored value holding its bytes): a graph output that is a

@@ -32,6 +32,8 @@ pub(super) struct Launch {
     /// among them ([`crate::codegen::KernelSource::variants`]).
     pub(super) variants: Vec<(crate::codegen::Tiling, Launch)>,
     pub(super) attention: Option<Box<crate::codegen::AttentionDims>>,
+    /// The steps this launch also runs ([`crate::codegen::KernelSource::merges`]), left out.
+    pub(super) merges: Vec<usize>,
 }
 
 impl Launch {
@@ -115,7 +117,8 @@ pub(super) enum Loaded {
         /// The norm step `skinny` computes itself: [`Loaded::Absorbed`] while it runs.
         absorbs: Option<usize>,
     },
-    /// A norm kernel the GEMM after it computes itself (its kernel for a few rows), not run.
+    /// A step not run: a norm (or gate) kernel the GEMM after it computes itself (its kernel
+    /// for a few rows), or a pointwise kernel another step's launch runs (`Launch::merges`).
     Absorbed(Launch),
     /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops) where
     /// cuDNN does not run them in its fused form.
@@ -154,7 +157,7 @@ impl Loaded {
     pub(super) fn name(&self) -> String {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
-            Loaded::Absorbed(launch) => format!("{} (in the next GEMM's kernel)", launch.name),
+            Loaded::Absorbed(launch) => format!("{} (in another step's kernel)", launch.name),
             Loaded::Conv { spec, epilogue, call, .. } => {
                 let [_, _, r, s] = spec.w_shape;
                 let fused = if call.fused() { " + bias/activation" } else { "" };

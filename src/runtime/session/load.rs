@@ -126,6 +126,7 @@ impl Session {
                 scale: source.scale.clone(),
                 variants: Vec::new(),
                 attention: None,
+                merges: source.merges.clone(),
             })
         };
         // cuBLASLt (a handle and its workspace) for the GEMMs whose epilogue it runs, and for
@@ -259,6 +260,7 @@ impl Session {
                 }
             });
         }
+        super::tuning::leave_out_merged(&mut steps);
         let needed = steps
             .iter()
             .filter_map(|s| match s {

@@ -241,6 +241,7 @@ impl Session {
         for j in absorbed {
             super::tuning::absorb(&mut steps, j, true);
         }
+        super::tuning::leave_out_merged(&mut steps);
         Ok(steps)
     }
 }

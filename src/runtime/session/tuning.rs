@@ -262,6 +262,21 @@ impl Session {
     }
 }
 
+/// Leaves out every step a merged launch also runs (`Launch::merges`, pointwise kernels
+/// launched as one).
+pub(super) fn leave_out_merged(steps: &mut [Loaded]) {
+    let merged: Vec<usize> = steps
+        .iter()
+        .flat_map(|s| match s {
+            Loaded::Kernel(launch) => launch.merges.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for j in merged {
+        absorb(steps, j, true);
+    }
+}
+
 /// Leaves norm step `j` of `steps` out (`absorbed`: the GEMM after it computes it) or puts it
 /// back.
 pub(super) fn absorb(steps: &mut [Loaded], j: usize, absorbed: bool) {
