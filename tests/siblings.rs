@@ -1,6 +1,8 @@
-//! Neighbouring pointwise kernels that neither read nor overwrite each other's memory run as
-//! one launch (`codegen::siblings`): in the Llama-style decoder's step, the conversions of the
-//! four cached tensors, and each layer's rotary embeddings of its queries and of its new key.
+//! Neighbouring elementwise kernels (pointwise, gathers, copies) that neither read nor
+//! overwrite each other's memory run as one launch (`codegen::siblings`): in the Llama-style
+//! decoder's step, the conversions of the four cached tensors, the rotary tables' sines and
+//! cosines with the embedding's gather, and each layer's rotary embeddings of its queries and
+//! of its new key; in GPT-2's, its two embeddings' gathers.
 //! Every merged launch goes through NVRTC; a kernel that reads another's output is never
 //! merged with it; `FUSEC_MERGE_SIBLINGS=0` merges nothing. On a GPU, the step with its
 //! launches merged against tract, in f16 and f32. One test in this file: the knob is an
@@ -46,14 +48,17 @@ fn fixture_steps_merge() {
             if kernel.merges.is_empty() {
                 continue;
             }
-            // A run of the steps right after it, all pointwise; none reads what an earlier
+            // A run of the steps right after it, all elementwise; none reads what an earlier
             // one of the run writes.
             let run: Vec<usize> = std::iter::once(i).chain(kernel.merges.iter().copied()).collect();
             assert_eq!(run, (i..i + run.len()).collect::<Vec<_>>(), "{precision}: {run:?}");
             let mut written = HashSet::new();
             for &k in &run {
                 let part = &plan.kernels[k];
-                assert_eq!(part.kind, fusec::fusion::KernelKind::Pointwise, "{precision}: step {k}");
+                use fusec::fusion::KernelKind;
+                let elementwise =
+                    matches!(part.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
+                assert!(elementwise, "{precision}: step {k} is {:?}", part.kind);
                 for &node in &part.nodes {
                     for input in plan.graph.inputs_of(node) {
                         let source = stored(&plan, input);
@@ -66,9 +71,16 @@ fn fixture_steps_merge() {
                 written.extend(part.outputs.iter().map(|&o| stored(&plan, o)));
             }
             // Each kernel's blocks, one after another; the steps it stands in for kept as they
-            // were.
+            // were (their memory may lie elsewhere: the run's reads are kept alive longer).
             assert_eq!(kernel.grid, run.iter().map(|&k| launch(&apart[k]).grid).sum::<u32>());
-            assert!(run[1..].iter().all(|&k| steps[k] == apart[k]));
+            for &k in &run[1..] {
+                let (ours, theirs) = (launch(&steps[k]), launch(&apart[k]));
+                assert_eq!(
+                    (&ours.function, ours.grid),
+                    (&theirs.function, theirs.grid),
+                    "{precision}: step {k}"
+                );
+            }
             merged += kernel.merges.len();
         }
         // In f16 the four cached tensors' conversions (three merged into the first), and each
@@ -95,11 +107,19 @@ fn launch(step: &Step) -> &fusec::codegen::KernelSource {
 }
 
 /// What `fusec generate` compiles (a step with its cache in place, f16) merges the rotary
-/// tables' sines and cosines and each layer's rotary embeddings of Q and K; a step for a range
+/// tables' sines and cosines, the embedding's gather, and each layer's rotary embeddings of Q
+/// and K (GPT-2: its two embeddings' gathers); a step for a range
 /// of cache lengths (its kernels' launches following the range) merges those whose sizes do
 /// not follow it, with the run-time bound a literal.
 fn decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels() {
-    for (past, in_place, least) in [("past=63", true, 1 + 2), ("past=0..300", false, 1)] {
+    let cases = [
+        // The tables' sines and cosines and the token embedding's gather; two rotary pairs.
+        ("llama_cache_ts.onnx", "past=63", true, 2 + 2),
+        ("llama_cache_ts.onnx", "past=0..300", false, 1),
+        // The token and position embeddings' gathers.
+        ("gpt2_cache_ts.onnx", "past=63", true, 1),
+    ];
+    for (file, past, in_place, least) in cases {
         let dims: Vec<fusec::import::DimSpec> =
             ["batch=1", "seq=1", past, "total=past+seq"].iter().map(|d| d.parse().unwrap()).collect();
         let dims = fusec::import::resolve_sums(dims).unwrap();
@@ -109,8 +129,8 @@ fn decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels() {
             cache_in_place: in_place,
             ..Default::default()
         };
-        let path = common::model_path("llama_cache_ts.onnx");
-        let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{past}: {e}"));
+        let path = common::model_path(file);
+        let bundle = fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{file} {past}: {e}"));
         let merged: Vec<&fusec::codegen::KernelSource> = bundle
             .header
             .steps
@@ -121,7 +141,7 @@ fn decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels() {
             })
             .collect();
         let count: usize = merged.iter().map(|k| k.merges.len()).sum();
-        assert!(count >= least, "{past}: {count} steps merged");
+        assert!(count >= least, "{file} {past}: {count} steps merged");
         // No run-time bound or range size left in a merged launch.
         for kernel in merged {
             assert!(kernel.scale.is_none() && !kernel.source.contains("fusec_limit"), "{}", kernel.source);

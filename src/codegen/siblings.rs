@@ -1,10 +1,10 @@
-//! Pointwise kernels next to each other in the program, none reading or overwriting what
-//! another of them reads or writes, launched as one: the first kernel's blocks, then the
+//! Elementwise kernels (pointwise, gathers, copies) next to each other in the program, none
+//! reading or overwriting what another of them reads or writes, launched as one: the first kernel's blocks, then the
 //! next one's, each block running its own kernel's body. A decoding step at batch 1 is a chain
 //! of dependent launches, each costing ~1.7 µs on an H200 whatever it computes
 //! (`benches/NOTES.md`); the Llama-style decoder's step ran the rotary embeddings of a layer's
 //! queries and of its new key as two such launches, and its rotary tables' sines and cosines
-//! as two more. The merged step keeps the others' indices: the steps it stands in for stay in
+//! as two more, and GPT-2's its two embeddings' gathers. The merged step keeps the others' indices: the steps it stands in for stay in
 //! the program, and the runtime leaves them out ([`KernelSource::merges`]).
 //!
 //! Only kernels of the elementwise template with a fixed number of blocks are merged (in a
@@ -41,7 +41,9 @@ pub(super) fn merge(plan: &Plan, steps: &mut [Step], share: &mut dyn FnMut(&mut 
     let mergeable = |steps: &[Step], k: usize| -> Option<Part> {
         let Step::Launch(source) = &steps[k] else { return None };
         let kernel = &plan.kernels[k];
-        if kernel.kind != KernelKind::Pointwise || absorbed.contains(&k) || !source.merges.is_empty() {
+        let elementwise =
+            matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
+        if !elementwise || absorbed.contains(&k) || !source.merges.is_empty() {
             return None;
         }
         Part::new(source, memory(plan, kernel)?)

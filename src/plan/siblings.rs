@@ -1,7 +1,7 @@
-//! Runs of neighbouring pointwise kernels that may be launched as one (`codegen::siblings`):
-//! none reads what an earlier one of the run computes. The planner keeps every value a run
-//! reads alive to the run's end, so that no kernel of it writes over what another reads while
-//! they run at once.
+//! Runs of neighbouring elementwise kernels (pointwise, gathers, copies) that may be launched
+//! as one (`codegen::siblings`): none reads what an earlier one of the run computes. The
+//! planner keeps every value a run reads alive to the run's end, so that no kernel of it
+//! writes over what another reads while they run at once.
 
 use std::collections::HashSet;
 
@@ -11,14 +11,17 @@ use crate::ir::{Graph, NodeId};
 /// The most kernels one launch runs.
 pub const MOST: usize = 4;
 
-/// `(first, last)` of each run of two to [`MOST`] neighbouring pointwise kernels of `kernels`
+/// `(first, last)` of each run of two to [`MOST`] neighbouring elementwise kernels of `kernels`
 /// none of which reads (through views) a value an earlier one of the run computes; none with
 /// `FUSEC_MERGE_SIBLINGS=0` (at compile time).
 pub fn sibling_runs(graph: &Graph, kernels: &[Kernel]) -> Vec<(usize, usize)> {
     if crate::knobs::off("FUSEC_MERGE_SIBLINGS") {
         return Vec::new();
     }
-    let pointwise = |k: usize| kernels[k].kind == KernelKind::Pointwise;
+    // Kernels of one thread an element (`codegen::elementwise`): pointwise ops, gathers
+    // (embeddings), layout copies.
+    let pointwise =
+        |k: usize| matches!(kernels[k].kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
     let mut runs = Vec::new();
     let mut first = 0;
     while first < kernels.len() {
