@@ -9,6 +9,7 @@ use fusec::import::import;
 use fusec::ir::{self, rel_l2, BinaryOp, DType, Graph, Op, Origin, Tensor, TensorType, UnaryOp};
 use fusec::passes::{
     run_passes, standard, ConstFold, Cse, Dce, GatherNdViews, OuterProducts, Pass, RemoveNoops,
+    RepeatsAsTiles,
 };
 
 #[test]
@@ -694,4 +695,32 @@ fn rotary_angles_stay_f32(precision: DType) {
     let err = rel_l2(&out[0].1, &reference[0].1);
     let bound = if precision == DType::F16 { 2e-3 } else { 1e-2 };
     assert!(err < bound, "{precision}: rel-L2 {err:e} against f32");
+}
+
+/// A concatenation of one value with itself (three copies along axis 1) is a Tile with its
+/// values; one of two values stays a Concat.
+#[test]
+fn a_value_concatenated_with_itself_is_a_tile() {
+    let mut g = Graph::new();
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![2, 3, 5]));
+    let y = g.add_input("y", TensorType::new(DType::F32, vec![2, 3, 5]));
+    let tiled = g.add_op(Op::Concat { axis: 1 }, &[x, x, x], "tiled", origin("tiled")).unwrap();
+    let joined = g.add_op(Op::Concat { axis: 2 }, &[x, y], "joined", origin("joined")).unwrap();
+    g.set_outputs(vec![("tiled".into(), tiled), ("joined".into(), joined)]);
+    let ty = TensorType::new(DType::F32, vec![2, 3, 5]);
+    let feeds: HashMap<_, _> = [
+        ("x".to_string(), ir::random_tensor(&ty, 31, -1.0, 2.0)),
+        ("y".to_string(), ir::random_tensor(&ty, 32, -1.0, 2.0)),
+    ]
+    .into();
+    let before = ir::evaluate(&g, &feeds).unwrap();
+    assert_eq!(RepeatsAsTiles.run(&mut g).unwrap(), 1);
+    ir::verify(&g).unwrap();
+    let ops = g.op_histogram();
+    assert_eq!((ops.get("Tile"), ops.get("Concat")), (Some(&1), Some(&1)), "{ops:?}");
+    let after = ir::evaluate(&g, &feeds).unwrap();
+    for ((name, b), (_, a)) in before.iter().zip(&after) {
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{name}");
+    }
 }

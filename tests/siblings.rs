@@ -1,7 +1,7 @@
 //! Neighbouring elementwise kernels (pointwise, gathers, copies) that neither read nor
 //! overwrite each other's memory run as one launch (`codegen::siblings`): in the Llama-style
-//! decoder's step, the conversions of the four cached tensors, the rotary tables' sines and
-//! cosines with the embedding's gather, and each layer's rotary embeddings of its queries and
+//! decoder's step, the conversions of the four cached tensors, the rotary tables' kernel with
+//! the embedding's gather, and each layer's rotary embeddings of its queries and
 //! of its new key; in GPT-2's, its two embeddings' gathers.
 //! Every merged launch goes through NVRTC; a kernel that reads another's output is never
 //! merged with it; `FUSEC_MERGE_SIBLINGS=0` merges nothing. On a GPU, the step with its
@@ -107,14 +107,15 @@ fn launch(step: &Step) -> &fusec::codegen::KernelSource {
 }
 
 /// What `fusec generate` compiles (a step with its cache in place, f16) merges the rotary
-/// tables' sines and cosines, the embedding's gather, and each layer's rotary embeddings of Q
-/// and K (GPT-2: its two embeddings' gathers); a step for a range
+/// tables' kernel, the embedding's gather, and each layer's rotary embeddings of Q and K
+/// (GPT-2: its two embeddings' gathers); a step for a range
 /// of cache lengths (its kernels' launches following the range) merges those whose sizes do
 /// not follow it, with the run-time bound a literal.
 fn decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels() {
     let cases = [
-        // The tables' sines and cosines and the token embedding's gather; two rotary pairs.
-        ("llama_cache_ts.onnx", "past=63", true, 2 + 2),
+        // The tables' kernel (sines and cosines) and the token embedding's gather; two rotary
+        // pairs.
+        ("llama_cache_ts.onnx", "past=63", true, 1 + 2),
         ("llama_cache_ts.onnx", "past=0..300", false, 1),
         // The token and position embeddings' gathers.
         ("gpt2_cache_ts.onnx", "past=63", true, 1),

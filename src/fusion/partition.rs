@@ -148,7 +148,8 @@ fn role(graph: &Graph, id: NodeId) -> Role {
             Role::Row
         }
         op if op.is_pointwise() => Role::Pointwise,
-        Op::RotateHalf => Role::Pointwise,
+        // Both read their input at other coordinates, from memory (`reads_across`).
+        Op::RotateHalf | Op::Tile { .. } => Role::Pointwise,
         Op::Gather { .. } => Role::Gather,
         Op::Conv { .. } => Role::Conv,
         _ => Role::Single,
@@ -198,7 +199,7 @@ impl Builder<'_> {
     /// Whether `id` in kernel `k` would put a value and a reader of other elements of it
     /// (the rotate-half) in one kernel: such a reader finds its input in memory only.
     fn reads_across(&self, id: NodeId, k: usize) -> bool {
-        let across = |n: NodeId| matches!(self.graph.node(n).op, Op::RotateHalf);
+        let across = |n: NodeId| matches!(self.graph.node(n).op, Op::RotateHalf | Op::Tile { .. });
         let produced_in_k = |n: NodeId| producer_kernel(self, n) == Some(k);
         if across(id) && self.graph.inputs_of(id).into_iter().any(produced_in_k) {
             return true;

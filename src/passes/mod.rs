@@ -15,6 +15,7 @@ mod merge_matmuls;
 mod noop;
 mod outer_products;
 mod precision;
+mod repeats;
 mod shared;
 mod slice_early;
 mod small_views;
@@ -35,6 +36,7 @@ pub use merge_matmuls::MergeSiblingMatMuls;
 pub use noop::RemoveNoops;
 pub use outer_products::OuterProducts;
 pub use precision::{halve_constants, lower_precision, lower_precision_halved, lower_precision_sharing};
+pub use repeats::RepeatsAsTiles;
 pub use shared::SharedConstants;
 pub use slice_early::SliceEarly;
 pub use small_views::store_small_vectors;
@@ -80,6 +82,7 @@ pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + 
         Box::new(SliceEarly),
         Box::new(Cse),
         Box::new(OuterProducts),
+        Box::new(RepeatsAsTiles),
         Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
     ]
