@@ -1,12 +1,13 @@
 //! Neighbouring elementwise kernels (pointwise, gathers, copies) that neither read nor
 //! overwrite each other's memory run as one launch (`codegen::siblings`): in the Llama-style
-//! decoder's step, the conversions of the four cached tensors, the rotary tables' kernel with
+//! decoder's step, the conversions of the four cached tensors, the rotary tables' kernels with
 //! the embedding's gather, and each layer's rotary embeddings of its queries and
 //! of its new key; in GPT-2's, its two embeddings' gathers.
 //! Every merged launch goes through NVRTC; a kernel that reads another's output is never
 //! merged with it; `FUSEC_MERGE_SIBLINGS=0` merges nothing. On a GPU, the step with its
-//! launches merged against tract, in f16 and f32. One test in this file: the knob is an
-//! environment variable read at compile time.
+//! launches merged against tract, in f16 and f32. With `FUSEC_REPEATS_AS_TILES=1` the
+//! tables' concatenation is read as a Tile (one launch fewer). One test in this file: the knobs
+//! are environment variables read at compile time.
 
 mod common;
 
@@ -28,6 +29,39 @@ fn stored(plan: &fusec::plan::Plan, mut id: NodeId) -> NodeId {
 fn neighbouring_pointwise_kernels_run_as_one_launch() {
     fixture_steps_merge();
     decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels();
+    repeats_as_tiles();
+}
+
+/// With `FUSEC_REPEATS_AS_TILES=1`, the rotary tables' concatenation of the frequencies with
+/// themselves is a Tile read by the cosines' and sines' kernel: the Llama-style step with its
+/// cache in place takes one launch fewer, every kernel through NVRTC; on a GPU, the step (its
+/// cache copied) against tract in f16.
+fn repeats_as_tiles() {
+    let launches = || {
+        let dims: Vec<fusec::import::DimSpec> =
+            ["batch=1", "seq=1", "past=63", "total=past+seq"].iter().map(|d| d.parse().unwrap()).collect();
+        let options = CompileOptions {
+            import: fusec::import::ImportOptions::new(vec![], fusec::import::resolve_sums(dims).unwrap()),
+            precision: DType::F16,
+            cache_in_place: true,
+            ..Default::default()
+        };
+        let path = common::model_path("llama_cache_ts.onnx");
+        fusec::compile(&path, &options).unwrap_or_else(|e| panic!("{e}")).header.launches
+    };
+    let apart = launches();
+    std::env::set_var("FUSEC_REPEATS_AS_TILES", "1");
+    let tiled = launches();
+    let (path, options) = common::decoding_step("llama_cache_ts.onnx", 1);
+    let steps = common::compiled_steps(&path, &options);
+    assert!(!steps.is_empty());
+    let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = common::random_inputs(&model, 6);
+    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+    common::gpu_matches_tract(&path, &options, &inputs, &theirs, 1e-2);
+    std::env::remove_var("FUSEC_REPEATS_AS_TILES");
+    assert_eq!(tiled + 1, apart, "launches with the tables' Tile against without");
 }
 
 /// The Llama-style step of the fixture (its cache copied), f16 and f32.
@@ -107,14 +141,14 @@ fn launch(step: &Step) -> &fusec::codegen::KernelSource {
 }
 
 /// What `fusec generate` compiles (a step with its cache in place, f16) merges the rotary
-/// tables' kernel, the embedding's gather, and each layer's rotary embeddings of Q and K
+/// tables' kernels, the embedding's gather, and each layer's rotary embeddings of Q and K
 /// (GPT-2: its two embeddings' gathers); a step for a range
 /// of cache lengths (its kernels' launches following the range) merges those whose sizes do
 /// not follow it, with the run-time bound a literal.
 fn decoding_steps_in_place_and_for_ranges_merge_their_rotary_kernels() {
     let cases = [
-        // The tables' kernel (sines and cosines) and the token embedding's gather; two rotary
-        // pairs.
+        // The tables' cosines' and sines' kernels (one with `FUSEC_REPEATS_AS_TILES=1`) and
+        // the token embedding's gather; two rotary pairs.
         ("llama_cache_ts.onnx", "past=63", true, 1 + 2),
         ("llama_cache_ts.onnx", "past=0..300", false, 1),
         // The token and position embeddings' gathers.

@@ -74,7 +74,7 @@ pub fn standard() -> Vec<Box<dyn Pass>> {
 /// [`standard`], the constants its passes derive from the model's made through `shared` where
 /// given (the planner for ranges plans one model at several sizes).
 pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + '_>> {
-    vec![
+    let mut passes: Vec<Box<dyn Pass + '_>> = vec![
         Box::new(ConstFold),
         Box::new(FoldConvAffine),
         Box::new(GatherNdViews),
@@ -82,10 +82,14 @@ pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + 
         Box::new(SliceEarly),
         Box::new(Cse),
         Box::new(OuterProducts),
-        Box::new(RepeatsAsTiles),
         Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
-    ]
+    ];
+    // Not yet run on a GPU: on with `FUSEC_REPEATS_AS_TILES=1` (`repeats`).
+    if crate::knobs::on("FUSEC_REPEATS_AS_TILES") {
+        passes.push(Box::new(RepeatsAsTiles));
+    }
+    passes
 }
 
 /// Runs `passes` in order, verifying after each; returns (pass, nodes changed) per pass.
