@@ -60,9 +60,14 @@
 #             fp16, a 128-token prompt and 256 new tokens at batch 1, 8 and 32, greedy, then
 #             top-p 0.9 at batch 1; each sequence's tokens hashed, so builds can be compared
 #   gate      the Llama-style decoder (models/export_cache.py --size small llama): fusec generate
-#             fp16 128 + 256 tokens at batch 1, FUSEC_SKINNY_GATE=1 and without alternated twice,
+#             fp16 128 + 256 tokens at batch 1, FUSEC_SKINNY_GATE=1 and 0 alternated twice,
 #             the few-row kernels pinned (FUSEC_SKINNY=1), then once each chosen by timing;
 #             and the staged test-skinny_gate (its GPU half against tract)
+#   siblings  the Llama-style decoder and GPT-2 small (export_cache.py --size small): fusec
+#             generate fp16 128 + 256 tokens at batch 1 with FUSEC_MERGE_SIBLINGS=0, the
+#             default and FUSEC_REPEATS_AS_TILES=1, alternated twice; then the staged
+#             test-siblings with FUSEC_REPEATS_AS_TILES=1 set for the whole run, and the ONNX
+#             node cases' Tile cases with it (scripts/onnx_node_cases.py; test-gpu staged)
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -119,6 +124,29 @@ for part in "$@"; do
         grep -E "time to first|error" /tmp/gate.txt
       done
       [ -x .gpu/test-skinny_gate ] && FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-skinny_gate 2>&1 | grep -E "^test |test result|panicked" ;;
+    siblings)
+      for m in gpt2 llama; do
+        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+      done
+      llama=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
+      gpt2=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))")
+      for run in 1 2; do
+        for knobs in "FUSEC_MERGE_SIBLINGS=0" "FUSEC_MERGE_SIBLINGS=1" "FUSEC_REPEATS_AS_TILES=1"; do
+          for m in llama gpt2; do
+            ids=$llama; [ $m = gpt2 ] && ids=$gpt2
+            env $knobs .gpu/fusec generate .bench-work/${m}_small_cache.onnx --prompt-ids "$ids" \
+              --max-new-tokens 256 --precision fp16 --batch 1 > /tmp/sib.txt 2>&1
+            echo "--- $knobs $m: tokens $(grep '^sequence' /tmp/sib.txt | md5sum | cut -c1-8) $(grep -oE '[0-9.]+ ms per token|error.*' /tmp/sib.txt)"
+          done
+        done
+      done
+      [ -x .gpu/test-siblings ] && FUSEC_REPEATS_AS_TILES=1 FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-siblings 2>&1 | grep -E "^test |test result|panicked"
+      if [ -x .gpu/test-gpu ]; then
+        [ -d /tmp/fusec-node-cases ] || timeout 120 python3 scripts/onnx_node_cases.py /tmp/fusec-node-cases | tail -1
+        FUSEC_REPEATS_AS_TILES=1 FUSEC_ONNX_NODE_CASES=/tmp/fusec-node-cases FUSEC_GPU_NODE_RESULTS="$OUT/res/node_results.md" \
+          timeout 200 .gpu/test-gpu onnx_node_cases 2>&1 | grep -E "^test |test result|panicked"
+        grep -iE "tile" "$OUT/res/node_results.md" | head -20
+      fi ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx
