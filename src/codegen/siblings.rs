@@ -1,11 +1,12 @@
 //! Elementwise kernels (pointwise, gathers, copies) next to each other in the program, none
-//! reading or overwriting what another of them reads or writes, launched as one: the first kernel's blocks, then the
-//! next one's, each block running its own kernel's body. A decoding step at batch 1 is a chain
-//! of dependent launches, each costing ~1.7 µs on an H200 whatever it computes
-//! (`benches/NOTES.md`); the Llama-style decoder's step ran the rotary embeddings of a layer's
-//! queries and of its new key as two such launches, and its rotary tables' sines and cosines
-//! as two more, and GPT-2's its two embeddings' gathers. The merged step keeps the others' indices: the steps it stands in for stay in
-//! the program, and the runtime leaves them out ([`KernelSource::merges`]).
+//! reading or overwriting what another of them reads or writes, launched as one: the first
+//! kernel's blocks, then the next one's, each block running its own kernel's body. A decoding
+//! step at batch 1 is a chain of dependent launches, each costing ~1.7 µs on an H200 whatever
+//! it computes (`benches/NOTES.md`); the Llama-style decoder's step ran the rotary embeddings
+//! of a layer's queries and of its new key as two such launches, its rotary tables' cosines
+//! and sines as two more, and GPT-2's its two embeddings' gathers. The merged step keeps the
+//! others' indices: the steps it stands in for stay in the program, and the runtime leaves
+//! them out ([`KernelSource::merges`]).
 //!
 //! Only kernels of the elementwise template with a fixed number of blocks are merged (in a
 //! bundle for ranges, those whose units do not follow a range), at most
@@ -21,7 +22,7 @@ use crate::ir::NodeId;
 use crate::plan::siblings::sibling_runs;
 use crate::plan::{Location, Plan};
 
-/// Merges each run of neighbouring pointwise steps of `steps` (one per kernel of `plan`; the
+/// Merges each run of neighbouring elementwise steps of `steps` (one per kernel of `plan`; the
 /// runs [`sibling_runs`] finds, whose reads the planner kept alive to the run's end) into its
 /// first step, where their kernels are of the elementwise template, of a fixed number of
 /// blocks, and their memory is apart; `share` names the merged kernel's function as the
