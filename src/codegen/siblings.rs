@@ -203,7 +203,7 @@ impl Part {
 /// One kernel running `parts` (the first `head`'s), each on its own blocks.
 fn compose(head: &KernelSource, parts: &[Part]) -> KernelSource {
     let mut source = format!(
-        "// {}: {} pointwise kernels in one launch, each on its own blocks.\n",
+        "// {}: {} elementwise kernels in one launch, each on its own blocks.\n",
         head.name,
         parts.len()
     );
