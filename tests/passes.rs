@@ -724,3 +724,39 @@ fn a_value_concatenated_with_itself_is_a_tile() {
         assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{name}");
     }
 }
+
+/// T5's relative-position buckets (`exact + log(distance / exact) / log(max / exact) ·
+/// (buckets − exact)`, cast to an integer), lowered to f16: the float computation stays f32,
+/// so every distance gets the bucket the f32 graph gives it (in f16 the logarithms' rounding
+/// moves some across a boundary).
+#[test]
+fn index_computations_stay_f32_in_an_f16_graph() {
+    let n = 200usize;
+    let mut g = Graph::new();
+    let distance = g.add_input("distance", TensorType::new(DType::I64, vec![n]));
+    let scalar = |g: &mut Graph, name: &str, v: f64| {
+        let value = Tensor::from_f64(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[]), v), DType::F32);
+        g.add_constant(name, Arc::new(value), origin(name))
+    };
+    let (exact, scale, offset) =
+        (scalar(&mut g, "exact", 8.0), scalar(&mut g, "scale", 8.0), scalar(&mut g, "offset", 8.0));
+    let log_range = scalar(&mut g, "log_range", (128f64 / 8.0).ln());
+    let op =
+        |g: &mut Graph, op: Op, inputs: &[_], name: &str| g.add_op(op, inputs, name, origin(name)).unwrap();
+    let d = op(&mut g, Op::Cast { to: DType::F32 }, &[distance], "cast");
+    let d = op(&mut g, Op::Binary(BinaryOp::Div), &[d, exact], "over_exact");
+    let d = op(&mut g, Op::Unary(UnaryOp::Log), &[d], "log");
+    let d = op(&mut g, Op::Binary(BinaryOp::Div), &[d, log_range], "over_range");
+    let d = op(&mut g, Op::Binary(BinaryOp::Mul), &[d, scale], "scaled");
+    let d = op(&mut g, Op::Binary(BinaryOp::Add), &[d, offset], "shifted");
+    let bucket = op(&mut g, Op::Cast { to: DType::I64 }, &[d], "bucket");
+    g.set_outputs(vec![("bucket".into(), bucket)]);
+    let distances =
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), (8..8 + n as i64).collect()).unwrap();
+    let feeds: HashMap<_, _> = [("distance".to_string(), Tensor::from_i64(distances, DType::I64))].into();
+    let reference = ir::evaluate(&g, &feeds).unwrap();
+    let (lowered, map) = fusec::passes::lower_precision(g, DType::F16).unwrap();
+    assert_eq!(lowered.node(lowered.inputs_of(map[&bucket])[0]).ty.dtype, DType::F32);
+    let out = ir::evaluate(&lowered, &feeds).unwrap();
+    assert_eq!(out[0].1.to_f64_vec(), reference[0].1.to_f64_vec());
+}
