@@ -17,12 +17,11 @@ use fusec::codegen::Step;
 use fusec::ir::{DType, NodeId};
 use fusec::pipeline::CompileOptions;
 
-/// The stored values behind `id` (through views).
-fn stored(plan: &fusec::plan::Plan, mut id: NodeId) -> NodeId {
-    while !plan.locations.contains_key(&id) && plan.graph.node(id).op.is_view() {
-        id = plan.graph.inputs_of(id)[0];
-    }
-    id
+/// The stored value behind `id` (through views), or where the views end.
+fn stored(plan: &fusec::plan::Plan, id: NodeId) -> NodeId {
+    let graph = &plan.graph;
+    let at = |n: NodeId| plan.locations.contains_key(&n) || !graph.node(n).op.is_view();
+    fusec::plan::stored_value(graph, id, &at).expect("a view chain ends")
 }
 
 #[test]

@@ -17,10 +17,10 @@ use std::collections::HashSet;
 
 use super::kernel::BLOCK;
 use super::{KernelSource, Step};
-use crate::fusion::{Kernel, KernelKind};
+use crate::fusion::Kernel;
 use crate::ir::NodeId;
 use crate::plan::siblings::sibling_runs;
-use crate::plan::{Location, Plan};
+use crate::plan::{stored_value, Location, Plan};
 
 /// Merges each run of neighbouring elementwise steps of `steps` (one per kernel of `plan`; the
 /// runs [`sibling_runs`] finds, whose reads the planner kept alive to the run's end) into its
@@ -39,15 +39,13 @@ pub(super) fn merge(plan: &Plan, steps: &mut [Step], share: &mut dyn FnMut(&mut 
             _ => None,
         })
         .collect();
+    // (The runs hold elementwise kernels only, and do not overlap.)
     let mergeable = |steps: &[Step], k: usize| -> Option<Part> {
         let Step::Launch(source) = &steps[k] else { return None };
-        let kernel = &plan.kernels[k];
-        let elementwise =
-            matches!(kernel.kind, KernelKind::Pointwise | KernelKind::Gather | KernelKind::Copy);
-        if !elementwise || absorbed.contains(&k) || !source.merges.is_empty() {
+        if absorbed.contains(&k) {
             return None;
         }
-        Part::new(source, memory(plan, kernel)?)
+        Part::new(source, memory(plan, &plan.kernels[k])?)
     };
     for (first, last) in sibling_runs(&plan.graph, &plan.kernels) {
         let mut k = first;
@@ -100,23 +98,14 @@ impl Memory {
 fn memory(plan: &Plan, kernel: &Kernel) -> Option<Memory> {
     let graph = &plan.graph;
     let inside: HashSet<NodeId> = kernel.nodes.iter().copied().collect();
-    let span = |mut id: NodeId| -> Option<Option<(usize, usize)>> {
-        loop {
-            if let Some(&location) = plan.locations.get(&id) {
-                let bytes = graph.node(id).ty.size_bytes();
-                return Some(match location {
-                    Location::Arena(offset) => Some((offset, bytes.max(1))),
-                    Location::Weights(_) => None,
-                });
-            }
-            if graph.constant(id).is_some() {
-                return Some(None);
-            }
-            if !graph.node(id).op.is_view() {
-                return None;
-            }
-            id = *graph.inputs_of(id).first()?;
-        }
+    // The stored value (or constant written into the source) behind `id`'s views.
+    let span = |id: NodeId| -> Option<Option<(usize, usize)>> {
+        let at = |n: NodeId| plan.locations.contains_key(&n) || graph.constant(n).is_some();
+        let source = stored_value(graph, id, &at)?;
+        Some(match plan.locations.get(&source) {
+            Some(&Location::Arena(offset)) => Some((offset, graph.node(source).ty.size_bytes().max(1))),
+            Some(&Location::Weights(_)) | None => None,
+        })
     };
     let mut reads = Vec::new();
     for &node in &kernel.nodes {
