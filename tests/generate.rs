@@ -712,3 +712,46 @@ fn cache_in_place_programs_at_several_cache_lengths_match_tract() {
         }
     }
 }
+
+/// In a one-token step of a half type with its cache in place, the decoding attention kernel
+/// requests its first keys and values from the cache (which no kernel of the step writes
+/// before it) before it lets the next kernel be scheduled and waits for the one before it; the
+/// query, the new key and value (which that kernel writes) and those keys' mask values (which
+/// would hold up the next kernel's scheduling, were they converted before it) are read after.
+/// Checked in the PTX NVRTC makes of it.
+#[test]
+fn decoding_attention_reads_its_first_keys_before_it_waits() {
+    if !fusec::nvrtc::available() {
+        println!("skipped: NVRTC not found");
+        return;
+    }
+    for file in DECODERS {
+        let bundle = compiled(file, 1, 1, 64, DType::F16, true);
+        let kernel = bundle
+            .header
+            .steps
+            .iter()
+            .flat_map(|s| s.sources())
+            .find(|k| k.source.contains("Attention of one query row"))
+            .unwrap_or_else(|| panic!("{file}: no decoding attention kernel"));
+        let mut inlined = kernel.clone();
+        inlined.source = fusec::nvrtc::source_with_header(kernel, false);
+        let ptx = fusec::nvrtc::compile(&inlined, "sm_90").unwrap_or_else(|e| panic!("{file}: {e}"));
+        let at = |needle: &str| ptx.find(needle).unwrap_or_else(|| panic!("{file}: no {needle} in the PTX"));
+        let (trigger, wait) = (at("griddepcontrol.launch_dependents"), at("griddepcontrol.wait"));
+        assert!(trigger < wait, "{file}: the trigger after the wait");
+        // The cache's rows: 16-byte loads through the pointer the new row is stored with (not
+        // the read-only path), four keys and four values a lane, and nothing read between them
+        // and the trigger.
+        let first_row = at("ld.global.v4.u32");
+        let rows_before = ptx[..trigger].matches("ld.global.v4.u32").count();
+        assert!(rows_before >= 8, "{file}: {rows_before} cache loads before the trigger");
+        let between: Vec<&str> =
+            ptx[first_row..wait].lines().filter(|l| l.contains("ld.global.nc")).collect();
+        assert!(between.is_empty(), "{file}: read-only loads between the cache's and the wait: {between:?}");
+        // Before them only the mask's scan reads memory (8-byte mask values).
+        let scan: Vec<&str> = ptx[..first_row].lines().filter(|l| l.contains("ld.global")).collect();
+        assert!(scan.iter().all(|l| l.contains("ld.global.nc.u64")), "{file}: {scan:?}");
+        assert!(ptx[wait..].contains("ld.global.nc"), "{file}: no query read after the wait");
+    }
+}

@@ -76,6 +76,8 @@ pub(super) fn generate(
     let (half, _) = half_names(dtype);
     let scan = problem.inputs.len() > 3 && operands.causal.is_none();
     let (threads, unroll) = launch();
+    let early_scan = scan && mask_is_fixed(plan, kernel, problem);
+    let early_fetch = early_scan && append.is_some() && !knobs::off("FUSEC_ATTENTION_EARLY_FETCH");
     let data = json!({
         "half": half,
         "threads": threads,
@@ -83,7 +85,8 @@ pub(super) fn generate(
         "unroll": unroll,
         "cluster": (cluster > 1).then_some(cluster),
         "scan": scan,
-        "early_scan": scan && mask_is_fixed(plan, kernel, problem),
+        "early_scan": early_scan,
+        "early_fetch": early_fetch,
         "keys": problem.keys_dims.c(),
         "depth": depth,
         "dv": dv,
