@@ -9,6 +9,8 @@
 // The runtime loads the PTX beside it (kernels/argmax_rows.ptx, NVRTC 13.0, -arch=compute_75)
 // without NVRTC; regenerate it from this file after a change.
 
+#include "copy_rows.cuh"
+
 #define ARGMAX_ITEMS 4
 
 // The key of value `v` at index `i` (`i` < 2^32): NaN as -inf, -0 as +0, so that keys order as
@@ -29,15 +31,15 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
     return key;
 }
 
-// Row `blockIdx.y`'s chunk `blockIdx.x`; the id goes to `out[row]` and, where `host` is not
+// Row `row`'s chunk `chunk` of `chunks`; the id goes to `out[row]` and, where `host` is not
 // null, `host[row]` (page-locked host memory mapped for the device).
-extern "C" __global__ void fusec_argmax_rows(const float* __restrict__ x, long long* __restrict__ out,
+__device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, long long* __restrict__ out,
                                              unsigned long long width, unsigned long long* __restrict__ scratch,
-                                             long long* host) {
-    const unsigned long long row = blockIdx.y;
+                                             long long* host, unsigned long long row, unsigned long long chunk_index,
+                                             unsigned long long chunks) {
     const float* values = x + row * width;
     const unsigned long long chunk = (unsigned long long)blockDim.x * ARGMAX_ITEMS;
-    const unsigned long long first = (unsigned long long)blockIdx.x * chunk + threadIdx.x;
+    const unsigned long long first = chunk_index * chunk + threadIdx.x;
     float v[ARGMAX_ITEMS];
 #pragma unroll
     for (int k = 0; k < ARGMAX_ITEMS; ++k) {
@@ -64,7 +66,7 @@ extern "C" __global__ void fusec_argmax_rows(const float* __restrict__ x, long l
     atomicMax(slot, key);
     __threadfence();
     const unsigned long long done = atomicAdd(slot + 1, 1ull);
-    if (done + 1 != gridDim.x) return;
+    if (done + 1 != chunks) return;
     // Every block's key is in: the last one takes the row's and clears the slot.
     __threadfence();
     const unsigned long long best = atomicExch(slot, 0ull);
@@ -72,4 +74,34 @@ extern "C" __global__ void fusec_argmax_rows(const float* __restrict__ x, long l
     const long long id = (long long)(0xffffffffu - (unsigned int)(best & 0xffffffffull));
     out[row] = id;
     if (host != nullptr) host[row] = id;
+}
+
+// Row `blockIdx.y`'s chunk `blockIdx.x`.
+extern "C" __global__ void fusec_argmax_rows(const float* __restrict__ x, long long* __restrict__ out,
+                                             unsigned long long width, unsigned long long* __restrict__ scratch,
+                                             long long* host) {
+    argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, gridDim.x);
+}
+
+// A decoding step's greedy choice and the copies after it in one launch (one launch's wait
+// the fewer a step): rows `blockIdx.y < rows` are the choice's (their first `chunks` blocks),
+// the others `copy_rows_block`'s tensors and column sets (`copy_rows.cu`), which neither read
+// nor write what the choice does.
+extern "C" __global__ void fusec_argmax_rows_copying(const float* __restrict__ x, long long* __restrict__ out,
+                                                     unsigned long long width,
+                                                     unsigned long long* __restrict__ scratch, long long* host,
+                                                     unsigned long long rows, unsigned long long chunks,
+                                                     const unsigned long long* __restrict__ sources,
+                                                     const unsigned long long* __restrict__ targets,
+                                                     unsigned long long copy_rows, unsigned long long words,
+                                                     unsigned long long src_pitch, unsigned long long dst_pitch,
+                                                     unsigned long long tensors, ColumnSet s0, ColumnSet s1,
+                                                     unsigned long long copy_blocks) {
+    if (blockIdx.y < rows) {
+        if (blockIdx.x < chunks) argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, chunks);
+        return;
+    }
+    if (blockIdx.x < copy_blocks)
+        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, tensors, s0, s1,
+                        blockIdx.y - rows, blockIdx.x);
 }

@@ -1,7 +1,9 @@
 //! The next decoding step's position and mask column set in the launch that copies this
-//! step's keys and values into the cache (`Session::copy_output_rows_setting`): the step after
-//! it gives what it gives with the copy and the two columns set on their own — on the GPU,
-//! skipped without one; misuse is an error there too.
+//! step's keys and values into the cache (`Session::copy_output_rows_setting`), and that launch
+//! joined with the greedy choice fed back (`Session::argmax_feed_copying`): the step after it
+//! gives what it gives with the copy, the two columns set and the tokens written on their own,
+//! and the ids fed back are the argmax — on the GPU, skipped without one; misuse is an error
+//! there too.
 
 mod common;
 
@@ -66,16 +68,25 @@ fn a_cache_copy_sets_the_next_steps_columns() {
         ColumnSet { input: "attention_mask", column: 5, value: 1.0 },
     ];
     let mut results = Vec::new();
-    for together in [true, false] {
+    // 0: the copy and the sets in one launch, 1: each on its own, 2: with the choice too.
+    for mode in 0..3 {
         let mut session = fusec::Session::new(&bundle, 0).unwrap();
         session.run(&inputs).unwrap();
-        if together {
-            session.copy_output_rows_setting(&pairs, copy, &sets).unwrap();
-        } else {
-            session.copy_output_rows_many(&pairs, copy).unwrap();
-            for set in &sets {
-                session.set_input_column(set.input, set.column, set.value).unwrap();
+        let ids = session.argmax_rows("logits", batch, 512).unwrap();
+        match mode {
+            0 => session.copy_output_rows_setting(&pairs, copy, &sets).unwrap(),
+            1 => {
+                session.copy_output_rows_many(&pairs, copy).unwrap();
+                for set in &sets {
+                    session.set_input_column(set.input, set.column, set.value).unwrap();
+                }
             }
+            _ => session.argmax_feed_copying("logits", batch, 512, "input_ids", &pairs, copy, &sets).unwrap(),
+        }
+        if mode < 2 {
+            session.write_input("input_ids", &ints(&[batch, 1], ids)).unwrap();
+        } else {
+            assert_eq!(session.fed_tokens().unwrap(), ids, "the ids fed back beside the copy");
         }
         session.execute_all().unwrap();
         let outputs: Vec<Vec<f64>> = bundle
@@ -92,6 +103,7 @@ fn a_cache_copy_sets_the_next_steps_columns() {
         assert!(session.copy_output_rows_setting(&pairs, copy, &[not_2d]).is_err());
     }
     assert_eq!(results[0], results[1], "the step after the copy, columns set in its launch or on their own");
+    assert_eq!(results[0], results[2], "the step after the copy, the choice in its launch or on its own");
     // The step did see the new columns: it differs from one without them.
     let mut session = fusec::Session::new(&bundle, 0).unwrap();
     session.run(&inputs).unwrap();

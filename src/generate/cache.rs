@@ -7,7 +7,7 @@
 
 use crate::bundle::IoSpec;
 use crate::ir::DType;
-use crate::runtime::RowCopy;
+use crate::runtime::{ColumnSet, RowCopy};
 
 /// The token ids a decoder with a cache takes, `[batch, seq]`.
 pub const TOKENS: &str = "input_ids";
@@ -32,6 +32,10 @@ pub struct CachePair {
     /// stored inside its output (a cache updated in place) the output's `capacity + seq`.
     pub slots: usize,
 }
+
+/// A step's cache copy as one copy ([`CacheLayout::one_copy`]): the (output, input) pairs,
+/// the rows copied, and the next step's position and mask slot set with it.
+pub type OneCopy<'a> = (Vec<(&'a str, &'a str)>, RowCopy, Vec<ColumnSet<'static>>);
 
 /// A decoder's inputs and outputs read as a step with a cache.
 #[derive(Clone, Debug, PartialEq)]
@@ -183,6 +187,25 @@ impl CacheLayout {
             to_offset: 0,
             to_pitch: into.slots * row,
         }
+    }
+
+    /// After step `t` (before the capacity), the copy of every cached tensor's new rows into
+    /// slot `t` as one copy, where they share a geometry: the (output, input) pairs, the
+    /// copy, and where a step follows (`next`) the sets of its position and its mask slot.
+    pub fn one_copy(&self, t: usize, next: bool) -> Option<OneCopy<'_>> {
+        let first = self.pairs.first()?;
+        if t >= self.capacity || self.pairs.iter().any(|p| self.append(p, t) != self.append(first, t)) {
+            return None;
+        }
+        let pairs = self.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
+        let sets = match next {
+            true => vec![
+                ColumnSet { input: POSITIONS, column: 0, value: (t + 1) as f64 },
+                ColumnSet { input: MASK, column: t, value: 1.0 },
+            ],
+            false => vec![],
+        };
+        Some((pairs, self.append(first, t), sets))
     }
 
     /// The copy of a step's new keys or values (the last position of `present`) into cache

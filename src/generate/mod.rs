@@ -225,6 +225,25 @@ pub trait Steps {
         self.copy_output_rows_many(pairs, copy)?;
         Ok(false)
     }
+    /// [`Steps::argmax_feed`], then [`Steps::copy_output_rows_setting`], in one launch where
+    /// these steps can (on the GPU). `None` where they feed no tokens back (nothing done),
+    /// else whether the sets were applied.
+    #[allow(clippy::too_many_arguments)]
+    fn argmax_feed_copying(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<Option<bool>, GenerateError> {
+        if !self.argmax_feed(logits, rows, width, tokens)? {
+            return Ok(None);
+        }
+        self.copy_output_rows_setting(pairs, copy, sets).map(Some)
+    }
     /// Copies rows of outputs of these steps' last run into inputs of `target` (output,
     /// input pairs): a prompt step filling the one-token step's cache.
     fn copy_output_rows_into(
@@ -311,6 +330,27 @@ impl Steps for Session {
         }
         Session::sample_feed(self, logits, at, draw, temperature, draws, tokens)?;
         Ok(true)
+    }
+    fn argmax_feed_copying(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<Option<bool>, GenerateError> {
+        if !feeds(self, tokens) {
+            return Ok(None);
+        }
+        if crate::knobs::off("FUSEC_GENERATE_ONE_LAUNCH") {
+            Session::argmax_feed(self, logits, rows, width, tokens)?;
+            Session::copy_output_rows_setting(self, pairs, copy, sets)?;
+        } else {
+            Session::argmax_feed_copying(self, logits, rows, width, tokens, pairs, copy, sets)?;
+        }
+        Ok(Some(true))
     }
     fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
         Ok(Session::fed_tokens(self)?)
@@ -500,16 +540,37 @@ impl<S: Steps> Generator<S> {
                 (0..batch).map(|b| b < prompts.len() && t + 1 >= prompts[b].len()).collect();
             let draws = draws_for(&mut sampler, &takes);
             let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
+            // Greedy with one copy for the cache: the choice and the copy in one launch.
+            let mut copied = None;
             let fed_now = t + 1 >= longest
-                && match sampler.row_draw() {
-                    None => self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)?,
-                    Some(draw) => {
+                && match (sampler.row_draw(), self.layout.one_copy(t, t + 1 < steps)) {
+                    (None, Some((pairs, copy, sets))) => {
+                        let logits = &self.layout.logits;
+                        copied = self.steps.argmax_feed_copying(
+                            logits,
+                            batch,
+                            vocab,
+                            cache::TOKENS,
+                            &pairs,
+                            copy,
+                            &sets,
+                        )?;
+                        copied.is_some()
+                    }
+                    (None, None) => {
+                        self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)?
+                    }
+                    (Some(draw), _) => {
                         self.steps.sample_feed(&self.layout.logits, at, draw, &draws, cache::TOKENS)?
                     }
                 };
             if fed_now {
                 clock.lap(2, &mut self.steps)?;
-                advanced = self.copy_cache(t, t + 1 < steps)?.then_some(t + 1);
+                let set = match copied {
+                    Some(set) => set,
+                    None => self.copy_cache(t, t + 1 < steps)?,
+                };
+                advanced = set.then_some(t + 1);
                 clock.lap(4, &mut self.steps)?;
                 // The previous step's ids, read while this one runs.
                 let first = (longest, started);
@@ -574,19 +635,8 @@ impl<S: Steps> Generator<S> {
         if t >= self.layout.capacity {
             return Ok(false);
         }
-        let sets = [
-            ColumnSet { input: cache::POSITIONS, column: 0, value: (t + 1) as f64 },
-            ColumnSet { input: cache::MASK, column: t, value: 1.0 },
-        ];
-        let sets = if next { &sets[..] } else { &[] };
-        // One copy for all the cached tensors where they share a shape (one launch).
-        let first = self.layout.pairs.first().filter(|f| {
-            self.layout.pairs.iter().all(|p| self.layout.append(p, t) == self.layout.append(f, t))
-        });
-        if let Some(first) = first {
-            let pairs: Vec<(&str, &str)> =
-                self.layout.pairs.iter().map(|p| (p.present.as_str(), p.past.as_str())).collect();
-            return self.steps.copy_output_rows_setting(&pairs, self.layout.append(first, t), sets);
+        if let Some((pairs, copy, sets)) = self.layout.one_copy(t, next) {
+            return self.steps.copy_output_rows_setting(&pairs, copy, &sets);
         }
         for pair in &self.layout.pairs {
             self.steps.copy_output_rows(&pair.present, &pair.past, self.layout.append(pair, t))?;

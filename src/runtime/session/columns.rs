@@ -23,6 +23,7 @@ pub struct ColumnSet<'a> {
 /// A [`ColumnSet`] resolved on the device: the first row's element, the bytes from one row's
 /// to the next, the rows, the element's bytes (little-endian, in the low bytes) and its size.
 #[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
 pub(super) struct ColumnWrite {
     pub address: u64,
     pub pitch: u64,
@@ -30,6 +31,9 @@ pub(super) struct ColumnWrite {
     pub bits: u64,
     pub bytes: u64,
 }
+
+// SAFETY: five u64s, laid out as the kernels' `ColumnSet` (`kernels/copy_rows.cuh`).
+unsafe impl cudarc::driver::DeviceRepr for ColumnWrite {}
 
 impl Session {
     /// Sets column `column` of every row of rank-2 input `name` (`[rows, columns]`) to

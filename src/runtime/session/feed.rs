@@ -6,7 +6,9 @@
 
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
-use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
+use super::columns::ColumnSet;
+use super::state::ARGMAX_PTX;
+use super::{driver, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
 /// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
@@ -162,6 +164,88 @@ impl Session {
         width: usize,
         (out, host): (u64, Option<u64>),
     ) -> Result<(), RuntimeError> {
+        let (x, slots, chunks) = self.argmax_args(name, rows, width)?;
+        let function = self.argmax_kernel()?;
+        let config = LaunchConfig {
+            grid_dim: (chunks, rows as u32, 1),
+            block_dim: (ARGMAX_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (width, host) = (width as u64, host.unwrap_or(0));
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host);
+        // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
+        // by `argmax_args` to hold them), uses two words a row of the slots (allocated for
+        // `rows`), and writes `rows` ids at `out` and at `host` where given, which the callers
+        // checked.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// [`Session::argmax_feed`], and the copy of `pairs`' rows with `sets` that follows a
+    /// decoding step ([`Session::copy_output_rows_setting`]) in the same launch where the copy
+    /// kernel can run that copy: one launch's wait the fewer a step. Else one after the other.
+    #[allow(clippy::too_many_arguments)]
+    pub fn argmax_feed_copying(
+        &mut self,
+        logits: &str,
+        rows: usize,
+        width: usize,
+        tokens: &str,
+        pairs: &[(&str, &str)],
+        copy: RowCopy,
+        sets: &[ColumnSet<'_>],
+    ) -> Result<(), RuntimeError> {
+        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
+        let writes = sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let (_, out) = self.fed_input(tokens, rows)?;
+        let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
+            self.argmax_feed(logits, rows, width, tokens)?;
+            return self.copy_rows_apart(&bases, &targets, copy, &writes);
+        };
+        let (x, slots, chunks) = self.argmax_args(logits, rows, width)?;
+        let (slot, host) = self.feed_buffer(rows)?;
+        if self.state.argmax_copying.is_none() {
+            self.state.argmax_copying = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows_copying")?);
+        }
+        let function = self
+            .state
+            .argmax_copying
+            .clone()
+            .ok_or_else(|| RuntimeError::Driver("the argmax kernel did not load".into()))?;
+        let too_many = || RuntimeError::Input(format!("{rows} rows and {} copies", copying.blocks.1));
+        let config = LaunchConfig {
+            grid_dim: (
+                chunks.max(copying.blocks.0),
+                u32::try_from(rows + copying.blocks.1 as usize)
+                    .ok()
+                    .filter(|&r| r <= 65_535)
+                    .ok_or_else(too_many)?,
+                1,
+            ),
+            block_dim: (ARGMAX_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (width, rows_u, chunks_u, copy_blocks) =
+            (width as u64, rows as u64, u64::from(chunks), u64::from(copying.blocks.0));
+        let mut args = self.stream.launch_builder(&function);
+        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&rows_u).arg(&chunks_u);
+        copying.push(&mut args);
+        args.arg(&copy_blocks);
+        // SAFETY: as `launch_argmax` for the choice (`fed_input` checked `out`, `feed_buffer`
+        // made `host`), as `copy_rows` for the copy and the sets; the two touch different memory.
+        unsafe { args.launch(config) }.map_err(driver)?;
+        self.fed_back(slot, None, rows)
+    }
+
+    /// The argmax kernel's operands for `rows` rows of `width` of f32 output `name`: the
+    /// output's address, the slots its blocks merge in (made here) and the blocks a row.
+    fn argmax_args(
+        &mut self,
+        name: &str,
+        rows: usize,
+        width: usize,
+    ) -> Result<(u64, u64, u32), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
         if spec.dtype != "f32" || rows * width * 4 > size || width == 0 || width >= u32::MAX as usize {
@@ -170,8 +254,11 @@ impl Session {
                 spec.dtype, spec.shape
             )));
         }
+        let too_many = || RuntimeError::Input(format!("{rows} rows of {width}"));
+        if rows > 65_535 {
+            return Err(too_many());
+        }
         let x = self.address(spec.location);
-        let function = self.argmax_kernel()?;
         if self.state.argmax_slots.as_ref().is_none_or(|s| s.len() < 2 * rows) {
             self.state.argmax_slots = Some(self.stream.alloc_zeros::<u64>(2 * rows.max(1)).map_err(driver)?);
         }
@@ -179,23 +266,7 @@ impl Session {
             Some(slots) => slots.device_ptr(&self.stream).0,
             None => return Err(RuntimeError::Driver("no device buffer for the argmax".into())),
         };
-        let too_many = || RuntimeError::Input(format!("{rows} rows of {width}"));
-        let config = LaunchConfig {
-            grid_dim: (
-                u32::try_from(width.div_ceil(ARGMAX_THREADS * ARGMAX_ITEMS)).map_err(|_| too_many())?,
-                u32::try_from(rows).ok().filter(|&r| r <= 65_535).ok_or_else(too_many)?,
-                1,
-            ),
-            block_dim: (ARGMAX_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (width, host) = (width as u64, host.unwrap_or(0));
-        let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host);
-        // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
-        // above to hold them), uses two words a row of the slots (allocated for `rows`), and
-        // writes `rows` ids at `out` and at `host` where given, which the callers checked.
-        unsafe { args.launch(config) }.map_err(driver)?;
-        Ok(())
+        let chunks = u32::try_from(width.div_ceil(ARGMAX_THREADS * ARGMAX_ITEMS)).map_err(|_| too_many())?;
+        Ok((x, slots, chunks))
     }
 }

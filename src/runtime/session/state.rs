@@ -12,13 +12,42 @@ use crate::plan::Location;
 
 /// PTX of `kernels/copy_rows.cu` and `kernels/argmax_rows.cu` (see kernels/README.md).
 const ROW_COPY_PTX: &str = include_str!("../../../kernels/copy_rows.ptx");
-const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
+pub(super) const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
+
+/// Threads a block of the copy kernel (`kernels/copy_rows.cuh`: one a word).
+pub(super) const COPY_THREADS: u32 = 256;
+
+/// The copy kernel's arguments after the ones of the kernel it may run in
+/// (`copy_rows_block`'s, in order) and the blocks it takes (x: words, y: tensors and a block
+/// row for the sets where there are any).
+pub(super) struct RowCopyLaunch {
+    sources: u64,
+    targets: u64,
+    rows: u64,
+    words: u64,
+    from_pitch: u64,
+    to_pitch: u64,
+    tensors: u64,
+    sets: [ColumnWrite; 2],
+    pub(super) blocks: (u32, u32),
+}
+
+impl RowCopyLaunch {
+    /// Pushes the arguments, `copy_rows_block`'s order.
+    pub(super) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
+        args.arg(&self.sources).arg(&self.targets).arg(&self.rows).arg(&self.words);
+        args.arg(&self.from_pitch).arg(&self.to_pitch).arg(&self.tensors);
+        args.arg(&self.sets[0]).arg(&self.sets[1]);
+    }
+}
 
 /// The kernels of this room and the device buffer of chosen ids, loaded on first use.
 #[derive(Default)]
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
     argmax: Option<CudaFunction>,
+    /// The argmax kernel with a copy beside it (`feed::argmax_feed_copying`).
+    pub(super) argmax_copying: Option<CudaFunction>,
     /// Two words a row for the argmax kernel's blocks to merge their choices in (zero between
     /// launches: the kernel clears what it used).
     pub(super) argmax_slots: Option<CudaSlice<u64>>,
@@ -304,64 +333,97 @@ impl Session {
     /// copy each for rows not in whole 4-byte words.
     pub(super) fn copy_rows(
         &mut self,
-        mut bases: Vec<u64>,
+        bases: Vec<u64>,
         targets: Vec<u64>,
         copy: RowCopy,
         sets: &[ColumnWrite],
     ) -> Result<(), RuntimeError> {
+        let Some(launch) = self.row_copy_launch(&bases, &targets, copy, sets)? else {
+            return self.copy_rows_apart(&bases, &targets, copy, sets);
+        };
+        if self.state.row_copy.is_none() {
+            self.state.row_copy = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
+        }
+        let function = self
+            .state
+            .row_copy
+            .clone()
+            .ok_or_else(|| RuntimeError::Driver("the copy kernel did not load".into()))?;
+        let config = LaunchConfig {
+            grid_dim: (launch.blocks.0, launch.blocks.1, 1),
+            block_dim: (COPY_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = self.stream.launch_builder(&function);
+        launch.push(&mut args);
+        // SAFETY: every tensor's rows lie inside its output's and input's buffers (checked
+        // by `row_addresses`), which the session owns; the base arrays hold `n` addresses
+        // each; each column write's rows lie inside its input (`column_write`).
+        unsafe { args.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// [`Session::copy_rows`] without the copy kernel: a 2-D copy a tensor, a memset a set.
+    pub(super) fn copy_rows_apart(
+        &mut self,
+        bases: &[u64],
+        targets: &[u64],
+        copy: RowCopy,
+        sets: &[ColumnWrite],
+    ) -> Result<(), RuntimeError> {
+        for (&source, &target) in bases.iter().zip(targets) {
+            self.copy_rows_2d(source, target, copy)?;
+        }
+        for set in sets {
+            self.write_column(set)?;
+        }
+        Ok(())
+    }
+
+    /// The copy kernel's arguments for [`Session::copy_rows`] (the bases on the device), or
+    /// `None` where it cannot run the copy: rows not in whole 4-byte words, nothing to copy,
+    /// more than two sets.
+    pub(super) fn row_copy_launch(
+        &mut self,
+        bases: &[u64],
+        targets: &[u64],
+        copy: RowCopy,
+        sets: &[ColumnWrite],
+    ) -> Result<Option<RowCopyLaunch>, RuntimeError> {
         let n = targets.len();
         let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
         let threads = (copy.rows * copy.width / 4) as u64;
         if words.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
-            for (&source, &target) in bases.iter().zip(&targets) {
-                self.copy_rows_2d(source, target, copy)?;
-            }
-            for set in sets {
-                self.write_column(set)?;
-            }
-            return Ok(());
+            return Ok(None);
         }
-        bases.extend(targets);
-        if self.state.row_copy.is_none() {
-            self.state.row_copy = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
+        let all: Vec<u64> = bases.iter().chain(targets).copied().collect();
+        if self.state.bases != all || self.state.bases_on_device.is_none() {
+            self.state.bases_on_device = Some(self.stream.clone_htod(&all).map_err(driver)?);
+            self.state.bases = all;
         }
-        if self.state.bases != bases || self.state.bases_on_device.is_none() {
-            self.state.bases_on_device = Some(self.stream.clone_htod(&bases).map_err(driver)?);
-            self.state.bases = bases;
-        }
-        let (Some(function), Some(on_device)) =
-            (self.state.row_copy.clone(), self.state.bases_on_device.as_ref())
-        else {
-            return Err(RuntimeError::Driver("the copy kernel did not load".into()));
+        let Some(on_device) = self.state.bases_on_device.as_ref() else {
+            return Err(RuntimeError::Driver("no device array for the copy's bases".into()));
         };
+        let sources = on_device.device_ptr(&self.stream).0;
         let set_rows = sets.iter().map(|s| s.rows).max().unwrap_or(0);
-        let config = LaunchConfig {
-            grid_dim: (
-                u32::try_from(threads.max(set_rows).div_ceil(256))
-                    .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
-                u32::try_from(n + usize::from(!sets.is_empty()))
-                    .map_err(|_| RuntimeError::Input(format!("{n} tensors")))?,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (sources, targets) = (on_device.slice(..n), on_device.slice(n..2 * n));
-        let (rows, width) = (copy.rows as u64, copy.width as u64 / 4);
-        let (from_pitch, to_pitch) = (copy.from_pitch as u64 / 4, copy.to_pitch as u64 / 4);
-        let tensors = n as u64;
+        let blocks = (
+            u32::try_from(threads.max(set_rows).div_ceil(u64::from(COPY_THREADS)))
+                .map_err(|_| RuntimeError::Input("a copy of over 2^40 words".into()))?,
+            u32::try_from(n + usize::from(!sets.is_empty()))
+                .map_err(|_| RuntimeError::Input(format!("{n} tensors")))?,
+        );
         let none = ColumnWrite::default();
-        let [s0, s1] = [sets.first().unwrap_or(&none), sets.get(1).unwrap_or(&none)];
-        let mut args = self.stream.launch_builder(&function);
-        args.arg(&sources).arg(&targets).arg(&rows).arg(&width).arg(&from_pitch).arg(&to_pitch).arg(&tensors);
-        for set in [s0, s1] {
-            args.arg(&set.address).arg(&set.pitch).arg(&set.rows).arg(&set.bits).arg(&set.bytes);
-        }
-        // SAFETY: every tensor's rows lie inside its output's and input's buffers (checked
-        // above), which the session owns; the base arrays hold `n` addresses each; each column
-        // write's rows lie inside its input (`column_write`).
-        unsafe { args.launch(config) }.map_err(driver)?;
-        Ok(())
+        Ok(Some(RowCopyLaunch {
+            sources,
+            targets: sources + 8 * n as u64,
+            rows: copy.rows as u64,
+            words: copy.width as u64 / 4,
+            from_pitch: copy.from_pitch as u64 / 4,
+            to_pitch: copy.to_pitch as u64 / 4,
+            tensors: n as u64,
+            sets: [*sets.first().unwrap_or(&none), *sets.get(1).unwrap_or(&none)],
+            blocks,
+        }))
     }
 
     /// One 2-D copy of `copy.rows` rows from device address `source` (the first row's first
