@@ -410,9 +410,15 @@ pub fn generate(
         let k_lanes = threads / col_lanes;
         (threads, n / cols, k.div_ceil(k_lanes))
     };
+    // A wide product's blocks come in waves (GPT-2's vocabulary: 786 blocks over 132
+    // multiprocessors): two blocks a multiprocessor (ptxas then keeps a thread to 128
+    // registers: 123, no spills, where one block took 156), so that one block's start overlaps
+    // another's reads. `FUSEC_SKINNY_TWO_BLOCKS=0` keeps one.
+    let min_blocks = if wide && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS") { 2 } else { 1 };
     let fields = json!({
         "lanes": lanes,
         "block": block,
+        "min_blocks": min_blocks,
         "warps": block / 32,
         "per_warp": per_warp,
         "packs": k / lanes,
