@@ -506,7 +506,11 @@ mod tests {
         assert_eq!(make(&spec(1, 4096, 768, true)).unwrap().grid, 4096usize.div_ceil(4) as u32);
         let vocabulary = make(&spec(1, 50257, 768, true)).unwrap();
         assert_eq!((vocabulary.grid, vocabulary.block), (50257usize.div_ceil(64) as u32, 256));
-        assert_eq!(make(&spec(3, 50257, 768, true)).unwrap().grid, 50257usize.div_ceil(8) as u32);
+        // Its blocks in waves: two a multiprocessor; three rows' (not wide) one.
+        assert!(vocabulary.source.contains("__launch_bounds__(256, 2)"));
+        let three = make(&spec(3, 50257, 768, true)).unwrap();
+        assert_eq!(three.grid, 50257usize.div_ceil(8) as u32);
+        assert!(three.source.contains("__launch_bounds__(128, 1)"));
         let mut g = spec(8, 1000, 64, true);
         g.dtype = DType::F32;
         assert_eq!(make(&g).unwrap().grid, 1000usize.div_ceil(16) as u32);
