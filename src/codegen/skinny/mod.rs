@@ -411,10 +411,12 @@ pub fn generate(
         (threads, n / cols, k.div_ceil(k_lanes))
     };
     // A wide product's blocks come in waves (GPT-2's vocabulary: 786 blocks over 132
-    // multiprocessors): two blocks a multiprocessor (ptxas then keeps a thread to 128
-    // registers: 123, no spills, where one block took 156), so that one block's start overlaps
-    // another's reads. `FUSEC_SKINNY_TWO_BLOCKS=0` keeps one.
-    let min_blocks = if wide && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS") { 2 } else { 1 };
+    // multiprocessors; a [K, N] one of 32,000 columns over 1,024 rows: 1,000): two blocks a
+    // multiprocessor (ptxas then keeps a thread to 128 registers, no spills, where one block
+    // took 202 and 201 with the norm taken in), so that one block's start overlaps another's
+    // reads. `FUSEC_SKINNY_TWO_BLOCKS=0` keeps one.
+    let two = m <= 2 && n >= WIDE && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS");
+    let min_blocks = if two { 2 } else { 1 };
     let fields = json!({
         "lanes": lanes,
         "block": block,
@@ -511,6 +513,8 @@ mod tests {
         let three = make(&spec(3, 50257, 768, true)).unwrap();
         assert_eq!(three.grid, 50257usize.div_ceil(8) as u32);
         assert!(three.source.contains("__launch_bounds__(128, 1)"));
+        // [K, N] as wide: two too.
+        assert!(make(&spec(1, 32000, 1024, false)).unwrap().source.contains("__launch_bounds__(256, 2)"));
         let mut g = spec(8, 1000, 64, true);
         g.dtype = DType::F32;
         assert_eq!(make(&g).unwrap().grid, 1000usize.div_ceil(16) as u32);
