@@ -8,7 +8,7 @@
 mod common;
 
 use fusec::ir::{DType, Tensor};
-use fusec::runtime::{ColumnSet, RowCopy};
+use fusec::runtime::{CacheCopy, ColumnSet, RowCopy};
 use fusec::CompileOptions;
 use ndarray::{ArrayD, IxDyn};
 
@@ -74,14 +74,17 @@ fn a_cache_copy_sets_the_next_steps_columns() {
         session.run(&inputs).unwrap();
         let ids = session.argmax_rows("logits", batch, 512).unwrap();
         match mode {
-            0 => session.copy_output_rows_setting(&pairs, copy, &sets).unwrap(),
+            0 => session.copy_output_rows_setting(CacheCopy { pairs: &pairs, copy, sets: &sets }).unwrap(),
             1 => {
                 session.copy_output_rows_many(&pairs, copy).unwrap();
                 for set in &sets {
                     session.set_input_column(set.input, set.column, set.value).unwrap();
                 }
             }
-            _ => session.argmax_feed_copying("logits", batch, 512, "input_ids", &pairs, copy, &sets).unwrap(),
+            _ => {
+                let cache = CacheCopy { pairs: &pairs, copy, sets: &sets };
+                session.argmax_feed_copying("logits", (batch, 512), "input_ids", cache).unwrap()
+            }
         }
         if mode < 2 {
             session.write_input("input_ids", &ints(&[batch, 1], ids)).unwrap();
@@ -98,9 +101,13 @@ fn a_cache_copy_sets_the_next_steps_columns() {
         results.push(outputs);
         // Misuse: a column past the input, an input that is not [rows, columns].
         let past_end = ColumnSet { input: "attention_mask", column: past + 1, value: 1.0 };
-        assert!(session.copy_output_rows_setting(&pairs, copy, &[past_end]).is_err());
+        assert!(session
+            .copy_output_rows_setting(CacheCopy { pairs: &pairs, copy, sets: &[past_end] })
+            .is_err());
         let not_2d = ColumnSet { input: pairs[0].1, column: 0, value: 1.0 };
-        assert!(session.copy_output_rows_setting(&pairs, copy, &[not_2d]).is_err());
+        assert!(session
+            .copy_output_rows_setting(CacheCopy { pairs: &pairs, copy, sets: &[not_2d] })
+            .is_err());
     }
     assert_eq!(results[0], results[1], "the step after the copy, columns set in its launch or on their own");
     assert_eq!(results[0], results[2], "the step after the copy, the choice in its launch or on its own");

@@ -7,7 +7,7 @@
 
 use crate::bundle::IoSpec;
 use crate::ir::DType;
-use crate::runtime::{ColumnSet, RowCopy};
+use crate::runtime::{CacheCopy, ColumnSet, RowCopy};
 
 /// The token ids a decoder with a cache takes, `[batch, seq]`.
 pub const TOKENS: &str = "input_ids";
@@ -35,7 +35,18 @@ pub struct CachePair {
 
 /// A step's cache copy as one copy ([`CacheLayout::one_copy`]): the (output, input) pairs,
 /// the rows copied, and the next step's position and mask slot set with it.
-pub type OneCopy<'a> = (Vec<(&'a str, &'a str)>, RowCopy, Vec<ColumnSet<'static>>);
+pub struct OneCopy<'a> {
+    pairs: Vec<(&'a str, &'a str)>,
+    copy: RowCopy,
+    sets: Vec<ColumnSet<'static>>,
+}
+
+impl OneCopy<'_> {
+    /// The copy as the steps take it.
+    pub fn as_copy(&self) -> CacheCopy<'_> {
+        CacheCopy { pairs: &self.pairs, copy: self.copy, sets: &self.sets }
+    }
+}
 
 /// A decoder's inputs and outputs read as a step with a cache.
 #[derive(Clone, Debug, PartialEq)]
@@ -205,7 +216,7 @@ impl CacheLayout {
             ],
             false => vec![],
         };
-        Some((pairs, self.append(first, t), sets))
+        Some(OneCopy { pairs, copy: self.append(first, t), sets })
     }
 
     /// The copy of a step's new keys or values (the last position of `present`) into cache

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::bundle::Bundle;
 use crate::ir::{DType, Element, Tensor};
-use crate::runtime::{ColumnSet, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
+use crate::runtime::{CacheCopy, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 pub use cache::CacheLayout;
 pub use compile::StepCompile;
 pub use sampling::{Sampler, Sampling};
@@ -215,34 +215,24 @@ pub trait Steps {
     }
     /// [`Steps::copy_output_rows_many`], and `sets` applied in the same launch where these
     /// steps can (on the GPU): `true` where they were, else they are left to the caller.
-    fn copy_output_rows_setting(
-        &mut self,
-        pairs: &[(&str, &str)],
-        copy: RowCopy,
-        sets: &[ColumnSet<'_>],
-    ) -> Result<bool, GenerateError> {
-        let _ = sets;
-        self.copy_output_rows_many(pairs, copy)?;
+    fn copy_output_rows_setting(&mut self, cache: CacheCopy<'_>) -> Result<bool, GenerateError> {
+        self.copy_output_rows_many(cache.pairs, cache.copy)?;
         Ok(false)
     }
-    /// [`Steps::argmax_feed`], then [`Steps::copy_output_rows_setting`], in one launch where
-    /// these steps can (on the GPU). `None` where they feed no tokens back (nothing done),
-    /// else whether the sets were applied.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Steps::argmax_feed`] (`rows` × `width` logits), then
+    /// [`Steps::copy_output_rows_setting`], in one launch where these steps can (on the GPU).
+    /// `None` where they feed no tokens back (nothing done), else whether the sets were applied.
     fn argmax_feed_copying(
         &mut self,
         logits: &str,
-        rows: usize,
-        width: usize,
+        (rows, width): (usize, usize),
         tokens: &str,
-        pairs: &[(&str, &str)],
-        copy: RowCopy,
-        sets: &[ColumnSet<'_>],
+        cache: CacheCopy<'_>,
     ) -> Result<Option<bool>, GenerateError> {
         if !self.argmax_feed(logits, rows, width, tokens)? {
             return Ok(None);
         }
-        self.copy_output_rows_setting(pairs, copy, sets).map(Some)
+        self.copy_output_rows_setting(cache).map(Some)
     }
     /// Copies rows of outputs of these steps' last run into inputs of `target` (output,
     /// input pairs): a prompt step filling the one-token step's cache.
@@ -334,21 +324,18 @@ impl Steps for Session {
     fn argmax_feed_copying(
         &mut self,
         logits: &str,
-        rows: usize,
-        width: usize,
+        (rows, width): (usize, usize),
         tokens: &str,
-        pairs: &[(&str, &str)],
-        copy: RowCopy,
-        sets: &[ColumnSet<'_>],
+        cache: CacheCopy<'_>,
     ) -> Result<Option<bool>, GenerateError> {
         if !feeds(self, tokens) {
             return Ok(None);
         }
         if crate::knobs::off("FUSEC_GENERATE_ONE_LAUNCH") {
             Session::argmax_feed(self, logits, rows, width, tokens)?;
-            Session::copy_output_rows_setting(self, pairs, copy, sets)?;
+            Session::copy_output_rows_setting(self, cache)?;
         } else {
-            Session::argmax_feed_copying(self, logits, rows, width, tokens, pairs, copy, sets)?;
+            Session::argmax_feed_copying(self, logits, (rows, width), tokens, cache)?;
         }
         Ok(Some(true))
     }
@@ -361,13 +348,8 @@ impl Steps for Session {
     fn copy_output_rows_many(&mut self, pairs: &[(&str, &str)], copy: RowCopy) -> Result<(), GenerateError> {
         Ok(Session::copy_output_rows_many(self, pairs, copy)?)
     }
-    fn copy_output_rows_setting(
-        &mut self,
-        pairs: &[(&str, &str)],
-        copy: RowCopy,
-        sets: &[ColumnSet<'_>],
-    ) -> Result<bool, GenerateError> {
-        Session::copy_output_rows_setting(self, pairs, copy, sets)?;
+    fn copy_output_rows_setting(&mut self, cache: CacheCopy<'_>) -> Result<bool, GenerateError> {
+        Session::copy_output_rows_setting(self, cache)?;
         Ok(true)
     }
     fn copy_output_rows_into(
@@ -544,17 +526,10 @@ impl<S: Steps> Generator<S> {
             let mut copied = None;
             let fed_now = t + 1 >= longest
                 && match (sampler.row_draw(), self.layout.one_copy(t, t + 1 < steps)) {
-                    (None, Some((pairs, copy, sets))) => {
-                        let logits = &self.layout.logits;
-                        copied = self.steps.argmax_feed_copying(
-                            logits,
-                            batch,
-                            vocab,
-                            cache::TOKENS,
-                            &pairs,
-                            copy,
-                            &sets,
-                        )?;
+                    (None, Some(one)) => {
+                        let (logits, rows) = (&self.layout.logits, (batch, vocab));
+                        copied =
+                            self.steps.argmax_feed_copying(logits, rows, cache::TOKENS, one.as_copy())?;
                         copied.is_some()
                     }
                     (None, None) => {
@@ -635,8 +610,8 @@ impl<S: Steps> Generator<S> {
         if t >= self.layout.capacity {
             return Ok(false);
         }
-        if let Some((pairs, copy, sets)) = self.layout.one_copy(t, next) {
-            return self.steps.copy_output_rows_setting(&pairs, copy, &sets);
+        if let Some(one) = self.layout.one_copy(t, next) {
+            return self.steps.copy_output_rows_setting(one.as_copy());
         }
         for pair in &self.layout.pairs {
             self.steps.copy_output_rows(&pair.present, &pair.past, self.layout.append(pair, t))?;

@@ -20,6 +20,19 @@ pub struct ColumnSet<'a> {
     pub value: f64,
 }
 
+/// A decoding step's cache copy: rows `copy` of each output of `pairs` into the input beside
+/// it, and `sets` applied in the same launch where it can be
+/// ([`Session::copy_output_rows_setting`], [`Session::argmax_feed_copying`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CacheCopy<'a> {
+    /// (output, input) pairs.
+    pub pairs: &'a [(&'a str, &'a str)],
+    /// The rows copied, the same for every pair.
+    pub copy: super::RowCopy,
+    /// Columns set with it (at most two share its launch).
+    pub sets: &'a [ColumnSet<'a>],
+}
+
 /// A [`ColumnSet`] resolved on the device: the first row's element, the bytes from one row's
 /// to the next, the rows, the element's bytes (little-endian, in the low bytes) and its size.
 #[derive(Clone, Copy, Debug, Default)]
@@ -102,12 +115,8 @@ impl Session {
     /// copy runs as a kernel; else the copy, then each set on its own. A decoding step's new
     /// keys and values go into the cache and the next step's position and mask slot are set
     /// together.
-    pub fn copy_output_rows_setting(
-        &mut self,
-        pairs: &[(&str, &str)],
-        copy: super::RowCopy,
-        sets: &[ColumnSet<'_>],
-    ) -> Result<(), RuntimeError> {
+    pub fn copy_output_rows_setting(&mut self, cache: CacheCopy<'_>) -> Result<(), RuntimeError> {
+        let CacheCopy { pairs, copy, sets } = cache;
         let (bases, targets) = self.row_addresses(self, pairs, copy)?;
         let writes = sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
         self.copy_rows(bases, targets, copy, &writes)

@@ -6,9 +6,9 @@
 
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
-use super::columns::ColumnSet;
+use super::columns::CacheCopy;
 use super::state::ARGMAX_PTX;
-use super::{driver, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
+use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
 /// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
@@ -182,22 +182,19 @@ impl Session {
         Ok(())
     }
 
-    /// [`Session::argmax_feed`], and the copy of `pairs`' rows with `sets` that follows a
-    /// decoding step ([`Session::copy_output_rows_setting`]) in the same launch where the copy
-    /// kernel can run that copy: one launch's wait the fewer a step. Else one after the other.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Session::argmax_feed`], and the cache copy that follows a decoding step
+    /// ([`Session::copy_output_rows_setting`]) in the same launch where the copy kernel can run
+    /// that copy: one launch's wait the fewer a step. Else one after the other.
     pub fn argmax_feed_copying(
         &mut self,
         logits: &str,
-        rows: usize,
-        width: usize,
+        (rows, width): (usize, usize),
         tokens: &str,
-        pairs: &[(&str, &str)],
-        copy: RowCopy,
-        sets: &[ColumnSet<'_>],
+        cache: CacheCopy<'_>,
     ) -> Result<(), RuntimeError> {
-        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
-        let writes = sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let copy = cache.copy;
+        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
+        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
         let (_, out) = self.fed_input(tokens, rows)?;
         let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
             self.argmax_feed(logits, rows, width, tokens)?;

@@ -39,7 +39,7 @@ use crate::bundle::{Bundle, IoSpec};
 use crate::ir::{DType, Tensor};
 use launch::Loaded;
 
-pub use columns::ColumnSet;
+pub use columns::{CacheCopy, ColumnSet};
 pub use external::{DeviceInput, DeviceOutput, HostInput};
 pub use pinned::{PinnedOutput, PINNED_MIN_BYTES};
 pub use profile::{StepProfile, TimingEvent, PROFILE_REPEAT};

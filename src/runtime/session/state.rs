@@ -293,7 +293,7 @@ impl Session {
         pairs: &[(&str, &str)],
         copy: RowCopy,
     ) -> Result<(), RuntimeError> {
-        self.copy_output_rows_setting(pairs, copy, &[])
+        self.copy_output_rows_setting(super::CacheCopy { pairs, copy, sets: &[] })
     }
 
     /// The first rows' addresses of `copy` for each (output, input) pair: in this session's
