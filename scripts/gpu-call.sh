@@ -68,6 +68,11 @@
 #             default and FUSEC_REPEATS_AS_TILES=1, alternated twice; then the staged
 #             test-siblings with FUSEC_REPEATS_AS_TILES=1 set for the whole run, and the ONNX
 #             node cases' Tile cases with it (scripts/onnx_node_cases.py; test-gpu staged)
+#   vocab     the Llama-style decoder (export_cache.py --size small llama): fusec generate fp16
+#             128 + 256 tokens at batch 1 with FUSEC_SKINNY_TWO_BLOCKS=0 and the default
+#             alternated twice, each from a cold cache (FUSEC_CACHE_DIR, so the load's choice
+#             between cuBLAS and fusec's kernel for the vocabulary is made again), then `bench
+#             --profile` of the step both ways: which one the projection runs on, and its µs
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -147,6 +152,22 @@ for part in "$@"; do
           timeout 200 .gpu/test-gpu onnx_node_cases 2>&1 | grep -E "^test |test result|panicked"
         grep -iE "tile" "$OUT/res/node_results.md" | head -20
       fi ;;
+    vocab)
+      [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
+      prompt=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
+      for run in 1 2; do
+        for two in 0 1; do
+          rm -rf /tmp/vocab-cache
+          FUSEC_CACHE_DIR=/tmp/vocab-cache FUSEC_SKINNY_TWO_BLOCKS=$two .gpu/fusec generate .bench-work/llama_small_cache.onnx \
+            --prompt-ids "$prompt" --max-new-tokens 256 --precision fp16 --batch 1 > /tmp/vocab.txt 2>&1
+          echo "--- FUSEC_SKINNY_TWO_BLOCKS=$two: tokens $(grep '^sequence' /tmp/vocab.txt | md5sum | cut -c1-8) $(grep -oE '[0-9.]+ ms per token|error.*' /tmp/vocab.txt)"
+        done
+      done
+      for two in 0 1; do
+        rm -rf /tmp/vocab-cache
+        FUSEC_CACHE_DIR=/tmp/vocab-cache FUSEC_SKINNY_TWO_BLOCKS=$two timeout 120 .gpu/fusec bench .bench-work/llama_small_cache.onnx \
+          --dim batch=1 --dim seq=1 --dim past=384 --dim total=385 --precision fp16 --cache-in-place --profile 2>&1 | grep -E "^fused|x32000"
+      done ;;
     compile)
       export_models bert_base
       ls -l .bench-work/bert_base.onnx
