@@ -20,7 +20,7 @@ use super::{KernelSource, Step};
 use crate::fusion::Kernel;
 use crate::ir::NodeId;
 use crate::plan::siblings::sibling_runs;
-use crate::plan::{stored_value, Location, Plan};
+use crate::plan::{ranges_meet, stored_value, Location, Plan};
 
 /// Merges each run of neighbouring elementwise steps of `steps` (one per kernel of `plan`; the
 /// runs [`sibling_runs`] finds, whose reads the planner kept alive to the run's end) into its
@@ -85,7 +85,7 @@ impl Memory {
     /// Whether two kernels may run at once: neither writes what the other reads or writes.
     fn apart(&self, other: &Memory) -> bool {
         let meet = |a: &[(usize, usize)], b: &[(usize, usize)]| {
-            a.iter().any(|&(p, n)| b.iter().any(|&(q, m)| p < q + m && q < p + n))
+            a.iter().any(|&x| b.iter().any(|&y| ranges_meet(x, y)))
         };
         !meet(&self.writes, &other.reads)
             && !meet(&self.writes, &other.writes)

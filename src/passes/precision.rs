@@ -20,7 +20,7 @@
 //! frequencies) are computed in f32, as PyTorch computes them (`angles`); the sines and
 //! cosines are rounded to the target where the rest reads them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::SharedConstants;
@@ -53,11 +53,21 @@ pub fn halve_constants(
     target: DType,
     shared: Option<&SharedConstants>,
 ) -> Vec<HashMap<NodeId, Arc<Tensor>>> {
+    // Constants only angles read stay f32 (`angles`).
+    let kept: Vec<HashSet<NodeId>> = graphs.iter().map(|g| super::angles::kept_in_f32(g)).collect();
+    halve_keeping(graphs, &kept, target, shared)
+}
+
+/// [`halve_constants`], the nodes kept in f32 given for each graph.
+fn halve_keeping(
+    graphs: &mut [&mut Graph],
+    kept: &[HashSet<NodeId>],
+    target: DType,
+    shared: Option<&SharedConstants>,
+) -> Vec<HashMap<NodeId, Arc<Tensor>>> {
     // Each value once, with every (graph, node) holding it.
     let mut holders: HashMap<usize, Holders> = HashMap::new();
-    for (g, graph) in graphs.iter_mut().enumerate() {
-        // Constants only angles read stay f32 (`angles`).
-        let kept = super::angles::kept_in_f32(graph);
+    for ((g, graph), kept) in graphs.iter_mut().enumerate().zip(kept) {
         let ids: Vec<NodeId> = graph
             .node_ids()
             .filter(|&id| graph.node(id).ty.dtype == DType::F32 && !kept.contains(&id))
@@ -117,7 +127,9 @@ pub fn lower_precision_halved(
     let mut halved = match (mixed, halved) {
         (true, _) => HashMap::new(),
         (false, Some(halved)) => halved,
-        (false, None) => halve_constants(&mut [&mut graph], target, shared).pop().unwrap_or_default(),
+        (false, None) => halve_keeping(&mut [&mut graph], std::slice::from_ref(&kept), target, shared)
+            .pop()
+            .unwrap_or_default(),
     };
     let mut b = Lowering { out: Graph::new(), constants: HashMap::new(), converted: HashMap::new(), shared };
     let mut map: HashMap<NodeId, NodeId> = HashMap::new();

@@ -268,6 +268,11 @@ fn aligned(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN).max(1) * ALIGN
 }
 
+/// Whether the byte ranges `(start, length)` `a` and `b` share a byte.
+pub fn ranges_meet(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
 /// The value whose memory `id` reads: `id` itself, or the source of the view chain it is.
 pub fn stored_value(graph: &Graph, mut id: NodeId, stored: &impl Fn(NodeId) -> bool) -> Option<NodeId> {
     loop {

@@ -213,7 +213,7 @@ pub fn next_weights(plan: &Plan, index: usize) -> Option<(Location, usize)> {
 /// written, so weights overlap nothing a kernel writes).
 fn overlaps(a: Location, a_len: usize, b: Location, b_len: usize) -> bool {
     match (a, b) {
-        (Location::Arena(p), Location::Arena(q)) => p < q + b_len && q < p + a_len,
+        (Location::Arena(p), Location::Arena(q)) => crate::plan::ranges_meet((p, a_len), (q, b_len)),
         _ => false,
     }
 }
