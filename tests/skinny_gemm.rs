@@ -297,3 +297,39 @@ fn compile_reports_the_kernels_for_a_few_rows() {
         "{stdout}"
     );
 }
+
+/// A vocabulary-wide product at one row (16,411 columns over 768, after a LayerNorm the
+/// kernel takes in, weights `[N, K]` through `Gemm` with `transB` and `[K, N]` through
+/// `MatMul`): two blocks a multiprocessor (its blocks come in waves), and ptxas fits it in
+/// the 128 registers that leaves, without spills.
+#[test]
+fn a_vocabulary_runs_two_blocks_a_multiprocessor_without_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    for transposed in [true, false] {
+        let head = match transposed {
+            true => node("Gemm", &["h", "w"], "logits", vec![int("transB", 1)]),
+            false => node("MatMul", &["h", "w"], "logits", vec![]),
+        };
+        let nodes = vec![
+            node("MatMul", &["x", "w0"], "y", vec![]),
+            node("LayerNormalization", &["y", "g", "b"], "h", vec![]),
+            head,
+        ];
+        let w = if transposed { [16411, 768] } else { [768, 16411] };
+        let init = vec![
+            weight("w0", &[768, 768], 81, -0.05, 0.1),
+            weight("g", &[768], 82, 0.5, 1.0),
+            weight("b", &[768], 83, -0.1, 0.2),
+            weight("w", &w, 84, -0.05, 0.1),
+        ];
+        let path = write_model(dir.path(), &format!("vocab{transposed}"), &[1, 768], nodes, init);
+        let kernels = skinny_kernels(&path, &options(DType::F16));
+        let wide: Vec<&KernelSource> = kernels.iter().filter(|k| k.source.contains("16411")).collect();
+        assert_eq!(wide.len(), 1, "{transposed}: {kernels:?}");
+        assert!(wide[0].source.contains("__launch_bounds__(256, 2)"), "{}", wide[0].source);
+        assert!(wide[0].source.contains("Norm of"), "{transposed}: the norm not taken in");
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(wide[0], common::ptxas().as_deref(), dir.path());
+        }
+    }
+}
