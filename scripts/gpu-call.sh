@@ -66,7 +66,7 @@
 #   siblings  the Llama-style decoder and GPT-2 small (export_cache.py --size small): fusec
 #             generate fp16 128 + 256 tokens at batch 1 with FUSEC_MERGE_SIBLINGS=0, the
 #             default and FUSEC_REPEATS_AS_TILES=1, alternated twice; then the staged
-#             test-siblings with FUSEC_REPEATS_AS_TILES=1 set for the whole run, and the ONNX
+#             test-siblings (which sets the knob itself where it needs it), and the ONNX
 #             node cases' Tile cases with it (scripts/onnx_node_cases.py; test-gpu staged)
 #   vocab     the Llama-style decoder (export_cache.py --size small llama): fusec generate fp16
 #             128 + 256 tokens at batch 1 with FUSEC_SKINNY_TWO_BLOCKS=0 and the default
@@ -145,7 +145,7 @@ for part in "$@"; do
           done
         done
       done
-      [ -x .gpu/test-siblings ] && FUSEC_REPEATS_AS_TILES=1 FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-siblings 2>&1 | grep -E "^test |test result|panicked"
+      [ -x .gpu/test-siblings ] && FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-siblings 2>&1 | grep -E "^test |test result|panicked"
       if [ -x .gpu/test-gpu ]; then
         [ -d /tmp/fusec-node-cases ] || timeout 120 python3 scripts/onnx_node_cases.py /tmp/fusec-node-cases | tail -1
         FUSEC_REPEATS_AS_TILES=1 FUSEC_ONNX_NODE_CASES=/tmp/fusec-node-cases FUSEC_GPU_NODE_RESULTS="$OUT/res/node_results.md" \
