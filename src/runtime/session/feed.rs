@@ -7,7 +7,6 @@
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
 use super::columns::CacheCopy;
-use super::state::ARGMAX_PTX;
 use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
@@ -165,7 +164,7 @@ impl Session {
         (out, host): (u64, Option<u64>),
     ) -> Result<(), RuntimeError> {
         let (x, slots, chunks) = self.argmax_args(name, rows, width)?;
-        let function = self.argmax_kernel()?;
+        let (function, _) = self.argmax_kernels()?;
         let config = LaunchConfig {
             grid_dim: (chunks, rows as u32, 1),
             block_dim: (ARGMAX_THREADS as u32, 1, 1),
@@ -202,14 +201,7 @@ impl Session {
         };
         let (x, slots, chunks) = self.argmax_args(logits, rows, width)?;
         let (slot, host) = self.feed_buffer(rows)?;
-        if self.state.argmax_copying.is_none() {
-            self.state.argmax_copying = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows_copying")?);
-        }
-        let function = self
-            .state
-            .argmax_copying
-            .clone()
-            .ok_or_else(|| RuntimeError::Driver("the argmax kernel did not load".into()))?;
+        let (_, function) = self.argmax_kernels()?;
         let too_many = || RuntimeError::Input(format!("{rows} rows and {} copies", copying.blocks.1));
         let config = LaunchConfig {
             grid_dim: (

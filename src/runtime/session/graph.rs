@@ -60,7 +60,7 @@ impl Session {
             self.zero_input(name)?;
         }
         self.execute_all()?;
-        self.argmax_kernel()?;
+        self.argmax_kernels()?;
         self.sample_kernel().map(|_| ())
     }
 

@@ -12,7 +12,7 @@ use crate::plan::Location;
 
 /// PTX of `kernels/copy_rows.cu` and `kernels/argmax_rows.cu` (see kernels/README.md).
 const ROW_COPY_PTX: &str = include_str!("../../../kernels/copy_rows.ptx");
-pub(super) const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
+const ARGMAX_PTX: &str = include_str!("../../../kernels/argmax_rows.ptx");
 
 /// Threads a block of the copy kernel (`kernels/copy_rows.cuh`: one a word).
 pub(super) const COPY_THREADS: u32 = 256;
@@ -45,9 +45,8 @@ impl RowCopyLaunch {
 #[derive(Default)]
 pub(super) struct StateKernels {
     row_copy: Option<CudaFunction>,
-    argmax: Option<CudaFunction>,
-    /// The argmax kernel with a copy beside it (`feed::argmax_feed_copying`).
-    pub(super) argmax_copying: Option<CudaFunction>,
+    /// The argmax kernel, and the argmax kernel with a copy beside it.
+    argmax: Option<(CudaFunction, CudaFunction)>,
     /// Two words a row for the argmax kernel's blocks to merge their choices in (zero between
     /// launches: the kernel clears what it used).
     pub(super) argmax_slots: Option<CudaSlice<u64>>,
@@ -246,10 +245,15 @@ impl Session {
         Ok(out)
     }
 
-    /// The argmax kernel, loaded on first use.
-    pub(super) fn argmax_kernel(&mut self) -> Result<CudaFunction, RuntimeError> {
+    /// The argmax kernel and the one that also runs a cache copy
+    /// (`feed::argmax_feed_copying`), from one module loaded on first use.
+    pub(super) fn argmax_kernels(&mut self) -> Result<(CudaFunction, CudaFunction), RuntimeError> {
         if self.state.argmax.is_none() {
-            self.state.argmax = Some(self.load_kernel(ARGMAX_PTX, "fusec_argmax_rows")?);
+            let ptx = cudarc::nvrtc::Ptx::from_src(ARGMAX_PTX);
+            let module = self.stream.context().load_module(ptx).map_err(driver)?;
+            let plain = module.load_function("fusec_argmax_rows").map_err(driver)?;
+            let copying = module.load_function("fusec_argmax_rows_copying").map_err(driver)?;
+            self.state.argmax = Some((plain, copying));
         }
         self.state.argmax.clone().ok_or_else(|| RuntimeError::Driver("the argmax kernel did not load".into()))
     }
