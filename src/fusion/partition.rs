@@ -149,8 +149,8 @@ fn role(graph: &Graph, id: NodeId) -> Role {
         }
         op if op.is_pointwise() => Role::Pointwise,
         // Both read their input at other coordinates, from memory (`reads_across`); a Tile
-        // only with `FUSEC_REPEATS_AS_TILES=1` (`passes::RepeatsAsTiles`: not yet run on a GPU
-        // this way), else a kernel of its own.
+        // only with `FUSEC_REPEATS_AS_TILES=1` (`passes::RepeatsAsTiles`: correct on an H200,
+        // no faster), else a kernel of its own.
         Op::RotateHalf => Role::Pointwise,
         Op::Tile { .. } if crate::knobs::on("FUSEC_REPEATS_AS_TILES") => Role::Pointwise,
         Op::Gather { .. } => Role::Gather,

@@ -85,7 +85,7 @@ pub fn standard_sharing(shared: Option<&SharedConstants>) -> Vec<Box<dyn Pass + 
         Box::new(MergeSiblingMatMuls::sharing(shared)),
         Box::new(Dce),
     ];
-    // Not yet run on a GPU: on with `FUSEC_REPEATS_AS_TILES=1` (`repeats`).
+    // Correct on an H200 but no faster: on with `FUSEC_REPEATS_AS_TILES=1` (`repeats`).
     if crate::knobs::on("FUSEC_REPEATS_AS_TILES") {
         passes.push(Box::new(RepeatsAsTiles));
     }

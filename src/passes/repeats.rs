@@ -2,8 +2,8 @@
 //! is a `Tile`, which the kernel reading it computes as it reads (each element from the
 //! value's memory at its coordinates modulo the value's sizes) instead of a concatenation
 //! kernel writing the copy out: one launch fewer at the start of each of the Llama-style
-//! decoder's steps. Off unless `FUSEC_REPEATS_AS_TILES=1` (at compile time): the kernels it
-//! gives (a Tile read inside a pointwise kernel) have not run on a GPU yet.
+//! decoder's steps. Off unless `FUSEC_REPEATS_AS_TILES=1` (at compile time): on an H200 the
+//! kernels it gives (a Tile read inside a pointwise kernel) were correct but the step no faster.
 
 use crate::ir::{Graph, IrError, Op};
 
