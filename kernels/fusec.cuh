@@ -179,6 +179,14 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
+// The two halves of `cluster_sync`, for work between them: this thread's arrival (its memory
+// operations before it made visible to the cluster), then the wait for every thread's.
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
 template <typename T>
 __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
     unsigned long long to;

@@ -37,6 +37,8 @@
 
 // The cluster helpers of the generated kernels (cluster_rank, cluster_sync, cluster_map).
 #include "fusec.cuh"
+// The copy of a step's new keys and values (`fusec_sample_rows_copying`).
+#include "copy_rows.cuh"
 
 #if SAMPLE_CLUSTER > 1
 #if !FUSEC_CLUSTERS
@@ -66,11 +68,14 @@ __device__ void across(double* v, int n, unsigned max_of, double* exchange, int&
     cluster_sync();
     if ((int)threadIdx.x < n) {
         const bool max = ((max_of >> threadIdx.x) & 1u) != 0;
-        double acc = max ? -1.0 : 0.0;
-        for (unsigned r = 0; r < SAMPLE_CLUSTER; ++r) {
-            const double x = *cluster_map(mine + threadIdx.x, r);
-            acc = max ? (r == 0 ? x : fmax(acc, x)) : acc + x;
-        }
+        // Every block's value requested before any is added (one wait on distributed shared
+        // memory, not one a block), then added in rank order.
+        double xs[SAMPLE_CLUSTER];
+#pragma unroll
+        for (unsigned r = 0; r < SAMPLE_CLUSTER; ++r) xs[r] = *cluster_map(mine + threadIdx.x, r);
+        double acc = xs[0];
+#pragma unroll
+        for (unsigned r = 1; r < SAMPLE_CLUSTER; ++r) acc = max ? fmax(acc, xs[r]) : acc + xs[r];
         v[threadIdx.x] = acc;
     }
     __syncthreads();
@@ -321,10 +326,11 @@ __device__ unsigned long long largest_from(const Row& r, bool weights, Holds hol
 // rather than computing exp again); `shared_row`: each block's part of the row is read into
 // dynamic shared memory first (`ceil(width / SAMPLE_CLUSTER)` floats), and every pass reads
 // it there.
-extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows(
-    const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
-    unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
-    int mode, unsigned long long k, double p, double temperature) {
+__device__ __forceinline__ void sample_row(const float* __restrict__ x, long long* __restrict__ out,
+                                           unsigned long long width, unsigned long long row_pitch,
+                                           const double* __restrict__ draws, double* __restrict__ weights,
+                                           int shared_row, int mode, unsigned long long k, double p,
+                                           double temperature) {
     __shared__ double sums[32];
     __shared__ unsigned long long counts[32];
     __shared__ unsigned long long before[THREADS];
@@ -569,4 +575,35 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     }
     // No block leaves while another may still read its shared memory.
     cluster_sync();
+}
+
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows(
+    const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
+    unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
+    int mode, unsigned long long k, double p, double temperature) {
+    sample_row(x, out, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
+}
+
+// A decoding step's draws and the copies after it in one launch (one launch's wait the fewer
+// a step): the first `rows` rows' blocks (clusters) draw; the blocks after them, whole
+// clusters of their own that never meet a cluster barrier, run `copy_rows_block` (block
+// `copy_blocks` a tensor, then the column sets'), which neither reads nor writes what the
+// draws do.
+extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows_copying(
+    const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
+    unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
+    int mode, unsigned long long k, double p, double temperature, unsigned long long rows,
+    const unsigned long long* __restrict__ sources, const unsigned long long* __restrict__ targets,
+    unsigned long long copy_rows, unsigned long long words, unsigned long long src_pitch,
+    unsigned long long dst_pitch, unsigned long long tensors, ColumnSet s0, ColumnSet s1,
+    unsigned long long copy_blocks) {
+    const unsigned long long drawing = rows * SAMPLE_CLUSTER;
+    if (blockIdx.x < drawing) {
+        sample_row(x, out, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
+        return;
+    }
+    const unsigned long long c = blockIdx.x - drawing, tensor = c / copy_blocks;
+    if (tensor <= tensors)
+        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, tensors, s0, s1, tensor,
+                        c - tensor * copy_blocks);
 }

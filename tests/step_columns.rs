@@ -1,14 +1,15 @@
 //! The next decoding step's position and mask column set in the launch that copies this
 //! step's keys and values into the cache (`Session::copy_output_rows_setting`), and that launch
-//! joined with the greedy choice fed back (`Session::argmax_feed_copying`): the step after it
-//! gives what it gives with the copy, the two columns set and the tokens written on their own,
-//! and the ids fed back are the argmax — on the GPU, skipped without one; misuse is an error
+//! joined with the greedy choice fed back (`Session::argmax_feed_copying`) or a top-k / top-p
+//! draw (`Session::sample_feed_copying`): the step after it gives what it gives with the copy,
+//! the two columns set and the tokens written on their own, and the ids fed back are the
+//! argmax (the draw `sample_rows` makes) — on the GPU, skipped without one; misuse is an error
 //! there too.
 
 mod common;
 
 use fusec::ir::{DType, Tensor};
-use fusec::runtime::{CacheCopy, ColumnSet, RowCopy};
+use fusec::runtime::{CacheCopy, ColumnSet, RowCopy, RowDraw, SampledRows};
 use fusec::CompileOptions;
 use ndarray::{ArrayD, IxDyn};
 
@@ -111,6 +112,32 @@ fn a_cache_copy_sets_the_next_steps_columns() {
     }
     assert_eq!(results[0], results[1], "the step after the copy, columns set in its launch or on their own");
     assert_eq!(results[0], results[2], "the step after the copy, the choice in its launch or on its own");
+    // Drawn tokens: the draw and the copy in one launch against the draw, the copy, the sets
+    // and the ids written on their own, for a top-k and a top-p draw.
+    let at = SampledRows { rows: batch, width: 512, step: 1, offset: 0 };
+    let draws = [0.37, 0.81];
+    for draw in [RowDraw::TopK(5), RowDraw::TopP(0.8)] {
+        let mut drawn = Vec::new();
+        for one_launch in [true, false] {
+            let mut session = fusec::Session::new(&bundle, 0).unwrap();
+            session.run(&inputs).unwrap();
+            let ids = session.sample_rows("logits", at, draw, 0.9, &draws).unwrap();
+            let cache = CacheCopy { pairs: &pairs, copy, sets: &sets };
+            if one_launch {
+                session.sample_feed_copying("logits", at, (draw, 0.9), &draws, "input_ids", cache).unwrap();
+                assert_eq!(session.fed_tokens().unwrap(), ids, "the ids drawn beside the copy ({draw:?})");
+            } else {
+                session.copy_output_rows_setting(cache).unwrap();
+                session.write_input("input_ids", &ints(&[batch, 1], ids)).unwrap();
+            }
+            session.execute_all().unwrap();
+            drawn.push(session.read_output("logits").unwrap().to_f64_vec());
+        }
+        assert_eq!(
+            drawn[0], drawn[1],
+            "the step after the draw and the copy in one launch or apart ({draw:?})"
+        );
+    }
     // The step did see the new columns: it differs from one without them.
     let mut session = fusec::Session::new(&bundle, 0).unwrap();
     session.run(&inputs).unwrap();

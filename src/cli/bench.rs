@@ -8,7 +8,7 @@ use clap::Args;
 use fusec::bundle::IoSpec;
 use fusec::import::InputSpec;
 use fusec::ir::{random_input, rel_l2, DType, Tensor};
-use fusec::runtime::{Session, SessionOptions, StepProfile};
+use fusec::runtime::{Session, SessionOptions, StepProfile, PROFILE_REPEAT};
 use fusec::{Bundle, CompileOptions};
 
 use super::progress::Progress;
@@ -520,7 +520,8 @@ impl Bench {
         }
         let profile = if self.profile {
             progress.set("profiling the fused program step by step, alone and repeated in a graph");
-            Some(fast.profile(&sets[0], self.iters.clamp(1, 50))?)
+            let steps = fast.profile(&sets[0], self.iters.clamp(1, 50))?;
+            Some((steps, fast.chained(&sets[0], self.iters.clamp(1, 50))?))
         } else {
             None
         };
@@ -594,8 +595,13 @@ impl Bench {
                     c.programmatic_ms
                 );
             }
-            if let Some(steps) = &profile {
+            if let Some((steps, chained)) = &profile {
                 print_profile(steps);
+                if let Some((queued, one)) = chained {
+                    println!(
+                        "the fused program {PROFILE_REPEAT} times back to back: {queued:.4} ms a run as {PROFILE_REPEAT} graph launches, {one:.4} ms as one graph of {PROFILE_REPEAT} runs"
+                    );
+                }
             }
         }
         if let Some(path) = &self.svg {
@@ -611,7 +617,7 @@ impl Bench {
                 .collect();
             let mut steps: Vec<Bar> = profile
                 .iter()
-                .flatten()
+                .flat_map(|(steps, _)| steps)
                 .map(|s| {
                     let ms = s.repeated_ms.unwrap_or(s.alone_ms);
                     Bar { label: s.name.clone(), median_ms: ms, p10_ms: ms, p90_ms: ms }
@@ -649,10 +655,13 @@ impl Bench {
                     "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
                     "skinny": c.skinny,
                 })).collect::<Vec<_>>(),
+                "chained": profile.as_ref().and_then(|(_, c)| *c).map(|(queued, one)| serde_json::json!({
+                    "runs": PROFILE_REPEAT, "launches_ms": queued, "one_graph_ms": one,
+                })),
                 "programmatic_launch": fast.launch_choice.map(|c| serde_json::json!({
                     "on": c.programmatic, "plain_ms": c.plain_ms, "programmatic_ms": c.programmatic_ms,
                 })),
-                "profile": profile.as_ref().map(|steps| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
+                "profile": profile.as_ref().map(|(steps, _)| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
             });
             super::shapes::write_json(path, &json)?;
         }

@@ -235,6 +235,21 @@ pub trait Steps {
         }
         self.copy_output_rows_setting(cache).map(Some)
     }
+    /// [`Steps::sample_feed`], then [`Steps::copy_output_rows_setting`], in one launch where
+    /// these steps can (on the GPU): as [`Steps::argmax_feed_copying`].
+    fn sample_feed_copying(
+        &mut self,
+        logits: &str,
+        (at, draw): (SampledRows, (RowDraw, f64)),
+        draws: &[f64],
+        tokens: &str,
+        cache: CacheCopy<'_>,
+    ) -> Result<Option<bool>, GenerateError> {
+        if !self.sample_feed(logits, at, draw, draws, tokens)? {
+            return Ok(None);
+        }
+        self.copy_output_rows_setting(cache).map(Some)
+    }
     /// Copies rows of outputs of these steps' last run into inputs of `target` (output,
     /// input pairs): a prompt step filling the one-token step's cache.
     fn copy_output_rows_into(
@@ -390,21 +405,33 @@ impl<S: Steps> Generator<S> {
                 (0..batch).map(|b| b < prompts.len() && t + 1 >= prompts[b].len()).collect();
             let draws = draws_for(&mut sampler, &takes);
             let at = SampledRows { rows: batch, width: vocab, step: 1, offset: 0 };
-            // Greedy with one copy for the cache: the choice and the copy in one launch.
+            // With one copy for the cache: the choice (or draw) and the copy in one launch.
             let mut copied = None;
+            let logits_name = &self.layout.logits;
             let fed_now = t + 1 >= longest
                 && match (sampler.row_draw(), self.layout.one_copy(t, t + 1 < steps)) {
                     (None, Some(one)) => {
-                        let (logits, rows) = (&self.layout.logits, (batch, vocab));
-                        copied =
-                            self.steps.argmax_feed_copying(logits, rows, cache::TOKENS, one.as_copy())?;
+                        copied = self.steps.argmax_feed_copying(
+                            logits_name,
+                            (batch, vocab),
+                            cache::TOKENS,
+                            one.as_copy(),
+                        )?;
                         copied.is_some()
                     }
-                    (None, None) => {
-                        self.steps.argmax_feed(&self.layout.logits, batch, vocab, cache::TOKENS)?
+                    (None, None) => self.steps.argmax_feed(logits_name, batch, vocab, cache::TOKENS)?,
+                    (Some(draw), Some(one)) => {
+                        copied = self.steps.sample_feed_copying(
+                            logits_name,
+                            (at, draw),
+                            &draws,
+                            cache::TOKENS,
+                            one.as_copy(),
+                        )?;
+                        copied.is_some()
                     }
-                    (Some(draw), _) => {
-                        self.steps.sample_feed(&self.layout.logits, at, draw, &draws, cache::TOKENS)?
+                    (Some(draw), None) => {
+                        self.steps.sample_feed(logits_name, at, draw, &draws, cache::TOKENS)?
                     }
                 };
             if fed_now {

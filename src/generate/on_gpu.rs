@@ -94,6 +94,25 @@ impl Steps for Session {
         }
         Ok(Some(true))
     }
+    fn sample_feed_copying(
+        &mut self,
+        logits: &str,
+        (at, (draw, temperature)): (SampledRows, (RowDraw, f64)),
+        draws: &[f64],
+        tokens: &str,
+        cache: CacheCopy<'_>,
+    ) -> Result<Option<bool>, GenerateError> {
+        if !feeds(self, tokens) || sample_on_host() {
+            return Ok(None);
+        }
+        if crate::knobs::off("FUSEC_GENERATE_ONE_LAUNCH") {
+            Session::sample_feed(self, logits, at, draw, temperature, draws, tokens)?;
+            Session::copy_output_rows_setting(self, cache)?;
+        } else {
+            Session::sample_feed_copying(self, logits, at, (draw, temperature), draws, tokens, cache)?;
+        }
+        Ok(Some(true))
+    }
     fn fed_tokens(&mut self) -> Result<Vec<i64>, GenerateError> {
         Ok(Session::fed_tokens(self)?)
     }

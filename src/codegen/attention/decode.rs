@@ -87,6 +87,10 @@ pub(super) fn generate(
         "scan": scan,
         "early_scan": early_scan,
         "early_fetch": early_fetch,
+        // The cluster's states read all at once before they are merged;
+        // `FUSEC_ATTENTION_MERGE_AT_ONCE=0` reads and merges them one block after another,
+        // for measuring it.
+        "merge_at_once": !knobs::off("FUSEC_ATTENTION_MERGE_AT_ONCE"),
         "keys": problem.keys_dims.c(),
         "depth": depth,
         "dv": dv,

@@ -63,7 +63,33 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         let (offset, target) = self.fed_input(tokens, at.rows)?;
         let (slot, _) = self.feed_buffer(at.rows)?;
-        self.launch_sample(logits, at, draw, temperature, draws, target)?;
+        self.launch_sample(logits, at, (draw, temperature), draws, (target, None))?;
+        self.fed_back(slot, Some(offset), at.rows)
+    }
+
+    /// [`Session::sample_feed`] and then `cache`'s copy and column sets
+    /// ([`Session::copy_output_rows_setting`]) in one launch: the sampling kernel's blocks
+    /// past the rows' run the copy. Where that copy is not one launch's (its rows not whole
+    /// words, more than two sets), the two run apart.
+    pub fn sample_feed_copying(
+        &mut self,
+        logits: &str,
+        at: SampledRows,
+        (draw, temperature): (RowDraw, f64),
+        draws: &[f64],
+        tokens: &str,
+        cache: CacheCopy<'_>,
+    ) -> Result<(), RuntimeError> {
+        let copy = cache.copy;
+        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
+        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let (offset, target) = self.fed_input(tokens, at.rows)?;
+        let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
+            self.sample_feed(logits, at, draw, temperature, draws, tokens)?;
+            return self.copy_rows_apart(&bases, &targets, copy, &writes);
+        };
+        let (slot, _) = self.feed_buffer(at.rows)?;
+        self.launch_sample(logits, at, (draw, temperature), draws, (target, Some(&copying)))?;
         self.fed_back(slot, Some(offset), at.rows)
     }
 

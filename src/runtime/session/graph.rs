@@ -61,7 +61,7 @@ impl Session {
         }
         self.execute_all()?;
         self.argmax_kernels()?;
-        self.sample_kernel().map(|_| ())
+        self.sample_kernels().map(|_| ())
     }
 
     /// Issues a run on the data in device memory without waiting for it where the run replays

@@ -164,6 +164,36 @@ impl Session {
         Ok((times, library))
     }
 
+    /// The whole program's GPU time a run, run [`PROFILE_REPEAT`] times back to back on
+    /// `inputs` (medians over `iterations` rounds after one, ms a run), two ways: its graph
+    /// launched that many times in a row (as a decoding loop queues its steps), and the
+    /// program captured that many times in one graph. What the first takes over the second
+    /// is what the GPU spends between one launch's graph and the next. None without graphs.
+    pub fn chained(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        iterations: usize,
+    ) -> Result<Option<(f64, f64)>, RuntimeError> {
+        self.upload(inputs)?;
+        self.execute_all()?;
+        let Some(graph) = self.graph.as_ref().filter(|_| self.use_graph) else { return Ok(None) };
+        let events = self.timing_events(2)?;
+        let mut queued = Vec::with_capacity(iterations);
+        for i in 0..iterations + 1 {
+            events[0].record(&self.stream).map_err(driver)?;
+            for _ in 0..PROFILE_REPEAT {
+                graph.launch().map_err(driver)?;
+            }
+            events[1].record(&self.stream).map_err(driver)?;
+            let ms = f64::from(events[0].elapsed_ms(&events[1]).map_err(driver)?);
+            if i > 0 {
+                queued.push(ms / PROFILE_REPEAT as f64);
+            }
+        }
+        let one = self.repeated(iterations, |session| session.execute())?;
+        Ok(Some((median(queued), one)))
+    }
+
     /// Median GPU time of `issue`, captured [`PROFILE_REPEAT`] times in a graph, per repeat.
     fn repeated(
         &self,

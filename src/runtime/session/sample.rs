@@ -5,7 +5,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
+use super::state::RowCopyLaunch;
 use super::{driver, RuntimeError, Session};
+use cudarc::driver::CudaFunction;
 
 /// PTX of `kernels/sample_rows.cu` (see kernels/README.md): a block a row.
 const SAMPLE_PTX: &str = include_str!("../../../kernels/sample_rows.ptx");
@@ -44,13 +46,24 @@ pub struct SampledRows {
     pub offset: usize,
 }
 
+/// The sampling kernels of one module load ([`Session::sample_kernels`]).
+#[derive(Clone)]
+pub(super) struct SampleKernels {
+    /// The draw.
+    plain: CudaFunction,
+    /// The draw with a copy beside it (`fusec_sample_rows_copying`).
+    copying: CudaFunction,
+    /// Blocks a row.
+    blocks: usize,
+    /// Threads a block.
+    threads: u32,
+}
+
 impl Session {
-    /// The sampling kernel, the blocks it takes a row and their threads, loaded on first use (or by
-    /// [`Session::warm_up`]): a cluster of [`SAMPLE_CLUSTER`] blocks on sm_90 and later
+    /// The sampling kernels, the blocks they take a row and their threads, loaded on first use
+    /// (or by [`Session::warm_up`]): a cluster of [`SAMPLE_CLUSTER`] blocks on sm_90 and later
     /// (`FUSEC_SAMPLE_CLUSTER=0`: a block a row there too), else a block.
-    pub(super) fn sample_kernel(
-        &mut self,
-    ) -> Result<(cudarc::driver::CudaFunction, usize, u32), RuntimeError> {
+    pub(super) fn sample_kernels(&mut self) -> Result<SampleKernels, RuntimeError> {
         if self.state.sample.is_none() {
             let sm = self.arch.trim_start_matches("sm_").parse::<u32>().unwrap_or(0);
             let clusters =
@@ -60,7 +73,11 @@ impl Session {
             } else {
                 (SAMPLE_PTX, 1, SAMPLE_THREADS)
             };
-            self.state.sample = Some((self.load_kernel(ptx, "fusec_sample_rows")?, blocks, threads));
+            let module =
+                self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
+            let plain = module.load_function("fusec_sample_rows").map_err(driver)?;
+            let copying = module.load_function("fusec_sample_rows_copying").map_err(driver)?;
+            self.state.sample = Some(SampleKernels { plain, copying, blocks, threads });
         }
         self.state
             .sample
@@ -79,20 +96,21 @@ impl Session {
         temperature: f64,
         draws: &[f64],
     ) -> Result<Vec<i64>, RuntimeError> {
-        self.ids_back(at.rows, |session, ids| session.launch_sample(name, at, draw, temperature, draws, ids))
+        self.ids_back(at.rows, |session, ids| {
+            session.launch_sample(name, at, (draw, temperature), draws, (ids, None))
+        })
     }
 
     /// Launches the sampling kernel over rows `at` of f32 output `name` ([`Session::sample_rows`]'s
     /// checks), writing `at.rows` i64 ids at device address `out` (checked by the caller to
-    /// hold them).
+    /// hold them); with `copying`, the kernel that also runs that copy in blocks of its own.
     pub(super) fn launch_sample(
         &mut self,
         name: &str,
         at: SampledRows,
-        draw: RowDraw,
-        temperature: f64,
+        (draw, temperature): (RowDraw, f64),
         draws: &[f64],
-        out: u64,
+        (out, copying): (u64, Option<&RowCopyLaunch>),
     ) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
@@ -117,7 +135,8 @@ impl Session {
             )));
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
-        let (function, blocks, threads) = self.sample_kernel()?;
+        let SampleKernels { plain, copying: with_copy, blocks, threads } = self.sample_kernels()?;
+        let function = if copying.is_some() { with_copy } else { plain };
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
@@ -146,9 +165,17 @@ impl Session {
                     row_bytes as i32,
                 )
                 .is_ok();
+        // The copy's blocks after the rows', in whole clusters: a block a word of each tensor
+        // and then of the sets.
+        let copy_blocks = copying.map_or(0, |c| c.blocks_at(threads));
+        let copy_span =
+            copying.map_or(0, |c| (c.blocks.1 as u64 * copy_blocks).next_multiple_of(blocks as u64));
+        let grid = (rows * blocks) as u64 + copy_span;
         let config = LaunchConfig {
             grid_dim: (
-                u32::try_from(rows * blocks).map_err(|_| RuntimeError::Input(format!("{rows} rows")))?,
+                u32::try_from(grid).ok().filter(|&g| g < i32::MAX as u32).ok_or_else(|| {
+                    RuntimeError::Input(format!("{rows} rows and a copy of {copy_span} blocks"))
+                })?,
                 1,
                 1,
             ),
@@ -157,13 +184,21 @@ impl Session {
         };
         let shared_row = i32::from(shared_row);
         let (width, row_pitch) = (width as u64, (step * width) as u64);
+        let rows_u = rows as u64;
         let mut args = self.stream.launch_builder(&function);
         args.arg(&x).arg(&out).arg(&width).arg(&row_pitch).arg(&*on_device).arg(&mut *weights);
         args.arg(&shared_row);
         args.arg(&mode).arg(&k).arg(&p).arg(&temperature);
+        if let Some(copy) = copying {
+            args.arg(&rows_u);
+            copy.push(&mut args);
+            args.arg(&copy_blocks);
+        }
         // SAFETY: the kernel reads `rows` rows of `width` f32s, `row_pitch` apart, from the
         // output's buffer (checked above to hold them), and `rows` draws; it writes `rows` ids
-        // at `out` (the caller checked it holds them) and `rows · width` weights into `weights`, which hold at least that many.
+        // at `out` (the caller checked it holds them) and `rows · width` weights into `weights`,
+        // which hold at least that many. The copy and its sets are as `copy_rows` checked
+        // them (`row_copy_launch`), in blocks of their own that touch none of that memory.
         unsafe { args.launch(config) }.map_err(driver)?;
         Ok(())
     }

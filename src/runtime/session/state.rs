@@ -33,6 +33,13 @@ pub(super) struct RowCopyLaunch {
 }
 
 impl RowCopyLaunch {
+    /// Blocks a tensor (and the sets' row) of the copy at `threads` threads a block: one thread
+    /// a word, and one a row of each set.
+    pub(super) fn blocks_at(&self, threads: u32) -> u64 {
+        let set_rows = self.sets.iter().map(|s| s.rows).max().unwrap_or(0);
+        (self.rows * self.words).max(set_rows).div_ceil(u64::from(threads.max(1)))
+    }
+
     /// Pushes the arguments, `copy_rows_block`'s order.
     pub(super) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
         args.arg(&self.sources).arg(&self.targets).arg(&self.rows).arg(&self.words);
@@ -51,9 +58,10 @@ pub(super) struct StateKernels {
     /// launches: the kernel clears what it used).
     pub(super) argmax_slots: Option<CudaSlice<u64>>,
     pub(super) ids: Option<CudaSlice<i64>>,
-    /// `kernels/sample_rows.cu`, the blocks it takes a row and their threads, and the device
-    /// arrays of each row's draw (`sample`).
-    pub(super) sample: Option<(CudaFunction, usize, u32)>,
+    /// `kernels/sample_rows.cu`'s two kernels (the draw, and the draw with a copy beside it),
+    /// the blocks they take a row and their threads; the device arrays of each row's draw
+    /// (`sample`).
+    pub(super) sample: Option<super::sample::SampleKernels>,
     pub(super) draws: Option<CudaSlice<f64>>,
     /// Room for each drawn row's token weights (`sample`).
     pub(super) weights: Option<CudaSlice<f64>>,
