@@ -81,6 +81,22 @@ __device__ void across(double* v, int n, unsigned max_of, double* exchange, int&
     __syncthreads();
 #endif
 }
+// With -DSAMPLE_TRACE (benches/micro/sample_draw), the first block's first thread records the
+// GPU's clock at the marks below into `sample_trace`; otherwise the marks are nothing.
+#ifdef SAMPLE_TRACE
+__device__ unsigned long long sample_trace[64];
+#define SAMPLE_MARK(i)                                                                             \
+    do {                                                                                           \
+        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                 \
+            unsigned long long t_;                                                                 \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                 \
+            sample_trace[(i)] = t_;                                                                \
+        }                                                                                          \
+    } while (0)
+#else
+#define SAMPLE_MARK(i)
+#endif
+
 // Kept sets of at most this many tokens (with the ties at their last key) are picked from a
 // sorted copy in shared memory, as the host does, rather than by searches over the row.
 #define CANDIDATES 1024
@@ -132,7 +148,8 @@ __device__ unsigned int block_max(unsigned int v, unsigned long long* scratch) {
 struct Row {
     // This block's part of the row: `width` values from id `begin`.
     const float* x;
-    // Each of its tokens' weight, written once a row (`weights` scratch of the launch).
+    // Each of its tokens' weight, written once a row (in shared memory, or the launch's
+    // `weights`).
     double* w;
     unsigned long long width;
     unsigned long long begin;
@@ -301,6 +318,7 @@ __device__ unsigned long long largest_from(const Row& r, bool weights, Holds hol
     double above = 0.0;
     for (int shift = 28; shift >= 0; shift -= 4) {
         digit_sums(r, weights, prefix, shift, digit, warps, c);
+        SAMPLE_MARK(32 + (weights ? 8 : 0) + (28 - shift) / 4);
         unsigned int chosen = 0;
         double from = above, beyond = above;
         for (int d = 15; d >= 0; --d) {
@@ -323,11 +341,16 @@ __device__ unsigned long long largest_from(const Row& r, bool weights, Holds hol
 // mode 1: top-k (k); mode 2: top-p (p). Rows of `width`, `row_pitch` apart from `x`, each one
 // block (a cluster of SAMPLE_CLUSTER blocks); `draws`: one u in [0, 1) a row; `weights`: room
 // for `width` doubles a row, each token's weight computed once there (the searches read it
-// rather than computing exp again); `shared_row`: each block's part of the row is read into
+// rather than computing exp again); `shared_row` 1: each block's part of the row is read into
 // dynamic shared memory first (`ceil(width / SAMPLE_CLUSTER)` floats), and every pass reads
-// it there.
+// it there; 2: its weights are kept there too, after the row (from the next multiple of two
+// floats), rather than in `weights` (a pass then reads no memory outside the multiprocessor:
+// reading them from L2, one load an element waited for before the next, was most of a
+// top-p draw's time). The id chosen goes to `out[row]` and, where `host` is not null, to
+// `host[row]` (page-locked host memory mapped for the device); `draws` may be such memory
+// too.
 __device__ __forceinline__ void sample_row(const float* __restrict__ x, long long* __restrict__ out,
-                                           unsigned long long width, unsigned long long row_pitch,
+                                           long long* host, unsigned long long width, unsigned long long row_pitch,
                                            const double* __restrict__ draws, double* __restrict__ weights,
                                            int shared_row, int mode, unsigned long long k, double p,
                                            double temperature) {
@@ -353,7 +376,14 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
         for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) row_copy[i] = r.x[i];
         __syncthreads();
         r.x = row_copy;
+        if (shared_row == 2) r.w = reinterpret_cast<double*>(row_copy + ((part + 1) & ~1ull));
     }
+    SAMPLE_MARK(0);
+    // The id chosen, where it goes.
+    auto choose = [&](long long id) {
+        out[row] = id;
+        if (host != nullptr) host[row] = id;
+    };
     // The largest and least keys; none valid: token 0.
     unsigned int best = 0, least = 0xffffffffu;
     unsigned long long valid_count = 0;
@@ -369,18 +399,21 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
     // The three in one exchange: two maxima, a count.
     double first[3] = {(double)block_max(best, counts), (double)block_max(~least, counts),
                        (double)block_count(valid_count, counts)};
+    SAMPLE_MARK(1);
     row_totals(first, 3u, c);
+    SAMPLE_MARK(2);
     best = (unsigned int)first[0];
     least = ~(unsigned int)first[1];
     valid_count = (unsigned long long)first[2];
     if (valid_count == 0) {
-        if (threadIdx.x == 0 && rank == 0) out[row] = 0;
+        if (threadIdx.x == 0 && rank == 0) choose(0);
         cluster_sync();
         return;
     }
     r.top = value_of(best);
     for (unsigned long long i = threadIdx.x; i < r.width; i += blockDim.x) r.w[i] = weight(r, r.x[i]);
     __syncthreads();
+    SAMPLE_MARK(3);
     // The kept set: every key above `last`, and the first `ties` (by id) of the keys equal to
     // it (all of them where neither search runs); `at_last`: the figures at `last`.
     unsigned long long last = least, ties = 0;
@@ -397,13 +430,16 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
         ties = k - at_last.above;
     } else if (mode == 2) {
         const double total = weight_from(r, 0, sums, c);
+        SAMPLE_MARK(4);
         // The largest t whose keys from it hold at least p of the weight (an existing key);
         // where rounding keeps even all of them under p, all are kept.
         if (total / total >= p) {
             const unsigned long long t =
                 largest_from(r, true, [total, p](double w) { return w / total >= p; }, digit, warp_digits, c);
             last = t < least ? least : t;
+            SAMPLE_MARK(5);
             at_last = figures_at(r, last, warp_digits, c);
+            SAMPLE_MARK(6);
             found = true;
             const unsigned long long equal = at_last.from - at_last.above;
             const double above = at_last.weight_above, w = weight(r, value_of((unsigned int)last));
@@ -429,6 +465,7 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
     __shared__ double cand_w[CANDIDATES];
     __shared__ unsigned int cand_n;
     const unsigned long long candidates = at_last.from;
+    SAMPLE_MARK(11);
     if (candidates <= CANDIDATES) {
         const unsigned int kept_n = (unsigned int)(at_last.above + ties);
         if (threadIdx.x == 0) cand_n = 0;
@@ -490,6 +527,7 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
                 __syncthreads();
             }
         }
+        SAMPLE_MARK(12);
         for (unsigned int i = threadIdx.x; i < kept_n; i += blockDim.x) cand_w[i] = weight(r, value_of(cand_key[i]));
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -504,7 +542,8 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
                 }
                 u -= cand_w[i];
             }
-            out[row] = pick;
+            choose(pick);
+            SAMPLE_MARK(13);
         }
         return;
     }
@@ -516,7 +555,9 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
     unsigned long long t =
         largest_from(r, true, [target](double w) { return w > target; }, digit, warp_digits, c);
     if (t <= last) t = last;
+    SAMPLE_MARK(7);
     const Figures at_t = figures_at(r, t, warp_digits, c);
+    SAMPLE_MARK(8);
     const double above = at_t.weight_above, w = weight(r, value_of((unsigned int)t));
     const unsigned long long equal = at_t.from - at_t.above;
     const unsigned long long available = t == last ? ties : equal;
@@ -566,22 +607,24 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
             const unsigned int key = key_of(r.x[i], valid);
             if (valid && key == t) {
                 if (seen == j) {
-                    out[row] = (long long)(r.begin + i);
+                    choose((long long)(r.begin + i));
                     break;
                 }
                 ++seen;
             }
         }
     }
+    SAMPLE_MARK(9);
     // No block leaves while another may still read its shared memory.
     cluster_sync();
+    SAMPLE_MARK(10);
 }
 
 extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows(
-    const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
+    const float* __restrict__ x, long long* __restrict__ out, long long* host, unsigned long long width,
     unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
     int mode, unsigned long long k, double p, double temperature) {
-    sample_row(x, out, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
+    sample_row(x, out, host, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
 }
 
 // A decoding step's draws and the copies after it in one launch (one launch's wait the fewer
@@ -590,7 +633,7 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
 // `copy_blocks` a tensor, then the column sets'), which neither reads nor writes what the
 // draws do.
 extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_sample_rows_copying(
-    const float* __restrict__ x, long long* __restrict__ out, unsigned long long width,
+    const float* __restrict__ x, long long* __restrict__ out, long long* host, unsigned long long width,
     unsigned long long row_pitch, const double* __restrict__ draws, double* __restrict__ weights, int shared_row,
     int mode, unsigned long long k, double p, double temperature, unsigned long long rows,
     const unsigned long long* __restrict__ sources, const unsigned long long* __restrict__ targets,
@@ -599,7 +642,7 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     unsigned long long copy_blocks) {
     const unsigned long long drawing = rows * SAMPLE_CLUSTER;
     if (blockIdx.x < drawing) {
-        sample_row(x, out, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
+        sample_row(x, out, host, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
         return;
     }
     const unsigned long long c = blockIdx.x - drawing, tensor = c / copy_blocks;

@@ -7,6 +7,7 @@
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
 use super::columns::CacheCopy;
+use super::sample::SampleTo;
 use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
@@ -61,10 +62,11 @@ impl Session {
         draws: &[f64],
         tokens: &str,
     ) -> Result<(), RuntimeError> {
-        let (offset, target) = self.fed_input(tokens, at.rows)?;
-        let (slot, _) = self.feed_buffer(at.rows)?;
-        self.launch_sample(logits, at, (draw, temperature), draws, (target, None))?;
-        self.fed_back(slot, Some(offset), at.rows)
+        let (_, target) = self.fed_input(tokens, at.rows)?;
+        let (slot, mapped) = self.feed_draws(at.rows, draws)?;
+        let to = SampleTo { out: target, mapped: Some(mapped), copying: None };
+        self.launch_sample(logits, at, (draw, temperature), draws, to)?;
+        self.fed_back(slot, None, at.rows)
     }
 
     /// [`Session::sample_feed`] and then `cache`'s copy and column sets
@@ -83,14 +85,15 @@ impl Session {
         let copy = cache.copy;
         let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
         let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
-        let (offset, target) = self.fed_input(tokens, at.rows)?;
+        let (_, target) = self.fed_input(tokens, at.rows)?;
         let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
             self.sample_feed(logits, at, draw, temperature, draws, tokens)?;
             return self.copy_rows_apart(&bases, &targets, copy, &writes);
         };
-        let (slot, _) = self.feed_buffer(at.rows)?;
-        self.launch_sample(logits, at, (draw, temperature), draws, (target, Some(&copying)))?;
-        self.fed_back(slot, Some(offset), at.rows)
+        let (slot, mapped) = self.feed_draws(at.rows, draws)?;
+        let to = SampleTo { out: target, mapped: Some(mapped), copying: Some(&copying) };
+        self.launch_sample(logits, at, (draw, temperature), draws, to)?;
+        self.fed_back(slot, None, at.rows)
     }
 
     /// The arena offset and device address of `tokens`, an i64 `[rows, 1]` input the next run
@@ -114,10 +117,27 @@ impl Session {
         Ok((offset, self.address(spec.location)))
     }
 
-    /// The next page-locked buffer for `rows` ids (made or grown here, mapped for the
-    /// device) and its device address.
+    /// The next page-locked buffer, [`Session::feed_buffer`], with `draws` (a row each) written
+    /// after its ids, and the device addresses of both: a drawing kernel reads the draws from
+    /// there (no copy on the stream). The buffer's last use, [`IN_FLIGHT`] feeds ago, was
+    /// taken (`fed_input` allows no more pending), so its kernel is done with it.
+    fn feed_draws(&mut self, rows: usize, draws: &[f64]) -> Result<(usize, (u64, u64)), RuntimeError> {
+        let (slot, ids) = self.feed_buffer(rows)?;
+        if draws.len() != rows {
+            return Err(RuntimeError::Input(format!("{} draws for {rows} rows", draws.len())));
+        }
+        let (buffer, _, _) = &mut self.state.feed.host[slot];
+        let bytes = buffer.as_mut_slice().map_err(driver)?;
+        for (chunk, u) in bytes[rows * 8..rows * 16].chunks_exact_mut(8).zip(draws) {
+            chunk.copy_from_slice(&u.to_le_bytes());
+        }
+        Ok((slot, (ids, ids + (rows * 8) as u64)))
+    }
+
+    /// The next page-locked buffer for `rows` ids and as many draws (made or grown here,
+    /// mapped for the device) and its device address.
     fn feed_buffer(&mut self, rows: usize) -> Result<(usize, u64), RuntimeError> {
-        let bytes = rows * 8;
+        let bytes = rows * 16;
         let slot = self.state.feed.issued % IN_FLIGHT;
         let feed = &mut self.state.feed;
         if feed.host.len() <= slot || feed.host[slot].0.len() < bytes {

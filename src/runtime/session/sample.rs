@@ -3,7 +3,7 @@
 //! the GPU; a row is a cluster of blocks on sm_90 and later, a block before. The choice is the host sampler's (`generate::Sampler::choose_with`) for the same
 //! draw.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::state::RowCopyLaunch;
 use super::{driver, RuntimeError, Session};
@@ -44,6 +44,18 @@ pub struct SampledRows {
     pub step: usize,
     /// The first row drawn from.
     pub offset: usize,
+}
+
+/// Where a launch of the sampling kernel writes its ids and reads its draws.
+pub(super) struct SampleTo<'a> {
+    /// Device address of the ids.
+    pub out: u64,
+    /// Device addresses of mapped page-locked memory for the ids and the draws: the ids are
+    /// written there too, the draws read from there (the caller wrote them) rather than copied
+    /// to the device.
+    pub mapped: Option<(u64, u64)>,
+    /// A copy run beside the draw, in blocks of its own.
+    pub copying: Option<&'a RowCopyLaunch>,
 }
 
 /// The sampling kernels of one module load ([`Session::sample_kernels`]).
@@ -97,20 +109,26 @@ impl Session {
         draws: &[f64],
     ) -> Result<Vec<i64>, RuntimeError> {
         self.ids_back(at.rows, |session, ids| {
-            session.launch_sample(name, at, (draw, temperature), draws, (ids, None))
+            session.launch_sample(
+                name,
+                at,
+                (draw, temperature),
+                draws,
+                SampleTo { out: ids, mapped: None, copying: None },
+            )
         })
     }
 
     /// Launches the sampling kernel over rows `at` of f32 output `name` ([`Session::sample_rows`]'s
-    /// checks), writing `at.rows` i64 ids at device address `out` (checked by the caller to
-    /// hold them); with `copying`, the kernel that also runs that copy in blocks of its own.
+    /// checks), writing `at.rows` i64 ids where `to` says (checked by the caller to hold
+    /// them); with a copy, the kernel that also runs it in blocks of its own.
     pub(super) fn launch_sample(
         &mut self,
         name: &str,
         at: SampledRows,
         (draw, temperature): (RowDraw, f64),
         draws: &[f64],
-        (out, copying): (u64, Option<&RowCopyLaunch>),
+        to: SampleTo<'_>,
     ) -> Result<(), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
@@ -136,7 +154,7 @@ impl Session {
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
         let SampleKernels { plain, copying: with_copy, blocks, threads } = self.sample_kernels()?;
-        let function = if copying.is_some() { with_copy } else { plain };
+        let function = if to.copying.is_some() { with_copy } else { plain };
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
         }
@@ -147,29 +165,47 @@ impl Session {
         else {
             return Err(RuntimeError::Driver("the sampling buffers were not allocated".into()));
         };
-        self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
+        // The draws: where the caller wrote them into mapped page-locked memory, read from
+        // there; else copied to the device on the stream.
+        let (host, draws_at) = match to.mapped {
+            Some((ids, draws)) => (ids, draws),
+            None => {
+                self.stream.memcpy_htod(draws, &mut on_device.slice_mut(..rows)).map_err(driver)?;
+                (0, on_device.device_ptr(&self.stream).0)
+            }
+        };
         // Each block's part of the row in shared memory where it fits beside the kernel's own
         // (~29 KB; 50,257 logits: 197 KB a block, 25 KB a block of a cluster), every pass of
-        // the searches reading it there.
-        let row_bytes = width.div_ceil(blocks) * 4;
+        // the searches reading it there; and its weights after it (f64: 50 KB a block of a
+        // cluster) where they fit too, unless `FUSEC_SAMPLE_SHARED_WEIGHTS=0`.
+        let part = width.div_ceil(blocks);
+        let (row_bytes, with_weights) = (part * 4, part.next_multiple_of(2) * 4 + part * 8);
         let own = function.shared_size_bytes().map_or(32 * 1024, |b| b.max(0) as usize);
         let optin = self
             .stream
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_or(0, |b| b.max(0) as usize);
-        let shared_row = row_bytes + own <= optin
-            && function
-                .set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    row_bytes as i32,
-                )
-                .is_ok();
+        let weights_apart = std::env::var("FUSEC_SAMPLE_SHARED_WEIGHTS").is_ok_and(|v| v.trim() == "0");
+        let candidates = [(2, with_weights), (1, row_bytes)];
+        let (shared_row, dynamic) = candidates
+            .into_iter()
+            .filter(|&(mode, _)| mode == 1 || !weights_apart)
+            .find(|&(_, bytes)| {
+                bytes + own <= optin
+                    && function
+                        .set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            bytes as i32,
+                        )
+                        .is_ok()
+            })
+            .unwrap_or((0i32, 0));
         // The copy's blocks after the rows', in whole clusters: a block a word of each tensor
         // and then of the sets.
-        let copy_blocks = copying.map_or(0, |c| c.blocks_at(threads));
+        let copy_blocks = to.copying.map_or(0, |c| c.blocks_at(threads));
         let copy_span =
-            copying.map_or(0, |c| (c.blocks.1 as u64 * copy_blocks).next_multiple_of(blocks as u64));
+            to.copying.map_or(0, |c| (c.blocks.1 as u64 * copy_blocks).next_multiple_of(blocks as u64));
         let grid = (rows * blocks) as u64 + copy_span;
         let config = LaunchConfig {
             grid_dim: (
@@ -180,23 +216,23 @@ impl Session {
                 1,
             ),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: if shared_row { row_bytes as u32 } else { 0 },
+            shared_mem_bytes: dynamic as u32,
         };
-        let shared_row = i32::from(shared_row);
         let (width, row_pitch) = (width as u64, (step * width) as u64);
         let rows_u = rows as u64;
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&out).arg(&width).arg(&row_pitch).arg(&*on_device).arg(&mut *weights);
+        args.arg(&x).arg(&to.out).arg(&host).arg(&width).arg(&row_pitch).arg(&draws_at).arg(&mut *weights);
         args.arg(&shared_row);
         args.arg(&mode).arg(&k).arg(&p).arg(&temperature);
-        if let Some(copy) = copying {
+        if let Some(copy) = to.copying {
             args.arg(&rows_u);
             copy.push(&mut args);
             args.arg(&copy_blocks);
         }
         // SAFETY: the kernel reads `rows` rows of `width` f32s, `row_pitch` apart, from the
-        // output's buffer (checked above to hold them), and `rows` draws; it writes `rows` ids
-        // at `out` (the caller checked it holds them) and `rows · width` weights into `weights`,
+        // output's buffer (checked above to hold them), and `rows` draws (the device's copy, or
+        // the caller's mapped memory holding them); it writes `rows` ids at `to.out` and, where
+        // mapped, at `host` (the caller checked both hold them) and `rows · width` weights into `weights`,
         // which hold at least that many. The copy and its sets are as `copy_rows` checked
         // them (`row_copy_launch`), in blocks of their own that touch none of that memory.
         unsafe { args.launch(config) }.map_err(driver)?;
