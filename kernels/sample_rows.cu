@@ -485,16 +485,25 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ x, long lon
         // not matter: the sort below orders them wholly), then the others may leave.
         cluster_sync();
         if (rank == 0) {
-            unsigned int at = cand_n;
-            for (unsigned int from = 1; from < SAMPLE_CLUSTER; ++from) {
-                const unsigned int n = *cluster_map(&cand_n, from);
-                const unsigned int* keys = cluster_map(cand_key, from);
-                const unsigned int* ids = cluster_map(cand_id, from);
-                for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
-                    cand_key[at + i] = keys[i];
-                    cand_id[at + i] = ids[i];
+            // Every block's count first (all requested at once), then each thread's share of
+            // the concatenation, from whichever block holds it.
+            unsigned int n[SAMPLE_CLUSTER], at[SAMPLE_CLUSTER + 1];
+#pragma unroll
+            for (unsigned int from = 1; from < SAMPLE_CLUSTER; ++from) n[from] = *cluster_map(&cand_n, from);
+            at[1] = cand_n;
+#pragma unroll
+            for (unsigned int from = 1; from < SAMPLE_CLUSTER; ++from) at[from + 1] = at[from] + n[from];
+            for (unsigned int i = cand_n + threadIdx.x; i < at[SAMPLE_CLUSTER]; i += blockDim.x) {
+                unsigned int from = 1, first = at[1];
+#pragma unroll
+                for (unsigned int f = 2; f < SAMPLE_CLUSTER; ++f) {
+                    if (i >= at[f]) {
+                        from = f;
+                        first = at[f];
+                    }
                 }
-                at += n;
+                cand_key[i] = cluster_map(cand_key, from)[i - first];
+                cand_id[i] = cluster_map(cand_id, from)[i - first];
             }
         }
         cluster_sync();
