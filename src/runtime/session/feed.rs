@@ -6,8 +6,10 @@
 
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
-use super::columns::CacheCopy;
+use super::columns::{CacheCopy, ColumnWrite};
 use super::sample::SampleTo;
+use super::state::RowCopyLaunch;
+use super::RowCopy;
 use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
@@ -30,6 +32,28 @@ pub(super) struct Feed {
     pending: std::collections::VecDeque<(usize, usize)>,
     /// Copies issued so far (the next one's buffer is this modulo [`IN_FLIGHT`]).
     issued: usize,
+}
+
+/// A step's cache copy beside its choice ([`Session::copy_beside`]).
+enum Beside {
+    /// As blocks of the choice's launch.
+    Launch(RowCopyLaunch),
+    /// Run after it, on its own.
+    Apart(CopyApart),
+}
+
+/// A cache copy run on its own: its rows' addresses and column writes.
+struct CopyApart {
+    bases: Vec<u64>,
+    targets: Vec<u64>,
+    copy: RowCopy,
+    writes: Vec<ColumnWrite>,
+}
+
+impl CopyApart {
+    fn run(self, session: &mut Session) -> Result<(), RuntimeError> {
+        session.copy_rows_apart(&self.bases, &self.targets, self.copy, &self.writes)
+    }
 }
 
 impl Session {
@@ -82,18 +106,37 @@ impl Session {
         tokens: &str,
         cache: CacheCopy<'_>,
     ) -> Result<(), RuntimeError> {
-        let copy = cache.copy;
-        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
-        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
-        let (_, target) = self.fed_input(tokens, at.rows)?;
-        let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
-            self.sample_feed(logits, at, draw, temperature, draws, tokens)?;
-            return self.copy_rows_apart(&bases, &targets, copy, &writes);
+        let (target, copying) = match self.copy_beside(tokens, at.rows, cache)? {
+            (target, Beside::Launch(copying)) => (target, copying),
+            (_, Beside::Apart(apart)) => {
+                self.sample_feed(logits, at, draw, temperature, draws, tokens)?;
+                return apart.run(self);
+            }
         };
         let (slot, mapped) = self.feed_draws(at.rows, draws)?;
         let to = SampleTo { out: target, mapped: Some(mapped), copying: Some(&copying) };
         self.launch_sample(logits, at, (draw, temperature), draws, to)?;
         self.fed_back(slot, None, at.rows)
+    }
+
+    /// What a choice with `cache`'s copy beside it needs: the device address of `tokens` (for
+    /// `rows` ids, checked as [`Session::fed_input`] checks it), and the copy as blocks of the
+    /// choice's launch or, where it cannot be one launch's (its rows not whole words, more
+    /// than two sets), as a copy to run apart after the choice.
+    fn copy_beside(
+        &mut self,
+        tokens: &str,
+        rows: usize,
+        cache: CacheCopy<'_>,
+    ) -> Result<(u64, Beside), RuntimeError> {
+        let copy = cache.copy;
+        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
+        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let (_, out) = self.fed_input(tokens, rows)?;
+        Ok(match self.row_copy_launch(&bases, &targets, copy, &writes)? {
+            Some(copying) => (out, Beside::Launch(copying)),
+            None => (out, Beside::Apart(CopyApart { bases, targets, copy, writes })),
+        })
     }
 
     /// The arena offset and device address of `tokens`, an i64 `[rows, 1]` input the next run
@@ -237,13 +280,12 @@ impl Session {
         tokens: &str,
         cache: CacheCopy<'_>,
     ) -> Result<(), RuntimeError> {
-        let copy = cache.copy;
-        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
-        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
-        let (_, out) = self.fed_input(tokens, rows)?;
-        let Some(copying) = self.row_copy_launch(&bases, &targets, copy, &writes)? else {
-            self.argmax_feed(logits, rows, width, tokens)?;
-            return self.copy_rows_apart(&bases, &targets, copy, &writes);
+        let (out, copying) = match self.copy_beside(tokens, rows, cache)? {
+            (out, Beside::Launch(copying)) => (out, copying),
+            (_, Beside::Apart(apart)) => {
+                self.argmax_feed(logits, rows, width, tokens)?;
+                return apart.run(self);
+            }
         };
         let (x, slots, chunks) = self.argmax_args(logits, rows, width)?;
         let (slot, host) = self.feed_buffer(rows)?;
