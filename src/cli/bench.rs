@@ -157,6 +157,7 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
             GemmReference::HeuristicFirst => "cuBLASLt's first",
         };
         let kept = match (c.chosen, c.reference) {
+            _ if c.narrow => "fusec's kernel for a few rows, narrow tiles".to_string(),
             _ if c.skinny => "fusec's kernel for a few rows".to_string(),
             (0, _) => format!("{reference} kept"),
             (n, _) if n >= c.heuristic => {
@@ -653,7 +654,7 @@ impl Bench {
                 "gemm_choices": fast.gemm_choices.iter().map(|c| serde_json::json!({
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
                     "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
-                    "skinny": c.skinny,
+                    "skinny": c.skinny, "narrow": c.narrow,
                 })).collect::<Vec<_>>(),
                 "chained": profile.as_ref().and_then(|(_, c)| *c).map(|(queued, one)| serde_json::json!({
                     "runs": PROFILE_REPEAT, "launches_ms": queued, "one_graph_ms": one,

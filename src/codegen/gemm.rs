@@ -279,20 +279,28 @@ pub fn generate(
     };
     // The kernel for a few rows: with the norm (or gate) right before it taken in where it can
     // be, else without.
-    use super::skinny::Prologue;
+    use super::skinny::{Prologue, Tiling};
     let next = super::skinny::next_weights(plan, index);
-    let few_rows = |prologue| super::skinny::generate(&spec, epilogue.is_some(), (prologue, next), name, hb);
+    let few_rows = |prologue, tiling| {
+        super::skinny::generate(&spec, (epilogue.is_some(), tiling), (prologue, next), name, hb)
+    };
     let norm = super::skinny::norm_before(plan, index, gemm, &spec);
     let gate = norm.is_none().then(|| super::skinny::gate_before(plan, index, gemm, &spec)).flatten();
     let prologue = norm.as_ref().map(Prologue::Norm).or(gate.as_ref().map(Prologue::Gate));
     let (skinny, absorbs) = match prologue {
-        Some(prologue) => match few_rows(Some(prologue))? {
+        Some(prologue) => match few_rows(Some(prologue), Tiling::Wide)? {
             Some(kernel) => (Some(kernel), Some(prologue.step())),
-            None => (few_rows(None)?, None),
+            None => (few_rows(None, Tiling::Wide)?, None),
         },
-        None => (few_rows(None)?, None),
+        None => (few_rows(None, Tiling::Wide)?, None),
     };
-    Ok(Step::Gemm { gemm: spec, epilogue, skinny, absorbs })
+    // The same kernel with narrower column tiles, taking in what it takes in.
+    let skinny_narrow = match (&skinny, absorbs) {
+        (Some(_), Some(_)) => few_rows(prologue, Tiling::Narrow)?.map(Box::new),
+        (Some(_), None) => few_rows(None, Tiling::Narrow)?.map(Box::new),
+        (None, _) => None,
+    };
+    Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs })
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a

@@ -258,8 +258,12 @@ pub enum Step {
         /// faster.
         #[serde(default)]
         skinny: Option<KernelSource>,
+        /// `skinny` with narrower column tiles (`skinny::Tiling::Narrow`), a second such
+        /// kernel timed against it at load; it takes in what `skinny` takes in.
+        #[serde(default)]
+        skinny_narrow: Option<Box<KernelSource>>,
         /// The step before, a norm `skinny` computes itself from its input: left out where
-        /// `skinny` runs.
+        /// `skinny` (or `skinny_narrow`) runs.
         #[serde(default)]
         absorbs: Option<usize>,
     },
@@ -275,22 +279,26 @@ pub enum Step {
 impl Step {
     /// Every kernel source this step launches, variants included.
     pub fn sources(&self) -> impl Iterator<Item = &KernelSource> {
-        let (a, b) = match self {
-            Step::Launch(k) => (Some(k), None),
-            Step::Gemm { epilogue, skinny, .. } => (skinny.as_ref(), epilogue.as_ref()),
-            Step::Conv { epilogue, .. } => (None, epilogue.as_ref()),
+        let (a, b, c) = match self {
+            Step::Launch(k) => (Some(k), None, None),
+            Step::Gemm { epilogue, skinny, skinny_narrow, .. } => {
+                (skinny.as_ref(), skinny_narrow.as_deref(), epilogue.as_ref())
+            }
+            Step::Conv { epilogue, .. } => (None, None, epilogue.as_ref()),
         };
-        a.into_iter().chain(b).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
+        a.into_iter().chain(b).chain(c).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
 
-    /// [`Step::sources`] but the kernel for a few rows of a GEMM step (an alternative to the
+    /// [`Step::sources`] but the kernels for a few rows of a GEMM step (alternatives to the
     /// library call, chosen at load): the kernels the program runs as compiled.
     pub fn program_sources(&self) -> impl Iterator<Item = &KernelSource> {
-        let skinny = match self {
-            Step::Gemm { skinny: Some(k), .. } => Some(k.function.as_str()),
-            _ => None,
+        let few_rows: Vec<&str> = match self {
+            Step::Gemm { skinny, skinny_narrow, .. } => {
+                skinny.iter().chain(skinny_narrow.as_deref()).map(|k| k.function.as_str()).collect()
+            }
+            _ => Vec::new(),
         };
-        self.sources().filter(move |k| Some(k.function.as_str()) != skinny)
+        self.sources().filter(move |k| !few_rows.contains(&k.function.as_str()))
     }
 
     /// Launches per run: a GEMM whose epilogue cuBLASLt runs is one launch.
@@ -358,8 +366,10 @@ pub fn generate(plan: &Plan) -> Result<Vec<Step>, CodegenError> {
                 }
                 Step::Gemm { epilogue: None, .. } | Step::Conv { epilogue: None, .. } => {}
             }
-            if let Step::Gemm { skinny: Some(source), .. } = &mut step {
-                share(source, "skinny_gemm", &mut functions);
+            if let Step::Gemm { skinny, skinny_narrow, .. } = &mut step {
+                for source in skinny.iter_mut().chain(skinny_narrow.as_deref_mut()) {
+                    share(source, "skinny_gemm", &mut functions);
+                }
             }
             Ok(step)
         })

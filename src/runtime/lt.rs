@@ -137,8 +137,10 @@ pub struct GemmChoice {
     /// The kept algorithm's configuration as cuBLASLt reports it (`id 66 tile 20 stages 35
     /// split-K 2 …`, cuBLASLt's enum values), or `cuBLAS`.
     pub config: String,
-    /// fusec's kernel for a product of a few rows was kept (the last candidate).
+    /// fusec's kernel for a product of a few rows was kept (the last candidates).
     pub skinny: bool,
+    /// That kernel with narrower column tiles (the last candidate where there is one).
+    pub narrow: bool,
 }
 
 impl GemmChoice {
@@ -693,11 +695,13 @@ impl AlgoCache {
 fn format_line(key: &str, entry: &CachedAlgo) -> String {
     let c = &entry.choice;
     let hex: String = entry.algo.data.iter().map(|w| format!("{w:016x}")).collect();
-    let reference = match (c.reference, c.skinny) {
-        (Reference::Cublas, false) => "cublas",
-        (Reference::HeuristicFirst, false) => "first",
-        (Reference::Cublas, true) => "cublas+skinny",
-        (Reference::HeuristicFirst, true) => "first+skinny",
+    let reference = match (c.reference, c.skinny, c.narrow) {
+        (Reference::Cublas, false, _) => "cublas",
+        (Reference::HeuristicFirst, false, _) => "first",
+        (Reference::Cublas, true, false) => "cublas+skinny",
+        (Reference::HeuristicFirst, true, false) => "first+skinny",
+        (Reference::Cublas, true, true) => "cublas+skinny-narrow",
+        (Reference::HeuristicFirst, true, true) => "first+skinny-narrow",
     };
     format!(
         "{key}\t{reference}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
@@ -708,11 +712,13 @@ fn format_line(key: &str, entry: &CachedAlgo) -> String {
 fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     let fields: Vec<&str> = line.split('\t').collect();
     let [key, reference, chosen, candidates, heuristic, first, kept, hex] = fields[..] else { return None };
-    let (reference, skinny) = match reference {
-        "cublas" => (Reference::Cublas, false),
-        "first" => (Reference::HeuristicFirst, false),
-        "cublas+skinny" => (Reference::Cublas, true),
-        "first+skinny" => (Reference::HeuristicFirst, true),
+    let (reference, skinny, narrow) = match reference {
+        "cublas" => (Reference::Cublas, false, false),
+        "first" => (Reference::HeuristicFirst, false, false),
+        "cublas+skinny" => (Reference::Cublas, true, false),
+        "first+skinny" => (Reference::HeuristicFirst, true, false),
+        "cublas+skinny-narrow" => (Reference::Cublas, true, true),
+        "first+skinny-narrow" => (Reference::HeuristicFirst, true, true),
         _ => return None,
     };
     if hex.len() != 8 * 16 || !hex.is_ascii() {
@@ -735,6 +741,7 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
         cached: true,
         config: String::new(),
         skinny,
+        narrow,
     };
     Some((key.to_string(), CachedAlgo { algo, choice }))
 }
@@ -756,6 +763,7 @@ mod tests {
             cached: false,
             config: String::new(),
             skinny: false,
+            narrow: false,
         };
         let data = [1, 2, 3, u64::MAX, 0, 0x0123_4567_89ab_cdef, 7, 8];
         let entry = CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice: choice.clone() };
@@ -770,6 +778,11 @@ mod tests {
             format_line("1x2304x768 f16 N N +bias skinny", &CachedAlgo { algo: entry.algo, choice: skinny });
         let (_, back) = parse_line(kept.trim_end()).expect("a line it wrote");
         assert!(back.choice.skinny && !back.choice.cublas(), "{kept}");
+        let narrow = GemmChoice { skinny: true, narrow: true, chosen: 13, ..choice.clone() };
+        let kept =
+            format_line("1x2304x768 f16 N N +bias skinny2", &CachedAlgo { algo: entry.algo, choice: narrow });
+        let (_, back) = parse_line(kept.trim_end()).unwrap();
+        assert!(back.choice.skinny && back.choice.narrow && !back.choice.cublas(), "{kept}");
         for bad in
             ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
         {

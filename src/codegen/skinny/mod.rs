@@ -225,13 +225,25 @@ fn aligned(location: Location) -> bool {
     }
 }
 
+/// How a `[K, N]` operand's kernel tiles the columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tiling {
+    /// Four packs across a block's columns where they divide N (fewer where not).
+    Wide,
+    /// Half the packs of [`Tiling::Wide`], twice the blocks: a second kernel of the step for
+    /// one or two rows of A, timed against the first at load (on the H200 GPT-2 small's step
+    /// ran faster with it, the Llama-style decoder's slower: `benches/NOTES.md`). None where
+    /// the wide tiling has one pack, for `[N, K]` operands, and on tensor cores.
+    Narrow,
+}
+
 /// The kernel for GEMM `g` of step `name`, where it is one: a single static product of at
 /// most [`MAX_ROWS`] rows (or [`mma::MAX_ROWS`] of a half type), A read as stored, whole 16-byte packs along B's stored rows; with
 /// `epilogue_kernel` (the step's fused ops run after the call), only where cuBLASLt's epilogue
 /// is exactly those ops.
 pub fn generate(
     g: &GemmSpec,
-    epilogue_kernel: bool,
+    (epilogue_kernel, tiling): (bool, Tiling),
     (prologue, next): (Option<Prologue<'_>>, Option<(Location, usize)>),
     name: &str,
     hb: &Handlebars<'_>,
@@ -335,7 +347,11 @@ pub fn generate(
         Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
     } + if gate.is_some() { " (A = x·σ(x)·y, x and y read where stored)" } else { "" };
-    let name = format!("{name}_skinny");
+    let narrower = tiling == Tiling::Narrow;
+    if narrower && (rows || m > 2 || tensor_cores || knobs::off("FUSEC_SKINNY_TILINGS")) {
+        return Ok(None);
+    }
+    let name = if narrower { format!("{name}_skinny_narrow") } else { format!("{name}_skinny") };
     // What both kernels take: the product, its epilogue, the next product's weights.
     let mut data = json!({
         "name": name,
@@ -385,22 +401,26 @@ pub fn generate(
     // where one column a warp took 66 µs and cuBLAS 28.5 (`benches/NOTES.md`).
     // `FUSEC_SKINNY_PER_WARP` (1, 2, 4 or 8) and `FUSEC_SKINNY_BLOCK_WARPS` (4, 8 or 16)
     // override both, for measuring them.
-    let wide = rows && m <= 2 && n >= WIDE;
+    let vocabulary = rows && m <= 2 && n >= WIDE;
     let per_warp = one_of("FUSEC_SKINNY_PER_WARP", &[1, 2, 4, 8]).unwrap_or(match m {
-        _ if wide => 8,
+        _ if vocabulary => 8,
         1..=2 => 1,
         3..=4 => 2,
         _ => 4,
     });
     let rows_warps =
-        one_of("FUSEC_SKINNY_BLOCK_WARPS", &[4, 8, 16]).unwrap_or(if wide { 8 } else { ROWS_WARPS });
+        one_of("FUSEC_SKINNY_BLOCK_WARPS", &[4, 8, 16]).unwrap_or(if vocabulary { 8 } else { ROWS_WARPS });
     // [K, N]: four packs across a block's columns where they divide N (on the H100 faster than
     // one or two packs, which give more, thinner blocks, and than eight: `benches/NOTES.md`).
     // `FUSEC_SKINNY_COLS` (1, 2, 4 or 8 packs) and `FUSEC_SKINNY_THREADS` (128, 256, 512)
     // override both, for measuring them.
     let forced_cols = one_of("FUSEC_SKINNY_COLS", &[1, 2, 4, 8]).filter(|c| n % (c * lanes) == 0);
-    let col_lanes = forced_cols
+    let wide = forced_cols
         .unwrap_or_else(|| [4usize, 2, 1].into_iter().find(|&cl| n % (cl * lanes) == 0).unwrap_or(1));
+    if narrower && wide < 2 {
+        return Ok(None);
+    }
+    let col_lanes = if narrower { wide / 2 } else { wide };
     let cols = col_lanes * lanes;
     let threads = one_of("FUSEC_SKINNY_THREADS", &[128, 256, 512]).unwrap_or(COLS_BLOCK);
     let (block, grid, iterations) = if rows {
@@ -496,7 +516,7 @@ mod tests {
     #[test]
     fn launch_shapes_and_what_is_left_to_the_library() {
         let hb = super::super::templates().unwrap();
-        let make = |g: &GemmSpec| generate(g, false, (None, None), "k", &hb).unwrap();
+        let make = |g: &GemmSpec| generate(g, (false, Tiling::Wide), (None, None), "k", &hb).unwrap();
         // [K, N]: columns in tiles of four packs (32 in f16): 2304 in 72 blocks, 768 in 24; 776
         // (97 packs) one pack a block.
         assert_eq!(make(&spec(1, 2304, 768, false)).unwrap().grid, 72);
@@ -542,7 +562,18 @@ mod tests {
             b_stride: SymDim::lit(0),
         }));
         assert!(make(&g).is_none());
+        // Narrow tiles: half the packs across a [K, N] block's columns, twice the blocks, for
+        // one or two rows; none for [N, K], more rows, or where the wide tiling has one pack.
+        let narrow = |g: &GemmSpec| generate(g, (false, Tiling::Narrow), (None, None), "k", &hb).unwrap();
+        let two = narrow(&spec(1, 2304, 768, false)).unwrap();
+        assert_eq!((two.grid, two.function.ends_with("_skinny_narrow")), (144, true));
+        assert_eq!(narrow(&spec(2, 768, 3072, false)).unwrap().grid, 48);
+        assert!(narrow(&spec(1, 4096, 768, true)).is_none());
+        assert!(narrow(&spec(3, 2304, 768, false)).is_none());
+        assert!(narrow(&spec(1, 776, 768, false)).is_none());
         // A fused epilogue cuBLASLt cannot run stays with the library's call and its kernel.
-        assert!(generate(&spec(1, 2304, 768, false), true, (None, None), "k", &hb).unwrap().is_none());
+        assert!(generate(&spec(1, 2304, 768, false), (true, Tiling::Wide), (None, None), "k", &hb)
+            .unwrap()
+            .is_none());
     }
 }

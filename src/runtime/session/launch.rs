@@ -112,8 +112,12 @@ pub(super) enum Loaded {
         /// [`crate::codegen::Step::Gemm`]'s `skinny`), run instead of the library call where
         /// `on_skinny`.
         skinny: Option<Launch>,
+        /// The same kernel with narrower column tiles (`skinny_narrow` of the step).
+        skinny_narrow: Option<Box<Launch>>,
         /// The product runs as `skinny` (chosen by timing the program).
         on_skinny: bool,
+        /// With `on_skinny`: as `skinny_narrow`.
+        on_narrow: bool,
         /// The norm step `skinny` computes itself: [`Loaded::Absorbed`] while it runs.
         absorbs: Option<usize>,
     },
@@ -215,7 +219,12 @@ impl Session {
         match step {
             Loaded::Kernel(launch) => self.launch(launch),
             Loaded::Absorbed(_) => Ok(()),
-            Loaded::Gemm { skinny: Some(launch), on_skinny: true, .. } => self.launch(launch),
+            Loaded::Gemm { skinny: Some(launch), on_skinny: true, on_narrow: false, .. } => {
+                self.launch(launch)
+            }
+            Loaded::Gemm { skinny_narrow: Some(launch), on_skinny: true, on_narrow: true, .. } => {
+                self.launch(launch)
+            }
             Loaded::Gemm { gemm, lt: Some(prepared), on_cublas: false, .. } => {
                 let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
                 let addresses =

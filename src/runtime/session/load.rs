@@ -178,7 +178,7 @@ impl Session {
                     launch.attention = source.attention.clone();
                     Loaded::Kernel(launch.at(&top)?)
                 }
-                Step::Gemm { gemm, epilogue, skinny, absorbs } => {
+                Step::Gemm { gemm, epilogue, skinny, skinny_narrow, absorbs } => {
                     let bias = gemm
                         .lt_epilogue
                         .and_then(|e| e.bias)
@@ -196,17 +196,30 @@ impl Session {
                     };
                     // fusec's kernel for a product of a few rows, a candidate where GEMMs are
                     // timed (with cuBLASLt, which also runs such a product's epilogue).
-                    let skinny = match (tune && prepared.is_some(), skinny) {
-                        (true, Some(source)) => {
-                            let mut launch = load(source)?;
-                            // On by default (`FUSEC_PDL=0` turns it off): its first packs
-                            // of weights are requested before it waits for the kernel before
-                            // it, so their latency overlaps that kernel's end.
-                            launch.programmatic |= forced != Some(false) && waits_for_predecessor(source);
-                            Some(launch)
-                        }
-                        _ => None,
+                    let mut few_rows =
+                        |source: Option<&KernelSource>| match (tune && prepared.is_some(), source) {
+                            (true, Some(source)) => {
+                                let mut launch = load(source)?;
+                                // On by default (`FUSEC_PDL=0` turns it off): its first packs
+                                // of weights are requested before it waits for the kernel before
+                                // it, so their latency overlaps that kernel's end.
+                                launch.programmatic |= forced != Some(false) && waits_for_predecessor(source);
+                                Ok::<_, RuntimeError>(Some(launch))
+                            }
+                            _ => Ok(None),
+                        };
+                    let mut skinny = few_rows(skinny.as_ref())?;
+                    let mut skinny_narrow = match &skinny {
+                        Some(_) => few_rows(skinny_narrow.as_deref())?.map(Box::new),
+                        None => None,
                     };
+                    // `FUSEC_SKINNY_NARROW=1`: the narrow tiles in the wide ones' place (with
+                    // `FUSEC_SKINNY=1`, every such product on them: for testing them).
+                    if let (true, Some(wide), Some(narrow)) =
+                        (crate::knobs::on("FUSEC_SKINNY_NARROW"), skinny.as_mut(), skinny_narrow.as_mut())
+                    {
+                        std::mem::swap(wide, &mut **narrow);
+                    }
                     // The norm it may take in: a kernel step before it.
                     let absorbs = *absorbs;
                     if absorbs.is_some_and(|j| !matches!(steps.get(j), Some(Loaded::Kernel(_)))) {
@@ -221,7 +234,9 @@ impl Session {
                         on_cublas: plain,
                         lt: prepared,
                         skinny,
+                        skinny_narrow,
                         on_skinny: false,
+                        on_narrow: false,
                         absorbs,
                     }
                 }

@@ -138,9 +138,17 @@ impl Session {
                     Loaded::Kernel(launch) | Loaded::Absorbed(launch) => Loaded::Kernel(launch.at(values)?),
                     // A product of the same sizes at every point: the top's choices (its
                     // algorithm, or the kernel for a few rows with the norm it takes in).
-                    Loaded::Gemm { gemm, epilogue, on_cublas, lt, skinny, on_skinny, absorbs }
-                        if gemm.dims.is_none() =>
-                    {
+                    Loaded::Gemm {
+                        gemm,
+                        epilogue,
+                        on_cublas,
+                        lt,
+                        skinny,
+                        skinny_narrow,
+                        on_skinny,
+                        on_narrow,
+                        absorbs,
+                    } if gemm.dims.is_none() => {
                         let prepared = match (lt, self.lt.as_ref()) {
                             (Some(top), Some(handle)) => {
                                 let bias = gemm.lt_epilogue.and_then(|e| e.bias).map(|b| self.address(b));
@@ -161,7 +169,9 @@ impl Session {
                             on_cublas: *on_cublas,
                             lt: prepared,
                             skinny: skinny.clone(),
+                            skinny_narrow: skinny_narrow.clone(),
                             on_skinny: *on_skinny,
+                            on_narrow: *on_narrow,
                             absorbs: *absorbs,
                         }
                     }
@@ -223,7 +233,9 @@ impl Session {
                             on_cublas: prepared.is_none(),
                             lt: prepared,
                             skinny: None,
+                            skinny_narrow: None,
                             on_skinny: false,
+                            on_narrow: false,
                             absorbs: None,
                         }
                     }

@@ -17,6 +17,15 @@ pub(super) enum Candidate {
     Lt(usize),
     /// fusec's kernel for a product of a few rows.
     Skinny,
+    /// The same with narrower column tiles.
+    SkinnyNarrow,
+}
+
+impl Candidate {
+    /// Whether it is one of fusec's kernels for a few rows.
+    fn few_rows(self) -> bool {
+        matches!(self, Candidate::Skinny | Candidate::SkinnyNarrow)
+    }
 }
 
 /// `FUSEC_SKINNY=1`: every GEMM step with fusec's kernel for a few rows runs it, untimed;
@@ -81,15 +90,16 @@ impl Session {
         let forced_skinny = skinny_forced();
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
-            if let Loaded::Gemm { gemm, lt: Some(_), skinny, absorbs, .. } = step {
+            if let Loaded::Gemm { gemm, lt: Some(_), skinny, skinny_narrow, absorbs, .. } = step {
                 // Choices with fusec's kernel among the candidates (or forced; with the norm
-                // before it taken in) kept apart.
+                // before it taken in; in two tilings) kept apart.
                 let norm = if absorbs.is_some() { "+norm" } else { "" };
+                let two = if skinny_narrow.is_some() { "2" } else { "" };
                 let key = lt::gemm_key(gemm)
                     + &match (skinny.is_some(), forced_skinny) {
                         (false, _) | (true, Some(false)) => String::new(),
-                        (true, None) => format!(" skinny{norm}"),
-                        (true, Some(true)) => format!(" skinny{norm}-forced"),
+                        (true, None) => format!(" skinny{two}{norm}"),
+                        (true, Some(true)) => format!(" skinny{two}{norm}-forced"),
                     };
                 match groups.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, members)) => members.push(i),
@@ -116,7 +126,8 @@ impl Session {
         }
         let mut best = self.time_program()?;
         for (key, members) in untimed {
-            let Some(Loaded::Gemm { gemm, lt: Some(prepared), skinny, .. }) = self.steps.get(members[0])
+            let Some(Loaded::Gemm { gemm, lt: Some(prepared), skinny, skinny_narrow, .. }) =
+                self.steps.get(members[0])
             else {
                 continue;
             };
@@ -126,23 +137,30 @@ impl Session {
                 .into_iter()
                 .chain((0..lt::Lt::candidates(prepared)).map(Candidate::Lt))
                 .chain(skinny.is_some().then_some(Candidate::Skinny))
+                .chain(skinny_narrow.is_some().then_some(Candidate::SkinnyNarrow))
                 .collect();
             let heuristic = lt::Lt::heuristic(prepared);
             let reference_ms = best;
             let mut kept = 0;
             let skinny_here = options.contains(&Candidate::Skinny);
+            // Forced, the kernels for a few rows are timed against each other only.
+            let mut forced_best = f64::INFINITY;
             for (i, &option) in options.iter().enumerate().skip(1) {
                 match forced_skinny {
-                    Some(true) if skinny_here && option != Candidate::Skinny => continue,
-                    Some(false) if option == Candidate::Skinny => continue,
+                    Some(true) if skinny_here && !option.few_rows() => continue,
+                    Some(false) if option.few_rows() => continue,
                     _ => {}
                 }
                 self.apply(&members, option);
                 let ms = self.time_program()?;
                 tracing::debug!(gemm = %key, candidate = i, config = %self.gemm_config(members[0]), ms, "GEMM candidate timed");
-                if ms < lt::MARGIN * best || (forced_skinny == Some(true) && option == Candidate::Skinny) {
+                let forced = forced_skinny == Some(true) && option.few_rows();
+                if (forced && ms < lt::MARGIN * forced_best) || (!forced && ms < lt::MARGIN * best) {
                     best = ms;
                     kept = i;
+                    if forced {
+                        forced_best = ms;
+                    }
                 }
             }
             self.apply(&members, options[kept]);
@@ -156,7 +174,8 @@ impl Session {
                 chosen_us: 1e3 * best,
                 cached: false,
                 config: self.gemm_config(members[0]),
-                skinny: options[kept] == Candidate::Skinny,
+                skinny: options[kept].few_rows(),
+                narrow: options[kept] == Candidate::SkinnyNarrow,
             };
             if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
                 cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
@@ -172,7 +191,10 @@ impl Session {
     /// The configuration GEMM step `i` runs with: `cuBLAS`, or its cuBLASLt algorithm's.
     pub(super) fn gemm_config(&self, i: usize) -> String {
         match self.steps.get(i) {
-            Some(Loaded::Gemm { on_skinny: true, .. }) => "fusec skinny kernel".to_string(),
+            Some(Loaded::Gemm { on_skinny: true, on_narrow: false, .. }) => "fusec skinny kernel".to_string(),
+            Some(Loaded::Gemm { on_skinny: true, on_narrow: true, .. }) => {
+                "fusec skinny kernel, narrow tiles".to_string()
+            }
             Some(Loaded::Gemm { on_cublas: true, .. }) => "cuBLAS".to_string(),
             Some(Loaded::Gemm { lt: Some(prepared), .. }) => lt::Lt::config(prepared),
             _ => String::new(),
@@ -182,11 +204,20 @@ impl Session {
     /// Runs the GEMM steps `members` as `option` says.
     pub(super) fn apply(&mut self, members: &[usize], option: Candidate) {
         for &i in members {
-            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, on_skinny, skinny, absorbs, .. }) =
-                self.steps.get_mut(i)
+            if let Some(Loaded::Gemm {
+                lt: Some(prepared),
+                on_cublas,
+                on_skinny,
+                on_narrow,
+                skinny,
+                skinny_narrow,
+                absorbs,
+                ..
+            }) = self.steps.get_mut(i)
             {
                 *on_cublas = option == Candidate::Cublas;
-                *on_skinny = option == Candidate::Skinny && skinny.is_some();
+                *on_narrow = option == Candidate::SkinnyNarrow && skinny_narrow.is_some();
+                *on_skinny = *on_narrow || (option == Candidate::Skinny && skinny.is_some());
                 if let Candidate::Lt(rank) = option {
                     lt::Lt::select(prepared, rank);
                 }
@@ -201,11 +232,14 @@ impl Session {
     /// Applies a cached choice to `members`; false when it no longer fits.
     pub(super) fn restore(&mut self, members: &[usize], cached: &lt::CachedAlgo) -> bool {
         if cached.choice.skinny {
-            let all = members
-                .iter()
-                .all(|&i| matches!(self.steps.get(i), Some(Loaded::Gemm { skinny: Some(_), .. })));
+            let narrow = cached.choice.narrow;
+            let all = members.iter().all(|&i| match self.steps.get(i) {
+                Some(Loaded::Gemm { skinny_narrow: Some(_), .. }) if narrow => true,
+                Some(Loaded::Gemm { skinny: Some(_), .. }) => !narrow,
+                _ => false,
+            });
             if all {
-                self.apply(members, Candidate::Skinny);
+                self.apply(members, if narrow { Candidate::SkinnyNarrow } else { Candidate::Skinny });
             }
             return all;
         }
