@@ -213,12 +213,12 @@ impl Session {
                         Some(_) => few_rows(skinny_narrow.as_deref())?.map(Box::new),
                         None => None,
                     };
-                    // `FUSEC_SKINNY_NARROW=1`: the narrow tiles in the wide ones' place (with
-                    // `FUSEC_SKINNY=1`, every such product on them: for testing them).
-                    if let (true, Some(wide), Some(narrow)) =
-                        (crate::knobs::on("FUSEC_SKINNY_NARROW"), skinny.as_mut(), skinny_narrow.as_mut())
-                    {
-                        std::mem::swap(wide, &mut **narrow);
+                    // `FUSEC_SKINNY_NARROW=1`: the narrow tiles alone, in the wide ones' place
+                    // (with `FUSEC_SKINNY=1`, every such product on them: for testing them).
+                    if crate::knobs::on("FUSEC_SKINNY_NARROW") {
+                        if let Some(narrow) = skinny_narrow.take() {
+                            skinny = Some(*narrow);
+                        }
                     }
                     // The norm it may take in: a kernel step before it.
                     let absorbs = *absorbs;
