@@ -295,10 +295,9 @@ pub fn generate(
         None => (few_rows(None, Tiling::Wide)?, None),
     };
     // The same kernel with narrower column tiles, taking in what it takes in.
-    let skinny_narrow = match (&skinny, absorbs) {
-        (Some(_), Some(_)) => few_rows(prologue, Tiling::Narrow)?.map(Box::new),
-        (Some(_), None) => few_rows(None, Tiling::Narrow)?.map(Box::new),
-        (None, _) => None,
+    let skinny_narrow = match skinny {
+        Some(_) => few_rows(absorbs.and(prologue), Tiling::Narrow)?.map(Box::new),
+        None => None,
     };
     Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs })
 }

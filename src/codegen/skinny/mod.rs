@@ -272,6 +272,10 @@ pub fn generate(
     }
     let lanes = 16 / dtype.size_bytes();
     let rows = g.b.transposed;
+    let narrower = tiling == Tiling::Narrow;
+    if narrower && (rows || g.m > 2 || tensor_cores || knobs::off("FUSEC_SKINNY_TILINGS")) {
+        return Ok(None);
+    }
     let alpha = g.alpha * g.lt_epilogue.map_or(1.0, |e| e.scale());
     // A as the kernel reads it: the norm's input (and the sum's second term) where it takes
     // the norm in, the gate's two factors where it takes the gate in (rows `a_stride` apart).
@@ -347,10 +351,6 @@ pub fn generate(
         Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
     } + if gate.is_some() { " (A = x·σ(x)·y, x and y read where stored)" } else { "" };
-    let narrower = tiling == Tiling::Narrow;
-    if narrower && (rows || m > 2 || tensor_cores || knobs::off("FUSEC_SKINNY_TILINGS")) {
-        return Ok(None);
-    }
     let name = if narrower { format!("{name}_skinny_narrow") } else { format!("{name}_skinny") };
     // What both kernels take: the product, its epilogue, the next product's weights.
     let mut data = json!({

@@ -48,6 +48,22 @@ pub(super) struct ColumnWrite {
 // SAFETY: five u64s, laid out as the kernels' `ColumnSet` (`kernels/copy_rows.cuh`).
 unsafe impl cudarc::driver::DeviceRepr for ColumnWrite {}
 
+/// A [`CacheCopy`] resolved on the device ([`Session::resolve_copy`]): the first rows'
+/// addresses of each pair (sources, then targets), the rows, and the column writes.
+pub(super) struct ResolvedCopy {
+    pub bases: Vec<u64>,
+    pub targets: Vec<u64>,
+    pub copy: super::RowCopy,
+    pub writes: Vec<ColumnWrite>,
+}
+
+impl ResolvedCopy {
+    /// The copy without the copy kernel ([`Session::copy_rows_apart`]).
+    pub fn run_apart(&self, session: &mut Session) -> Result<(), RuntimeError> {
+        session.copy_rows_apart(&self.bases, &self.targets, self.copy, &self.writes)
+    }
+}
+
 impl Session {
     /// Sets column `column` of every row of rank-2 input `name` (`[rows, columns]`) to
     /// `value` in its element type, on the device, in stream order before the next run: one
@@ -116,9 +132,14 @@ impl Session {
     /// keys and values go into the cache and the next step's position and mask slot are set
     /// together.
     pub fn copy_output_rows_setting(&mut self, cache: CacheCopy<'_>) -> Result<(), RuntimeError> {
-        let CacheCopy { pairs, copy, sets } = cache;
-        let (bases, targets) = self.row_addresses(self, pairs, copy)?;
-        let writes = sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let ResolvedCopy { bases, targets, copy, writes } = self.resolve_copy(cache)?;
         self.copy_rows(bases, targets, copy, &writes)
+    }
+
+    /// `cache` as the copy kernels take it, each address checked.
+    pub(super) fn resolve_copy(&self, cache: CacheCopy<'_>) -> Result<ResolvedCopy, RuntimeError> {
+        let (bases, targets) = self.row_addresses(self, cache.pairs, cache.copy)?;
+        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        Ok(ResolvedCopy { bases, targets, copy: cache.copy, writes })
     }
 }

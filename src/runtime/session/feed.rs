@@ -6,10 +6,9 @@
 
 use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
-use super::columns::{CacheCopy, ColumnWrite};
+use super::columns::{CacheCopy, ResolvedCopy};
 use super::sample::SampleTo;
 use super::state::RowCopyLaunch;
-use super::RowCopy;
 use super::{driver, RowDraw, RuntimeError, SampledRows, Session};
 use crate::plan::Location;
 
@@ -39,21 +38,7 @@ enum Beside {
     /// As blocks of the choice's launch.
     Launch(RowCopyLaunch),
     /// Run after it, on its own.
-    Apart(CopyApart),
-}
-
-/// A cache copy run on its own: its rows' addresses and column writes.
-struct CopyApart {
-    bases: Vec<u64>,
-    targets: Vec<u64>,
-    copy: RowCopy,
-    writes: Vec<ColumnWrite>,
-}
-
-impl CopyApart {
-    fn run(self, session: &mut Session) -> Result<(), RuntimeError> {
-        session.copy_rows_apart(&self.bases, &self.targets, self.copy, &self.writes)
-    }
+    Apart(ResolvedCopy),
 }
 
 impl Session {
@@ -110,7 +95,7 @@ impl Session {
             (target, Beside::Launch(copying)) => (target, copying),
             (_, Beside::Apart(apart)) => {
                 self.sample_feed(logits, at, draw, temperature, draws, tokens)?;
-                return apart.run(self);
+                return apart.run_apart(self);
             }
         };
         let (slot, mapped) = self.feed_draws(at.rows, draws)?;
@@ -129,13 +114,12 @@ impl Session {
         rows: usize,
         cache: CacheCopy<'_>,
     ) -> Result<(u64, Beside), RuntimeError> {
-        let copy = cache.copy;
-        let (bases, targets) = self.row_addresses(self, cache.pairs, copy)?;
-        let writes = cache.sets.iter().map(|&set| self.column_write(set)).collect::<Result<Vec<_>, _>>()?;
+        let resolved = self.resolve_copy(cache)?;
         let (_, out) = self.fed_input(tokens, rows)?;
-        Ok(match self.row_copy_launch(&bases, &targets, copy, &writes)? {
+        let ResolvedCopy { bases, targets, copy, writes } = &resolved;
+        Ok(match self.row_copy_launch(bases, targets, *copy, writes)? {
             Some(copying) => (out, Beside::Launch(copying)),
-            None => (out, Beside::Apart(CopyApart { bases, targets, copy, writes })),
+            None => (out, Beside::Apart(resolved)),
         })
     }
 
@@ -284,7 +268,7 @@ impl Session {
             (out, Beside::Launch(copying)) => (out, copying),
             (_, Beside::Apart(apart)) => {
                 self.argmax_feed(logits, rows, width, tokens)?;
-                return apart.run(self);
+                return apart.run_apart(self);
             }
         };
         let (x, slots, chunks) = self.argmax_args(logits, rows, width)?;

@@ -69,6 +69,10 @@ pub(super) struct SampleKernels {
     blocks: usize,
     /// Threads a block.
     threads: u32,
+    /// The most shared memory a block may opt in to, bytes.
+    optin: usize,
+    /// `FUSEC_SAMPLE_SHARED_WEIGHTS=0`: the weights kept in global memory.
+    weights_apart: bool,
 }
 
 impl Session {
@@ -89,7 +93,13 @@ impl Session {
                 self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
             let plain = module.load_function("fusec_sample_rows").map_err(driver)?;
             let copying = module.load_function("fusec_sample_rows_copying").map_err(driver)?;
-            self.state.sample = Some(SampleKernels { plain, copying, blocks, threads });
+            let optin = self
+                .stream
+                .context()
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .map_or(0, |b| b.max(0) as usize);
+            let weights_apart = crate::knobs::off("FUSEC_SAMPLE_SHARED_WEIGHTS");
+            self.state.sample = Some(SampleKernels { plain, copying, blocks, threads, optin, weights_apart });
         }
         self.state
             .sample
@@ -153,7 +163,8 @@ impl Session {
             )));
         }
         let x = self.address(spec.location) + (offset * width * 4) as u64;
-        let SampleKernels { plain, copying: with_copy, blocks, threads } = self.sample_kernels()?;
+        let SampleKernels { plain, copying: with_copy, blocks, threads, optin, weights_apart } =
+            self.sample_kernels()?;
         let function = if to.copying.is_some() { with_copy } else { plain };
         if self.state.draws.as_ref().is_none_or(|d| d.len() < rows) {
             self.state.draws = Some(self.stream.alloc_zeros::<f64>(rows).map_err(driver)?);
@@ -181,12 +192,6 @@ impl Session {
         let part = width.div_ceil(blocks);
         let (row_bytes, with_weights) = (part * 4, part.next_multiple_of(2) * 4 + part * 8);
         let own = function.shared_size_bytes().map_or(32 * 1024, |b| b.max(0) as usize);
-        let optin = self
-            .stream
-            .context()
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_or(0, |b| b.max(0) as usize);
-        let weights_apart = std::env::var("FUSEC_SAMPLE_SHARED_WEIGHTS").is_ok_and(|v| v.trim() == "0");
         let candidates = [(2, with_weights), (1, row_bytes)];
         let (shared_row, dynamic) = candidates
             .into_iter()
