@@ -47,6 +47,13 @@ fn last_query(dir: &Path, tokens: i64, queries: i64, valid: Option<i64>) -> Path
 
 /// [`last_query`] for a head `width` wide (scaled by `1 / sqrt(width)`).
 fn last_query_of(dir: &Path, width: i64, tokens: i64, queries: i64, valid: Option<i64>) -> PathBuf {
+    last_query_masked(dir, width, tokens, queries, valid.map(|v| (v, false)))
+}
+
+/// [`last_query_of`] with `live`: the first `live.0` keys live, and where `live.1`, the last
+/// key as well (a decoding step's own key after a cache's empty slots).
+fn last_query_masked(dir: &Path, width: i64, tokens: i64, queries: i64, live: Option<(i64, bool)>) -> PathBuf {
+    let valid = live.map(|(v, _)| v);
     let mut nodes = vec![
         node("MatMul", &["x", "wq"], "qs", vec![]),
         node("Slice", &["qs", "starts", "ends", "axes"], "q", vec![]),
@@ -69,10 +76,14 @@ fn last_query_of(dir: &Path, width: i64, tokens: i64, queries: i64, valid: Optio
     ];
     if let Some(valid) = valid {
         nodes.insert(7, node("Add", &["scaled", "mask"], "masked", vec![]));
-        let mask: Vec<f32> = (0..tokens).map(|t| if t < valid { 0.0 } else { f32::NEG_INFINITY }).collect();
+        let last = live.is_some_and(|(_, last)| last);
+        let mask: Vec<f32> = (0..tokens)
+            .map(|t| if t < valid || (last && t == tokens - 1) { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
         init.push(floats("mask", &mask));
     }
-    let name = format!("last{width}_{tokens}_{queries}_{}", valid.unwrap_or(tokens));
+    let last = if live.is_some_and(|(_, last)| last) { "_last" } else { "" };
+    let name = format!("last{width}_{tokens}_{queries}_{}{last}", valid.unwrap_or(tokens));
     write_model(dir, &name, &[12, tokens, width], nodes, init)
 }
 
@@ -130,22 +141,30 @@ fn two_queries_over_a_long_cache_split_their_keys_over_a_cluster() {
 /// One query over `tokens` keys (a decoding step): the decoding kernel, 12 batch × heads in
 /// clusters of 8 blocks; where a mask is read, the block finds the keys that weigh anything
 /// from it first (1,000 keys of which the first 380 are live). Odd counts (77, 301) leave lane
-/// groups and blocks with fewer keys than others.
+/// groups and blocks with fewer keys than others. The last key live after a run of dead ones
+/// (a decoding step's own key after a cache's empty slots) is taken on its own, the run not
+/// read; so is one live key after a single dead one (300 live of 302).
 #[test]
 fn one_query_runs_in_the_decoding_kernel() {
     let dir = tempfile::tempdir().unwrap();
-    for (tokens, valid) in [(1000, None), (301, None), (77, None), (1000, Some(380)), (301, Some(5))] {
-        let path = last_query(dir.path(), tokens, 1, valid);
-        split_keys(
-            dir.path(),
-            &path,
-            "Attention of one query row",
-            8,
-            ("atomicMin(&bounds[0]", valid.is_some()),
-            tokens as u64,
-        );
+    let cases = [
+        (1000, None),
+        (301, None),
+        (77, None),
+        (1000, Some((380, false))),
+        (301, Some((5, false))),
+        (1000, Some((380, true))),
+        (302, Some((300, true))),
+        (77, Some((1, true))),
+    ];
+    for (tokens, live) in cases {
+        let path = last_query_masked(dir.path(), 64, tokens, 1, live);
+        split_keys(dir.path(), &path, "Attention of one query row", 8, (SCANS, live.is_some()), tokens as u64);
     }
 }
+
+/// What the decoding kernel's source holds where it looks through its mask first.
+const SCANS: &str = "bounds[warp][2] = lst2";
 
 /// The one kernel of `path`'s f16 program whose source holds `marker`: clusters of `cluster`
 /// blocks, one for each of the 12 query blocks; looking through its mask first (`looks` in its
@@ -168,6 +187,11 @@ fn split_keys(dir: &Path, path: &Path, marker: &str, cluster: u32, (looks, maske
     assert!(kernel.source.contains(&dims), "{name}: no `{dims}` in\n{}", kernel.source);
     assert_eq!(kernel.grid, 12 * cluster, "{name}: a cluster for each query block");
     assert_eq!(kernel.source.contains(looks), masked, "{name}: `{looks}`");
+    // The decoding kernel takes a live last key past dead ones on its own wherever it looks
+    // through the mask.
+    if looks == SCANS {
+        assert_eq!(kernel.source.contains("tail = lst;"), masked, "{name}: the last key apart");
+    }
     if fusec::nvrtc::available() {
         common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir);
         fusec::nvrtc::compile(kernel, "sm_80").unwrap_or_else(|e| panic!("{name} for sm_80: {e}"));
@@ -188,7 +212,7 @@ fn one_query_runs_in_the_decoding_kernel_at_other_head_sizes() {
             &path,
             "Attention of one query row",
             8,
-            ("atomicMin(&bounds[0]", valid.is_some()),
+            (SCANS, valid.is_some()),
             301,
         );
     }

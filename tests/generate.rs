@@ -485,7 +485,7 @@ fn one_query_attention_matches_tract_in_half_types() {
             for step in &bundle.header.steps {
                 let fusec::codegen::Step::Launch(k) = step else { continue };
                 if let (Some(scan), Some(wait)) =
-                    (k.source.find("hi = bounds[1] + 1;"), k.source.find("fusec::grid_begin();"))
+                    (k.source.find("hi = lst + 1;"), k.source.find("fusec::grid_begin();"))
                 {
                     assert!(scan < wait, "{file} {precision}: the mask scan after the wait in {}", k.name);
                     early += 1;

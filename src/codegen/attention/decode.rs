@@ -87,6 +87,10 @@ pub(super) fn generate(
         "scan": scan,
         "early_scan": early_scan,
         "early_fetch": early_fetch,
+        // A last key past a run of keys the mask leaves out (a decoding step's own, after the
+        // cache's empty slots) taken apart, so that the run is not read;
+        // `FUSEC_ATTENTION_TAIL=0` reads the run, for measuring it.
+        "tail": scan && !knobs::off("FUSEC_ATTENTION_TAIL"),
         // The cluster's states read all at once before they are merged;
         // `FUSEC_ATTENTION_MERGE_AT_ONCE=0` reads and merges them one block after another,
         // for measuring it.
