@@ -95,6 +95,7 @@ extern "C" __global__ void fusec_argmax_rows_copying(const float* __restrict__ x
                                                      const unsigned long long* __restrict__ targets,
                                                      unsigned long long copy_rows, unsigned long long words,
                                                      unsigned long long src_pitch, unsigned long long dst_pitch,
+                                                     unsigned long long src_offset, unsigned long long dst_offset,
                                                      unsigned long long tensors, ColumnSet s0, ColumnSet s1,
                                                      unsigned long long copy_blocks) {
     if (blockIdx.y < rows) {
@@ -102,6 +103,6 @@ extern "C" __global__ void fusec_argmax_rows_copying(const float* __restrict__ x
         return;
     }
     if (blockIdx.x < copy_blocks)
-        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, tensors, s0, s1,
-                        blockIdx.y - rows, blockIdx.x);
+        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors,
+                        s0, s1, blockIdx.y - rows, blockIdx.x);
 }

@@ -6,14 +6,15 @@
 #include "copy_rows.cuh"
 
 // Several tensors of one geometry at once (a decoder's every cached key and value): tensor
-// `blockIdx.y` from `sources[blockIdx.y]` to `targets[blockIdx.y]`, each base already past its
-// first row's offset. Blocks past the `tensors` set up to two columns of inputs to one value
+// `blockIdx.y` from `sources[blockIdx.y]` to `targets[blockIdx.y]` (its first rows the offsets
+// past them). Blocks past the `tensors` set up to two columns of inputs to one value
 // each (a decoder's next position and the mask's next live slot) in the same launch.
 extern "C" __global__ void fusec_copy_rows_many(const unsigned long long* __restrict__ sources,
                                                 const unsigned long long* __restrict__ targets,
                                                 unsigned long long rows, unsigned long long words,
                                                 unsigned long long src_pitch, unsigned long long dst_pitch,
+                                                unsigned long long src_offset, unsigned long long dst_offset,
                                                 unsigned long long tensors, ColumnSet s0, ColumnSet s1) {
-    copy_rows_block(sources, targets, rows, words, src_pitch, dst_pitch, tensors, s0, s1, blockIdx.y,
-                    blockIdx.x);
+    copy_rows_block(sources, targets, rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors, s0, s1,
+                    blockIdx.y, blockIdx.x);
 }

@@ -25,13 +25,16 @@ struct ColumnSet {
 };
 
 // Block `tensor` (x: `block`) of a copy of several tensors of one geometry: tensor `tensor`
-// from `sources[tensor]` to `targets[tensor]`, each base already past its first row's offset,
-// one thread a word; the blocks past the `tensors` set `s0` and `s1` (a decoder's next
-// position and the mask's next live slot). Pitches are in words.
+// from `sources[tensor]` to `targets[tensor]`, its first rows `src_offset` and `dst_offset`
+// words past them, one thread a word; the blocks past the `tensors` set `s0` and `s1` (a
+// decoder's next position and the mask's next live slot). Pitches and offsets are in words:
+// the offsets are arguments, so that the base arrays stay the same from step to step (a
+// decoder's cache slot moves on every step; its tensors do not).
 __device__ __forceinline__ void copy_rows_block(const unsigned long long* __restrict__ sources,
                                                 const unsigned long long* __restrict__ targets,
                                                 unsigned long long rows, unsigned long long words,
                                                 unsigned long long src_pitch, unsigned long long dst_pitch,
+                                                unsigned long long src_offset, unsigned long long dst_offset,
                                                 unsigned long long tensors, const ColumnSet& s0,
                                                 const ColumnSet& s1, unsigned long long tensor,
                                                 unsigned long long block) {
@@ -45,5 +48,5 @@ __device__ __forceinline__ void copy_rows_block(const unsigned long long* __rest
     const unsigned long long r = i / words, c = i - r * words;
     const unsigned int* src = reinterpret_cast<const unsigned int*>(sources[tensor]);
     unsigned int* dst = reinterpret_cast<unsigned int*>(targets[tensor]);
-    dst[r * dst_pitch + c] = src[r * src_pitch + c];
+    dst[dst_offset + r * dst_pitch + c] = src[src_offset + r * src_pitch + c];
 }

@@ -27,6 +27,8 @@ pub(super) struct RowCopyLaunch {
     words: u64,
     from_pitch: u64,
     to_pitch: u64,
+    from_word: u64,
+    to_word: u64,
     tensors: u64,
     sets: [ColumnWrite; 2],
     pub(super) blocks: (u32, u32),
@@ -43,7 +45,8 @@ impl RowCopyLaunch {
     /// Pushes the arguments, `copy_rows_block`'s order.
     pub(super) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
         args.arg(&self.sources).arg(&self.targets).arg(&self.rows).arg(&self.words);
-        args.arg(&self.from_pitch).arg(&self.to_pitch).arg(&self.tensors);
+        args.arg(&self.from_pitch).arg(&self.to_pitch).arg(&self.from_word).arg(&self.to_word);
+        args.arg(&self.tensors);
         args.arg(&self.sets[0]).arg(&self.sets[1]);
     }
 }
@@ -408,7 +411,12 @@ impl Session {
         if words.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
             return Ok(None);
         }
-        let all: Vec<u64> = bases.iter().chain(targets).copied().collect();
+        // The tensors' own addresses on the device, the first rows' offsets passed apart: a
+        // decoder's cache slot moves on every step, its tensors do not, so the array is made
+        // once rather than copied to the device before every step's copy.
+        let (from, to) = (copy.from_offset as u64, copy.to_offset as u64);
+        let all: Vec<u64> =
+            bases.iter().map(|b| b - from).chain(targets.iter().map(|t| t - to)).collect();
         if self.state.bases != all || self.state.bases_on_device.is_none() {
             self.state.bases_on_device = Some(self.stream.clone_htod(&all).map_err(driver)?);
             self.state.bases = all;
@@ -432,6 +440,8 @@ impl Session {
             words: copy.width as u64 / 4,
             from_pitch: copy.from_pitch as u64 / 4,
             to_pitch: copy.to_pitch as u64 / 4,
+            from_word: from / 4,
+            to_word: to / 4,
             tensors: n as u64,
             sets: [*sets.first().unwrap_or(&none), *sets.get(1).unwrap_or(&none)],
             blocks,
