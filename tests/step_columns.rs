@@ -138,6 +138,28 @@ fn a_cache_copy_sets_the_next_steps_columns() {
             "the step after the draw and the copy in one launch or apart ({draw:?})"
         );
     }
+    // The copy against the host: the cache is in place (each present output is its past
+    // input's memory), so after the copy every row's slot 3 holds its slot 15 and nothing
+    // else moved — whole rows (16 bytes a thread) and rows of 15 of the 16 floats (60 bytes:
+    // a word a thread).
+    for width in [row, row - 4] {
+        let mut session = fusec::Session::new(&bundle, 0).unwrap();
+        session.run(&inputs).unwrap();
+        let before: Vec<Vec<f64>> =
+            pairs.iter().map(|(present, _)| session.read_output(present).unwrap().to_f64_vec()).collect();
+        let part = RowCopy { width, ..copy };
+        session.copy_output_rows_setting(CacheCopy { pairs: &pairs, copy: part, sets: &sets }).unwrap();
+        for ((present, _), before) in pairs.iter().zip(&before) {
+            let after = session.read_output(present).unwrap().to_f64_vec();
+            let mut expected = before.clone();
+            for r in 0..batch * heads {
+                for e in 0..width / 4 {
+                    expected[(r * (past + 1) + 3) * size + e] = before[(r * (past + 1) + past) * size + e];
+                }
+            }
+            assert_eq!(after, expected, "{present} after a copy of rows of {width} bytes");
+        }
+    }
     // The step did see the new columns: it differs from one without them.
     let mut session = fusec::Session::new(&bundle, 0).unwrap();
     session.run(&inputs).unwrap();
