@@ -52,7 +52,13 @@ fn last_query_of(dir: &Path, width: i64, tokens: i64, queries: i64, valid: Optio
 
 /// [`last_query_of`] with `live`: the first `live.0` keys live, and where `live.1`, the last
 /// key as well (a decoding step's own key after a cache's empty slots).
-fn last_query_masked(dir: &Path, width: i64, tokens: i64, queries: i64, live: Option<(i64, bool)>) -> PathBuf {
+fn last_query_masked(
+    dir: &Path,
+    width: i64,
+    tokens: i64,
+    queries: i64,
+    live: Option<(i64, bool)>,
+) -> PathBuf {
     let valid = live.map(|(v, _)| v);
     let mut nodes = vec![
         node("MatMul", &["x", "wq"], "qs", vec![]),
@@ -159,7 +165,14 @@ fn one_query_runs_in_the_decoding_kernel() {
     ];
     for (tokens, live) in cases {
         let path = last_query_masked(dir.path(), 64, tokens, 1, live);
-        split_keys(dir.path(), &path, "Attention of one query row", 8, (SCANS, live.is_some()), tokens as u64);
+        split_keys(
+            dir.path(),
+            &path,
+            "Attention of one query row",
+            8,
+            (SCANS, live.is_some()),
+            tokens as u64,
+        );
     }
 }
 
@@ -207,13 +220,6 @@ fn one_query_runs_in_the_decoding_kernel_at_other_head_sizes() {
     let dir = tempfile::tempdir().unwrap();
     for (width, valid) in [(80, None), (96, Some(200)), (128, None), (256, Some(150))] {
         let path = last_query_of(dir.path(), width, 301, 1, valid);
-        split_keys(
-            dir.path(),
-            &path,
-            "Attention of one query row",
-            8,
-            (SCANS, valid.is_some()),
-            301,
-        );
+        split_keys(dir.path(), &path, "Attention of one query row", 8, (SCANS, valid.is_some()), 301);
     }
 }

@@ -178,6 +178,25 @@ fn a_layers_key_and_value_appends_are_one_kernel() {
                     assert!(cache > 0, "{file}: an attention kernel without its appends");
                     assert!(plan.kernel_traffic_bytes(kernel) >= cache, "{file}: the caches' reads counted");
                 }
+                // The token's embedding: its gather's kernel counts the rows it picks, not the
+                // whole table (the floor is the bytes a step reads).
+                let mut tables = 0;
+                for kernel in &plan.kernels {
+                    for &n in &kernel.nodes {
+                        let fusec::ir::Op::Gather { .. } = graph.node(n).op else { continue };
+                        let table = graph.node(graph.inputs_of(n)[0]).ty.size_bytes() as u64;
+                        let picked = graph.node(n).ty.size_bytes() as u64;
+                        if table >= 16 * picked {
+                            tables += 1;
+                            let bytes = plan.kernel_traffic_bytes(kernel);
+                            assert!(
+                                bytes < table / 2,
+                                "{file}: a gather's kernel counted {bytes} bytes of a {table}-byte table"
+                            );
+                        }
+                    }
+                }
+                assert!(tables > 0, "{file}: no embedding gather");
                 for k in &attention {
                     let stores = k.lines().filter(|l| l.contains("*reinterpret_cast<uint4*>((out")).count();
                     assert_eq!(stores, 2, "{file}: the new key and value stored once each\n{k}");

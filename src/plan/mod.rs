@@ -510,32 +510,48 @@ impl Plan {
         self.kernels.iter().map(|k| self.kernel_traffic_bytes(k)).sum()
     }
 
-    /// [`Plan::traffic_bytes`] of one kernel: the stored values it reads once each, and its
-    /// outputs.
+    /// [`Plan::traffic_bytes`] of one kernel: the stored values it reads once each (of a
+    /// table a gather picks from, the bytes it picks), and its outputs.
     pub fn kernel_traffic_bytes(&self, kernel: &Kernel) -> u64 {
         let graph = &self.graph;
         let stored = |id: NodeId| self.locations.contains_key(&id);
         let mut read = std::collections::HashSet::new();
+        // Stored values a gather picks from, and the most bytes it picks (its output's): a
+        // token's embedding row, not the whole table.
+        let mut picked: std::collections::HashMap<NodeId, u64> = std::collections::HashMap::new();
         // An append in place reads nothing of the part already there and writes only the new
         // part.
         let appended = |id: NodeId| match graph.node(id).op {
             Op::Append { .. } => Some(graph.inputs_of(id)),
             _ => None,
         };
+        let size = |id: NodeId| graph.node(id).ty.size_bytes() as u64;
         for &node in &kernel.nodes {
             let skip = appended(node).map(|inputs| inputs[0]);
-            for input in graph.inputs_of(node) {
+            let gathers = matches!(
+                graph.node(node).op,
+                Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. }
+            );
+            for (i, input) in graph.inputs_of(node).into_iter().enumerate() {
                 let here = kernel.nodes.contains(&input);
                 // An append this kernel computes and then reads (the decoding attention over
                 // the cache it appends to) is read whole.
                 let read_back = here && appended(input).is_some() && appended(node).is_none();
                 if (!here || read_back) && Some(input) != skip {
-                    read.extend(stored_value(graph, input, &stored));
+                    match stored_value(graph, input, &stored) {
+                        Some(value) if gathers && i == 0 => *picked.entry(value).or_default() += size(node),
+                        value => read.extend(value),
+                    }
                 }
             }
         }
+        let picked: u64 = picked
+            .iter()
+            .filter(|(value, _)| !read.contains(value))
+            .map(|(&value, &bytes)| bytes.min(size(value)))
+            .sum();
         let written = kernel.outputs.iter().map(|&o| appended(o).map_or(o, |inputs| inputs[1]));
-        read.iter().copied().chain(written).map(|id| graph.node(id).ty.size_bytes() as u64).sum()
+        picked + read.iter().copied().chain(written).map(size).sum::<u64>()
     }
 
     /// Floating-point operations of one run in its matrix products (GEMMs and attention),

@@ -415,16 +415,14 @@ impl Session {
         }
         // 16 bytes a thread where every row, pitch, offset and address lies on 16 bytes (a
         // decoder's rows of 64 or 128 half-type elements), else 4.
-        let sixteen = words.iter().all(|w| w % 16 == 0)
-            && bases.iter().chain(targets).all(|a| a % 16 == 0);
+        let sixteen = words.iter().all(|w| w % 16 == 0) && bases.iter().chain(targets).all(|a| a % 16 == 0);
         let vec: u64 = if sixteen { 4 } else { 1 };
         let threads = (copy.rows * copy.width / 4) as u64 / vec;
         // The tensors' own addresses on the device, the first rows' offsets passed apart: a
         // decoder's cache slot moves on every step, its tensors do not, so the array is made
         // once rather than copied to the device before every step's copy.
         let (from, to) = (copy.from_offset as u64, copy.to_offset as u64);
-        let all: Vec<u64> =
-            bases.iter().map(|b| b - from).chain(targets.iter().map(|t| t - to)).collect();
+        let all: Vec<u64> = bases.iter().map(|b| b - from).chain(targets.iter().map(|t| t - to)).collect();
         if self.state.bases != all || self.state.bases_on_device.is_none() {
             self.state.bases_on_device = Some(self.stream.clone_htod(&all).map_err(driver)?);
             self.state.bases = all;
