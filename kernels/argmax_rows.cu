@@ -11,7 +11,7 @@
 
 #include "copy_rows.cuh"
 
-#define ARGMAX_ITEMS 8
+#define ARGMAX_ITEMS 4
 
 // The key of value `v` at index `i` (`i` < 2^32): NaN as -inf, -0 as +0, so that keys order as
 // `v > best` with the first of equals does.
@@ -96,14 +96,13 @@ extern "C" __global__ void fusec_argmax_rows_copying(const float* __restrict__ x
                                                      unsigned long long copy_rows, unsigned long long words,
                                                      unsigned long long src_pitch, unsigned long long dst_pitch,
                                                      unsigned long long src_offset, unsigned long long dst_offset,
-                                                     unsigned long long vec, unsigned long long tensors, ColumnSet s0,
-                                                     ColumnSet s1,
+                                                     unsigned long long tensors, ColumnSet s0, ColumnSet s1,
                                                      unsigned long long copy_blocks) {
     if (blockIdx.y < rows) {
         if (blockIdx.x < chunks) argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, chunks);
         return;
     }
     if (blockIdx.x < copy_blocks)
-        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, vec,
-                        tensors, s0, s1, blockIdx.y - rows, blockIdx.x);
+        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors,
+                        s0, s1, blockIdx.y - rows, blockIdx.x);
 }

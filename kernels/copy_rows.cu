@@ -14,8 +14,7 @@ extern "C" __global__ void fusec_copy_rows_many(const unsigned long long* __rest
                                                 unsigned long long rows, unsigned long long words,
                                                 unsigned long long src_pitch, unsigned long long dst_pitch,
                                                 unsigned long long src_offset, unsigned long long dst_offset,
-                                                unsigned long long vec, unsigned long long tensors, ColumnSet s0,
-                                                ColumnSet s1) {
-    copy_rows_block(sources, targets, rows, words, src_pitch, dst_pitch, src_offset, dst_offset, vec, tensors, s0,
-                    s1, blockIdx.y, blockIdx.x);
+                                                unsigned long long tensors, ColumnSet s0, ColumnSet s1) {
+    copy_rows_block(sources, targets, rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors, s0, s1,
+                    blockIdx.y, blockIdx.x);
 }

@@ -26,8 +26,7 @@ struct ColumnSet {
 
 // Block `tensor` (x: `block`) of a copy of several tensors of one geometry: tensor `tensor`
 // from `sources[tensor]` to `targets[tensor]`, its first rows `src_offset` and `dst_offset`
-// words past them, one thread `vec` words (1, or 4 where every row, pitch, offset and base
-// lies on 16 bytes: a 16-byte load and store); the blocks past the `tensors` set `s0` and `s1` (a
+// words past them, one thread a word; the blocks past the `tensors` set `s0` and `s1` (a
 // decoder's next position and the mask's next live slot). Pitches and offsets are in words:
 // the offsets are arguments, so that the base arrays stay the same from step to step (a
 // decoder's cache slot moves on every step; its tensors do not).
@@ -36,7 +35,7 @@ __device__ __forceinline__ void copy_rows_block(const unsigned long long* __rest
                                                 unsigned long long rows, unsigned long long words,
                                                 unsigned long long src_pitch, unsigned long long dst_pitch,
                                                 unsigned long long src_offset, unsigned long long dst_offset,
-                                                unsigned long long vec, unsigned long long tensors, const ColumnSet& s0,
+                                                unsigned long long tensors, const ColumnSet& s0,
                                                 const ColumnSet& s1, unsigned long long tensor,
                                                 unsigned long long block) {
     const unsigned long long i = block * blockDim.x + threadIdx.x;
@@ -45,13 +44,9 @@ __device__ __forceinline__ void copy_rows_block(const unsigned long long* __rest
         set_element(s1.address, s1.pitch, s1.rows, s1.bits, s1.bytes, i);
         return;
     }
-    const unsigned long long units = words / vec;
-    if (i >= rows * units) return;
-    const unsigned long long r = i / units, c = (i - r * units) * vec;
-    const unsigned int* src = reinterpret_cast<const unsigned int*>(sources[tensor]) + src_offset + r * src_pitch + c;
-    unsigned int* dst = reinterpret_cast<unsigned int*>(targets[tensor]) + dst_offset + r * dst_pitch + c;
-    if (vec == 4)
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    else
-        *dst = *src;
+    if (i >= rows * words) return;
+    const unsigned long long r = i / words, c = i - r * words;
+    const unsigned int* src = reinterpret_cast<const unsigned int*>(sources[tensor]);
+    unsigned int* dst = reinterpret_cast<unsigned int*>(targets[tensor]);
+    dst[dst_offset + r * dst_pitch + c] = src[src_offset + r * src_pitch + c];
 }

@@ -647,7 +647,7 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     int mode, unsigned long long k, double p, double temperature, unsigned long long rows,
     const unsigned long long* __restrict__ sources, const unsigned long long* __restrict__ targets,
     unsigned long long copy_rows, unsigned long long words, unsigned long long src_pitch,
-    unsigned long long dst_pitch, unsigned long long src_offset, unsigned long long dst_offset, unsigned long long vec,
+    unsigned long long dst_pitch, unsigned long long src_offset, unsigned long long dst_offset,
     unsigned long long tensors, ColumnSet s0, ColumnSet s1, unsigned long long copy_blocks) {
     const unsigned long long drawing = rows * SAMPLE_CLUSTER;
     if (blockIdx.x < drawing) {
@@ -656,6 +656,6 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     }
     const unsigned long long c = blockIdx.x - drawing, tensor = c / copy_blocks;
     if (tensor <= tensors)
-        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, vec,
-                        tensors, s0, s1, tensor, c - tensor * copy_blocks);
+        copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors,
+                        s0, s1, tensor, c - tensor * copy_blocks);
 }

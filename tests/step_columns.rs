@@ -140,8 +140,7 @@ fn a_cache_copy_sets_the_next_steps_columns() {
     }
     // The copy against the host: the cache is in place (each present output is its past
     // input's memory), so after the copy every row's slot 3 holds its slot 15 and nothing
-    // else moved — whole rows (16 bytes a thread) and rows of 15 of the 16 floats (60 bytes:
-    // a word a thread).
+    // else moved — whole rows, and the first 15 of each row's 16 floats.
     for width in [row, row - 4] {
         let mut session = fusec::Session::new(&bundle, 0).unwrap();
         session.run(&inputs).unwrap();

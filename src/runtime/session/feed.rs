@@ -16,10 +16,9 @@ use crate::plan::Location;
 const IN_FLIGHT: usize = 2;
 
 /// Threads a block of the argmax kernel, and logits each takes (`ARGMAX_ITEMS` in
-/// `kernels/argmax_rows.cu`): a block a chunk of 2,048 of a row (GPT-2 small's 32 rows in 800
-/// blocks: one wave beside the cache copy, where chunks of 1,024 took three).
+/// `kernels/argmax_rows.cu`): a block a chunk of 1,024 of a row.
 const ARGMAX_THREADS: usize = 256;
-const ARGMAX_ITEMS: usize = 8;
+const ARGMAX_ITEMS: usize = 4;
 
 /// The page-locked buffers the ids are copied into (or, greedy, written into by the kernel:
 /// the buffers are mapped for the device), one per copy in flight, each with its device

@@ -29,9 +29,6 @@ pub(super) struct RowCopyLaunch {
     to_pitch: u64,
     from_word: u64,
     to_word: u64,
-    /// Words a thread copies: 4 (one 16-byte load and store) where every row, pitch, offset
-    /// and base lies on 16 bytes, else 1.
-    vec: u64,
     tensors: u64,
     sets: [ColumnWrite; 2],
     pub(super) blocks: (u32, u32),
@@ -39,17 +36,17 @@ pub(super) struct RowCopyLaunch {
 
 impl RowCopyLaunch {
     /// Blocks a tensor (and the sets' row) of the copy at `threads` threads a block: one thread
-    /// `vec` words, and one a row of each set.
+    /// a word, and one a row of each set.
     pub(super) fn blocks_at(&self, threads: u32) -> u64 {
         let set_rows = self.sets.iter().map(|s| s.rows).max().unwrap_or(0);
-        (self.rows * self.words / self.vec).max(set_rows).div_ceil(u64::from(threads.max(1)))
+        (self.rows * self.words).max(set_rows).div_ceil(u64::from(threads.max(1)))
     }
 
     /// Pushes the arguments, `copy_rows_block`'s order.
     pub(super) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
         args.arg(&self.sources).arg(&self.targets).arg(&self.rows).arg(&self.words);
         args.arg(&self.from_pitch).arg(&self.to_pitch).arg(&self.from_word).arg(&self.to_word);
-        args.arg(&self.vec).arg(&self.tensors);
+        args.arg(&self.tensors);
         args.arg(&self.sets[0]).arg(&self.sets[1]);
     }
 }
@@ -410,14 +407,10 @@ impl Session {
     ) -> Result<Option<RowCopyLaunch>, RuntimeError> {
         let n = targets.len();
         let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
-        if words.iter().any(|n| n % 4 != 0) || copy.rows * copy.width == 0 || n == 0 || sets.len() > 2 {
+        let threads = (copy.rows * copy.width / 4) as u64;
+        if words.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
             return Ok(None);
         }
-        // 16 bytes a thread where every row, pitch, offset and address lies on 16 bytes (a
-        // decoder's rows of 64 or 128 half-type elements), else 4.
-        let sixteen = words.iter().all(|w| w % 16 == 0) && bases.iter().chain(targets).all(|a| a % 16 == 0);
-        let vec: u64 = if sixteen { 4 } else { 1 };
-        let threads = (copy.rows * copy.width / 4) as u64 / vec;
         // The tensors' own addresses on the device, the first rows' offsets passed apart: a
         // decoder's cache slot moves on every step, its tensors do not, so the array is made
         // once rather than copied to the device before every step's copy.
@@ -448,7 +441,6 @@ impl Session {
             to_pitch: copy.to_pitch as u64 / 4,
             from_word: from / 4,
             to_word: to / 4,
-            vec,
             tensors: n as u64,
             sets: [*sets.first().unwrap_or(&none), *sets.get(1).unwrap_or(&none)],
             blocks,
