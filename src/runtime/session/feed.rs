@@ -72,10 +72,7 @@ impl Session {
         tokens: &str,
     ) -> Result<(), RuntimeError> {
         let (_, target) = self.fed_input(tokens, at.rows)?;
-        let (slot, mapped) = self.feed_draws(at.rows, draws)?;
-        let to = SampleTo { out: target, mapped: Some(mapped), copying: None };
-        self.launch_sample(logits, at, (draw, temperature), draws, to)?;
-        self.fed_back(slot, None, at.rows)
+        self.draw_fed(logits, at, (draw, temperature), draws, (target, None))
     }
 
     /// [`Session::sample_feed`] and then `cache`'s copy and column sets
@@ -98,9 +95,21 @@ impl Session {
                 return apart.run_apart(self);
             }
         };
+        self.draw_fed(logits, at, (draw, temperature), draws, (target, Some(&copying)))
+    }
+
+    /// The draw of a fed choice ([`Session::sample_feed`]): its draws written into the next
+    /// page-locked buffer, the ids into `out` and that buffer, with `copying` beside it.
+    fn draw_fed(
+        &mut self,
+        logits: &str,
+        at: SampledRows,
+        draw: (RowDraw, f64),
+        draws: &[f64],
+        (out, copying): (u64, Option<&RowCopyLaunch>),
+    ) -> Result<(), RuntimeError> {
         let (slot, mapped) = self.feed_draws(at.rows, draws)?;
-        let to = SampleTo { out: target, mapped: Some(mapped), copying: Some(&copying) };
-        self.launch_sample(logits, at, (draw, temperature), draws, to)?;
+        self.launch_sample(logits, at, draw, draws, SampleTo { out, mapped: Some(mapped), copying })?;
         self.fed_back(slot, None, at.rows)
     }
 

@@ -89,10 +89,8 @@ impl Session {
             } else {
                 (SAMPLE_PTX, 1, SAMPLE_THREADS)
             };
-            let module =
-                self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
-            let plain = module.load_function("fusec_sample_rows").map_err(driver)?;
-            let copying = module.load_function("fusec_sample_rows_copying").map_err(driver)?;
+            let [plain, copying] =
+                self.load_kernels(ptx, ["fusec_sample_rows", "fusec_sample_rows_copying"])?;
             let optin = self
                 .stream
                 .context()

@@ -223,9 +223,18 @@ impl Session {
         Ok(())
     }
 
-    pub(super) fn load_kernel(&self, ptx: &str, name: &str) -> Result<CudaFunction, RuntimeError> {
+    /// The functions `names` of PTX `ptx`, loaded as one module.
+    pub(super) fn load_kernels<const N: usize>(
+        &self,
+        ptx: &str,
+        names: [&str; N],
+    ) -> Result<[CudaFunction; N], RuntimeError> {
         let module = self.stream.context().load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
-        module.load_function(name).map_err(driver)
+        let mut functions = Vec::with_capacity(N);
+        for name in names {
+            functions.push(module.load_function(name).map_err(driver)?);
+        }
+        functions.try_into().map_err(|_| RuntimeError::Driver("a kernel did not load".into()))
     }
 
     /// The index of the largest value of each row of f32 output `name` of the last run, seen
@@ -260,10 +269,8 @@ impl Session {
     /// (`feed::argmax_feed_copying`), from one module loaded on first use.
     pub(super) fn argmax_kernels(&mut self) -> Result<(CudaFunction, CudaFunction), RuntimeError> {
         if self.state.argmax.is_none() {
-            let ptx = cudarc::nvrtc::Ptx::from_src(ARGMAX_PTX);
-            let module = self.stream.context().load_module(ptx).map_err(driver)?;
-            let plain = module.load_function("fusec_argmax_rows").map_err(driver)?;
-            let copying = module.load_function("fusec_argmax_rows_copying").map_err(driver)?;
+            let [plain, copying] =
+                self.load_kernels(ARGMAX_PTX, ["fusec_argmax_rows", "fusec_argmax_rows_copying"])?;
             self.state.argmax = Some((plain, copying));
         }
         self.state.argmax.clone().ok_or_else(|| RuntimeError::Driver("the argmax kernel did not load".into()))
@@ -357,7 +364,8 @@ impl Session {
             return self.copy_rows_apart(&bases, &targets, copy, sets);
         };
         if self.state.row_copy.is_none() {
-            self.state.row_copy = Some(self.load_kernel(ROW_COPY_PTX, "fusec_copy_rows_many")?);
+            let [copy] = self.load_kernels(ROW_COPY_PTX, ["fusec_copy_rows_many"])?;
+            self.state.row_copy = Some(copy);
         }
         let function = self
             .state
