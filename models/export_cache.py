@@ -137,7 +137,36 @@ def names(layers):
     return inputs, outputs
 
 
-def export(name, model, out_dir, size):
+def export_dynamo(module, args, path, inputs, outputs, layers):
+    """The dynamo exporter (opset 18): named dimensions as strings, which it turns into
+    dynamic dimensions and keeps as the file's names; where it cannot (a relation it will not
+    take), every dimension left to it (`Dim.AUTO`) and named after the fact."""
+    seq = {0: "batch", 1: "seq"}
+    past = tuple({0: "batch", 2: "past"} for _ in range(2 * layers))
+    named = (seq, {0: "batch", 1: "total"}, seq, past)
+    auto = torch.export.Dim.AUTO
+    automatic = ({0: auto, 1: auto}, {0: auto, 1: auto}, {0: auto, 1: auto},
+                 tuple({0: auto, 2: auto} for _ in range(2 * layers)))
+    for how, dynamic in [("named", named), ("automatic", automatic)]:
+        try:
+            torch.onnx.export(module, args, path, dynamo=True, opset_version=18, input_names=inputs,
+                              output_names=outputs, dynamic_shapes=dynamic, external_data=False)
+            print(f"    dynamo export with {how} dimensions")
+            return
+        except Exception as e:  # the next way, after saying why this one failed
+            print(f"    dynamo export with {how} dimensions failed: {type(e).__name__}: {str(e)[:2000]}")
+    raise SystemExit(f"{path}: the dynamo exporter failed both ways")
+
+
+def dims_of(values):
+    out = []
+    for v in values:
+        shape = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        out.append(f"{v.name} {shape}")
+    return out
+
+
+def export(name, model, out_dir, size, dynamo=False):
     layers, _, _, _ = shapes(model)
     module = WithCache(model, layers).eval()
     inputs, outputs = names(layers)
@@ -147,11 +176,15 @@ def export(name, model, out_dir, size):
         axes[n] = {0: "batch", 2: "past"}
     for n in outputs[1:]:
         axes[n] = {0: "batch", 2: "total"}
-    file = f"{name}_cache_ts.onnx" if size == "tiny" else f"{name}_small_cache.onnx"
+    kind = "dynamo" if dynamo else "ts"
+    file = f"{name}_cache_{kind}.onnx" if size == "tiny" else f"{name}_small_cache{'_dynamo' if dynamo else ''}.onnx"
     path = os.path.join(out_dir, file)
     with torch.no_grad():
-        torch.onnx.export(module, feeds(model, 2, 5, 3, 1), path, dynamo=False, opset_version=17,
-                          input_names=inputs, output_names=outputs, dynamic_axes=axes)
+        if dynamo:
+            export_dynamo(module, feeds(model, 2, 5, 3, 1), path, inputs, outputs, layers)
+        else:
+            torch.onnx.export(module, feeds(model, 2, 5, 3, 1), path, dynamo=False, opset_version=17,
+                              input_names=inputs, output_names=outputs, dynamic_axes=axes)
     onnx_model = onnx.load(path, load_external_data=True)
     onnx.save(onnx_model, path, save_as_external_data=False)
     if os.path.exists(path + ".data"):
@@ -159,6 +192,8 @@ def export(name, model, out_dir, size):
     ops = collections.Counter(n.op_type for n in onnx_model.graph.node)
     print(f"{path}: {os.path.getsize(path)} bytes, {len(onnx_model.graph.node)} nodes")
     print("   ", dict(sorted(ops.items())))
+    for line in dims_of(onnx_model.graph.input) + dims_of(onnx_model.graph.output):
+        print("    ", line)
     if size != "tiny":
         return
     # The file against PyTorch at a prompt (no past) and at a step.
@@ -180,6 +215,7 @@ def main():
     parser.add_argument("names", nargs="*")
     parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
     parser.add_argument("--forward", action="store_true")
+    parser.add_argument("--dynamo", action="store_true")
     args = parser.parse_intermixed_args()
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, onnx {onnx.__version__}")
@@ -193,7 +229,7 @@ def main():
                     p.normal_(0.0, 0.02)
                 elif p.dim() == 1:
                     p.normal_(1.0, 0.1)
-        export(name, model.eval(), args.out_dir, args.size)
+        export(name, model.eval(), args.out_dir, args.size, args.dynamo)
         if args.forward:
             export_forward(name, model.eval(), args.out_dir, args.size)
 

@@ -134,7 +134,9 @@ fn appends_inside_attention_read_a_new_key_laid_out_element_by_element() {
 /// registers.
 #[test]
 fn a_layers_key_and_value_appends_are_one_kernel() {
-    for file in ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"] {
+    for file in
+        ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"]
+    {
         for seq in [1, 4] {
             let options = CompileOptions {
                 import: ImportOptions::default()

@@ -10,7 +10,8 @@ use fusec::import::{DimSpec, ImportOptions};
 use fusec::ir::DType;
 use fusec::CompileOptions;
 
-const DECODERS: [&str; 2] = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"];
+const DECODERS: [&str; 4] =
+    ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"];
 
 /// Options for `dims` (`--dim` specs, sums resolved) in `precision`.
 fn options(dims: &[&str], precision: DType) -> CompileOptions {

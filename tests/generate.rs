@@ -11,7 +11,8 @@ use fusec::{Bundle, CompileOptions};
 use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
 
-const DECODERS: [&str; 2] = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"];
+const DECODERS: [&str; 4] =
+    ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"];
 
 /// Heads and head size of each decoder's cache.
 fn cache_dims(file: &str) -> (usize, usize) {

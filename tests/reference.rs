@@ -83,4 +83,6 @@ reference_tests! {
     cnn_block => "cnn_block.onnx",
     gpt2_cache_ts => "gpt2_cache_ts.onnx",
     llama_cache_ts => "llama_cache_ts.onnx",
+    gpt2_cache_dynamo => "gpt2_cache_dynamo.onnx",
+    llama_cache_dynamo => "llama_cache_dynamo.onnx",
 }

@@ -10,7 +10,7 @@ import pytest
 import fusec
 from conftest import MODELS, gpu
 
-DECODERS = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx"]
+DECODERS = ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"]
 PROMPTS = [[5, 77, 300], [11, 2, 480, 9, 160]]
 
 

@@ -170,8 +170,9 @@ pub fn trace_back(
 /// `pack` consecutive elements of the stored value behind its views, from a multiple of
 /// `pack` of its linear index (so, in a buffer aligned to the pack, one aligned access).
 /// The axis must end up the stored value's last, reached through reshapes that keep both last
-/// dims multiples of the pack, transposes that keep it last, slices starting on a multiple of
-/// the pack and expands that do not broadcast it.
+/// dims multiples of the pack (where the axis is last) or keep the axis and every axis after
+/// it as they are, transposes, slices starting on a multiple of the pack and expands that do
+/// not broadcast it.
 pub fn packs_along(
     graph: &Graph,
     dims: ShapeOf<'_>,
@@ -183,6 +184,9 @@ pub fn packs_along(
     loop {
         let shape = &dims(id);
         let last = shape.len().wrapping_sub(1);
+        if axis > last {
+            return false;
+        }
         if stored(id) {
             return axis == last && shape[last].divisible_by(pack);
         }
@@ -192,13 +196,19 @@ pub fn packs_along(
         axis = match &node.op {
             Op::Reshape { .. } => {
                 let in_last = in_shape.len().wrapping_sub(1);
+                // The axis and those after it as they are (only axes before them merged or
+                // split): the same axis of the input, counted from the end.
+                let from_end = shape.len() - axis;
+                let same_tail =
+                    in_shape.len() >= from_end && shape[axis..] == in_shape[in_shape.len() - from_end..];
                 let fits = axis == last
                     && shape[last].divisible_by(pack)
                     && in_shape.get(in_last).is_some_and(|d| d.divisible_by(pack));
-                if !fits {
-                    return false;
+                match (same_tail, fits) {
+                    (true, _) => in_shape.len() - from_end,
+                    (false, true) => in_last,
+                    (false, false) => return false,
                 }
-                in_last
             }
             Op::Transpose { perm } => match perm.get(axis) {
                 Some(&p) => p,
