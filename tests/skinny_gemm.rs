@@ -164,7 +164,8 @@ fn tens_of_rows_run_on_tensor_cores() {
 /// 50,257 wide, exported this way) is read by rows, `[N, K]`, through a transpose that costs
 /// no kernel, so it gets a kernel for a few rows (on CUDA cores at 3 rows, tensor cores at
 /// 24; at one row and a vocabulary's width, eight columns a warp, eight warps a block, the
-/// last block's columns ragged). On a GPU, against tract.
+/// last block's columns ragged), storing the f32 logits itself. On a GPU, against tract, with
+/// that kernel and with the library's.
 #[test]
 fn odd_width_weights_are_read_by_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,11 +174,16 @@ fn odd_width_weights_are_read_by_rows() {
         let init = vec![weight("w", &[96, width], 76, -0.2, 0.4)];
         let path = write_model(dir.path(), &format!("head{rows}"), &[rows, 96], nodes, init);
         let steps = common::compiled_steps(&path, &options(DType::F16));
-        // The input's cast to f16, the GEMM, the output's cast back: no transpose of its own.
-        assert_eq!(steps.len(), 3, "{steps:?}");
-        let Step::Gemm { gemm, skinny: Some(kernel), .. } = &steps[1] else { panic!("{steps:?}") };
+        // The input's cast to f16, then the GEMM storing f32 itself (the output's cast back
+        // taken in): no transpose of its own, no cast kernel after it.
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        let Step::Gemm { gemm, skinny: Some(kernel), epilogue: None, .. } = &steps[1] else {
+            panic!("{steps:?}")
+        };
         assert!(gemm.b.transposed && gemm.n == width as usize && gemm.k == 96, "{gemm:?}");
+        assert_eq!(gemm.out, Some(DType::F32), "{gemm:?}");
         assert!(kernel.source.contains("B stored [N, K]"), "{}", kernel.source);
+        assert!(kernel.source.contains("float* c_out"), "{}", kernel.source);
         if rows == 1 {
             assert_eq!((kernel.grid as usize, kernel.block), (16411usize.div_ceil(64), 256));
         }
@@ -186,8 +192,11 @@ fn odd_width_weights_are_read_by_rows() {
         }
         let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
         if fusec::runtime::driver_available() {
-            std::env::set_var("FUSEC_SKINNY", "1");
-            common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+            // fusec's kernel, then the library's (cuBLASLt storing f32 from f16 operands).
+            for pinned in ["1", "0"] {
+                std::env::set_var("FUSEC_SKINNY", pinned);
+                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+            }
             std::env::remove_var("FUSEC_SKINNY");
         }
     }

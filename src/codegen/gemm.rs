@@ -48,6 +48,10 @@ pub struct GemmSpec {
     pub alpha: f32,
     /// Element type of A, B and C; accumulation is f32.
     pub dtype: crate::ir::DType,
+    /// C's element type where it is not `dtype`: f32 where the kernel takes in the cast of a
+    /// half-type product to f32 (`fusion::partition`'s widening), stored by the GEMM itself.
+    #[serde(default)]
+    pub out: Option<crate::ir::DType>,
     /// The epilogue as cuBLASLt can run it inside the GEMM (bias, then an optional
     /// activation). The step's epilogue kernel stays in the bundle as the fallback for a
     /// GPU where cuBLASLt has no algorithm for it.
@@ -83,6 +87,11 @@ impl GemmDims {
 }
 
 impl GemmSpec {
+    /// C's element type.
+    pub fn c_dtype(&self) -> crate::ir::DType {
+        self.out.unwrap_or(self.dtype)
+    }
+
     /// The GEMM at the point `values` of the bundle's ranges (itself without ranges); `None`
     /// where a size overflows.
     pub fn at(&self, values: &[usize]) -> Option<GemmSpec> {
@@ -245,6 +254,7 @@ fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
         batch: top(&dims.batch),
         alpha,
         dtype,
+        out: None,
         lt_epilogue: None,
         // In a program for ranges, the sizes as they follow them; none where every size is the
         // same at every point (such a product is the top's everywhere, and may run as the
@@ -272,7 +282,10 @@ pub fn generate(
         Op::Gemm { beta, .. } if beta != 0.0 => graph.inputs_of(gemm).get(2).copied(),
         _ => None,
     };
-    let epilogue = if kernel.nodes.len() > 1 || c_input.is_some() {
+    // A product widened to f32 (its kernel's epilogue the cast alone, behind reshapes): C is
+    // stored as f32 by the GEMM, no epilogue kernel.
+    spec.out = widened(plan, kernel, gemm);
+    let epilogue = if spec.out.is_none() && (kernel.nodes.len() > 1 || c_input.is_some()) {
         Some(epilogue(plan, kernel, gemm, out, name, hb)?)
     } else {
         None
@@ -300,6 +313,27 @@ pub fn generate(
         None => None,
     };
     Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs })
+}
+
+/// f32 where `kernel` is the product `gemm` of a half type, views, and the product's cast to
+/// f32 (through reshapes) as the kernel's one output (`fusion::partition`'s widening).
+fn widened(plan: &Plan, kernel: &Kernel, gemm: NodeId) -> Option<DType> {
+    let graph = &plan.graph;
+    let &[cast] = kernel.outputs.as_slice() else { return None };
+    if !matches!(graph.node(cast).op, Op::Cast { to: DType::F32 })
+        || !matches!(graph.node(gemm).ty.dtype, DType::F16 | DType::BF16)
+    {
+        return None;
+    }
+    let views = kernel.nodes.iter().all(|&n| n == gemm || n == cast || graph.node(n).op.is_view());
+    let mut at = *graph.inputs_of(cast).first()?;
+    while at != gemm {
+        if !matches!(graph.node(at).op, Op::Reshape { .. }) || !kernel.nodes.contains(&at) {
+            return None;
+        }
+        at = *graph.inputs_of(at).first()?;
+    }
+    views.then_some(DType::F32)
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a

@@ -11,6 +11,7 @@
 mod appends;
 mod conv_epilogue;
 mod merge;
+mod widening;
 
 pub use appends::{append_behind, decoding_takes_appends};
 
@@ -290,6 +291,9 @@ impl Builder<'_> {
                     let other = if inputs[0] == tail { inputs[1] } else { inputs[0] };
                     uniform_constant(self.graph, other).then(|| "scale".to_string())
                 }
+                Op::Cast { .. } if epilogue.is_empty() && self.widens_product(gemm, tail, u) => {
+                    Some("f32".to_string())
+                }
                 _ => None,
             };
             match step {
@@ -298,8 +302,13 @@ impl Builder<'_> {
                         self.kernel_of.insert(r, k);
                     }
                     self.kernel_of.insert(u, k);
+                    let last = name == "f32";
                     epilogue.push(name);
                     tail = u;
+                    // The product is stored widened: nothing follows in this kernel.
+                    if last {
+                        break;
+                    }
                 }
                 _ => break,
             }

@@ -111,7 +111,8 @@ pub(super) fn gemm(blas: &CudaBlas, g: &GemmSpec, (a, b, c): (u64, u64, u64)) ->
     Ok(())
 }
 
-/// f16/bf16 operands and result, f32 accumulation (same operand order as `gemm`).
+/// f16/bf16 operands, result of their type or f32, f32 accumulation (same operand order as
+/// `gemm`).
 fn gemm_half(
     blas: &CudaBlas,
     g: &GemmSpec,
@@ -120,11 +121,14 @@ fn gemm_half(
     (ld_b, ld_a): (i32, i32),
 ) -> Result<(), RuntimeError> {
     use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-    let ty = match g.dtype {
-        DType::F16 => cudaDataType::CUDA_R_16F,
-        DType::BF16 => cudaDataType::CUDA_R_16BF,
-        other => return Err(RuntimeError::Driver(format!("no GEMM for {other}"))),
+    let type_of = |dtype: DType| match dtype {
+        DType::F16 => Ok(cudaDataType::CUDA_R_16F),
+        DType::BF16 => Ok(cudaDataType::CUDA_R_16BF),
+        DType::F32 => Ok(cudaDataType::CUDA_R_32F),
+        other => Err(RuntimeError::Driver(format!("no GEMM for {other}"))),
     };
+    // C in its own type: f32 where the product is stored widened.
+    let (ty, c_ty) = (type_of(g.dtype)?, type_of(g.c_dtype())?);
     let (alpha, beta) = (g.alpha, 0.0f32);
     let int = |v: usize| {
         i32::try_from(v).map_err(|_| RuntimeError::Driver(format!("GEMM dimension {v} is too large")))
@@ -149,7 +153,7 @@ fn gemm_half(
             g.a.batch_stride as i64,
             (&beta as *const f32).cast(),
             c as *mut std::ffi::c_void,
-            ty,
+            c_ty,
             int(g.n)?,
             (g.m * g.n) as i64,
             int(g.batch)?,

@@ -215,18 +215,20 @@ impl Lt {
         if g.batch != 1 && (g.lt_epilogue.is_none() || g.a.batch_stride == 0 || g.b.batch_stride == 0) {
             return None;
         }
-        let ty = match g.dtype {
-            DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
-            DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
-            DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
-            _ => return None,
+        let type_of = |dtype: DType| match dtype {
+            DType::F32 => Some(sys::cudaDataType_t::CUDA_R_32F),
+            DType::F16 => Some(sys::cudaDataType_t::CUDA_R_16F),
+            DType::BF16 => Some(sys::cudaDataType_t::CUDA_R_16BF),
+            _ => None,
         };
+        // C (and D) in their own type: f32 where the product is stored widened.
+        let (ty, c_ty) = (type_of(g.dtype)?, type_of(g.c_dtype())?);
         let (m, n, k) = (g.m as u64, g.n as u64, g.k as u64);
         // cuBLASLt's A is our B (N×K column-major when not transposed), its B our A.
         let a = if g.b.transposed { (k, n, k) } else { (n, k, n) };
         let b = if g.a.transposed { (m, k, m) } else { (k, m, k) };
         let layout =
-            |(rows, cols, ld): (u64, u64, u64)| lt::create_matrix_layout(ty, rows, cols, ld as i64).ok();
+            |ty, (rows, cols, ld): (u64, u64, u64)| lt::create_matrix_layout(ty, rows, cols, ld as i64).ok();
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType_t::CUDA_R_32F,
@@ -239,7 +241,7 @@ impl Lt {
             candidates: Vec::new(),
             heuristic: 0,
         };
-        gemm.layouts = [layout(a)?, layout(b)?, layout((n, m, n))?];
+        gemm.layouts = [layout(ty, a)?, layout(ty, b)?, layout(c_ty, (n, m, n))?];
         if g.batch != 1 {
             let count = i32::try_from(g.batch).ok()?;
             let strides = [g.b.batch_stride, g.a.batch_stride, g.m * g.n].map(|s| s as i64);
@@ -596,7 +598,8 @@ pub(super) fn gemm_key(g: &GemmSpec) -> String {
         (bias, activation) => format!("{bias}{activation}"),
     };
     let t = |transposed: bool| if transposed { "T" } else { "N" };
-    format!("{}x{}x{} {} {}{}{epilogue}", g.m, g.n, g.k, g.dtype, t(g.a.transposed), t(g.b.transposed))
+    let out = g.out.map(|d| format!(" to {d}")).unwrap_or_default();
+    format!("{}x{}x{} {}{out} {}{}{epilogue}", g.m, g.n, g.k, g.dtype, t(g.a.transposed), t(g.b.transposed))
 }
 
 /// A kept algorithm and how it was chosen.

@@ -99,6 +99,7 @@ pub fn measure(device: usize, dtype: DType) -> Result<DeviceRates, RuntimeError>
         batch: 1,
         alpha: 1.0,
         dtype,
+        out: None,
         lt_epilogue: None,
         dims: None,
     };

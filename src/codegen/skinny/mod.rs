@@ -293,6 +293,8 @@ pub fn generate(
         return Ok(None);
     }
     let t = c_type(dtype)?;
+    // C's type: f32 where the product is stored widened (`GemmSpec::out`).
+    let out_t = c_type(g.c_dtype())?;
     let (m, n, k) = (g.m, g.n, g.k);
     let epilogue = g.lt_epilogue;
     let (bias, residual) = (epilogue.and_then(|e| e.bias), epilogue.and_then(|e| e.residual));
@@ -300,7 +302,7 @@ pub fn generate(
         format!("const {t}* __restrict__ a_in"),
         format!("const {t}* __restrict__ b_in"),
         // Not restricted: the residual may be read from the output's own memory.
-        format!("{t}* c_out"),
+        format!("{out_t}* c_out"),
     ];
     let mut args = vec![a, g.b.location, g.c];
     if let Some(b) = bias {
@@ -358,6 +360,7 @@ pub fn generate(
         "headers": header(dtype).into_iter().collect::<Vec<_>>(),
         "describe": describe,
         "t": t,
+        "out_t": out_t,
         "m": m,
         "n": n,
         "k": k,
@@ -370,7 +373,7 @@ pub fn generate(
         "load_bias": load("bias[c]", dtype),
         "load_residual": load(&format!("residual[m * {n}LL + c]"), dtype),
         "activation": activation,
-        "store": narrow("r", dtype),
+        "store": narrow("r", g.c_dtype()),
         "prefetch": next.map(|(_, bytes)| bytes),
         "params": params.join(", "),
         "norm": norm.is_some(),
@@ -508,6 +511,7 @@ mod tests {
             batch: 1,
             alpha: 1.0,
             dtype: DType::F16,
+            out: None,
             lt_epilogue: None,
             dims: None,
         }
