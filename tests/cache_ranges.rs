@@ -153,6 +153,24 @@ fn a_range_of_prompt_lengths_after_a_range_of_cache_lengths_is_an_error_naming_t
     assert!(err.contains("constant") && err.contains("one stored constant cannot serve the range"), "{err}");
 }
 
+/// A decoder compiled without its mask's length is an error that names the sum to state, for
+/// both exporters' files (their cache and sequence dims named alike); a model without a cache
+/// gets no such hint.
+#[test]
+fn a_missing_mask_length_is_an_error_naming_the_sum() {
+    for file in DECODERS {
+        let options = options(&["batch=1..4", "seq=1", "past=0..300"], DType::F32);
+        let Err(err) = fusec::compile(&common::model_path(file), &options) else { panic!("{file} compiled") };
+        let err = err.to_string();
+        assert!(err.contains("'total'") && err.contains("--dim total=past+seq"), "{file}: {err}");
+    }
+    let Err(err) = fusec::compile(&common::model_path("bert_ts.onnx"), &options(&["batch=1"], DType::F32))
+    else {
+        panic!("bert_ts.onnx compiled without its sequence length");
+    };
+    assert!(err.to_string().contains("'seq'") && !err.to_string().contains("decoder"), "{err}");
+}
+
 /// A cache updated in place holds one capacity: asked for with ranges, the compile says so;
 /// and a generator given a bundle for ranges says what it runs instead.
 #[test]

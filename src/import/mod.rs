@@ -372,7 +372,7 @@ fn resolve_inputs(
                             input: input.name.clone(),
                             axis,
                             symbol: s.clone(),
-                            missing: missing.clone(),
+                            missing: format!("{missing}{}", cache_sum_hint(&summary, s).unwrap_or_default()),
                         })
                     }
                     DeclaredDim::Unknown => Err(ImportError::SymbolicDim {
@@ -528,4 +528,23 @@ fn translate(
     graph.remove_unused();
     ir::verify(&graph).map_err(|source| ImportError::Ir { path: path.to_path_buf(), source })?;
     Ok(Model { graph, onnx: summary, folded_nodes })
+}
+
+/// Where `symbol` is a decoder's mask length (`attention_mask [batch, total]` beside cache
+/// inputs `past_key_values.* [batch, heads, past, head_dim]` and `input_ids [batch, seq]`):
+/// the sum that it is, as the flag that states it.
+fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
+    let dim = |name: &dyn Fn(&str) -> bool, axis: usize| {
+        summary.inputs.iter().filter(|i| name(&i.name)).find_map(|i| match i.dims.as_ref()?.get(axis)? {
+            DeclaredDim::Symbolic(s) => Some(s.clone()),
+            _ => None,
+        })
+    };
+    let mask = dim(&|n| n == "attention_mask", 1)?;
+    let past = dim(&|n| n.starts_with("past_key_values"), 2)?;
+    let seq = dim(&|n| n == "input_ids", 1)?;
+    let distinct = mask != past && mask != seq;
+    (mask == symbol && distinct).then(|| {
+        format!(" (a decoder's mask covers its cache and the new tokens: --dim {symbol}={past}+{seq})")
+    })
 }
