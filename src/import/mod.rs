@@ -372,7 +372,7 @@ fn resolve_inputs(
                             input: input.name.clone(),
                             axis,
                             symbol: s.clone(),
-                            missing: format!("{missing}{}", cache_sum_hint(&summary, s).unwrap_or_default()),
+                            missing: format!("{missing}{}", cache_sum_hint(summary, s).unwrap_or_default()),
                         })
                     }
                     DeclaredDim::Unknown => Err(ImportError::SymbolicDim {
