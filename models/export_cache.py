@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Export decoders with their key/value cache, the layout Hugging Face Optimum and ONNX Runtime
-GenAI use, with the TorchScript exporter (opset 17):
+GenAI use, with the TorchScript exporter (opset 17) or the dynamo exporter (`--dynamo`):
 
   inputs   input_ids [batch, seq] i64, attention_mask [batch, total] i64,
            position_ids [batch, seq] i64,
@@ -20,12 +20,16 @@ prompt (past 0, seq 5) and a step (past 5, seq 1).
   --size small:    gpt2_small_cache.onnx (GPT-2 small: 768 wide, 12 layers, vocab 50257) and
                    llama_small_cache.onnx (the suite's Llama-style decoder), for benchmarks
 
+  --dynamo:        the dynamo exporter (opset 18) instead: <name>_cache_dynamo.onnx (tiny, models/
+                   gpt2_cache_dynamo.onnx and llama_cache_dynamo.onnx) / <name>_small_cache_dynamo.onnx,
+                   the same weights; it writes the presents' length as `past + seq`
+
   --forward:       also the same decoder (same weights) without a cache: input_ids,
                    attention_mask [batch, seq], position_ids in, logits out
                    (<name>_small_forward.onnx / <name>_forward_ts.onnx), the forward-only
                    model a prompt step is compared with
 
-    python3 models/export_cache.py OUT_DIR [--size small] [--forward] [gpt2 llama]
+    python3 models/export_cache.py OUT_DIR [--size small] [--dynamo] [--forward] [gpt2 llama]
 """
 
 import argparse
