@@ -398,6 +398,34 @@ mod tests {
         assert_eq!(back, ["((r) / fusec_d1)", "((r) % fusec_d1)", "(c)"]);
     }
 
+    /// A key cache `[b, heads, t, d]` read as `[b, heads, d, t]` in packs along `d`: through one
+    /// transpose (the TorchScript exporter) or a reshape to three dims, a transpose and a
+    /// reshape back (the dynamo exporter), where `d` is the stored last axis; not along an
+    /// axis a reshape merges with another, nor along the key axis.
+    #[test]
+    fn packs_follow_reshapes_that_keep_the_axis_and_those_after_it() {
+        use crate::ir::{DType, Origin, TensorType};
+        let mut g = Graph::new();
+        let x = g.add_input("cache", TensorType::new(DType::F16, vec![1, 4, 17, 16]));
+        let origin = Origin::new("k", "test");
+        let op = |g: &mut Graph, op: Op, input: NodeId| g.add_op(op, &[input], "k", origin.clone()).unwrap();
+        let one = op(&mut g, Op::Transpose { perm: vec![0, 1, 3, 2] }, x);
+        let three = op(&mut g, Op::Reshape { shape: vec![4, 17, 16] }, x);
+        let turned = op(&mut g, Op::Transpose { perm: vec![0, 2, 1] }, three);
+        let back = op(&mut g, Op::Reshape { shape: vec![1, 4, 16, 17] }, turned);
+        let merged = op(&mut g, Op::Reshape { shape: vec![1, 68, 16] }, x);
+        let split = op(&mut g, Op::Reshape { shape: vec![2, 2, 17, 16] }, three);
+        let dims = |id: NodeId| SymDim::lits(&g.node(id).ty.shape);
+        let stored = |id: NodeId| id == x;
+        assert!(packs_along(&g, &dims, one, 2, 8, &stored));
+        assert!(packs_along(&g, &dims, back, 2, 8, &stored));
+        assert!(!packs_along(&g, &dims, back, 2, 32, &stored));
+        assert!(!packs_along(&g, &dims, back, 3, 8, &stored));
+        assert!(!packs_along(&g, &dims, merged, 1, 8, &stored));
+        assert!(!packs_along(&g, &dims, split, 2, 8, &stored));
+        assert!(packs_along(&g, &dims, split, 3, 8, &stored));
+    }
+
     /// Attention's output stored as [batch, seq, heads·depth] through a transpose that keeps
     /// the last axis last: pairs along it are adjacent; a transpose that moves it is not.
     #[test]
