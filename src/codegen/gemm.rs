@@ -284,7 +284,7 @@ pub fn generate(
     };
     // A product widened to f32 (its kernel's epilogue the cast alone, behind reshapes): C is
     // stored as f32 by the GEMM, no epilogue kernel.
-    spec.out = widened(plan, kernel, gemm);
+    spec.out = kernel.kind.widens().then_some(DType::F32);
     let epilogue = if spec.out.is_none() && (kernel.nodes.len() > 1 || c_input.is_some()) {
         Some(epilogue(plan, kernel, gemm, out, name, hb)?)
     } else {
@@ -313,27 +313,6 @@ pub fn generate(
         None => None,
     };
     Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs })
-}
-
-/// f32 where `kernel` is the product `gemm` of a half type, views, and the product's cast to
-/// f32 (through reshapes) as the kernel's one output (`fusion::partition`'s widening).
-fn widened(plan: &Plan, kernel: &Kernel, gemm: NodeId) -> Option<DType> {
-    let graph = &plan.graph;
-    let &[cast] = kernel.outputs.as_slice() else { return None };
-    if !matches!(graph.node(cast).op, Op::Cast { to: DType::F32 })
-        || !matches!(graph.node(gemm).ty.dtype, DType::F16 | DType::BF16)
-    {
-        return None;
-    }
-    let views = kernel.nodes.iter().all(|&n| n == gemm || n == cast || graph.node(n).op.is_view());
-    let mut at = *graph.inputs_of(cast).first()?;
-    while at != gemm {
-        if !matches!(graph.node(at).op, Op::Reshape { .. }) || !kernel.nodes.contains(&at) {
-            return None;
-        }
-        at = *graph.inputs_of(at).first()?;
-    }
-    views.then_some(DType::F32)
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a

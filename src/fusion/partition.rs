@@ -292,7 +292,7 @@ impl Builder<'_> {
                     uniform_constant(self.graph, other).then(|| "scale".to_string())
                 }
                 Op::Cast { .. } if epilogue.is_empty() && self.widens_product(gemm, tail, u) => {
-                    Some("f32".to_string())
+                    Some(widening::WIDENED.to_string())
                 }
                 _ => None,
             };
@@ -302,7 +302,7 @@ impl Builder<'_> {
                         self.kernel_of.insert(r, k);
                     }
                     self.kernel_of.insert(u, k);
-                    let last = name == "f32";
+                    let last = name == widening::WIDENED;
                     epilogue.push(name);
                     tail = u;
                     // The product is stored widened: nothing follows in this kernel.

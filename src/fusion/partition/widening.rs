@@ -2,9 +2,21 @@
 //! `--precision fp16`): the GEMM stores f32 itself, one launch and one pass over the result
 //! fewer (`codegen::gemm`, [`crate::codegen::GemmSpec::out`]).
 
-use super::Builder;
+use super::{Builder, KernelKind};
 use crate::ir::{DType, NodeId, Op};
 use crate::knobs;
+
+/// The epilogue step of a GEMM kernel that takes in the cast of its product to f32 (its only
+/// step: nothing follows it in the kernel).
+pub(super) const WIDENED: &str = "f32";
+
+impl KernelKind {
+    /// Whether this is a GEMM whose kernel stores its half-type product as f32 itself (its
+    /// epilogue the cast alone, [`Builder::widens_product`]).
+    pub fn widens(&self) -> bool {
+        matches!(self, KernelKind::Gemm { epilogue } if epilogue.len() == 1 && epilogue[0] == WIDENED)
+    }
+}
 
 impl Builder<'_> {
     /// Whether `cast` (the single reader of `tail`, the product `gemm` or a reshape of it)
