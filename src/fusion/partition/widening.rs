@@ -12,7 +12,7 @@ pub(super) const WIDENED: &str = "f32";
 
 impl KernelKind {
     /// Whether this is a GEMM whose kernel stores its half-type product as f32 itself (its
-    /// epilogue the cast alone, [`Builder::widens_product`]).
+    /// epilogue the cast alone, which the partition gives only a plain half-type product).
     pub fn widens(&self) -> bool {
         matches!(self, KernelKind::Gemm { epilogue } if epilogue.len() == 1 && epilogue[0] == WIDENED)
     }
