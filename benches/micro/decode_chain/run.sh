@@ -9,3 +9,8 @@ nvcc -O3 -arch=sm_90a -std=c++17 chain.cu -o /tmp/fusec-decode-chain
 /tmp/fusec-decode-chain
 TINY=1 /tmp/fusec-decode-chain
 TWO=1 /tmp/fusec-decode-chain
+# The weights staged in shared memory before the wait, with each phase's timeline (staged.cu).
+nvcc -O3 -arch=sm_90a -std=c++17 staged.cu -o /tmp/fusec-decode-staged
+/tmp/fusec-decode-staged
+TWO=1 /tmp/fusec-decode-staged
+TINY=1 /tmp/fusec-decode-staged

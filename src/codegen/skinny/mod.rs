@@ -32,6 +32,11 @@ const COLS_BLOCK: usize = 256;
 /// Warps per block of an `[N, K]` operand's kernel.
 const ROWS_WARPS: usize = 4;
 
+/// The most registers of A's values a thread of the norm's or the gate's prologue has in flight
+/// at once (one a value, four a pack of each factor): its loads come in groups that fill at most
+/// this many, each group's issued before the first is used.
+const LOADS_AT_ONCE: usize = 32;
+
 /// Columns from which an `[N, K]` operand's product of one or two rows is a vocabulary's
 /// projection, read eight columns a warp.
 const WIDE: usize = 16384;
@@ -440,6 +445,8 @@ pub fn generate(
     // reads. `FUSEC_SKINNY_TWO_BLOCKS=0` keeps one.
     let two = m <= 2 && n >= WIDE && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS");
     let min_blocks = if two { 2 } else { 1 };
+    let per_thread = k.div_ceil(block);
+    let gate_per_thread = (m * (k / lanes)).div_ceil(block);
     let fields = json!({
         "lanes": lanes,
         "block": block,
@@ -471,8 +478,14 @@ pub fn generate(
             ),
         },
         "gate": gate.is_some(),
-        "gate_x": load("a.v[v]", dtype),
-        "gate_y": load("a2.v[v]", dtype),
+        "gate_x": load("a[j].v[v]", dtype),
+        "gate_y": load("a2[j].v[v]", dtype),
+        // The norm's and the gate's loads a thread (`statistics`, `gates`), in groups whose
+        // loads are all in flight before the first is used.
+        "per_thread": per_thread,
+        "group": per_thread.min((LOADS_AT_ONCE / m).max(1)),
+        "gate_per_thread": gate_per_thread,
+        "gate_group": gate_per_thread.clamp(1, LOADS_AT_ONCE / 8),
         "load_b": load(if rows { "b[j][c].v[v]" } else { "b[j].v[v]" }, dtype),
         "load_x": element(&format!("a_in[m * {k}LL + i]"), &format!("a_term[m * {k}LL + i]")),
         "store_h": narrow("x", dtype),
