@@ -303,6 +303,8 @@ pub fn generate(
     let (m, n, k) = (g.m, g.n, g.k);
     let epilogue = g.lt_epilogue;
     let (bias, residual) = (epilogue.and_then(|e| e.bias), epilogue.and_then(|e| e.residual));
+    // A weight is written by no kernel: the kernel may read it before its wait.
+    let bias_early = matches!(bias, Some(Location::Weights(_)));
     let mut params = vec![
         format!("const {t}* __restrict__ a_in"),
         format!("const {t}* __restrict__ b_in"),
@@ -373,6 +375,11 @@ pub fn generate(
         "alpha": format!("{alpha:?}f"),
         "bias": bias.is_some(),
         "residual": residual.is_some(),
+        // The epilogue's operands read before the sums are made: the bias before the wait
+        // where it is a weight, the residual (and a bias that is not) just after it.
+        "epilogue_loads": bias.is_some() || residual.is_some(),
+        "bias_early": bias_early,
+        "epilogue_late": residual.is_some() || (bias.is_some() && !bias_early),
         "bias_arg": if bias.is_some() { "bias" } else { "nullptr" },
         "residual_arg": if residual.is_some() { "residual" } else { "nullptr" },
         "load_bias": load("bias[c]", dtype),
@@ -446,6 +453,9 @@ pub fn generate(
     let two = m <= 2 && n >= WIDE && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS");
     let min_blocks = if two { 2 } else { 1 };
     let per_thread = k.div_ceil(block);
+    // Outputs a lane (`[N, K]`: a warp's m × per_warp over its 32 lanes) or a thread (`[K, N]`:
+    // a block's m × cols over its threads) stores, whose epilogue operands it holds.
+    let outs = if rows { (m * per_warp).div_ceil(32) } else { (m * cols).div_ceil(block) };
     let gate_per_thread = (m * (k / lanes)).div_ceil(block);
     let fields = json!({
         "lanes": lanes,
@@ -483,6 +493,7 @@ pub fn generate(
         // The norm's and the gate's loads a thread (`statistics`, `gates`), in groups whose
         // loads are all in flight before the first is used.
         "per_thread": per_thread,
+        "outs": outs,
         "group": per_thread.min((LOADS_AT_ONCE / m).max(1)),
         "gate_per_thread": gate_per_thread,
         "gate_group": gate_per_thread.clamp(1, LOADS_AT_ONCE / 8),
