@@ -342,3 +342,52 @@ fn a_vocabulary_runs_two_blocks_a_multiprocessor_without_spills() {
         }
     }
 }
+
+/// A LayerNorm (of a product and its input) before a product whose weights are read by rows
+/// (an odd width) is taken into
+/// its kernel, which copies the norm's scale and shift into shared memory before its wait and
+/// reads them there a pack at a time; at one and three rows, through NVRTC without spills and,
+/// on a GPU, against tract with the copies and without (`FUSEC_SKINNY_NORM_STAGED=0`).
+#[test]
+fn a_norm_before_weights_read_by_rows_reads_its_scale_from_shared_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    for rows in [1, 3] {
+        let nodes = vec![
+            node("MatMul", &["x", "w0"], "m0", vec![]),
+            node("Add", &["m0", "x"], "h", vec![]),
+            node("LayerNormalization", &["h", "g", "b"], "n", vec![common::onnx::float("epsilon", 1e-5)]),
+            node("MatMul", &["n", "w"], "logits", vec![]),
+        ];
+        let init = vec![
+            weight("w0", &[264, 264], 80, -0.2, 0.4),
+            weight("g", &[264], 77, 0.5, 1.0),
+            weight("b", &[264], 78, -0.3, 0.6),
+            weight("w", &[264, 517], 79, -0.2, 0.4),
+        ];
+        let path = write_model(dir.path(), &format!("normed{rows}"), &[rows, 264], nodes, init);
+        let kernels = skinny_kernels(&path, &options(DType::F16));
+        let [_, kernel] = kernels.as_slice() else { panic!("{kernels:?}") };
+        for expected in
+            ["B stored [N, K]", "Norm of", "stage_norm(gamma, beta, ng, nb)", "gp.v[v]", "bp.v[v]"]
+        {
+            assert!(kernel.source.contains(expected), "no `{expected}`: {}", kernel.source);
+        }
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(kernel, common::ptxas().as_deref(), dir.path());
+        }
+        std::env::set_var("FUSEC_SKINNY_NORM_STAGED", "0");
+        let apart = skinny_kernels(&path, &options(DType::F16));
+        std::env::remove_var("FUSEC_SKINNY_NORM_STAGED");
+        assert!(apart[1].source.contains("Norm of") && !apart[1].source.contains("stage_norm("));
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, 10 + rows as u64);
+        if fusec::runtime::driver_available() {
+            std::env::set_var("FUSEC_SKINNY", "1");
+            for staged in ["1", "0"] {
+                std::env::set_var("FUSEC_SKINNY_NORM_STAGED", staged);
+                common::gpu_matches_tract(&path, &options(DType::F16), &inputs, &theirs, 1e-2);
+            }
+            std::env::remove_var("FUSEC_SKINNY_NORM_STAGED");
+            std::env::remove_var("FUSEC_SKINNY");
+        }
+    }
+}

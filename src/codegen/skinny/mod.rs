@@ -37,6 +37,10 @@ const ROWS_WARPS: usize = 4;
 /// this many, each group's issued before the first is used.
 const LOADS_AT_ONCE: usize = 32;
 
+/// The most bytes of a norm's scale (and of its shift) a few-row kernel copies into shared
+/// memory ([`norm_staged`]).
+const NORM_STAGED_BYTES: usize = 16 << 10;
+
 /// Columns from which an `[N, K]` operand's product of one or two rows is a vocabulary's
 /// projection, read eight columns a warp.
 const WIDE: usize = 16384;
@@ -90,14 +94,45 @@ impl Prologue<'_> {
 
 /// A's element `a` (a float expression) normalised: its row's statistics (`mean[m]`,
 /// `rstd[m]`), then the scale and shift at column `column`.
-fn norm_expr(a: String, column: &str, norm: Option<&Norm>, dtype: DType) -> String {
+/// The normalised element of A: `a` (its expression) with the scale and shift of column
+/// `column` read from `gamma` and `beta` as stored, or as `scale` and `shift` say where the
+/// kernel staged them (`ng[k]`, or a pack `gp.v[v]` read from `ng` once for its lanes).
+fn norm_expr(
+    a: String,
+    column: &str,
+    norm: Option<&Norm>,
+    dtype: DType,
+    staged: Option<(&str, &str)>,
+) -> String {
     let Some(norm) = norm else { return a };
-    let gamma = load(&format!("gamma[{column}]"), dtype);
+    let (gamma, beta) = match staged {
+        Some((scale, shift)) => (scale.to_string(), shift.to_string()),
+        None => (format!("gamma[{column}]"), format!("beta[{column}]")),
+    };
+    let gamma = load(&gamma, dtype);
     let centred = if norm.rms { a } else { format!("({a} - mean[m])") };
     match norm.beta {
-        Some(_) => format!("({centred} * rstd[m] * {gamma} + {})", load(&format!("beta[{column}]"), dtype)),
+        Some(_) => format!("({centred} * rstd[m] * {gamma} + {})", load(&beta, dtype)),
         None => format!("({centred} * rstd[m] * {gamma})"),
     }
+}
+
+/// Whether the kernel copies the norm's scale and shift into shared memory before its wait
+/// (`ng`, `nb` in the template), so that the products after the statistics read them there
+/// rather than from memory: a LayerNorm's, where both are weights (written by no kernel),
+/// aligned, and at most [`NORM_STAGED_BYTES`] each. An RMSNorm's scale stays where stored: on
+/// an H200 the copies took 9 µs off GPT-2 small's step at batch 1 (its LayerNorms) but added 3
+/// to the Llama-style decoder's (its RMSNorms), for reasons not yet measured
+/// (`benches/NOTES.md`). `FUSEC_SKINNY_NORM_STAGED` (at compile time) `=1` copies them for
+/// either norm, `=0` for neither, for measuring.
+fn norm_staged(norm: Option<&Norm>, k: usize, dtype: DType) -> bool {
+    let weight = |l: Location| matches!(l, Location::Weights(_)) && aligned(l);
+    let wanted = |n: &Norm| match one_of("FUSEC_SKINNY_NORM_STAGED", &[0, 1]) {
+        Some(on) => on == 1,
+        None => !n.rms,
+    };
+    norm.is_some_and(|n| wanted(n) && weight(n.gamma) && n.beta.is_none_or(weight))
+        && k * dtype.size_bytes() <= NORM_STAGED_BYTES
 }
 
 /// The norm kernel `index − 1` where the GEMM of kernel `index` (node `gemm`, spec `g`) can
@@ -452,6 +487,7 @@ pub fn generate(
     // reads. `FUSEC_SKINNY_TWO_BLOCKS=0` keeps one.
     let two = m <= 2 && n >= WIDE && !knobs::off("FUSEC_SKINNY_TWO_BLOCKS");
     let min_blocks = if two { 2 } else { 1 };
+    let staged = norm_staged(norm, k, dtype);
     let per_thread = k.div_ceil(block);
     // Outputs a lane (`[N, K]`: a warp's m × per_warp over its 32 lanes) or a thread (`[K, N]`:
     // a block's m × cols over its threads) stores, whose epilogue operands it holds.
@@ -476,7 +512,13 @@ pub fn generate(
         // The gate's A read from shared memory, where the block computed it (`gates`).
         "load_a": match gate {
             Some(_) => "ga[v]".to_string(),
-            None => norm_expr(element("a.v[v]", "a2.v[v]"), &format!("p * {lanes} + v"), norm, dtype),
+            None => norm_expr(
+                element("a.v[v]", "a2.v[v]"),
+                &format!("p * {lanes} + v"),
+                norm,
+                dtype,
+                staged.then_some(("gp.v[v]", "bp.v[v]")),
+            ),
         },
         "load_a_scalar": match gate {
             Some(_) => "gs[m][k]".to_string(),
@@ -485,6 +527,7 @@ pub fn generate(
                 "k",
                 norm,
                 dtype,
+                staged.then_some(("ng[k]", "nb[k]")),
             ),
         },
         "gate": gate.is_some(),
@@ -492,6 +535,7 @@ pub fn generate(
         "gate_y": load("a2[j].v[v]", dtype),
         // The norm's and the gate's loads a thread (`statistics`, `gates`), in groups whose
         // loads are all in flight before the first is used.
+        "norm_staged": staged,
         "per_thread": per_thread,
         "outs": outs,
         "group": per_thread.min((LOADS_AT_ONCE / m).max(1)),
