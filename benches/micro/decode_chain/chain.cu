@@ -23,7 +23,7 @@
 #include <string>
 #include <cmath>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+#include "common.cuh"
 
 #ifndef THREADS_
 #define THREADS_ 512
@@ -39,25 +39,13 @@
 #endif
 constexpr int THREADS = THREADS_;
 constexpr int WARPS = THREADS / 32;
-constexpr int CHUNK = 768;            // elements of K an item covers
-constexpr int VEC = CHUNK / 8 / 32;   // uint4 a lane an item: 3
-constexpr int XS_MAX = 3072;          // the widest K
 constexpr int PRE = PRE_;                // items a warp loads before the wait
 
-struct Phase {
-  const __half* w;   // [N, K] rows
-  const float* x;    // [xchunks, K] partials of the input (summed on read)
-  float* y;          // [K / CHUNK, N] partials
-  int n, k, xchunks;
-};
 
-__device__ __forceinline__ void wait_dep() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void launch_dep() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 
 struct Pre { uint4 v[PRE][VEC]; };
 
-__device__ __forceinline__ int items_of(const Phase& p) { return p.n * (p.k / CHUNK); }
 
 __device__ __forceinline__ void load_pre(const Phase& p, int vblock, int nblocks, Pre& pre) {
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -102,25 +90,6 @@ __device__ __forceinline__ void grid_arrive(unsigned* bar) {
   if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(bar) : "memory");
 }
 
-// One item's dot product (a lane's VEC packs of the row against xs), summed over the warp and
-// stored by lane 0 as partial c of output n.
-__device__ __forceinline__ void dot_item(const Phase& p, const float* xs, int n, int c, const uint4 (&w)[VEC]) {
-  int lane = threadIdx.x % 32;
-  float s = 0.f;
-#pragma unroll
-  for (int v = 0; v < VEC; v++) {
-    const __half2* h = reinterpret_cast<const __half2*>(&w[v]);
-    const float* xv = xs + c * CHUNK + (v * 32 + lane) * 8;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      float2 f = __half22float2(h[j]);
-      s += f.x * xv[2 * j] + f.y * xv[2 * j + 1];
-    }
-  }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-  if (lane == 0) p.y[(size_t)c * p.n + n] = s;
-}
 
 __device__ __forceinline__ void finish(const Phase& p, int vblock, int nblocks, const Pre& pre) {
   extern __shared__ float xs[];
@@ -273,13 +242,6 @@ __global__ void __launch_bounds__(THREADS, 1) persistent_ring(const Phase* ps, i
   }
 }
 
-__global__ void fill(__half* w, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    w[i] = __float2half(((h & 0xffff) / 65535.f - 0.5f) * 0.12f);
-  }
-}
-__global__ void fillf(float* x, int n) { for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = 1.f + 0.001f * i; }
 
 int main() {
   int dev = 0, sms;
@@ -344,29 +306,8 @@ int main() {
   void *ca, *cb;
   size_t cbytes = 256 << 20;
   CK(cudaMalloc(&ca, cbytes)); CK(cudaMalloc(&cb, cbytes));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  auto timeit = [&](auto fn, int iters) {
-    for (int i = 0; i < 20; i++) fn();
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> t;
-    for (int i = 0; i < iters; i++) {
-      CK(cudaEventRecord(e0, st)); fn(); CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
-  auto summary = [&]() {
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> h(50257);
-    CK(cudaMemcpy(h.data(), acts.back(), 50257 * 4, cudaMemcpyDeviceToHost));
-    double a = 0, b = 0;
-    for (int i = 0; i < 50257; i++) { a += h[i]; b += fabs(h[i]); }
-    char buf[128]; snprintf(buf, 128, "out sum %.6e abs %.6e, [7] %.6e", a, b, h[7]);
-    return std::string(buf);
-  };
+  auto timeit = [&](auto fn, int iters) { return median_ms(st, fn, iters); };
+  auto summary = [&]() { return digest(st, acts.back()); };
   float cms = timeit([&] { CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st)); }, 50);
   double rate = cbytes / (cms * 1e-3);
   printf("copy rate %.0f GB/s (bytes/time of a D2D copy); weights %.1f MB; floor %.4f ms\n", rate / 1e9,

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+#include "common.cuh"
 
 #ifndef THREADS_
 #define THREADS_ 512
@@ -36,52 +36,27 @@
 #endif
 constexpr int THREADS = THREADS_;
 constexpr int WARPS = THREADS / 32;
-constexpr int CHUNK = 768;           // elements of K an item covers
-constexpr int ITEM = CHUNK * 2;      // bytes of an item
-constexpr int VEC = CHUNK / 8 / 32;  // uint4 a lane an item: 3
-constexpr int XS_MAX = 3072;         // the widest K
+constexpr int ITEM = CHUNK * 2;  // bytes of an item
 constexpr int PRE = PRE_;
 constexpr int MARKS = 5;
 
-struct Phase {
-  const __half* w;  // [N, K] rows
-  const float* x;   // [xchunks, K] partials of the input (summed on read)
-  float* y;         // [K / CHUNK, N] partials
-  int n, k, xchunks;
-};
 
-__device__ __forceinline__ void wait_dep() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void launch_dep() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ unsigned long long now() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
 __device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ int items_of(const Phase& p) { return p.n * (p.k / CHUNK); }
 
 // Thread 0 of a block records mark m of phase `ph`.
 __device__ __forceinline__ void mark(unsigned long long* trace, int ph, int m) {
   if (trace && threadIdx.x == 0) trace[((size_t)ph * gridDim.x + blockIdx.x) * MARKS + m] = now();
 }
 
-// One item's dot product (a lane's VEC packs against xs), summed over the warp, stored by lane 0.
+// Item `it` of the phase (its output and partial) through the shared dot product.
 __device__ __forceinline__ void dot_item(const Phase& p, const float* xs, int it, const uint4 (&w)[VEC]) {
-  const int chunks = p.k / CHUNK, n = it / chunks, c = it % chunks, lane = threadIdx.x % 32;
-  float s = 0.f;
-#pragma unroll
-  for (int v = 0; v < VEC; v++) {
-    const __half2* h = reinterpret_cast<const __half2*>(&w[v]);
-    const float* xv = xs + c * CHUNK + (v * 32 + lane) * 8;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      float2 f = __half22float2(h[j]);
-      s += f.x * xv[2 * j] + f.y * xv[2 * j + 1];
-    }
-  }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-  if (lane == 0) p.y[(size_t)c * p.n + n] = s;
+  const int chunks = p.k / CHUNK;
+  dot_item(p, xs, it / chunks, it % chunks, w);
 }
 
 __device__ __forceinline__ void load_row(const uint4* row, uint4 (&w)[VEC]) {
@@ -245,13 +220,6 @@ __global__ void __launch_bounds__(THREADS, 2) staged_kernel(Phase p, int ph, uns
   mark(trace, ph, 4);
 }
 
-__global__ void fill(__half* w, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    w[i] = __float2half(((h & 0xffff) / 65535.f - 0.5f) * 0.12f);
-  }
-}
-__global__ void fillf(float* x, int n) { for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = 1.f + 0.001f * i; }
 
 struct Shape { int n, k; };
 
@@ -296,20 +264,7 @@ int main() {
   CK(cudaMalloc(&trace, (size_t)count * grid * MARKS * 8));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  auto timeit = [&](auto fn, int iters) {
-    for (int i = 0; i < 20; i++) fn();
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> t;
-    for (int i = 0; i < iters; i++) {
-      CK(cudaEventRecord(e0, st)); fn(); CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
+  auto timeit = [&](auto fn, int iters) { return median_ms(st, fn, iters); };
   {
     void *ca, *cb;
     size_t cbytes = 256 << 20;
@@ -320,16 +275,6 @@ int main() {
            wbytes / rate * 1e3);
     CK(cudaFree(ca)); CK(cudaFree(cb));
   }
-  auto digest = [&]() {
-    CK(cudaStreamSynchronize(st));
-    std::vector<float> h(50257);
-    CK(cudaMemcpy(h.data(), acts.back(), 50257 * 4, cudaMemcpyDeviceToHost));
-    double a = 0, b = 0;
-    for (float v : h) { a += v; b += fabs(v); }
-    char buf[128];
-    snprintf(buf, 128, "out sum %.6e abs %.6e, [7] %.6e", a, b, h[7]);
-    return std::string(buf);
-  };
   // Times the graph of a variant's launches, then one traced replay: per phase, the first
   // block's start and the medians of the marks, against the end of the phase before.
   auto run = [&](const char* name, auto launch) {
@@ -346,7 +291,7 @@ int main() {
     cudaGraphExec_t plain = record(nullptr), traced = record(trace);
     float ms = timeit([&] { CK(cudaGraphLaunch(plain, st)); }, 200);
     float tms = timeit([&] { CK(cudaGraphLaunch(traced, st)); }, 20);
-    printf("%-44s %.4f ms (traced %.4f); %s\n", name, ms, tms, digest().c_str());
+    printf("%-44s %.4f ms (traced %.4f); %s\n", name, ms, tms, digest(st, acts.back()).c_str());
     std::vector<unsigned long long> h((size_t)count * grid * MARKS);
     CK(cudaMemcpy(h.data(), trace, h.size() * 8, cudaMemcpyDeviceToHost));
     auto at = [&](int ph, int b, int m) { return (double)h[((size_t)ph * grid + b) * MARKS + m]; };
