@@ -331,6 +331,37 @@ fn a_dim_can_be_the_sum_of_two() {
     assert!(text(&out.stderr).contains("at least 1"), "{}", text(&out.stderr));
 }
 
+/// A decoder's mask length not given beside its cache's and the new tokens' (`--dim past=..
+/// --dim seq=..`) is inferred as their sum, said on standard error: the same bundle as with
+/// `--dim total=past+seq`, for one cache length and for a range. Without `seq` it is not
+/// inferred, and the error names the sum to state.
+#[test]
+fn a_decoders_mask_length_is_inferred_as_the_sum() {
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let (m, b) = (model.to_str().unwrap(), bundle.to_str().unwrap());
+    let out = fusec(&["compile", m, "-o", b, "--dim", "batch=1", "--dim", "seq=1", "--dim", "past=7"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("note: --dim total=past+seq"), "{}", text(&out.stderr));
+    let loaded = fusec::Bundle::load(&bundle).unwrap();
+    let shape = |name: &str| loaded.header.inputs.iter().find(|i| i.name == name).unwrap().shape.clone();
+    assert_eq!((shape("attention_mask"), shape("past_key_values.0.key")), (vec![1, 8], vec![1, 4, 7, 16]));
+    let out = fusec(&["compile", m, "-o", b, "--dim", "batch=1", "--dim", "seq=1", "--dim", "past=0..7"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("total=past+1 (1..8)"), "{}", text(&out.stdout));
+    let loaded = fusec::Bundle::load(&bundle).unwrap();
+    let sum = &loaded.header.ranges[1];
+    assert_eq!((sum.symbol.as_str(), sum.sum.clone(), sum.offset), ("total", vec!["past".to_string()], 1));
+    // Stated, nothing is said; without the new tokens' length, nothing is inferred.
+    let out =
+        fusec(&["inspect", m, "--dim", "batch=1", "--dim", "seq=1", "--dim", "past=3", "--dim", "total=4"]);
+    assert!(out.status.success() && !text(&out.stderr).contains("note:"), "{}", text(&out.stderr));
+    let out = fusec(&["inspect", m, "--dim", "batch=1", "--dim", "past=3"]);
+    assert!(!out.status.success());
+    assert!(!text(&out.stderr).contains("note:"), "{}", text(&out.stderr));
+}
+
 #[test]
 fn bench_without_a_gpu_says_so() {
     if fusec::runtime::driver_available() {

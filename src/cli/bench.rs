@@ -432,7 +432,7 @@ impl Bench {
         }
         let progress = Progress::new(self.quiet, "starting");
         let (fused, onnx, import) = if self.model.extension().is_some_and(|e| e == "onnx") {
-            let import = self.shapes.options()?;
+            let import = self.shapes.options_for(&self.model)?;
             progress.set(format!("compiling {} (fused)", self.model.display()));
             let options = CompileOptions {
                 import: import.clone(),

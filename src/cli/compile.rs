@@ -70,7 +70,7 @@ impl Compile {
     pub fn execute(self, verbose: bool) -> anyhow::Result<ExitCode> {
         let precision = super::shapes::precision(&self.precision);
         let options = CompileOptions {
-            import: self.shapes.options()?,
+            import: self.shapes.options_for(&self.model)?,
             no_fuse: self.no_fuse,
             cache_in_place: self.cache_in_place,
             exact_gelu: self.exact_gelu || CompileOptions::default().exact_gelu,

@@ -250,7 +250,7 @@ impl Inspect {
             return Ok(ExitCode::FAILURE);
         }
         say("unsupported ops: none".into());
-        let import_options = self.shapes.options()?;
+        let import_options = self.shapes.options_with(&onnx)?;
         let model = import::import(&self.model, &import_options)?;
         // With ranges, the rest shows the program at the top of each range.
         let graph = &model.graph;

@@ -129,8 +129,9 @@ pub struct ShapeArgs {
     pub inputs: Vec<InputSpec>,
     /// Value of a symbolic dimension of the model's inputs, e.g. --dim batch=8 --dim seq=128;
     /// NAME=LO..HI gives a range (`inspect` checks that one program serves it); NAME=A+B the
-    /// sum of two others (a decoder's --dim total=past+seq), a range where a part is one.
-    /// Sizes are at least 1 but a cache's length (past=0: nothing cached).
+    /// sum of two others (a decoder's --dim total=past+seq, inferred where past and seq are
+    /// given), a range where a part is one. Sizes are at least 1 but a cache's length (past=0:
+    /// nothing cached).
     #[arg(long = "dim", value_name = "NAME=N|NAME=LO..HI|NAME=A+B")]
     pub dims: Vec<DimSpec>,
 }
@@ -138,6 +139,34 @@ pub struct ShapeArgs {
 impl ShapeArgs {
     pub fn options(&self) -> anyhow::Result<ImportOptions> {
         let dims = fusec::import::resolve_sums(self.dims.clone()).map_err(anyhow::Error::msg)?;
+        Ok(ImportOptions::new(self.inputs.clone(), dims))
+    }
+
+    /// [`ShapeArgs::options`] for the ONNX model at `model`, where a decoder's mask length is
+    /// inferred as the sum it is ([`ShapeArgs::options_with`]).
+    pub fn options_for(&self, model: &std::path::Path) -> anyhow::Result<ImportOptions> {
+        // A decoder's cache length given: read the model's inputs (else nothing to infer).
+        let cached = self.dims.iter().any(|d| d.symbol.starts_with("past"));
+        let onnx = model.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
+        match (cached && onnx).then(|| fusec::import::summarize(model)) {
+            Some(Ok(summary)) => self.options_with(&summary),
+            _ => self.options(),
+        }
+    }
+
+    /// [`ShapeArgs::options`] for the model `summary` describes: given a decoder's cache length
+    /// and the new tokens' (`--dim past=.. --dim seq=..`) but not its mask's, the mask's is
+    /// their sum (`total=past+seq`, [`fusec::import::cache_sum`]; said on standard error), as
+    /// though stated.
+    pub fn options_with(&self, summary: &fusec::import::OnnxSummary) -> anyhow::Result<ImportOptions> {
+        let given = |symbol: &str| self.dims.iter().any(|d| d.symbol == symbol);
+        let inferred = fusec::import::cache_sum(summary)
+            .filter(|(mask, past, seq)| !given(mask) && given(past) && given(seq));
+        let Some((mask, past, seq)) = inferred else { return self.options() };
+        eprintln!("note: --dim {mask}={past}+{seq} (a decoder's mask covers its cache and the new tokens)");
+        let sum = DimSpec { symbol: mask, value: 0, low: 0, sum: vec![past, seq] };
+        let dims = self.dims.iter().cloned().chain([sum]).collect();
+        let dims = fusec::import::resolve_sums(dims).map_err(anyhow::Error::msg)?;
         Ok(ImportOptions::new(self.inputs.clone(), dims))
     }
 }

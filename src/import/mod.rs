@@ -530,10 +530,12 @@ fn translate(
     Ok(Model { graph, onnx: summary, folded_nodes })
 }
 
-/// Where `symbol` is a decoder's mask length (`attention_mask [batch, total]` beside cache
-/// inputs `past_key_values.* [batch, heads, past, head_dim]` and `input_ids [batch, seq]`):
-/// the sum that it is, as the flag that states it.
-fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
+/// A decoder's mask length and the two dims it adds: `(total, past, seq)` where the model
+/// takes `attention_mask [batch, total]` beside cache inputs `past_key_values.* [batch, heads,
+/// past, head_dim]` and `input_ids [batch, seq]`, three distinct symbols (the layout of Hugging
+/// Face Optimum's and ONNX Runtime GenAI's exports, whose mask covers the cache and the new
+/// tokens: `total = past + seq`).
+pub fn cache_sum(summary: &OnnxSummary) -> Option<(String, String, String)> {
     let dim = |name: &dyn Fn(&str) -> bool, axis: usize| {
         summary.inputs.iter().filter(|i| name(&i.name)).find_map(|i| match i.dims.as_ref()?.get(axis)? {
             DeclaredDim::Symbolic(s) => Some(s.clone()),
@@ -543,8 +545,14 @@ fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
     let mask = dim(&|n| n == "attention_mask", 1)?;
     let past = dim(&|n| n.starts_with("past_key_values"), 2)?;
     let seq = dim(&|n| n == "input_ids", 1)?;
-    let distinct = mask != past && mask != seq;
-    (mask == symbol && distinct).then(|| {
+    (mask != past && mask != seq && past != seq).then_some((mask, past, seq))
+}
+
+/// Where `symbol` is a decoder's mask length ([`cache_sum`]): the sum that it is, as the flag
+/// that states it.
+fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
+    let (mask, past, seq) = cache_sum(summary)?;
+    (mask == symbol).then(|| {
         format!(" (a decoder's mask covers its cache and the new tokens: --dim {symbol}={past}+{seq})")
     })
 }
