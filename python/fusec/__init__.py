@@ -93,7 +93,9 @@ def compile(
     """Compiles the ONNX file `model` into a `Bundle` (written to `output` too when given).
 
     dims: a size for each symbolic dim of the model's inputs (`{"batch": 8}`), or a range
-        `(low, high)` for a bundle that serves every size in it (`{"seq": (1, 512)}`).
+        `(low, high)` for a bundle that serves every size in it (`{"seq": (1, 512)}`), or the
+        sum of others (`{"total": "past+seq"}`: a decoder's mask length, inferred where its
+        `past` and `seq` are given and it is not).
     inputs: a shape per input name, for inputs whose dims have no name.
     precision: storage type of weights and activations: "fp32", "fp16" or "bf16" (inputs and
         outputs stay as the model declares them; reductions accumulate in f32).

@@ -99,6 +99,9 @@ def test_a_dim_can_be_the_sum_of_two():
     assert dict(ranged.ranges) == {"past": (0, 7), "total": (1, 8)}
     with pytest.raises(fusec.InputError, match="give past a size"):
         fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={"batch": 1, "seq": 1, "total": "past+seq"})
+    # Not given beside `past` and `seq`, the mask's length is inferred as their sum.
+    inferred = fusec.compile(MODELS / "gpt2_cache_ts.onnx", dims={"batch": 1, "seq": 1, "past": (0, 7)})
+    assert dict(inferred.ranges) == {"past": (0, 7), "total": (1, 8)}
 
 
 def test_a_cache_in_place_is_stored_inside_its_output():

@@ -156,15 +156,15 @@ impl ShapeArgs {
 
     /// [`ShapeArgs::options`] for the model `summary` describes: given a decoder's cache length
     /// and the new tokens' (`--dim past=.. --dim seq=..`) but not its mask's, the mask's is
-    /// their sum (`total=past+seq`, [`fusec::import::cache_sum`]; said on standard error), as
-    /// though stated.
+    /// their sum (`total=past+seq`, [`fusec::import::inferred_cache_sum`]; said on standard
+    /// error), as though stated.
     pub fn options_with(&self, summary: &fusec::import::OnnxSummary) -> anyhow::Result<ImportOptions> {
-        let given = |symbol: &str| self.dims.iter().any(|d| d.symbol == symbol);
-        let inferred = fusec::import::cache_sum(summary)
-            .filter(|(mask, past, seq)| !given(mask) && given(past) && given(seq));
-        let Some((mask, past, seq)) = inferred else { return self.options() };
-        eprintln!("note: --dim {mask}={past}+{seq} (a decoder's mask covers its cache and the new tokens)");
-        let sum = DimSpec { symbol: mask, value: 0, low: 0, sum: vec![past, seq] };
+        let Some(sum) = fusec::import::inferred_cache_sum(summary, &self.dims) else { return self.options() };
+        eprintln!(
+            "note: --dim {}={} (a decoder's mask covers its cache and the new tokens)",
+            sum.symbol,
+            sum.sum.join("+")
+        );
         let dims = self.dims.iter().cloned().chain([sum]).collect();
         let dims = fusec::import::resolve_sums(dims).map_err(anyhow::Error::msg)?;
         Ok(ImportOptions::new(self.inputs.clone(), dims))

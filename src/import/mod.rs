@@ -548,6 +548,20 @@ pub fn cache_sum(summary: &OnnxSummary) -> Option<(String, String, String)> {
     (mask != past && mask != seq && past != seq).then_some((mask, past, seq))
 }
 
+/// The sum a decoder's mask length is ([`cache_sum`]), as the `--dim` spec that states it,
+/// where `dims` give its cache's length and the new tokens' but not the mask's: what `fusec
+/// compile`, `inspect`, `bench` and Python's `fusec.compile` add to the dims they are given.
+pub fn inferred_cache_sum(summary: &OnnxSummary, dims: &[DimSpec]) -> Option<DimSpec> {
+    let given = |symbol: &str| dims.iter().any(|d| d.symbol == symbol);
+    let (mask, past, seq) = cache_sum(summary)?;
+    (!given(&mask) && given(&past) && given(&seq)).then(|| DimSpec {
+        symbol: mask,
+        value: 0,
+        low: 0,
+        sum: vec![past, seq],
+    })
+}
+
 /// Where `symbol` is a decoder's mask length ([`cache_sum`]): the sum that it is, as the flag
 /// that states it.
 fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
