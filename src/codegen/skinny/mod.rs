@@ -93,10 +93,9 @@ impl Prologue<'_> {
 }
 
 /// A's element `a` (a float expression) normalised: its row's statistics (`mean[m]`,
-/// `rstd[m]`), then the scale and shift at column `column`.
-/// The normalised element of A: `a` (its expression) with the scale and shift of column
-/// `column` read from `gamma` and `beta` as stored, or as `scale` and `shift` say where the
-/// kernel staged them (`ng[k]`, or a pack `gp.v[v]` read from `ng` once for its lanes).
+/// `rstd[m]`), then the scale and shift at column `column`, read from `gamma` and `beta` as
+/// stored, or, where the kernel staged them ([`norm_staged`]), from the expressions `staged`
+/// gives (`ng[k]`, or a pack's element `gp.v[v]` read from `ng` once for its lanes).
 fn norm_expr(
     a: String,
     column: &str,
@@ -533,11 +532,11 @@ pub fn generate(
         "gate": gate.is_some(),
         "gate_x": load("a[j].v[v]", dtype),
         "gate_y": load("a2[j].v[v]", dtype),
+        "norm_staged": staged,
+        "outs": outs,
         // The norm's and the gate's loads a thread (`statistics`, `gates`), in groups whose
         // loads are all in flight before the first is used.
-        "norm_staged": staged,
         "per_thread": per_thread,
-        "outs": outs,
         "group": per_thread.min((LOADS_AT_ONCE / m).max(1)),
         "gate_per_thread": gate_per_thread,
         "gate_group": gate_per_thread.clamp(1, LOADS_AT_ONCE / 8),
