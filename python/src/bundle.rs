@@ -199,11 +199,8 @@ pub fn compile(
         dim_specs.push(dim_spec(&symbol.extract::<String>()?, &value)?);
     }
     // A decoder's mask length not given beside its cache's and the new tokens': their sum.
-    if dim_specs.iter().any(|d| d.symbol.starts_with("past")) {
-        if let Ok(summary) = fusec::import::summarize(&model) {
-            dim_specs.extend(fusec::import::inferred_cache_sum(&summary, &dim_specs));
-        }
-    }
+    let inferred = fusec::import::inferred_cache_sum_of(&model, &dim_specs);
+    dim_specs.extend(inferred);
     let dim_specs = fusec::import::resolve_sums(dim_specs).map_err(InputError::new_err)?;
     let mut input_specs = Vec::new();
     for (name, shape) in inputs.into_iter().flat_map(|d| d.iter()) {

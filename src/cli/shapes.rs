@@ -142,24 +142,22 @@ impl ShapeArgs {
         Ok(ImportOptions::new(self.inputs.clone(), dims))
     }
 
-    /// [`ShapeArgs::options`] for the ONNX model at `model`, where a decoder's mask length is
-    /// inferred as the sum it is ([`ShapeArgs::options_with`]).
+    /// [`ShapeArgs::options`] for the ONNX model at `model`: given a decoder's cache length
+    /// and the new tokens' (`--dim past=.. --dim seq=..`) but not its mask's, the mask's is
+    /// their sum (`total=past+seq`, [`fusec::import::inferred_cache_sum_of`]), as though stated.
     pub fn options_for(&self, model: &std::path::Path) -> anyhow::Result<ImportOptions> {
-        // A decoder's cache length given: read the model's inputs (else nothing to infer).
-        let cached = self.dims.iter().any(|d| d.symbol.starts_with("past"));
-        let onnx = model.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
-        match (cached && onnx).then(|| fusec::import::summarize(model)) {
-            Some(Ok(summary)) => self.options_with(&summary),
-            _ => self.options(),
-        }
+        self.options_adding(fusec::import::inferred_cache_sum_of(model, &self.dims))
     }
 
-    /// [`ShapeArgs::options`] for the model `summary` describes: given a decoder's cache length
-    /// and the new tokens' (`--dim past=.. --dim seq=..`) but not its mask's, the mask's is
-    /// their sum (`total=past+seq`, [`fusec::import::inferred_cache_sum`]; said on standard
-    /// error), as though stated.
+    /// [`ShapeArgs::options_for`] for the model `summary` describes (already read).
     pub fn options_with(&self, summary: &fusec::import::OnnxSummary) -> anyhow::Result<ImportOptions> {
-        let Some(sum) = fusec::import::inferred_cache_sum(summary, &self.dims) else { return self.options() };
+        self.options_adding(fusec::import::inferred_cache_sum(summary, &self.dims))
+    }
+
+    /// [`ShapeArgs::options`] with an inferred sum beside the dims given, said on standard
+    /// error.
+    fn options_adding(&self, inferred: Option<DimSpec>) -> anyhow::Result<ImportOptions> {
+        let Some(sum) = inferred else { return self.options() };
         eprintln!(
             "note: --dim {}={} (a decoder's mask covers its cache and the new tokens)",
             sum.symbol,

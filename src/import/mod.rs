@@ -562,6 +562,16 @@ pub fn inferred_cache_sum(summary: &OnnxSummary, dims: &[DimSpec]) -> Option<Dim
     })
 }
 
+/// [`inferred_cache_sum`] for the ONNX file at `model`, read only where `dims` give a cache's
+/// length (a dim named `past…`; else there is nothing to infer, and `None`, as for a file that
+/// cannot be read, whose import says why).
+pub fn inferred_cache_sum_of(model: &Path, dims: &[DimSpec]) -> Option<DimSpec> {
+    if !dims.iter().any(|d| d.symbol.starts_with("past")) {
+        return None;
+    }
+    inferred_cache_sum(&summarize(model).ok()?, dims)
+}
+
 /// Where `symbol` is a decoder's mask length ([`cache_sum`]): the sum that it is, as the flag
 /// that states it.
 fn cache_sum_hint(summary: &OnnxSummary, symbol: &str) -> Option<String> {
