@@ -130,14 +130,19 @@ fn few_row_products_get_a_kernel_of_their_own() {
 
 /// Tens of rows in a half type (a decoding step of a batch) get the tensor-core kernel: odd row
 /// counts (a partial tile of 8), K in chunks of 32, an odd head width, and a GPT-2 small
-/// block's sizes at 32 rows (K split over a cluster's blocks). Every kernel through NVRTC
-/// (no spills); on a GPU, forced and chosen by timing, against tract.
+/// block's sizes at 32 rows (K split over a cluster's blocks) and at 7 (one tile of rows,
+/// whose bias is read at the kernel's start and residual after its wait, before the sums).
+/// Every kernel through NVRTC (no spills); on a GPU, forced and chosen by timing, against tract.
 #[test]
 fn tens_of_rows_run_on_tensor_cores() {
     let dir = tempfile::tempdir().unwrap();
-    for (rows, sizes) in
-        [(13, [224, 288, 517]), (40, [224, 288, 517]), (64, [96, 160, 77]), (32, [768, 3072, 1000])]
-    {
+    for (rows, sizes) in [
+        (13, [224, 288, 517]),
+        (40, [224, 288, 517]),
+        (64, [96, 160, 77]),
+        (32, [768, 3072, 1000]),
+        (7, [768, 3072, 1000]),
+    ] {
         let path = mlp(dir.path(), rows, sizes);
         for precision in [DType::F16, DType::BF16] {
             let kernels = skinny_kernels(&path, &options(precision));
@@ -154,6 +159,9 @@ fn tens_of_rows_run_on_tensor_cores() {
             }
             let [first, _, head] = &kernels[..] else { unreachable!() };
             assert!(first.source.contains("fusec::relu(r)") && first.source.contains("bias[c]"));
+            // One tile of rows: the bias (a weight) read at the start, before the sums.
+            let early = std::env::var_os("FUSEC_SKINNY_MMA_EPILOGUE").is_none() && rows <= 8;
+            assert_eq!(first.source.contains("    epilogue_reads(true, false);"), early, "{}", first.source);
             assert!(head.source.contains("B stored [N, K]") && head.source.contains("bias[c]"));
         }
         forced_and_timed_match_tract(&path, rows as u64, &[(DType::F16, 1e-2), (DType::BF16, 3e-2)]);

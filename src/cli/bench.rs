@@ -185,8 +185,9 @@ struct Row {
     floor_ms: f64,
 }
 
-/// The sixteen steps that take longest (their GPU time repeated in a graph where the session
-/// has graphs, else alone), with their share of that total, and each step's time alone.
+/// The sixteen steps that take longest (`FUSEC_PROFILE_STEPS=N`: `N` of them), their GPU time
+/// repeated in a graph where the session has graphs, else alone, with their share of that
+/// total, and each step's time alone.
 fn print_profile(steps: &[StepProfile]) {
     let key = |s: &StepProfile| s.repeated_ms.unwrap_or(s.alone_ms);
     let total: f64 = steps.iter().map(key).sum();
@@ -212,7 +213,8 @@ fn print_profile(steps: &[StepProfile]) {
         "alone ms",
         "library ms"
     );
-    for s in sorted.iter().take(16) {
+    let shown = std::env::var("FUSEC_PROFILE_STEPS").ok().and_then(|v| v.trim().parse().ok());
+    for s in sorted.iter().take(shown.unwrap_or(16)) {
         let library = s.library_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.4}"));
         println!(
             "  {:>12.4} {:>5.1}% {:>12.4} {library:>12}  {}",

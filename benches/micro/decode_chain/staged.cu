@@ -136,10 +136,35 @@ __device__ __forceinline__ void dot_items(const Phase& p, const float* xs, const
     }
 }
 
+// The flags of `FLAGS` phases: a phase's blocks each add one to its flag after their stores
+// (release); a phase waits for the flag of the phase before to reach its grid (acquire) instead of
+// `griddepcontrol.wait`, which waits for the grid's end and its memory flush. A phase resets the
+// flag of the phase two before it (whose readers have all passed), the first phase the last two.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* f) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+  return v;
+}
+__device__ __forceinline__ void flag_wait(unsigned* flags, int ph, int count) {
+  if (threadIdx.x == 0) {
+    if (ph > 0) while (ld_acquire(flags + ph - 1) < gridDim.x) {}
+    if (blockIdx.x == 0) {
+      if (ph >= 2) flags[ph - 2] = 0;
+      if (ph == 0) { flags[count - 1] = 0; flags[count - 2] = 0; }
+    }
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void flag_done(unsigned* flags, int ph) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(flags + ph) : "memory");
+}
+
 // `chain.cu`'s kernel: a warp's first PRE items (spread over the grid) in registers before the
-// wait, the next kernel let scheduled at the start.
+// wait, the next kernel let scheduled at the start. With `flags`, the wait is on the flag of the
+// phase before (`flag_wait`) rather than on its grid.
 template <bool FAST>
-__global__ void __launch_bounds__(THREADS, 2) regs_kernel(Phase p, int ph, unsigned long long* trace) {
+__global__ void __launch_bounds__(THREADS, 2) regs_kernel(Phase p, int ph, unsigned long long* trace, unsigned* flags = nullptr, int count = 0) {
   extern __shared__ float xs[];
   mark(trace, ph, 0);
   launch_dep();
@@ -149,7 +174,8 @@ __global__ void __launch_bounds__(THREADS, 2) regs_kernel(Phase p, int ph, unsig
 #pragma unroll
   for (int i = 0; i < PRE; i++)
     if (gw + i * tw < items) load_row(reinterpret_cast<const uint4*>(p.w) + (size_t)(gw + i * tw) * (ITEM / 16), pre[i]);
-  wait_dep();
+  if (flags) flag_wait(flags, ph, count);
+  else wait_dep();
   mark(trace, ph, 1);
   read_x<FAST>(p, xs);
   mark(trace, ph, 2);
@@ -162,7 +188,8 @@ __global__ void __launch_bounds__(THREADS, 2) regs_kernel(Phase p, int ph, unsig
     load_row(reinterpret_cast<const uint4*>(p.w) + (size_t)it * (ITEM / 16), w);
     dot_item(p, xs, it, w);
   }
-  __syncthreads();
+  if (flags) flag_done(flags, ph);
+  else __syncthreads();
   mark(trace, ph, 4);
 }
 
@@ -347,17 +374,27 @@ int main() {
   run("regs (chain.cu's kernel)", [&](int i, unsigned long long* tr) {
     cudaLaunchAttribute at[1];
     auto cfg = config(xsb, at);
-    CK(cudaLaunchKernelEx(&cfg, regs_kernel<false>, ps[i], i, tr));
+    CK(cudaLaunchKernelEx(&cfg, regs_kernel<false>, ps[i], i, tr, (unsigned*)nullptr, 0));
   });
   run("regs, the input's loads at once", [&](int i, unsigned long long* tr) {
     cudaLaunchAttribute at[1];
     auto cfg = config(xsb, at);
-    CK(cudaLaunchKernelEx(&cfg, regs_kernel<true>, ps[i], i, tr));
+    CK(cudaLaunchKernelEx(&cfg, regs_kernel<true>, ps[i], i, tr, (unsigned*)nullptr, 0));
   });
+  unsigned* flags;
+  CK(cudaMalloc(&flags, count * 4));
+  CK(cudaMemset(flags, 0, count * 4));
+  for (int fast = 0; fast < 2; fast++)
+    run(fast ? "regs, flags, the input's loads at once" : "regs, flags (no griddepcontrol.wait)", [&](int i, unsigned long long* tr) {
+      cudaLaunchAttribute at[1];
+      auto cfg = config(xsb, at);
+      CK(cudaLaunchKernelEx(&cfg, fast ? regs_kernel<true> : regs_kernel<false>, ps[i], i, tr, flags, count));
+    });
+  if (getenv("FLAGS_ONLY")) return 0;
   run("regs, one block a multiprocessor (smem)", [&](int i, unsigned long long* tr) {
     cudaLaunchAttribute at[1];
     auto cfg = config(160 << 10, at);
-    CK(cudaLaunchKernelEx(&cfg, regs_kernel<false>, ps[i], i, tr));
+    CK(cudaLaunchKernelEx(&cfg, regs_kernel<false>, ps[i], i, tr, (unsigned*)nullptr, 0));
   });
   for (int fast = 0; fast < 2; fast++)
     for (int cap : {CAP_, 2 * CAP_}) {

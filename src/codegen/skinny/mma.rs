@@ -76,6 +76,21 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     Some((cols, warps, cluster, chunks))
 }
 
+/// Whether a thread of the tensor-core kernel reads the bias and residual of the outputs it
+/// stores (at most four of them) before its sums are made — a bias that is a weight at the
+/// kernel's start, the rest right after its wait — rather than as it stores each, after the
+/// warps' and the cluster's sums: for one tile of rows (eight at most), where GPT-2 small's step
+/// at 8 rows took 15 µs less that way on the H200 and at 32 rows 3–5 µs more (`benches/NOTES.md`,
+/// thirty-sixth session). `FUSEC_SKINNY_MMA_EPILOGUE=1` reads them early at any rows, `=0`
+/// never, for measuring it.
+pub fn epilogue_early(m_tiles: usize) -> bool {
+    match one_of("FUSEC_SKINNY_MMA_EPILOGUE", &[0, 1]) {
+        Some(0) => false,
+        Some(_) => true,
+        None => m_tiles == 1,
+    }
+}
+
 /// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
 /// lanes' stores of one accumulator fall in distinct banks (B `[N, K]`: column `16t + r (+ 8)`,
 /// row `2q (+ 1)`, so rows 4 banks apart put the 8 r beside the 4 q) or at most two to a bank (B
@@ -114,6 +129,10 @@ pub fn generate(
     };
     let block = warps * 32;
     let grid = g.n.div_ceil(cols) * cluster;
+    // The epilogue's operands read before the sums ([`epilogue_early`]).
+    let (bias, residual) = (data["bias"] == true, data["residual"] == true);
+    let early = (bias || residual) && epilogue_early(m_tiles);
+    let bias_early = data["bias_early"] == true;
     extend(
         &mut data,
         json!({
@@ -132,6 +151,9 @@ pub fn generate(
             "rows_per_warp": g.m.div_ceil(warps),
             "many_warps": warps > 1,
             "row_stride": row_stride(cols, rows),
+            "epilogue_early": early,
+            "epilogue_at_start": early && bias_early,
+            "epilogue_after_wait": early && (residual || (bias && !bias_early)),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
