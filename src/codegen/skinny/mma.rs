@@ -18,6 +18,15 @@ pub const MAX_ROWS: usize = 64;
 /// Warps reading B, over the grid, that keep the H100's 132 multiprocessors busy (eight each).
 const WARPS_WANTED: usize = 132 * 8;
 
+/// Warps wanted where A has four tiles of rows or more (25 to 64 rows): fewer splits of K, so
+/// fewer partial sums to add. GPT-2 small's step at 32 rows on the H200 took 0.444 ms a token
+/// with [`WARPS_WANTED`], 0.437 with this and 0.49 with 132; at 8 rows this was 14 µs slower
+/// (`benches/NOTES.md`, thirty-sixth session).
+const WARPS_WANTED_MANY_ROWS: usize = 132 * 2;
+
+/// The fewest tiles of 8 rows that take [`WARPS_WANTED_MANY_ROWS`].
+const MANY_ROW_TILES: usize = 4;
+
 /// Most warps a block (more split K through a cluster's blocks).
 const MAX_WARPS: usize = 4;
 
@@ -49,7 +58,7 @@ pub fn fewest_rows() -> usize {
 /// The launch of the product: `(tile columns, warps a block, blocks a cluster, chunks of K)`
 /// for `m` rows, `n` columns, `k` deep, B stored `[N, K]` where `rows`. None where K is not
 /// whole chunks of 32. `FUSEC_SKINNY_WARPS` (the warps wanted over the grid) overrides
-/// [`WARPS_WANTED`], for measuring it.
+/// [`WARPS_WANTED`] and [`WARPS_WANTED_MANY_ROWS`], for measuring them.
 pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, usize, usize)> {
     if k % 32 != 0 || m == 0 || m > MAX_ROWS || (!rows && n % 4 != 0) {
         return None;
@@ -65,7 +74,8 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
         false => 32,
     };
     let chunks = k / 32;
-    let wanted = number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(WARPS_WANTED);
+    let default = if m_tiles >= MANY_ROW_TILES { WARPS_WANTED_MANY_ROWS } else { WARPS_WANTED };
+    let wanted = number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(default);
     // Splits of K: enough warps over the grid, at least two chunks a warp.
     let splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
     let warps = splits.min(MAX_WARPS);
@@ -74,6 +84,21 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
         cluster -= 1;
     }
     Some((cols, warps, cluster, chunks))
+}
+
+/// Whether the tensor-core kernel takes in the norm before its product (each block computing
+/// every row's statistics before its first product, as the CUDA-core kernel does): for an
+/// RMSNorm at one tile of rows (eight at most), where the Llama-style decoder's step at 8 rows
+/// on the H200 took 0.268–0.270 ms a token against 0.277 apart; GPT-2 small's LayerNorms at 8
+/// and 32 rows and the Llama-style decoder at 32 were slower with it (`benches/NOTES.md`,
+/// thirty-sixth session). `FUSEC_SKINNY_MMA_NORM=1` takes every norm in, `=0` none, for
+/// measuring it.
+pub fn takes_norm(rms: bool, m: usize) -> bool {
+    match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1]) {
+        Some(0) => false,
+        Some(_) => true,
+        None => rms && m <= 8,
+    }
 }
 
 /// Whether a thread of the tensor-core kernel reads the bias and residual of the outputs it
@@ -166,13 +191,16 @@ mod tests {
 
     #[test]
     fn warps_split_k_until_the_grid_is_full() {
-        // GPT-2 small at 32 rows: the QKV product ([K, N] 768 × 2304) in 36 tiles of 64
-        // columns, 24 chunks of K over 4 warps and a cluster of 3 (two chunks a warp); the MLP's second (3072 deep,
-        // 768 wide) over 12 tiles, 48 chunks over 4 warps × 8 blocks; the vocabulary ([N, K],
+        // GPT-2 small at 8 rows: the QKV product ([K, N] 768 × 2304) in 36 tiles of 64
+        // columns, 24 chunks of K over 4 warps and a cluster of 3 (two chunks a warp); the
+        // MLP's second (3072 deep, 768 wide) over 12 tiles, 96 chunks over 4 warps × 8 blocks.
+        // At 32 rows fewer warps are wanted: clusters of 2 and 6. The vocabulary ([N, K],
         // 50,257 columns) in tiles of 32, one warp each.
         std::env::remove_var("FUSEC_SKINNY_WARPS");
-        assert_eq!(shape(32, 2304, 768, false), Some((64, 4, 3, 24)));
-        assert_eq!(shape(32, 768, 3072, false), Some((64, 4, 8, 96)));
+        assert_eq!(shape(8, 2304, 768, false), Some((64, 4, 3, 24)));
+        assert_eq!(shape(8, 768, 3072, false), Some((64, 4, 8, 96)));
+        assert_eq!(shape(32, 2304, 768, false), Some((64, 4, 2, 24)));
+        assert_eq!(shape(32, 768, 3072, false), Some((64, 4, 6, 96)));
         assert_eq!(shape(32, 50257, 768, true), Some((32, 1, 1, 24)));
         // 40 rows: tiles of 32 and 16; a K of 64 in two chunks, one warp each.
         assert_eq!(shape(40, 2304, 768, false).map(|s| s.0), Some(32));

@@ -432,12 +432,11 @@ pub fn generate(
         "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
     });
     if tensor_cores {
-        // The tensor-core kernel leaves the norm to its own kernel unless
-        // `FUSEC_SKINNY_MMA_NORM=1`: taken in, each block computes every row's statistics
-        // before its first product, and GPT-2 small's step at 16 and 32 rows was slower that
-        // way on the H200 (`benches/NOTES.md`). Its scale and shift are read in packs.
-        let apart = !knobs::on("FUSEC_SKINNY_MMA_NORM");
-        if norm.is_some_and(|n| apart || !std::iter::once(n.gamma).chain(n.beta).all(aligned)) {
+        // The tensor-core kernel leaves the norm to its own kernel but where it takes it in
+        // ([`mma::takes_norm`]). Its scale and shift are read in packs.
+        if norm.is_some_and(|n| {
+            !mma::takes_norm(n.rms, m) || !std::iter::once(n.gamma).chain(n.beta).all(aligned)
+        }) {
             return Ok(None);
         }
         return mma::generate(g, data, hb).map(|launch| {
