@@ -59,6 +59,12 @@
 #   decode    GPT-2 small with its cache (models/export_cache.py --size small): fusec generate,
 #             fp16, a 128-token prompt and 256 new tokens at batch 1, 8 and 32, greedy, then
 #             top-p 0.9 at batch 1; each sequence's tokens hashed, so builds can be compared
+#   decodeab  knob settings side by side in decoding: for each of $ROUNDS rounds (default 2),
+#             each batch of $BATCHES (default "1 8 32"), each decoder of $DECODERS (default
+#             "gpt2 llama", export_cache.py --size small) and each setting of $SETTINGS (default
+#             "-": the defaults; a setting is VAR=value pairs joined by commas, each setting
+#             compiling into a cache directory of its own), fusec generate fp16 128 + 256
+#             tokens greedy: its ms a token and a hash of its tokens, one line each
 #   gate      the Llama-style decoder (models/export_cache.py --size small llama): fusec generate
 #             fp16 128 + 256 tokens at batch 1, FUSEC_SKINNY_GATE=1 and 0 alternated twice,
 #             the few-row kernels pinned (FUSEC_SKINNY=1), then once each chosen by timing;
@@ -117,6 +123,27 @@ for part in "$@"; do
         .gpu/fusec generate .bench-work/gpt2_small_cache.onnx --prompt-ids "$prompt" --max-new-tokens 256 --precision fp16 $args > /tmp/decode.txt 2>&1
         echo "--- $args: tokens $(grep '^sequence' /tmp/decode.txt | md5sum | cut -c1-8)"
         grep -E "time to first|error" /tmp/decode.txt
+      done ;;
+    decodeab)
+      for m in ${DECODERS:-gpt2 llama}; do
+        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+      done
+      for round in $(seq 1 "${ROUNDS:-2}"); do
+        for b in ${BATCHES:-1 8 32}; do
+          for m in ${DECODERS:-gpt2 llama}; do
+            case $m in
+              gpt2) ids=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))") ;;
+              *) ids=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))") ;;
+            esac
+            for setting in ${SETTINGS:--}; do
+              vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
+              env "${vars[@]}" FUSEC_CACHE_DIR="/tmp/decodeab-${setting//[^A-Za-z0-9]/_}" timeout 90 \
+                .gpu/fusec generate .bench-work/${m}_small_cache.onnx --prompt-ids "$ids" --max-new-tokens 256 \
+                --precision fp16 --batch $b > /tmp/decodeab.txt 2>&1
+              echo "round $round $m b$b $setting: $(grep -E 'time to first' /tmp/decodeab.txt | sed 's/.*token steps), //') tokens $(grep '^sequence' /tmp/decodeab.txt | md5sum | cut -c1-8) $(grep -i error /tmp/decodeab.txt | head -1)"
+            done
+          done
+        done
       done ;;
     gate)
       [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
