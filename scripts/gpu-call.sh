@@ -92,6 +92,13 @@ chmod +x .gpu/*
 [ -e .gpu/fusec-old ] && chmod +x .gpu/fusec-old
 export PYTHONUNBUFFERED=1 FUSEC_CACHE_DIR="${FUSEC_CACHE_DIR:-/tmp/fusec-cache}"
 models="${FUSEC_MODELS:-bert_base gpt2_small}"
+# The decoders' 128-token prompt (`gpt2`, or any other name: the Llama-style decoder's ids).
+prompt_ids() {
+  case "$1" in
+    gpt2) python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))" ;;
+    *) python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))" ;;
+  esac
+}
 export_models() {
   local need=""
   for m in "$@"; do [ -f ".bench-work/$m.onnx" ] || need="$need $m"; done
@@ -118,7 +125,7 @@ for part in "$@"; do
       (cd /tmp && FUSEC_MODELS_DIR="$root/models" timeout 400 python3 -m pytest -q -p no:cacheprovider "$root/python/tests" 2>&1 | tail -15) ;;
     decode)
       [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
-      prompt=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))")
+      prompt=$(prompt_ids gpt2)
       for args in "--batch 1" "--batch 8" "--batch 32" "--batch 1 --sample top-p=0.9 --seed 1"; do
         .gpu/fusec generate .bench-work/gpt2_small_cache.onnx --prompt-ids "$prompt" --max-new-tokens 256 --precision fp16 $args > /tmp/decode.txt 2>&1
         echo "--- $args: tokens $(grep '^sequence' /tmp/decode.txt | md5sum | cut -c1-8)"
@@ -131,10 +138,7 @@ for part in "$@"; do
       for round in $(seq 1 "${ROUNDS:-2}"); do
         for b in ${BATCHES:-1 8 32}; do
           for m in ${DECODERS:-gpt2 llama}; do
-            case $m in
-              gpt2) ids=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))") ;;
-              *) ids=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))") ;;
-            esac
+            ids=$(prompt_ids $m)
             for setting in ${SETTINGS:--}; do
               vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
               env "${vars[@]}" FUSEC_CACHE_DIR="/tmp/decodeab-${setting//[^A-Za-z0-9]/_}" timeout 90 \
@@ -147,7 +151,7 @@ for part in "$@"; do
       done ;;
     gate)
       [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
-      prompt=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
+      prompt=$(prompt_ids llama)
       for run in "1 1" "0 1" "1 1" "0 1" "1 " "0 "; do
         set -- $run
         FUSEC_SKINNY_GATE=$1 FUSEC_SKINNY=${2:-} .gpu/fusec generate .bench-work/llama_small_cache.onnx --prompt-ids "$prompt" \
@@ -160,8 +164,8 @@ for part in "$@"; do
       for m in gpt2 llama; do
         [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
       done
-      llama=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
-      gpt2=$(python3 -c "print(','.join(str((i * 7919 + 13) % 50257) for i in range(128)))")
+      llama=$(prompt_ids llama)
+      gpt2=$(prompt_ids gpt2)
       for run in 1 2; do
         for knobs in "FUSEC_MERGE_SIBLINGS=0" "FUSEC_MERGE_SIBLINGS=1" "FUSEC_REPEATS_AS_TILES=1"; do
           for m in llama gpt2; do
@@ -181,7 +185,7 @@ for part in "$@"; do
       fi ;;
     vocab)
       [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
-      prompt=$(python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))")
+      prompt=$(prompt_ids llama)
       for run in 1 2; do
         for two in 0 1; do
           rm -rf /tmp/vocab-cache

@@ -138,8 +138,7 @@ pub struct ShapeArgs {
 
 impl ShapeArgs {
     pub fn options(&self) -> anyhow::Result<ImportOptions> {
-        let dims = fusec::import::resolve_sums(self.dims.clone()).map_err(anyhow::Error::msg)?;
-        Ok(ImportOptions::new(self.inputs.clone(), dims))
+        self.options_adding(None)
     }
 
     /// [`ShapeArgs::options`] for the ONNX model at `model`: given a decoder's cache length
@@ -154,16 +153,17 @@ impl ShapeArgs {
         self.options_adding(fusec::import::inferred_cache_sum(summary, &self.dims))
     }
 
-    /// [`ShapeArgs::options`] with an inferred sum beside the dims given, said on standard
-    /// error.
+    /// The dims given, with an inferred sum beside them (said on standard error), their sums
+    /// resolved.
     fn options_adding(&self, inferred: Option<DimSpec>) -> anyhow::Result<ImportOptions> {
-        let Some(sum) = inferred else { return self.options() };
-        eprintln!(
-            "note: --dim {}={} (a decoder's mask covers its cache and the new tokens)",
-            sum.symbol,
-            sum.sum.join("+")
-        );
-        let dims = self.dims.iter().cloned().chain([sum]).collect();
+        if let Some(sum) = &inferred {
+            eprintln!(
+                "note: --dim {}={} (a decoder's mask covers its cache and the new tokens)",
+                sum.symbol,
+                sum.sum.join("+")
+            );
+        }
+        let dims = self.dims.iter().cloned().chain(inferred).collect();
         let dims = fusec::import::resolve_sums(dims).map_err(anyhow::Error::msg)?;
         Ok(ImportOptions::new(self.inputs.clone(), dims))
     }
