@@ -160,7 +160,11 @@ fn tens_of_rows_run_on_tensor_cores() {
             let [first, _, head] = &kernels[..] else { unreachable!() };
             assert!(first.source.contains("fusec::relu(r)") && first.source.contains("bias[c]"));
             // One tile of rows: the bias (a weight) read at the start, before the sums.
-            let early = std::env::var_os("FUSEC_SKINNY_MMA_EPILOGUE").is_none() && rows <= 8;
+            let early = match std::env::var("FUSEC_SKINNY_MMA_EPILOGUE").as_deref().map(str::trim) {
+                Ok("1") => true,
+                Ok("0") => false,
+                _ => rows <= 8,
+            };
             assert_eq!(first.source.contains("    epilogue_reads(true, false);"), early, "{}", first.source);
             assert!(head.source.contains("B stored [N, K]") && head.source.contains("bias[c]"));
         }

@@ -154,10 +154,11 @@ pub fn generate(
     };
     let block = warps * 32;
     let grid = g.n.div_ceil(cols) * cluster;
-    // The epilogue's operands read before the sums ([`epilogue_early`]).
-    let (bias, residual) = (data["bias"] == true, data["residual"] == true);
-    let early = (bias || residual) && epilogue_early(m_tiles);
-    let bias_early = data["bias_early"] == true;
+    // The epilogue's operands read before the sums ([`epilogue_early`]), each where the
+    // caller's data places it for the CUDA-core kernel too.
+    let early = data["epilogue_loads"] == true && epilogue_early(m_tiles);
+    let at_start = early && data["bias_early"] == true;
+    let after_wait = early && data["epilogue_late"] == true;
     extend(
         &mut data,
         json!({
@@ -177,8 +178,8 @@ pub fn generate(
             "many_warps": warps > 1,
             "row_stride": row_stride(cols, rows),
             "epilogue_early": early,
-            "epilogue_at_start": early && bias_early,
-            "epilogue_after_wait": early && (residual || (bias && !bias_early)),
+            "epilogue_at_start": at_start,
+            "epilogue_after_wait": after_wait,
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
