@@ -261,7 +261,10 @@ fn percentiles(times: &mut [f64]) -> (f64, f64, f64) {
 /// Four random, non-zero input sets (token ids below 16, floats in [-1, 1), padding masks and
 /// token types as a tokenizer gives them: see `random_input`); one when the
 /// inputs are larger than the GPU's L2 cache anyway (rotating them then only costs uploads).
-fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
+/// With `full_masks` (a decoder's step with its cache, [`fusec::generate::cache::has_cache`])
+/// every mask is ones: every sequence at the top of its cache, the step reading all of it as
+/// its floor counts it (random padding would leave every row but the first a random share).
+fn input_sets(inputs: &[IoSpec], full_masks: bool) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
     let bytes: usize = inputs.iter().filter_map(|i| i.tensor_type()).map(|t| t.size_bytes()).sum();
     let sets = if bytes > 16 << 20 { 1 } else { 4 };
     (0..sets)
@@ -274,6 +277,9 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
                         .tensor_type()
                         .with_context(|| format!("input {} has type {}", spec.name, spec.dtype))?;
                     let (low, high) = if ty.dtype.is_float() { (-1.0, 1.0) } else { (1.0, 16.0) };
+                    if full_masks && spec.name.to_ascii_lowercase().ends_with("mask") {
+                        return Ok((spec.name.clone(), Tensor::full(&ty, 1.0)));
+                    }
                     Ok((spec.name.clone(), random_input(&spec.name, &ty, 1000 * set + k as u64, low, high)))
                 })
                 .collect()
@@ -282,10 +288,14 @@ fn input_sets(inputs: &[IoSpec]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
 }
 
 /// Input sets at the point `values` of a bundle's ranges (`input_sets` of the shapes there).
-fn input_sets_at(inputs: &[IoSpec], values: &[usize]) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
+fn input_sets_at(
+    inputs: &[IoSpec],
+    values: &[usize],
+    full_masks: bool,
+) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
     let specs: Vec<IoSpec> =
         inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
-    input_sets(&specs)
+    input_sets(&specs, full_masks)
 }
 
 impl Bench {
@@ -308,7 +318,8 @@ impl Bench {
         let mut session = Session::with_options(ranged, self.device, options)?;
         // The session's first run, at the top of the ranges (as a server's first request):
         // what is timed below as each point's first run is that point's own set-up.
-        session.run(&input_sets_at(&ranged.header.inputs, &top)?[0])?;
+        let full_masks = fusec::generate::cache::has_cache(&ranged.header.inputs, &ranged.header.outputs);
+        session.run(&input_sets_at(&ranged.header.inputs, &top, full_masks)?[0])?;
         let mut rows = Vec::new();
         for values in &points {
             let at = point_text(&ranges, values);
@@ -328,7 +339,7 @@ impl Bench {
                 CompileOptions { import: fixed, precision: ranged.header.precision, ..Default::default() };
             let single = fusec::compile(onnx, &compile_options)?;
             let mut alone = Session::with_options(&single, self.device, options)?;
-            let sets = input_sets_at(&ranged.header.inputs, values)?;
+            let sets = input_sets_at(&ranged.header.inputs, values, full_masks)?;
             // Its first run now: the weights it uploads at load, and anything else it leaves in
             // flight, are done before the other session's first run at this point is timed.
             let theirs = alone.run(&sets[0])?;
@@ -472,7 +483,8 @@ impl Bench {
             ..Default::default()
         };
         let unfused = fusec::compile(&onnx, &options)?;
-        let sets = input_sets(&fused.header.inputs)?;
+        let full_masks = fusec::generate::cache::has_cache(&fused.header.inputs, &fused.header.outputs);
+        let sets = input_sets(&fused.header.inputs, full_masks)?;
         progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");
         let tune_gemms = !self.no_gemm_tuning;
         // The unfused build is loaded first, so that the fused one makes its load-time choices
@@ -677,8 +689,45 @@ impl Bench {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_point;
-    use fusec::bundle::BundleRange;
+    use super::{input_sets, parse_point};
+    use fusec::bundle::{BundleRange, IoSpec};
+    use fusec::generate::cache::has_cache;
+    use fusec::ir::{DType, TensorType};
+    use fusec::plan::Location;
+
+    /// A decoder's step with its cache is timed with masks of ones (every sequence at the top
+    /// of its cache, the whole cache read); other models' masks are random padding (the first
+    /// row whole, the others of random lengths).
+    #[test]
+    fn a_cache_steps_masks_are_whole() {
+        let spec = |name: &str, dtype: DType, shape: &[usize]| {
+            IoSpec::new(name, &TensorType::new(dtype, shape.to_vec()), Location::Arena(0))
+        };
+        let inputs = [
+            spec("input_ids", DType::I64, &[8, 1]),
+            spec("attention_mask", DType::I64, &[8, 65]),
+            spec("past_key_values.0.key", DType::F16, &[8, 2, 64, 16]),
+        ];
+        let outputs =
+            [spec("logits", DType::F32, &[8, 1, 10]), spec("present.0.key", DType::F16, &[8, 2, 65, 16])];
+        assert!(has_cache(&inputs, &outputs));
+        assert!(!has_cache(&inputs, &outputs[..1]));
+        assert!(!has_cache(&inputs[..2], &outputs));
+        for full in [true, false] {
+            for set in input_sets(&inputs, full).unwrap() {
+                let mask = set.iter().find(|(n, _)| n == "attention_mask").unwrap().1.to_f64_vec();
+                let live = mask.iter().filter(|&&v| v == 1.0).count();
+                assert!(mask.iter().all(|&v| v == 0.0 || v == 1.0));
+                assert!(mask[..65].iter().all(|&v| v == 1.0), "the first row is whole");
+                match full {
+                    true => assert_eq!(live, 8 * 65),
+                    false => assert!(live < 8 * 65, "{live}"),
+                }
+                let ids = set.iter().find(|(n, _)| n == "input_ids").unwrap().1.to_f64_vec();
+                assert!(ids.iter().all(|&v| (1.0..16.0).contains(&v)), "{ids:?}");
+            }
+        }
+    }
 
     /// A step for a range of cache lengths: `--sizes` gives the parts (or every range); a sum
     /// is its parts' sizes added, and a point outside a range is an error naming it.

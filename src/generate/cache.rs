@@ -71,6 +71,15 @@ fn suffix<'a>(name: &'a str, prefixes: &[&str]) -> Option<&'a str> {
     prefixes.iter().find_map(|p| name.strip_prefix(p)).map(|s| s.trim_start_matches('.'))
 }
 
+/// Whether a model's inputs and outputs hold a key/value cache: an input
+/// `past_key_values.{key}` (or `past.{key}`) beside an output `present.{key}`.
+pub fn has_cache(inputs: &[IoSpec], outputs: &[IoSpec]) -> bool {
+    inputs
+        .iter()
+        .filter_map(|s| suffix(&s.name, &["past_key_values", "past"]))
+        .any(|key| outputs.iter().any(|o| suffix(&o.name, &["present"]) == Some(key)))
+}
+
 impl CacheLayout {
     /// The layout of a bundle's inputs and outputs, or why they are not a decoding step with
     /// a cache (naming the input or output that is not).
