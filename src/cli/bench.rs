@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use fusec::bundle::IoSpec;
 use fusec::import::InputSpec;
-use fusec::ir::{random_input, rel_l2, DType, Tensor};
+use fusec::ir::{is_mask, random_input, rel_l2, DType, Tensor};
 use fusec::runtime::{Session, SessionOptions, StepProfile, PROFILE_REPEAT};
 use fusec::{Bundle, CompileOptions};
 
@@ -277,7 +277,7 @@ fn input_sets(inputs: &[IoSpec], full_masks: bool) -> anyhow::Result<Vec<Vec<(St
                         .tensor_type()
                         .with_context(|| format!("input {} has type {}", spec.name, spec.dtype))?;
                     let (low, high) = if ty.dtype.is_float() { (-1.0, 1.0) } else { (1.0, 16.0) };
-                    if full_masks && spec.name.to_ascii_lowercase().ends_with("mask") {
+                    if full_masks && is_mask(&spec.name) {
                         return Ok((spec.name.clone(), Tensor::full(&ty, 1.0)));
                     }
                     Ok((spec.name.clone(), random_input(&spec.name, &ty, 1000 * set + k as u64, low, high)))

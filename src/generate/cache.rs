@@ -65,6 +65,11 @@ pub struct CacheLayout {
     pub pairs: Vec<CachePair>,
 }
 
+/// The prefixes of a cache's inputs (`past_key_values.0.key`) and of its outputs
+/// (`present.0.key`).
+const PAST: [&str; 2] = ["past_key_values", "past"];
+const PRESENT: [&str; 1] = ["present"];
+
 /// What a cached tensor's name says after its prefix: `0.key` for `past_key_values.0.key`
 /// and `present.0.key`.
 fn suffix<'a>(name: &'a str, prefixes: &[&str]) -> Option<&'a str> {
@@ -76,8 +81,8 @@ fn suffix<'a>(name: &'a str, prefixes: &[&str]) -> Option<&'a str> {
 pub fn has_cache(inputs: &[IoSpec], outputs: &[IoSpec]) -> bool {
     inputs
         .iter()
-        .filter_map(|s| suffix(&s.name, &["past_key_values", "past"]))
-        .any(|key| outputs.iter().any(|o| suffix(&o.name, &["present"]) == Some(key)))
+        .filter_map(|s| suffix(&s.name, &PAST))
+        .any(|key| outputs.iter().any(|o| suffix(&o.name, &PRESENT) == Some(key)))
 }
 
 impl CacheLayout {
@@ -127,11 +132,10 @@ impl CacheLayout {
         }
         let mut pairs = Vec::new();
         let mut capacity = None;
-        for spec in inputs.iter().filter(|s| suffix(&s.name, &["past_key_values", "past"]).is_some()) {
-            let key = suffix(&spec.name, &["past_key_values", "past"]).unwrap_or_default();
+        for (spec, key) in inputs.iter().filter_map(|s| Some((s, suffix(&s.name, &PAST)?))) {
             let present = outputs
                 .iter()
-                .find(|o| suffix(&o.name, &["present"]) == Some(key))
+                .find(|o| suffix(&o.name, &PRESENT) == Some(key))
                 .ok_or_else(|| format!("cache input '{}' has no output 'present.{key}'", spec.name))?;
             let [b, heads, past, dim] = spec.shape[..] else {
                 return Err(format!(

@@ -20,7 +20,7 @@ pub use eval::evaluate;
 pub use graph::{Graph, Node, NodeId, Origin};
 pub use op::{BinaryOp, Op, PoolKind, PoolWindow, ReduceOp, SliceAxis, UnaryOp};
 pub use ops::gate::GateActivation;
-pub use random::{random_input, random_tensor, SplitMix64};
+pub use random::{is_mask, random_input, random_tensor, SplitMix64};
 pub use sym::{ranges_text, symbol_param, tops, with_sums, DimRange, SymDim, SymbolicShapes};
 pub use tensor::{max_abs_diff, rel_l2, Element, Tensor, UNIFORM_ELEMENTS};
 pub use verify::verify;

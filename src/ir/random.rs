@@ -45,6 +45,11 @@ pub fn random_tensor(ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor 
     Tensor::from_f64(array, ty.dtype)
 }
 
+/// Whether a model input named `name` is a mask (its name ends in `mask`, in any case).
+pub fn is_mask(name: &str) -> bool {
+    name.to_ascii_lowercase().ends_with("mask")
+}
+
 /// A random value for a model input named `name`, as a tokenizer's batch would give it:
 /// `attention_mask` (or any rank-2 input whose name ends in `mask`) right-padded — the first
 /// row whole, each other row a random length of at least one token; `token_type_ids` 0 for
@@ -53,7 +58,7 @@ pub fn random_tensor(ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor 
 pub fn random_input(name: &str, ty: &TensorType, seed: u64, low: f64, high: f64) -> Tensor {
     let lower = name.to_ascii_lowercase();
     let [rows, columns] = ty.shape[..] else { return random_tensor(ty, seed, low, high) };
-    let values: Vec<f64> = if lower.ends_with("mask") {
+    let values: Vec<f64> = if is_mask(name) {
         let mut rng = SplitMix64(seed);
         (0..rows)
             .flat_map(|r| {
