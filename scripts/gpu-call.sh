@@ -65,6 +65,13 @@
 #             "-": the defaults; a setting is VAR=value pairs joined by commas, each setting
 #             compiling into a cache directory of its own), fusec generate fp16 128 + 256
 #             tokens greedy: its ms a token and a hash of its tokens, one line each
+#   ncuattn   ncu of GPT-2 small's decoding attention inside fusec generate at batch $BATCH
+#             (default 32), one decoding step's kernel (a step's first layer, about the
+#             hundredth step), for
+#             each setting of $SETTINGS (as decodeab): generate is run once first into the
+#             setting's cache directory, so that the load's timing of its GEMM choices (which
+#             replays the prompt program, its attention kernels counted by --launch-skip) is
+#             cached when ncu runs; the report into $OUT/ncu-SETTING.txt, its headline lines shown
 #   gate      the Llama-style decoder (models/export_cache.py --size small llama): fusec generate
 #             fp16 128 + 256 tokens at batch 1, FUSEC_SKINNY_GATE=1 and 0 alternated twice,
 #             the few-row kernels pinned (FUSEC_SKINNY=1), then once each chosen by timing;
@@ -148,6 +155,25 @@ for part in "$@"; do
             done
           done
         done
+      done ;;
+    ncuattn)
+      [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
+      ids=$(prompt_ids gpt2)
+      for setting in ${SETTINGS:--}; do
+        vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
+        tag=${setting//[^A-Za-z0-9]/_}
+        run=(.gpu/fusec generate .bench-work/gpt2_small_cache.onnx --prompt-ids "$ids" --max-new-tokens 128
+          --precision fp16 --batch "${BATCH:-32}")
+        env "${vars[@]}" FUSEC_CACHE_DIR="/tmp/ncuattn-$tag" timeout 90 "${run[@]}" 2>&1 | grep -E "time to first|error"
+        # 12 attention launches a step, the prompt's among them: the first layer of a step about
+        # the hundredth (1212 is what the thirty-seventh session's warm-cache run skipped).
+        env "${vars[@]}" FUSEC_CACHE_DIR="/tmp/ncuattn-$tag" timeout 200 /usr/local/cuda/bin/ncu \
+          --kernel-name regex:attention --launch-skip 1212 --launch-count 1 --clock-control none \
+          --cache-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats "${run[@]}" \
+          > "$OUT/ncu-$tag.txt" 2>&1
+        echo "--- $setting"
+        grep -E "^  fusec_|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Issued Warp" "$OUT/ncu-$tag.txt"
       done ;;
     gate)
       [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
