@@ -66,8 +66,7 @@
 #             compiling into a cache directory of its own), fusec generate fp16 128 + 256
 #             tokens greedy: its ms a token and a hash of its tokens, one line each
 #   ncuattn   ncu of GPT-2 small's decoding attention inside fusec generate at batch $BATCH
-#             (default 32), one decoding step's kernel (a step's first layer, about the
-#             hundredth step), for
+#             (default 32), one kernel (a step's first layer, about the hundredth step), for
 #             each setting of $SETTINGS (as decodeab): generate is run once first into the
 #             setting's cache directory, so that the load's timing of its GEMM choices (which
 #             replays the prompt program, its attention kernels counted by --launch-skip) is
