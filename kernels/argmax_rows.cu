@@ -1,6 +1,6 @@
 // The index of each row's largest value (the first of equals; NaNs never win; 0 for a row of
 // NaNs or -inf): greedy decoding's choice, so that only token ids leave the GPU. A row is
-// split over the blocks of `gridDim.x` (chunks of `blockDim.x * ARGMAX_ITEMS` values), so that
+// split over the blocks of `gridDim.x` (chunks of `blockDim.x * items` values), so that
 // one row of a vocabulary still spreads over the GPU; each block's best is one 64-bit key (the
 // value's order bits over the index's complement: the larger key is the larger value, then the
 // smaller index) merged into the row's slot of `scratch` by atomicMax, and the row's last
@@ -11,7 +11,8 @@
 
 #include "copy_rows.cuh"
 
-#define ARGMAX_ITEMS 4
+// Most values a thread takes (`items`, an argument: all its loads issued before any is compared).
+#define ARGMAX_ITEMS 16
 
 // The key of value `v` at index `i` (`i` < 2^32): NaN as -inf, -0 as +0, so that keys order as
 // `v > best` with the first of equals does.
@@ -36,15 +37,15 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
 __device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, long long* __restrict__ out,
                                              unsigned long long width, unsigned long long* __restrict__ scratch,
                                              long long* host, unsigned long long row, unsigned long long chunk_index,
-                                             unsigned long long chunks) {
+                                             unsigned long long chunks, unsigned long long items) {
     const float* values = x + row * width;
-    const unsigned long long chunk = (unsigned long long)blockDim.x * ARGMAX_ITEMS;
+    const unsigned long long chunk = (unsigned long long)blockDim.x * items;
     const unsigned long long first = chunk_index * chunk + threadIdx.x;
     float v[ARGMAX_ITEMS];
 #pragma unroll
     for (int k = 0; k < ARGMAX_ITEMS; ++k) {
         const unsigned long long i = first + (unsigned long long)k * blockDim.x;
-        v[k] = i < width ? values[i] : __int_as_float(0xff800000);
+        v[k] = k < items && i < width ? values[i] : __int_as_float(0xff800000);
     }
     // To start: -inf past every index, which any value of the row beats.
     unsigned long long key = argmax_key(__int_as_float(0xff800000), 0xffffffffu);
@@ -52,7 +53,7 @@ __device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, long l
     for (int k = 0; k < ARGMAX_ITEMS; ++k) {
         const unsigned long long i = first + (unsigned long long)k * blockDim.x;
         const unsigned long long candidate = argmax_key(v[k], (unsigned int)i);
-        if (i < width && candidate > key) key = candidate;
+        if (k < items && i < width && candidate > key) key = candidate;
     }
     key = warp_max(key);
     __shared__ unsigned long long keys[32];
@@ -76,11 +77,11 @@ __device__ __forceinline__ void argmax_chunk(const float* __restrict__ x, long l
     if (host != nullptr) host[row] = id;
 }
 
-// Row `blockIdx.y`'s chunk `blockIdx.x`.
+// Row `blockIdx.y`'s chunk `blockIdx.x`, `items` (at most ARGMAX_ITEMS) values a thread.
 extern "C" __global__ void fusec_argmax_rows(const float* __restrict__ x, long long* __restrict__ out,
                                              unsigned long long width, unsigned long long* __restrict__ scratch,
-                                             long long* host) {
-    argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, gridDim.x);
+                                             long long* host, unsigned long long items) {
+    argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, gridDim.x, items);
 }
 
 // A decoding step's greedy choice and the copies after it in one launch (one launch's wait
@@ -91,18 +92,19 @@ extern "C" __global__ void fusec_argmax_rows_copying(const float* __restrict__ x
                                                      unsigned long long width,
                                                      unsigned long long* __restrict__ scratch, long long* host,
                                                      unsigned long long rows, unsigned long long chunks,
+                                                     unsigned long long items,
                                                      const unsigned long long* __restrict__ sources,
                                                      const unsigned long long* __restrict__ targets,
                                                      unsigned long long copy_rows, unsigned long long words,
                                                      unsigned long long src_pitch, unsigned long long dst_pitch,
                                                      unsigned long long src_offset, unsigned long long dst_offset,
-                                                     unsigned long long tensors, ColumnSet s0, ColumnSet s1,
-                                                     unsigned long long copy_blocks) {
+                                                     unsigned long long tensors, unsigned long long wide, ColumnSet s0,
+                                                     ColumnSet s1, unsigned long long copy_blocks) {
     if (blockIdx.y < rows) {
-        if (blockIdx.x < chunks) argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, chunks);
+        if (blockIdx.x < chunks) argmax_chunk(x, out, width, scratch, host, blockIdx.y, blockIdx.x, chunks, items);
         return;
     }
     if (blockIdx.x < copy_blocks)
         copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors,
-                        s0, s1, blockIdx.y - rows, blockIdx.x);
+                        wide, s0, s1, blockIdx.y - rows, blockIdx.x);
 }

@@ -26,17 +26,18 @@ struct ColumnSet {
 
 // Block `tensor` (x: `block`) of a copy of several tensors of one geometry: tensor `tensor`
 // from `sources[tensor]` to `targets[tensor]`, its first rows `src_offset` and `dst_offset`
-// words past them, one thread a word; the blocks past the `tensors` set `s0` and `s1` (a
-// decoder's next position and the mask's next live slot). Pitches and offsets are in words:
-// the offsets are arguments, so that the base arrays stay the same from step to step (a
-// decoder's cache slot moves on every step; its tensors do not).
+// words past them, one thread a word — 16 bytes where `wide` is not 0 (every row, pitch,
+// offset and base a multiple of 16 bytes: a quarter of the threads), else 4; the blocks past
+// the `tensors` set `s0` and `s1` (a decoder's next position and the mask's next live slot).
+// Pitches and offsets are in words: the offsets are arguments, so that the base arrays stay
+// the same from step to step (a decoder's cache slot moves on every step; its tensors do not).
 __device__ __forceinline__ void copy_rows_block(const unsigned long long* __restrict__ sources,
                                                 const unsigned long long* __restrict__ targets,
                                                 unsigned long long rows, unsigned long long words,
                                                 unsigned long long src_pitch, unsigned long long dst_pitch,
                                                 unsigned long long src_offset, unsigned long long dst_offset,
-                                                unsigned long long tensors, const ColumnSet& s0,
-                                                const ColumnSet& s1, unsigned long long tensor,
+                                                unsigned long long tensors, unsigned long long wide,
+                                                const ColumnSet& s0, const ColumnSet& s1, unsigned long long tensor,
                                                 unsigned long long block) {
     const unsigned long long i = block * blockDim.x + threadIdx.x;
     if (tensor >= tensors) {
@@ -46,7 +47,10 @@ __device__ __forceinline__ void copy_rows_block(const unsigned long long* __rest
     }
     if (i >= rows * words) return;
     const unsigned long long r = i / words, c = i - r * words;
-    const unsigned int* src = reinterpret_cast<const unsigned int*>(sources[tensor]);
-    unsigned int* dst = reinterpret_cast<unsigned int*>(targets[tensor]);
-    dst[dst_offset + r * dst_pitch + c] = src[src_offset + r * src_pitch + c];
+    const unsigned long long from = src_offset + r * src_pitch + c, to = dst_offset + r * dst_pitch + c;
+    if (wide != 0) {
+        reinterpret_cast<uint4*>(targets[tensor])[to] = reinterpret_cast<const uint4*>(sources[tensor])[from];
+    } else {
+        reinterpret_cast<unsigned int*>(targets[tensor])[to] = reinterpret_cast<const unsigned int*>(sources[tensor])[from];
+    }
 }

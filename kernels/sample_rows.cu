@@ -648,7 +648,7 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     const unsigned long long* __restrict__ sources, const unsigned long long* __restrict__ targets,
     unsigned long long copy_rows, unsigned long long words, unsigned long long src_pitch,
     unsigned long long dst_pitch, unsigned long long src_offset, unsigned long long dst_offset,
-    unsigned long long tensors, ColumnSet s0, ColumnSet s1, unsigned long long copy_blocks) {
+    unsigned long long tensors, unsigned long long wide, ColumnSet s0, ColumnSet s1, unsigned long long copy_blocks) {
     const unsigned long long drawing = rows * SAMPLE_CLUSTER;
     if (blockIdx.x < drawing) {
         sample_row(x, out, host, width, row_pitch, draws, weights, shared_row, mode, k, p, temperature);
@@ -657,5 +657,5 @@ extern "C" __global__ void SAMPLE_CLUSTER_DIMS __launch_bounds__(THREADS) fusec_
     const unsigned long long c = blockIdx.x - drawing, tensor = c / copy_blocks;
     if (tensor <= tensors)
         copy_rows_block(sources, targets, copy_rows, words, src_pitch, dst_pitch, src_offset, dst_offset, tensors,
-                        s0, s1, tensor, c - tensor * copy_blocks);
+                        wide, s0, s1, tensor, c - tensor * copy_blocks);
 }

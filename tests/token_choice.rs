@@ -64,9 +64,9 @@ fn logits_session(
     (session, name, logits)
 }
 
-/// The greedy choice over rows the kernel splits over many blocks (chunks of 1,024 merged by
-/// atomics) picks what the host's does: rows of a vocabulary (50,257) and of awkward widths
-/// around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
+/// The greedy choice over rows the kernel splits over many blocks (chunks of 4,096, or of
+/// 1,024 with `FUSEC_ARGMAX_ITEMS=4`, merged by atomics) picks what the host's does: rows of a
+/// vocabulary (50,257) and of awkward widths around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
 /// all -inf or all NaN (index 0), -0 before +0 (equal: the first), the largest value last, and
 /// the same launch twice (the kernel clears its merge slots for the next).
 #[test]
@@ -91,9 +91,19 @@ fn the_gpu_argmax_is_the_hosts_across_blocks() {
         _ => 20.0 * u - 10.0,
     });
     let mut sampler = fusec::generate::Sampler::new(fusec::generate::Sampling::Greedy, 1.0, 0).unwrap();
-    for (rows, width) in
-        [(7, width), (1, width), (343, 1025), (3, 1024), (5, 1023), (2, 5003), (1, 7 * width), (9, 1)]
-    {
+    for (rows, width) in [
+        (7, width),
+        (1, width),
+        (343, 1025),
+        (3, 1024),
+        (5, 1023),
+        (2, 5003),
+        (2, 4097),
+        (3, 4096),
+        (4, 4095),
+        (1, 7 * width),
+        (9, 1),
+    ] {
         for _ in 0..2 {
             let ours = session.argmax_rows(&name, rows, width).unwrap();
             let theirs: Vec<i64> =

@@ -140,17 +140,18 @@ fn point_text(ranges: &[fusec::bundle::BundleRange], values: &[usize]) -> String
     ranges.iter().zip(values).map(|(r, v)| format!("{}={v}", r.symbol)).collect::<Vec<_>>().join(",")
 }
 
-/// How each distinct GEMM's algorithm was chosen, and what that did to the whole program.
-fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
+/// How each distinct GEMM's algorithm was chosen, and what that did to the whole program: a
+/// heading and a line a GEMM (none where nothing was chosen). `generate -v` prints them too.
+pub(super) fn gemm_choice_lines(choices: &[fusec::runtime::GemmChoice]) -> Vec<String> {
     use fusec::runtime::GemmReference;
     if choices.is_empty() {
-        return;
+        return Vec::new();
     }
-    println!(
+    let mut lines = vec![format!(
         "GEMM algorithms (the fused program timed as a CUDA graph with the reference, each of the cuBLASLt heuristic's top {} and up to {} variants of its first ones, and fusec's kernel for a product of a few rows):",
         fusec::runtime::gemm_candidates(),
         fusec::runtime::gemm_variants()
-    );
+    )];
     for c in choices {
         let reference = match c.reference {
             GemmReference::Cublas => "cuBLAS",
@@ -171,8 +172,9 @@ fn print_gemm_choices(choices: &[fusec::runtime::GemmChoice]) {
         } else {
             format!("program {:.4} -> {:.4} ms", c.first_us / 1e3, c.chosen_us / 1e3)
         };
-        println!("  {:<36} {kept} ({how}): {}", c.gemm, c.config);
+        lines.push(format!("  {:<36} {kept} ({how}): {}", c.gemm, c.config));
     }
+    lines
 }
 
 struct Row {
@@ -601,7 +603,7 @@ impl Bench {
                 rows[1].median / rows[1].floor_ms
             );
             println!("floor = max(FLOPs / GEMM rate, estimated HBM bytes / copy bandwidth)");
-            print_gemm_choices(&fast.gemm_choices);
+            gemm_choice_lines(&fast.gemm_choices).iter().for_each(|l| println!("{l}"));
             if let Some(c) = &fast.launch_choice {
                 println!(
                     "programmatic dependent launch {} (the fused program timed as a CUDA graph: {:.4} ms without, {:.4} ms with)",

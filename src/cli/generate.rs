@@ -80,7 +80,8 @@ fn parse_prompt(text: &str) -> anyhow::Result<Vec<i64>> {
 }
 
 impl Generate {
-    pub fn execute(self) -> anyhow::Result<ExitCode> {
+    /// Runs it; `verbose` (`-v`) also prints the one-token step's GEMM choices on standard error.
+    pub fn execute(self, verbose: bool) -> anyhow::Result<ExitCode> {
         let codec = self.tokenizer.as_deref().map(fusec::generate::TextCodec::load).transpose()?;
         let mut prompts: Vec<Vec<i64>> =
             self.prompts.iter().map(|p| parse_prompt(p)).collect::<anyhow::Result<_>>()?;
@@ -122,6 +123,11 @@ impl Generate {
             stop: self.stop,
         };
         let generation = generator.generate(&prompts, &options, |_, _| {})?;
+        if verbose {
+            super::bench::gemm_choice_lines(&generator.steps_mut().gemm_choices)
+                .iter()
+                .for_each(|l| eprintln!("one-token step: {l}"));
+        }
         for (b, tokens) in generation.tokens.iter().enumerate() {
             let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
             println!("sequence {b}: {}", ids.join(","));

@@ -59,7 +59,7 @@ impl Cli {
             Command::Inspect(cmd) => cmd.execute(),
             Command::Cache(cmd) => cmd.execute(),
             Command::Ops(cmd) => cmd.execute(),
-            Command::Generate(cmd) => cmd.execute(),
+            Command::Generate(cmd) => cmd.execute(self.verbose > 0),
         }
     }
 }

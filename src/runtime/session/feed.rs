@@ -15,10 +15,20 @@ use crate::plan::Location;
 /// Copies of fed ids still to be taken: at most this many (the loop reads one step late).
 const IN_FLIGHT: usize = 2;
 
-/// Threads a block of the argmax kernel, and logits each takes (`ARGMAX_ITEMS` in
-/// `kernels/argmax_rows.cu`): a block a chunk of 1,024 of a row.
+/// Threads a block of the argmax kernel.
 const ARGMAX_THREADS: usize = 256;
-const ARGMAX_ITEMS: usize = 4;
+
+/// Logits a thread of the argmax kernel takes for `rows` rows, its loads all issued before it
+/// compares them (at most `ARGMAX_ITEMS` in `kernels/argmax_rows.cu`): 16 from 8 rows (a block
+/// a chunk of 4,096 of a row, 13 blocks a row of GPT-2's 50,257: at 32 rows the choice's
+/// launch 19 → 15 µs on an H200's clock, batch 8 −4 µs a token), 4 below (at one row a token
+/// took 1 µs longer with 16 and the copy's wide words together; `benches/NOTES.md`,
+/// thirty-ninth session). `FUSEC_ARGMAX_ITEMS`
+/// (1 to 16) overrides it, for measuring it.
+fn argmax_items(rows: usize) -> usize {
+    let default = if rows >= 8 { 16 } else { 4 };
+    crate::knobs::number("FUSEC_ARGMAX_ITEMS").filter(|n| (1..=16).contains(n)).unwrap_or(default)
+}
 
 /// The page-locked buffers the ids are copied into (or, greedy, written into by the kernel:
 /// the buffers are mapped for the device), one per copy in flight, each with its device
@@ -254,7 +264,8 @@ impl Session {
         };
         let (width, host) = (width as u64, host.unwrap_or(0));
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host);
+        let items = argmax_items(rows) as u64;
+        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&items);
         // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
         // by `argmax_args` to hold them), uses two words a row of the slots (allocated for
         // `rows`), and writes `rows` ids at `out` and at `host` where given, which the callers
@@ -298,8 +309,9 @@ impl Session {
         };
         let (width, rows_u, chunks_u, copy_blocks) =
             (width as u64, rows as u64, u64::from(chunks), u64::from(copying.blocks.0));
+        let items = argmax_items(rows) as u64;
         let mut args = self.stream.launch_builder(&function);
-        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&rows_u).arg(&chunks_u);
+        args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&rows_u).arg(&chunks_u).arg(&items);
         copying.push(&mut args);
         args.arg(&copy_blocks);
         // SAFETY: as `launch_argmax` for the choice (`fed_input` checked `out`, `feed_buffer`
@@ -336,7 +348,8 @@ impl Session {
             Some(slots) => slots.device_ptr(&self.stream).0,
             None => return Err(RuntimeError::Driver("no device buffer for the argmax".into())),
         };
-        let chunks = u32::try_from(width.div_ceil(ARGMAX_THREADS * ARGMAX_ITEMS)).map_err(|_| too_many())?;
+        let chunks =
+            u32::try_from(width.div_ceil(ARGMAX_THREADS * argmax_items(rows))).map_err(|_| too_many())?;
         Ok((x, slots, chunks))
     }
 }

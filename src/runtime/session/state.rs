@@ -30,6 +30,8 @@ pub(super) struct RowCopyLaunch {
     from_word: u64,
     to_word: u64,
     tensors: u64,
+    /// 1 where a word is 16 bytes ([`copy_word`]), 0 where it is 4.
+    wide: u64,
     sets: [ColumnWrite; 2],
     pub(super) blocks: (u32, u32),
 }
@@ -46,8 +48,24 @@ impl RowCopyLaunch {
     pub(super) fn push<'a>(&'a self, args: &mut cudarc::driver::LaunchArgs<'a>) {
         args.arg(&self.sources).arg(&self.targets).arg(&self.rows).arg(&self.words);
         args.arg(&self.from_pitch).arg(&self.to_pitch).arg(&self.from_word).arg(&self.to_word);
-        args.arg(&self.tensors);
+        args.arg(&self.tensors).arg(&self.wide);
         args.arg(&self.sets[0]).arg(&self.sets[1]);
+    }
+}
+
+/// The bytes a thread of the copy kernel moves for a copy of `words` 4-byte words a tensor:
+/// 16 where every size and offset of the copy (`sizes`: the row's bytes, the offsets and
+/// pitches) and every tensor's address is a multiple of 16 and the copy is of 1,024 words or
+/// more (a decoder's keys and values from batch 8: a quarter of the threads), else 4 (at one
+/// row, where a token took 1 µs longer with the wide words and the argmax's wide chunks
+/// together; `benches/NOTES.md`, thirty-ninth session). `FUSEC_COPY_WIDE=0` keeps 4, for
+/// measuring it.
+fn copy_word<'a>(sizes: &[usize], words: usize, addresses: impl IntoIterator<Item = &'a u64>) -> usize {
+    let whole = sizes.iter().all(|n| n % 16 == 0) && addresses.into_iter().all(|a| a % 16 == 0);
+    if whole && words >= 1024 && !crate::knobs::off("FUSEC_COPY_WIDE") {
+        16
+    } else {
+        4
     }
 }
 
@@ -405,7 +423,7 @@ impl Session {
 
     /// The copy kernel's arguments for [`Session::copy_rows`] (the bases on the device), or
     /// `None` where it cannot run the copy: rows not in whole 4-byte words, nothing to copy,
-    /// more than two sets.
+    /// more than two sets. A word is 16 bytes where the geometry allows it ([`copy_word`]).
     pub(super) fn row_copy_launch(
         &mut self,
         bases: &[u64],
@@ -414,9 +432,10 @@ impl Session {
         sets: &[ColumnWrite],
     ) -> Result<Option<RowCopyLaunch>, RuntimeError> {
         let n = targets.len();
-        let words = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
-        let threads = (copy.rows * copy.width / 4) as u64;
-        if words.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
+        let sizes = [copy.width, copy.from_offset, copy.from_pitch, copy.to_offset, copy.to_pitch];
+        let word = copy_word(&sizes, copy.rows * copy.width / 4, bases.iter().chain(targets));
+        let threads = (copy.rows * copy.width / word) as u64;
+        if sizes.iter().any(|n| n % 4 != 0) || threads == 0 || n == 0 || sets.len() > 2 {
             return Ok(None);
         }
         // The tensors' own addresses on the device, the first rows' offsets passed apart: a
@@ -444,12 +463,13 @@ impl Session {
             sources,
             targets: sources + 8 * n as u64,
             rows: copy.rows as u64,
-            words: copy.width as u64 / 4,
-            from_pitch: copy.from_pitch as u64 / 4,
-            to_pitch: copy.to_pitch as u64 / 4,
-            from_word: from / 4,
-            to_word: to / 4,
+            words: (copy.width / word) as u64,
+            from_pitch: (copy.from_pitch / word) as u64,
+            to_pitch: (copy.to_pitch / word) as u64,
+            from_word: from / word as u64,
+            to_word: to / word as u64,
             tensors: n as u64,
+            wide: u64::from(word == 16),
             sets: [*sets.first().unwrap_or(&none), *sets.get(1).unwrap_or(&none)],
             blocks,
         }))
