@@ -77,13 +77,27 @@ pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, 
     let default = if m_tiles >= MANY_ROW_TILES { WARPS_WANTED_MANY_ROWS } else { WARPS_WANTED };
     let wanted = number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(default);
     // Splits of K: enough warps over the grid, at least two chunks a warp.
-    let splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
+    let mut splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
+    if one_trip(rows, cols) {
+        splits = splits.max(chunks.div_ceil(3).min(MAX_WARPS * MAX_CLUSTER));
+    }
     let warps = splits.min(MAX_WARPS);
     let mut cluster = splits.div_ceil(warps).min(MAX_CLUSTER);
     while cluster > 1 && warps * cluster > chunks {
         cluster -= 1;
     }
     Some((cols, warps, cluster, chunks))
+}
+
+/// Whether a `[K, N]` product in tiles of 64 columns splits K into at least a third as many
+/// parts as it has chunks (up to [`MAX_WARPS`] × [`MAX_CLUSTER`]), so that every warp's
+/// weights (three chunks at most, [`generate`]'s unroll) are requested in one trip, before
+/// the kernel's wait: with fewer splits a warp's chunks after its first three or two are read
+/// after the wait, a trip to memory on the step's chain (GPT-2 small's MLP-down at 32 rows,
+/// 96 chunks in 24 splits: two trips; in 32: one). `FUSEC_SKINNY_ONE_TRIP=0` leaves the
+/// splits as the warps wanted make them, for measuring it.
+fn one_trip(rows: bool, cols: usize) -> bool {
+    !rows && cols == 64 && !crate::knobs::off("FUSEC_SKINNY_ONE_TRIP")
 }
 
 /// Whether the tensor-core kernel takes in the norm before its product (each block computing
@@ -195,13 +209,17 @@ mod tests {
         // GPT-2 small at 8 rows: the QKV product ([K, N] 768 × 2304) in 36 tiles of 64
         // columns, 24 chunks of K over 4 warps and a cluster of 3 (two chunks a warp); the
         // MLP's second (3072 deep, 768 wide) over 12 tiles, 96 chunks over 4 warps × 8 blocks.
-        // At 32 rows fewer warps are wanted: clusters of 2 and 6. The vocabulary ([N, K],
-        // 50,257 columns) in tiles of 32, one warp each.
+        // At 32 rows fewer warps are wanted: clusters of 2 for the QKV product, and for the
+        // MLP's second the 32 splits that keep a warp's weights one trip (three chunks; 24 as
+        // wanted would read two). The vocabulary ([N, K], 50,257 columns) in tiles of 32, one
+        // warp each.
         std::env::remove_var("FUSEC_SKINNY_WARPS");
         assert_eq!(shape(8, 2304, 768, false), Some((64, 4, 3, 24)));
         assert_eq!(shape(8, 768, 3072, false), Some((64, 4, 8, 96)));
         assert_eq!(shape(32, 2304, 768, false), Some((64, 4, 2, 24)));
-        assert_eq!(shape(32, 768, 3072, false), Some((64, 4, 6, 96)));
+        assert_eq!(shape(32, 768, 3072, false), Some((64, 4, 8, 96)));
+        // The Llama-style decoder's at 32 rows (2,816 deep, 88 chunks): 32 splits, not 20.
+        assert_eq!(shape(32, 1024, 2816, false), Some((64, 4, 8, 88)));
         assert_eq!(shape(32, 50257, 768, true), Some((32, 1, 1, 24)));
         // 40 rows: tiles of 32 and 16; a K of 64 in two chunks, one warp each.
         assert_eq!(shape(40, 2304, 768, false).map(|s| s.0), Some(32));
