@@ -64,8 +64,8 @@ fn logits_session(
     (session, name, logits)
 }
 
-/// The greedy choice over rows the kernel splits over many blocks (chunks of 4,096, or of
-/// 1,024 with `FUSEC_ARGMAX_ITEMS=4`, merged by atomics) picks what the host's does: rows of a
+/// The greedy choice over rows the kernel splits over many blocks (chunks of 4,096 from 8
+/// rows, of 1,024 below or with `FUSEC_ARGMAX_ITEMS=4`, merged by atomics) picks what the host's does: rows of a
 /// vocabulary (50,257) and of awkward widths around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
 /// all -inf or all NaN (index 0), -0 before +0 (equal: the first), the largest value last, and
 /// the same launch twice (the kernel clears its merge slots for the next).
@@ -98,9 +98,9 @@ fn the_gpu_argmax_is_the_hosts_across_blocks() {
         (3, 1024),
         (5, 1023),
         (2, 5003),
-        (2, 4097),
-        (3, 4096),
-        (4, 4095),
+        (8, 4097),
+        (9, 4096),
+        (10, 4095),
         (1, 7 * width),
         (9, 1),
     ] {

@@ -23,8 +23,7 @@ const ARGMAX_THREADS: usize = 256;
 /// a chunk of 4,096 of a row, 13 blocks a row of GPT-2's 50,257: at 32 rows the choice's
 /// launch 19 → 15 µs on an H200's clock, batch 8 −4 µs a token), 4 below (at one row a token
 /// took 1 µs longer with 16 and the copy's wide words together; `benches/NOTES.md`,
-/// thirty-ninth session). `FUSEC_ARGMAX_ITEMS`
-/// (1 to 16) overrides it, for measuring it.
+/// thirty-ninth session). `FUSEC_ARGMAX_ITEMS` (1 to 16) overrides it, for measuring it.
 fn argmax_items(rows: usize) -> usize {
     let default = if rows >= 8 { 16 } else { 4 };
     crate::knobs::number("FUSEC_ARGMAX_ITEMS").filter(|n| (1..=16).contains(n)).unwrap_or(default)
