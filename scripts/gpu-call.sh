@@ -65,6 +65,9 @@
 #             "-": the defaults; a setting is VAR=value pairs joined by commas, each setting
 #             compiling into a cache directory of its own), fusec generate fp16 128 + 256
 #             tokens greedy: its ms a token and a hash of its tokens, one line each
+#   choices   the one-token step's GEMM choices (fusec generate -v) of each decoder of $DECODERS
+#             at each batch of $BATCHES, into $OUT/choices.txt: which products run on fusec's
+#             kernel for a few rows and which on cuBLAS(Lt)
 #   ncuattn   ncu of GPT-2 small's decoding attention inside fusec generate at batch $BATCH
 #             (default 32), one kernel (a step's first layer, about the hundredth step), for
 #             each setting of $SETTINGS (as decodeab): generate is run once first into the
@@ -155,6 +158,15 @@ for part in "$@"; do
           done
         done
       done ;;
+    choices)
+      for m in ${DECODERS:-gpt2 llama}; do
+        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+        for b in ${BATCHES:-1 8 32}; do
+          echo "--- $m b$b"
+          timeout 90 .gpu/fusec -v generate .bench-work/${m}_small_cache.onnx --prompt-ids "$(prompt_ids $m)" \
+            --max-new-tokens 64 --precision fp16 --batch $b 2>&1 | grep -E '^one-token step:   |error'
+        done
+      done | tee -a "$OUT/choices.txt" ;;
     ncuattn)
       [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
       ids=$(prompt_ids gpt2)
