@@ -231,6 +231,35 @@ mod tests {
         assert_eq!(shape(65, 2304, 768, false), None);
     }
 
+    #[test]
+    fn a_warps_weights_are_one_trip_where_the_splits_allow() {
+        // Every [K, N] product of the two decoders at 5 to 32 rows in tiles of 64 columns: at
+        // most three chunks a warp (all requested before the wait) where K has at most 96
+        // chunks (32 splits × 3).
+        std::env::remove_var("FUSEC_SKINNY_WARPS");
+        let products = [
+            (2304, 768),
+            (768, 768),
+            (3072, 768),
+            (768, 3072),
+            (1536, 1024),
+            (1024, 1024),
+            (5632, 1024),
+            (1024, 2816),
+        ];
+        for m in [5, 8, 13, 24, 25, 32] {
+            for (n, k) in products {
+                let (cols, warps, cluster, chunks) = shape(m, n, k, false).unwrap();
+                if cols == 64 {
+                    assert!(
+                        chunks.div_ceil(warps * cluster) <= 3,
+                        "{m} × {n} × {k}: {warps} warps × {cluster}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The most lanes of a warp whose stores of one accumulator fall in one bank at different
     /// addresses (1: none wait), with the template's mapping of lanes to outputs.
     fn bank_ways(rows: bool, cols: usize) -> usize {
