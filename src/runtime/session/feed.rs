@@ -254,7 +254,7 @@ impl Session {
         width: usize,
         (out, host): (u64, Option<u64>),
     ) -> Result<(), RuntimeError> {
-        let (x, slots, chunks) = self.argmax_args(name, rows, width)?;
+        let (x, slots, chunks, items) = self.argmax_args(name, rows, width)?;
         let (function, _) = self.argmax_kernels()?;
         let config = LaunchConfig {
             grid_dim: (chunks, rows as u32, 1),
@@ -263,7 +263,6 @@ impl Session {
         };
         let (width, host) = (width as u64, host.unwrap_or(0));
         let mut args = self.stream.launch_builder(&function);
-        let items = argmax_items(rows) as u64;
         args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&items);
         // SAFETY: the kernel reads `rows` rows of `width` f32s from the output's buffer (checked
         // by `argmax_args` to hold them), uses two words a row of the slots (allocated for
@@ -290,7 +289,7 @@ impl Session {
                 return apart.run_apart(self);
             }
         };
-        let (x, slots, chunks) = self.argmax_args(logits, rows, width)?;
+        let (x, slots, chunks, items) = self.argmax_args(logits, rows, width)?;
         let (slot, host) = self.feed_buffer(rows)?;
         let (_, function) = self.argmax_kernels()?;
         let too_many = || RuntimeError::Input(format!("{rows} rows and {} copies", copying.blocks.1));
@@ -308,7 +307,6 @@ impl Session {
         };
         let (width, rows_u, chunks_u, copy_blocks) =
             (width as u64, rows as u64, u64::from(chunks), u64::from(copying.blocks.0));
-        let items = argmax_items(rows) as u64;
         let mut args = self.stream.launch_builder(&function);
         args.arg(&x).arg(&out).arg(&width).arg(&slots).arg(&host).arg(&rows_u).arg(&chunks_u).arg(&items);
         copying.push(&mut args);
@@ -320,13 +318,14 @@ impl Session {
     }
 
     /// The argmax kernel's operands for `rows` rows of `width` of f32 output `name`: the
-    /// output's address, the slots its blocks merge in (made here) and the blocks a row.
+    /// output's address, the slots its blocks merge in (made here), the blocks a row and the
+    /// logits a thread ([`argmax_items`]).
     fn argmax_args(
         &mut self,
         name: &str,
         rows: usize,
         width: usize,
-    ) -> Result<(u64, u64, u32), RuntimeError> {
+    ) -> Result<(u64, u64, u32, u64), RuntimeError> {
         let spec = Self::spec(&self.outputs, name, "output")?;
         let size = spec.tensor_type().map_or(0, |t| t.size_bytes());
         if spec.dtype != "f32" || rows * width * 4 > size || width == 0 || width >= u32::MAX as usize {
@@ -347,8 +346,8 @@ impl Session {
             Some(slots) => slots.device_ptr(&self.stream).0,
             None => return Err(RuntimeError::Driver("no device buffer for the argmax".into())),
         };
-        let chunks =
-            u32::try_from(width.div_ceil(ARGMAX_THREADS * argmax_items(rows))).map_err(|_| too_many())?;
-        Ok((x, slots, chunks))
+        let items = argmax_items(rows);
+        let chunks = u32::try_from(width.div_ceil(ARGMAX_THREADS * items)).map_err(|_| too_many())?;
+        Ok((x, slots, chunks, items as u64))
     }
 }
