@@ -108,6 +108,11 @@ prompt_ids() {
     *) python3 -c "print(','.join(str((i * 7919) % 31000 + 11) for i in range(128)))" ;;
   esac
 }
+# The decoder `$1` (gpt2 or llama) exported with its cache (export_cache.py --size small) into
+# .bench-work, unless it is there.
+export_cache() {
+  [ -f ".bench-work/$1_small_cache.onnx" ] || timeout 300 python3 models/export_cache.py .bench-work --size small "$1" 2>&1 | tail -1
+}
 export_models() {
   local need=""
   for m in "$@"; do [ -f ".bench-work/$m.onnx" ] || need="$need $m"; done
@@ -133,7 +138,7 @@ for part in "$@"; do
       root=$PWD
       (cd /tmp && FUSEC_MODELS_DIR="$root/models" timeout 400 python3 -m pytest -q -p no:cacheprovider "$root/python/tests" 2>&1 | tail -15) ;;
     decode)
-      [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
+      export_cache gpt2
       prompt=$(prompt_ids gpt2)
       for args in "--batch 1" "--batch 8" "--batch 32" "--batch 1 --sample top-p=0.9 --seed 1"; do
         .gpu/fusec generate .bench-work/gpt2_small_cache.onnx --prompt-ids "$prompt" --max-new-tokens 256 --precision fp16 $args > /tmp/decode.txt 2>&1
@@ -142,7 +147,7 @@ for part in "$@"; do
       done ;;
     decodeab)
       for m in ${DECODERS:-gpt2 llama}; do
-        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+        export_cache $m
       done
       for round in $(seq 1 "${ROUNDS:-2}"); do
         for b in ${BATCHES:-1 8 32}; do
@@ -160,7 +165,7 @@ for part in "$@"; do
       done ;;
     choices)
       for m in ${DECODERS:-gpt2 llama}; do
-        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+        export_cache $m
         for b in ${BATCHES:-1 8 32}; do
           echo "--- $m b$b"
           timeout 90 .gpu/fusec -v generate .bench-work/${m}_small_cache.onnx --prompt-ids "$(prompt_ids $m)" \
@@ -168,7 +173,7 @@ for part in "$@"; do
         done
       done | tee -a "$OUT/choices.txt" ;;
     ncuattn)
-      [ -f .bench-work/gpt2_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small gpt2 2>&1 | tail -1
+      export_cache gpt2
       ids=$(prompt_ids gpt2)
       for setting in ${SETTINGS:--}; do
         vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
@@ -187,7 +192,7 @@ for part in "$@"; do
         grep -E "^  fusec_|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Issued Warp" "$OUT/ncu-$tag.txt"
       done ;;
     gate)
-      [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
+      export_cache llama
       prompt=$(prompt_ids llama)
       for run in "1 1" "0 1" "1 1" "0 1" "1 " "0 "; do
         set -- $run
@@ -199,7 +204,7 @@ for part in "$@"; do
       [ -x .gpu/test-skinny_gate ] && FUSEC_MODELS_DIR="$PWD/models" timeout 120 .gpu/test-skinny_gate 2>&1 | grep -E "^test |test result|panicked" ;;
     siblings)
       for m in gpt2 llama; do
-        [ -f .bench-work/${m}_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small $m 2>&1 | tail -1
+        export_cache $m
       done
       llama=$(prompt_ids llama)
       gpt2=$(prompt_ids gpt2)
@@ -221,7 +226,7 @@ for part in "$@"; do
         grep -iE "tile" "$OUT/res/node_results.md" | head -20
       fi ;;
     vocab)
-      [ -f .bench-work/llama_small_cache.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small llama 2>&1 | tail -1
+      export_cache llama
       prompt=$(prompt_ids llama)
       for run in 1 2; do
         for two in 0 1; do
