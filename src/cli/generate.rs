@@ -127,6 +127,12 @@ impl Generate {
             super::bench::gemm_choice_lines(&generator.steps_mut().gemm_choices)
                 .iter()
                 .for_each(|l| eprintln!("one-token step: {l}"));
+            eprintln!("{}", step_spread(&generation.step_ms));
+            for (i, phases) in generation.first_steps_ms.iter().enumerate() {
+                let each: Vec<String> =
+                    fusec::generate::PHASES.iter().zip(phases).map(|(name, ms)| format!("{name} {ms:.3}")).collect();
+                eprintln!("step {} after the first tokens, ms: {}", i + 1, each.join(", "));
+            }
         }
         for (b, tokens) in generation.tokens.iter().enumerate() {
             let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
@@ -169,4 +175,28 @@ impl Generate {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// The one-token steps' times as a line: their count, mean, the 10th, 50th and 90th percentiles,
+/// the slowest, and the first and last few, ms (what separates the mean `tokens/s` counts from
+/// the median `ms per token` reports).
+fn step_spread(step_ms: &[f64]) -> String {
+    if step_ms.is_empty() {
+        return "steps after the first tokens: none".to_string();
+    }
+    let mut sorted = step_ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    let mean = step_ms.iter().sum::<f64>() / step_ms.len() as f64;
+    let few = |s: &[f64]| s.iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(" ");
+    let n = step_ms.len();
+    format!(
+        "steps after the first tokens: {n}, mean {mean:.4} ms, p10 {:.4}, median {:.4}, p90 {:.4}, slowest {:.4}; first {}; last {}",
+        at(0.1),
+        sorted[n / 2],
+        at(0.9),
+        at(1.0),
+        few(&step_ms[..n.min(4)]),
+        few(&step_ms[n.saturating_sub(4)..])
+    )
 }

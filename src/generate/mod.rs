@@ -96,7 +96,12 @@ pub struct Generation {
     /// The same phases on the GPU's clock, where asked for (`FUSEC_GENERATE_GPU_TIMES=1`) and
     /// the steps run there.
     pub gpu_phase_ms: Option<[f64; 5]>,
+    /// The first [`FIRST_STEPS`] of those steps' phases one by one, as the host saw them.
+    pub first_steps_ms: Vec<[f64; 5]>,
 }
+
+/// Steps after the first tokens whose phases [`Generation::first_steps_ms`] keeps apart.
+pub const FIRST_STEPS: usize = 3;
 
 impl Generation {
     /// Median ms per step after the first tokens (0 without any).
@@ -287,6 +292,8 @@ impl Generator<Session> {
         let options = crate::runtime::SessionOptions { programmatic_launch: true, ..Default::default() };
         let mut session = Session::with_options(bundle, device, options)?;
         session.warm_up()?;
+        // The buffers the steps' ids come back in, made now rather than in the first steps.
+        session.reserve_feed(layout.batch)?;
         Ok(Generator { steps: session, layout, prompt: None })
     }
 }
@@ -366,6 +373,7 @@ impl<S: Steps> Generator<S> {
             if done.iter().all(|&d| d) {
                 break;
             }
+            let phases_before = out.phase_ms;
             let mut clock = Clock::new(t + 1 > longest, &mut out.phase_ms, marks.as_mut());
             if fed.is_none() {
                 let tokens: Vec<f64> = (0..batch)
@@ -477,6 +485,9 @@ impl<S: Steps> Generator<S> {
                 out.first_token_ms = (now - started).as_secs_f64() * 1e3;
             } else if t + 1 > longest {
                 out.step_ms.push((now - last_step).as_secs_f64() * 1e3);
+                if out.first_steps_ms.len() < FIRST_STEPS {
+                    out.first_steps_ms.push(std::array::from_fn(|i| out.phase_ms[i] - phases_before[i]));
+                }
             }
             last_step = now;
         }

@@ -182,8 +182,33 @@ impl Session {
     /// The next page-locked buffer for `rows` ids and as many draws (made or grown here,
     /// mapped for the device) and its device address.
     fn feed_buffer(&mut self, rows: usize) -> Result<(usize, u64), RuntimeError> {
-        let bytes = rows * 16;
         let slot = self.state.feed.issued % IN_FLIGHT;
+        self.make_feed_buffer(slot, rows)?;
+        Ok((slot, self.state.feed.host[slot].1))
+    }
+
+    /// Makes every page-locked buffer a fed copy may take, for `rows` ids (and draws), and the
+    /// argmax kernel's slots for `rows` rows, where they are not made yet: a decoding loop's
+    /// first steps then allocate nothing. On an H200 the first step at 32 rows spent 1.4–1.5
+    /// ms in the page-locked allocation (with a step in flight; 0.03 ms at 8 rows), which was
+    /// that whole step's time (`benches/NOTES.md`, fortieth session).
+    pub fn reserve_feed(&mut self, rows: usize) -> Result<(), RuntimeError> {
+        // (A buffer whose ids are not taken yet is left as it is.)
+        for slot in 0..IN_FLIGHT {
+            if self.state.feed.pending.iter().all(|&(pending, _)| pending != slot) {
+                self.make_feed_buffer(slot, rows)?;
+            }
+        }
+        if self.state.argmax_slots.as_ref().is_none_or(|s| s.len() < 2 * rows) {
+            self.state.argmax_slots = Some(self.stream.alloc_zeros::<u64>(2 * rows.max(1)).map_err(driver)?);
+        }
+        Ok(())
+    }
+
+    /// Buffer `slot` of the page-locked buffers for `rows` ids and as many draws, made (or
+    /// grown) where it is not that large, mapped for the device.
+    fn make_feed_buffer(&mut self, slot: usize, rows: usize) -> Result<(), RuntimeError> {
+        let bytes = rows * 16;
         let feed = &mut self.state.feed;
         if feed.host.len() <= slot || feed.host[slot].0.len() < bytes {
             let context = self.stream.context();
@@ -204,7 +229,7 @@ impl Session {
                 feed.host[slot] = (buffer, device, event);
             }
         }
-        Ok((slot, feed.host[slot].1))
+        Ok(())
     }
 
     /// After the kernel that chose `rows` ids: where they are at arena offset `copy`, starts
