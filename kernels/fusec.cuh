@@ -153,23 +153,6 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
-// 16 bytes of memory no kernel of the launch writes, read once: not kept in L1, and first to
-// leave L2 (sm_80+), so that a stream of weights read once does not push out of L2 what the
-// launches after read. Before sm_80 a plain load.
-__device__ __forceinline__ uint4 load_streamed(const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned long long policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
-    return v;
-#else
-    return *reinterpret_cast<const uint4*>(p);
-#endif
-}
-
 // Asynchronous 16-byte copies from device memory into shared memory (sm_80+), in groups:
 // `cp_async_wait<N>` returns once at most N of this thread's committed groups are pending.
 __device__ __forceinline__ void cp_async16(void* shared, const void* global) {

@@ -130,14 +130,6 @@ pub fn epilogue_early(m_tiles: usize) -> bool {
     }
 }
 
-/// Whether the tensor-core kernel reads B stored `[N, K]` (a vocabulary's projection) with a
-/// hint that its lines go first from L2 (`fusec::load_streamed`): read once a step, they
-/// otherwise push out of L2 what the launches after read, such as the logits the kernel itself
-/// writes. `FUSEC_SKINNY_MMA_STREAM=1` gives the hint, `=0` not, for measuring it.
-pub fn streams_weights(rows: bool) -> bool {
-    rows && one_of("FUSEC_SKINNY_MMA_STREAM", &[0, 1]) == Some(1)
-}
-
 /// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
 /// lanes' stores of one accumulator fall in distinct banks (B `[N, K]`: column `16t + r (+ 8)`,
 /// row `2q (+ 1)`, so rows 4 banks apart put the 8 r beside the 4 q) or at most two to a bank (B
@@ -202,7 +194,6 @@ pub fn generate(
             "epilogue_early": early,
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
-            "stream": streams_weights(rows),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
