@@ -129,8 +129,11 @@ impl Generate {
                 .for_each(|l| eprintln!("one-token step: {l}"));
             eprintln!("{}", step_spread(&generation.step_ms));
             for (i, phases) in generation.first_steps_ms.iter().enumerate() {
-                let each: Vec<String> =
-                    fusec::generate::PHASES.iter().zip(phases).map(|(name, ms)| format!("{name} {ms:.3}")).collect();
+                let each: Vec<String> = fusec::generate::PHASES
+                    .iter()
+                    .zip(phases)
+                    .map(|(name, ms)| format!("{name} {ms:.3}"))
+                    .collect();
                 eprintln!("step {} after the first tokens, ms: {}", i + 1, each.join(", "));
             }
         }
@@ -199,4 +202,24 @@ fn step_spread(step_ms: &[f64]) -> String {
         few(&step_ms[..n.min(4)]),
         few(&step_ms[n.saturating_sub(4)..])
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_spread;
+
+    #[test]
+    fn step_spread_reports_the_slow_first_step_the_mean_carries() {
+        // Eleven steps: a slow first one, then 0.40 to 0.49 ms.
+        let mut steps = vec![1.5];
+        steps.extend((0..10).map(|i| 0.40 + 0.01 * f64::from(i)));
+        let line = step_spread(&steps);
+        let mean = steps.iter().sum::<f64>() / 11.0;
+        assert!(line.starts_with("steps after the first tokens: 11, "), "{line}");
+        assert!(line.contains(&format!("mean {mean:.4} ms")), "{line}");
+        // Sorted: 0.40 … 0.49, 1.5; the median is the sixth (0.45), p10 the second (0.41).
+        assert!(line.contains("p10 0.4100, median 0.4500, p90 0.4900, slowest 1.5000"), "{line}");
+        assert!(line.contains("first 1.500 0.400 0.410 0.420; last 0.460 0.470 0.480 0.490"), "{line}");
+        assert_eq!(step_spread(&[]), "steps after the first tokens: none");
+    }
 }
