@@ -130,6 +130,24 @@ pub fn epilogue_early(m_tiles: usize) -> bool {
     }
 }
 
+/// The most 16-byte packs of A a thread holds at once where a trip's chunks have their A
+/// requested together ([`a_at_once`]): 48 registers.
+const A_AT_ONCE_PACKS: usize = 12;
+
+/// Whether a warp requests A's packs of every chunk of a trip at once, right after its wait
+/// (one trip to L2), rather than each chunk's before its products (as many dependent trips as
+/// chunks: the `mma` instructions are `asm volatile`, so neither compiler moves a later
+/// chunk's loads above them). Where the packs are few enough ([`A_AT_ONCE_PACKS`]) and no
+/// norm is taken in (its packs are normalised as read). `FUSEC_SKINNY_MMA_A_AT_ONCE=0` reads
+/// them chunk by chunk, `=1` at once wherever no norm is taken in, for measuring it.
+fn a_at_once(unroll: usize, m_tiles: usize, norm: bool) -> bool {
+    !norm
+        && match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {
+            Some(on) => on == 1,
+            None => unroll * m_tiles <= A_AT_ONCE_PACKS,
+        }
+}
+
 /// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
 /// lanes' stores of one accumulator fall in distinct banks (B `[N, K]`: column `16t + r (+ 8)`,
 /// row `2q (+ 1)`, so rows 4 banks apart put the 8 r beside the 4 q) or at most two to a bank (B
@@ -173,6 +191,7 @@ pub fn generate(
     let early = data["epilogue_loads"] == true && epilogue_early(m_tiles);
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
+    let at_once = a_at_once(unroll, m_tiles, data["norm"] == true);
     extend(
         &mut data,
         json!({
@@ -194,6 +213,7 @@ pub fn generate(
             "epilogue_early": early,
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
+            "a_at_once": at_once,
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
