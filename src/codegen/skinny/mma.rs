@@ -130,22 +130,29 @@ pub fn epilogue_early(m_tiles: usize) -> bool {
     }
 }
 
-/// The most 16-byte packs of A a thread holds at once where a trip's chunks have their A
-/// requested together ([`a_at_once`]): 48 registers.
+/// The most 16-byte packs of A a thread holds at once where chunks have their A requested
+/// together ([`a_group`]): 48 registers.
 const A_AT_ONCE_PACKS: usize = 12;
 
-/// Whether a warp requests A's packs of every chunk of a trip at once, right after its wait
-/// (one trip to L2), rather than each chunk's before its products (as many dependent trips as
-/// chunks: the `mma` instructions are `asm volatile`, so neither compiler moves a later
-/// chunk's loads above them). Where the packs are few enough ([`A_AT_ONCE_PACKS`]) and no
-/// norm is taken in (its packs are normalised as read). `FUSEC_SKINNY_MMA_A_AT_ONCE=0` reads
-/// them chunk by chunk, `=1` at once wherever no norm is taken in, for measuring it.
-fn a_at_once(unroll: usize, m_tiles: usize, norm: bool) -> bool {
-    !norm
-        && match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {
-            Some(on) => on == 1,
-            None => unroll * m_tiles <= A_AT_ONCE_PACKS,
-        }
+/// How many chunks' packs of A a warp requests at once (0: each chunk's right before its
+/// products). Each chunk's alone is a dependent trip to L2 a chunk after the wait: the `mma`
+/// instructions are `asm volatile`, so neither compiler moves a later chunk's loads above an
+/// earlier chunk's products. So the chunks of a trip are taken in groups of as many as
+/// [`A_AT_ONCE_PACKS`] allow (all of a trip for GPT-2's `[K, N]` products at 5 to 32 rows; the
+/// vocabulary's six a trip in two groups of three at 32 rows), where no norm is taken in (its
+/// packs are normalised as read). GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token
+/// with whole trips at once against 0.424–0.426 chunk by chunk, at 8 rows 0.269–0.271 against
+/// 0.278–0.280 (`benches/NOTES.md`, fortieth session). `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them
+/// chunk by chunk, `=1` only whole trips of at most [`A_AT_ONCE_PACKS`], for measuring it.
+fn a_group(unroll: usize, m_tiles: usize, norm: bool) -> usize {
+    let group = (A_AT_ONCE_PACKS / m_tiles).min(unroll);
+    match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {
+        _ if norm => 0,
+        Some(0) => 0,
+        Some(_) if group < unroll => 0,
+        _ if group <= 1 => 0,
+        _ => group,
+    }
 }
 
 /// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
@@ -191,7 +198,7 @@ pub fn generate(
     let early = data["epilogue_loads"] == true && epilogue_early(m_tiles);
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
-    let at_once = a_at_once(unroll, m_tiles, data["norm"] == true);
+    let a_group = a_group(unroll, m_tiles, data["norm"] == true);
     extend(
         &mut data,
         json!({
@@ -213,7 +220,7 @@ pub fn generate(
             "epilogue_early": early,
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
-            "a_at_once": at_once,
+            "a_group": (a_group > 0).then_some(a_group),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
@@ -223,6 +230,21 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trips_packs_of_a_are_requested_in_groups_of_at_most_twelve() {
+        if std::env::var_os("FUSEC_SKINNY_MMA_A_AT_ONCE").is_some() {
+            return;
+        }
+        // GPT-2's [K, N] products at 32 rows: three chunks a trip, four tiles of rows.
+        assert_eq!(a_group(3, 4, false), 3);
+        // Its vocabulary at 32 rows (six chunks a trip): two groups of three; at 8 rows one of six.
+        assert_eq!(a_group(6, 4, false), 3);
+        assert_eq!(a_group(6, 1, false), 6);
+        // A norm taken in, or one chunk a group: chunk by chunk.
+        assert_eq!(a_group(3, 1, true), 0);
+        assert_eq!(a_group(4, 8, false), 0);
+    }
 
     #[test]
     fn warps_split_k_until_the_grid_is_full() {
