@@ -199,6 +199,12 @@ impl Session {
                 self.make_feed_buffer(slot, rows)?;
             }
         }
+        self.make_argmax_slots(rows)
+    }
+
+    /// The argmax kernel's slots (two words a row, zero between launches) for `rows` rows, made
+    /// where they are fewer.
+    fn make_argmax_slots(&mut self, rows: usize) -> Result<(), RuntimeError> {
         if self.state.argmax_slots.as_ref().is_none_or(|s| s.len() < 2 * rows) {
             self.state.argmax_slots = Some(self.stream.alloc_zeros::<u64>(2 * rows.max(1)).map_err(driver)?);
         }
@@ -364,9 +370,7 @@ impl Session {
             return Err(too_many());
         }
         let x = self.address(spec.location);
-        if self.state.argmax_slots.as_ref().is_none_or(|s| s.len() < 2 * rows) {
-            self.state.argmax_slots = Some(self.stream.alloc_zeros::<u64>(2 * rows.max(1)).map_err(driver)?);
-        }
+        self.make_argmax_slots(rows)?;
         let slots = match self.state.argmax_slots.as_ref() {
             Some(slots) => slots.device_ptr(&self.stream).0,
             None => return Err(RuntimeError::Driver("no device buffer for the argmax".into())),
