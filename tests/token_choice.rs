@@ -65,8 +65,9 @@ fn logits_session(
 }
 
 /// The greedy choice over rows the kernel splits over many blocks (chunks of 4,096 from 8
-/// rows, of 1,024 below or with `FUSEC_ARGMAX_ITEMS=4`, merged by atomics) picks what the host's does: rows of a
-/// vocabulary (50,257) and of awkward widths around a chunk, ties falling in different chunks (the first must win), NaNs and -inf, rows
+/// rows, of 1,024 below or with `FUSEC_ARGMAX_ITEMS=4`, merged by atomics) picks what the
+/// host's does: rows of a vocabulary (50,257) and of awkward widths around a chunk, ties
+/// falling in different chunks (the first must win), NaNs and -inf, rows
 /// all -inf or all NaN (index 0), -0 before +0 (equal: the first), the largest value last, and
 /// the same launch twice (the kernel clears its merge slots for the next).
 #[test]

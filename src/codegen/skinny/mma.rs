@@ -144,8 +144,8 @@ const A_AT_ONCE_PACKS: usize = 12;
 /// with whole trips at once against 0.424–0.426 chunk by chunk, at 8 rows 0.269–0.271 against
 /// 0.278–0.280; the vocabulary's in two groups added 0.4 % to batch 32's tokens/s though ptxas
 /// then gives it 248 registers, not 168 (`benches/NOTES.md`, fortieth session).
-/// `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them
-/// chunk by chunk, `=1` only whole trips of at most [`A_AT_ONCE_PACKS`], for measuring it.
+/// `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them chunk by chunk, `=1` only whole trips of at most
+/// [`A_AT_ONCE_PACKS`], for measuring it.
 fn a_group(unroll: usize, m_tiles: usize, norm: bool) -> usize {
     let group = (A_AT_ONCE_PACKS / m_tiles).min(unroll);
     match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {

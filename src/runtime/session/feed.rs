@@ -18,6 +18,9 @@ const IN_FLIGHT: usize = 2;
 /// Threads a block of the argmax kernel.
 const ARGMAX_THREADS: usize = 256;
 
+/// The most logits a thread of the argmax kernel takes (its `ARGMAX_ITEMS`).
+const ARGMAX_ITEMS_MAX: usize = 16;
+
 /// Logits a thread of the argmax kernel takes for `rows` rows, its loads all issued before it
 /// compares them (at most `ARGMAX_ITEMS` in `kernels/argmax_rows.cu`): 16 from 8 rows (a block
 /// a chunk of 4,096 of a row, 13 blocks a row of GPT-2's 50,257: at 32 rows the choice's
@@ -25,8 +28,10 @@ const ARGMAX_THREADS: usize = 256;
 /// took 1 µs longer with 16 and the copy's wide words together; `benches/NOTES.md`,
 /// thirty-ninth session). `FUSEC_ARGMAX_ITEMS` (1 to 16) overrides it, for measuring it.
 fn argmax_items(rows: usize) -> usize {
-    let default = if rows >= 8 { 16 } else { 4 };
-    crate::knobs::number("FUSEC_ARGMAX_ITEMS").filter(|n| (1..=16).contains(n)).unwrap_or(default)
+    let default = if rows >= 8 { ARGMAX_ITEMS_MAX } else { 4 };
+    crate::knobs::number("FUSEC_ARGMAX_ITEMS")
+        .filter(|n| (1..=ARGMAX_ITEMS_MAX).contains(n))
+        .unwrap_or(default)
 }
 
 /// The page-locked buffers the ids are copied into (or, greedy, written into by the kernel:
