@@ -214,6 +214,51 @@ fn odd_width_weights_are_read_by_rows() {
     }
 }
 
+/// A vocabulary's head (`Gemm` with `transB`, 16,384 columns or more) at tens of rows in a half
+/// type has a second kernel for a few rows beside the tensor-core one, timed against it at load:
+/// its blocks copy A into shared memory once (`skinny_staged`). At awkward sizes (29 rows, an
+/// odd width, a bias), through NVRTC and ptxas (no spills); on a GPU against tract with it
+/// forced (`FUSEC_SKINNY=1 FUSEC_SKINNY_NARROW=1`), then chosen by timing.
+#[test]
+fn a_vocabulary_at_tens_of_rows_has_a_kernel_with_a_staged() {
+    let dir = tempfile::tempdir().unwrap();
+    for (rows, width, k) in [(29, 16411, 192), (8, 16400, 128)] {
+        let nodes = vec![node("Gemm", &["x", "w", "b"], "logits", vec![int("transB", 1)])];
+        let init = vec![weight("w", &[width, k], 77, -0.2, 0.4), weight("b", &[width], 78, -0.3, 0.6)];
+        let path = write_model(dir.path(), &format!("vocabulary{rows}"), &[rows, k], nodes, init);
+        for precision in [DType::F16, DType::BF16] {
+            let steps = common::compiled_steps(&path, &options(precision));
+            let staged = steps
+                .iter()
+                .find_map(|s| match s {
+                    Step::Gemm { skinny_narrow: Some(second), .. } => Some(second.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{rows} rows, {precision}: no second kernel: {steps:?}"));
+            assert!(staged.name.ends_with("_skinny_staged"), "{}", staged.name);
+            assert!(staged.source.contains(&format!("uint4 xa[{rows} * {}]", k / 8)), "{}", staged.source);
+            assert_eq!(staged.grid as usize, (width as usize).div_ceil(128));
+            if fusec::nvrtc::available() {
+                common::compiles_without_spills(&staged, common::ptxas().as_deref(), dir.path());
+            }
+        }
+        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
+        if !fusec::runtime::driver_available() {
+            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
+            continue;
+        }
+        for (forced, second) in [("1", "1"), ("", "")] {
+            std::env::set_var("FUSEC_SKINNY", forced);
+            std::env::set_var("FUSEC_SKINNY_NARROW", second);
+            for (precision, tolerance) in [(DType::F16, 1e-2), (DType::BF16, 3e-2)] {
+                common::gpu_matches_tract(&path, &options(precision), &inputs, &theirs, tolerance);
+            }
+        }
+        std::env::remove_var("FUSEC_SKINNY");
+        std::env::remove_var("FUSEC_SKINNY_NARROW");
+    }
+}
+
 /// In a decoding step the norm before a GEMM (with the residual add its kernel does) is taken
 /// into the GEMM's kernel for a few rows: GPT-2's five LayerNorms (each with the GEMM right
 /// after it: the QKV projection, the MLP's first product, the vocabulary), the Llama-style

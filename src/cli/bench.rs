@@ -158,7 +158,10 @@ pub(super) fn gemm_choice_lines(choices: &[fusec::runtime::GemmChoice]) -> Vec<S
             GemmReference::HeuristicFirst => "cuBLASLt's first",
         };
         let kept = match (c.chosen, c.reference) {
-            _ if c.narrow => "fusec's kernel for a few rows, narrow tiles".to_string(),
+            _ if c.narrow => {
+                "fusec's kernel for a few rows, its second form (narrow tiles; a vocabulary's: A staged)"
+                    .to_string()
+            }
             _ if c.skinny => "fusec's kernel for a few rows".to_string(),
             (0, _) => format!("{reference} kept"),
             (n, _) if n >= c.heuristic => {

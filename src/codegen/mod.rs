@@ -44,6 +44,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),
     ("skinny_mma", include_str!("../../templates/skinny_mma.cu.hbs")),
+    ("skinny_staged", include_str!("../../templates/skinny_staged.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

@@ -135,9 +135,10 @@ pub fn epilogue_early(m_tiles: usize) -> bool {
 const A_AT_ONCE_PACKS: usize = 12;
 
 /// How many chunks' packs of A a warp requests at once (0: each chunk's right before its
-/// products). Each chunk's alone is a dependent trip to L2 a chunk after the wait: the `mma`
-/// instructions are `asm volatile`, so neither compiler moves a later chunk's loads above an
-/// earlier chunk's products. So the chunks of a trip are taken in groups of as many as
+/// products). Each chunk's alone is a dependent trip to L2 a chunk after the wait: neither
+/// compiler moves a later chunk's loads above an earlier chunk's products (with the `mma`'s
+/// assembly `volatile` or not: the same PTX and SASS, forty-first session). So the chunks of a
+/// trip are taken in groups of as many as
 /// [`A_AT_ONCE_PACKS`] allow (all of a trip for GPT-2's `[K, N]` products at 5 to 32 rows; the
 /// vocabulary's six a trip in two groups of three at 32 rows), where no norm is taken in (its
 /// packs are normalised as read). GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token

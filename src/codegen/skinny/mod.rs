@@ -8,6 +8,7 @@
 
 mod gate;
 mod mma;
+mod staged;
 
 pub use gate::{gate_before, Gate};
 
@@ -272,7 +273,8 @@ pub enum Tiling {
     /// Half the packs of [`Tiling::Wide`], twice the blocks: a second kernel of the step for
     /// one or two rows of A, timed against the first at load (on the H200 GPT-2 small's step
     /// ran faster with it, the Llama-style decoder's slower: `benches/NOTES.md`). None where
-    /// the wide tiling has one pack, for `[N, K]` operands, and on tensor cores.
+    /// the wide tiling has one pack, for `[N, K]` operands, and on tensor cores, but for a
+    /// vocabulary's product there, whose second kernel stages A in shared memory (`staged.rs`).
     Narrow,
 }
 
@@ -312,7 +314,9 @@ pub fn generate(
     let lanes = 16 / dtype.size_bytes();
     let rows = g.b.transposed;
     let narrower = tiling == Tiling::Narrow;
-    if narrower && (rows || g.m > 2 || tensor_cores || knobs::off("FUSEC_SKINNY_TILINGS")) {
+    // A vocabulary's second kernel on tensor cores: A staged in shared memory (`staged.rs`).
+    let staged = narrower && tensor_cores && rows && prologue.is_none();
+    if narrower && !staged && (rows || g.m > 2 || tensor_cores || knobs::off("FUSEC_SKINNY_TILINGS")) {
         return Ok(None);
     }
     let alpha = g.alpha * g.lt_epilogue.map_or(1.0, |e| e.scale());
@@ -394,7 +398,11 @@ pub fn generate(
         Some(e) => format!("the product ({})", e.describe()),
         None => "the product".to_string(),
     } + if gate.is_some() { " (A = x·σ(x)·y, x and y read where stored)" } else { "" };
-    let name = if narrower { format!("{name}_skinny_narrow") } else { format!("{name}_skinny") };
+    let name = match (staged, narrower) {
+        (true, _) => format!("{name}_skinny_staged"),
+        (false, true) => format!("{name}_skinny_narrow"),
+        (false, false) => format!("{name}_skinny"),
+    };
     // What both kernels take: the product, its epilogue, the next product's weights.
     let mut data = json!({
         "name": name,
@@ -431,6 +439,11 @@ pub fn generate(
         "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
         "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
     });
+    if staged {
+        return staged::generate(g, data, hb).map(|launch| {
+            launch.map(|(source, grid, block)| KernelSource::new(&name, source, grid, block, args))
+        });
+    }
     if tensor_cores {
         // The tensor-core kernel leaves the norm to its own kernel but where it takes it in
         // ([`mma::takes_norm`]). Its scale and shift are read in packs.

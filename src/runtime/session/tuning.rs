@@ -193,7 +193,7 @@ impl Session {
         match self.steps.get(i) {
             Some(Loaded::Gemm { on_skinny: true, on_narrow: false, .. }) => "fusec skinny kernel".to_string(),
             Some(Loaded::Gemm { on_skinny: true, on_narrow: true, .. }) => {
-                "fusec skinny kernel, narrow tiles".to_string()
+                "fusec skinny kernel, its second form (narrow tiles; a vocabulary's: A staged)".to_string()
             }
             Some(Loaded::Gemm { on_cublas: true, .. }) => "cuBLAS".to_string(),
             Some(Loaded::Gemm { lt: Some(prepared), .. }) => lt::Lt::config(prepared),
