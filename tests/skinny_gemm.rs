@@ -276,7 +276,6 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
         ("gpt2_cache_ts.onnx", "layernorm", 13),
         ("llama_cache_ts.onnx", "rmsnorm", 32),
         ("llama_cache_ts.onnx", "rmsnorm", 7),
-        ("gpt2_cache_ts.onnx", "layernorm", 32),
     ];
     for (file, norm, batch) in cases {
         let expected = 5;
@@ -303,12 +302,6 @@ fn a_decoding_steps_norms_go_into_the_gemms_after_them() {
                 {
                     assert!(k.source.contains("Norm of"), "{}", k.source);
                     assert_eq!(k.source.contains("on tensor cores"), tensor_cores, "{}", k.source);
-                    // On tensor cores A is staged in shared memory and normalised there, where
-                    // the weights are stored [K, N] (the vocabulary's, [N, K], normalises as read).
-                    let kn = k.source.contains("B stored [K, N]");
-                    let staged = tensor_cores && kn && std::env::var_os("FUSEC_SKINNY_MMA_NORM_STAGED").is_none();
-                    assert_eq!(k.source.contains("staged_norm(xa"), staged, "{}", k.source);
-                    assert_eq!(k.shared > 0, staged, "{file} at {batch}: {} bytes", k.shared);
                     if fusec::nvrtc::available() {
                         let dir = tempfile::tempdir().unwrap();
                         common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());

@@ -103,10 +103,6 @@ pub struct KernelSource {
     /// the runtime leaves them out.
     #[serde(default)]
     pub merges: Vec<usize>,
-    /// Bytes of dynamic shared memory a block (`extern __shared__`), beyond the static 48 KB
-    /// where need be: the runtime raises the function's limit to it at load.
-    #[serde(default)]
-    pub shared: u32,
 }
 
 /// How the tensor-core attention kernel is tiled: warps of 16 query rows per block, warps
@@ -219,7 +215,6 @@ impl KernelSource {
             tiling: None,
             attention: None,
             merges: Vec::new(),
-            shared: 0,
         }
     }
 }

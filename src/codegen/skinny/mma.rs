@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::super::gemm::GemmSpec;
 use super::super::kernel::render;
 use super::extend;
-use crate::knobs::{number, off, on, one_of};
+use crate::knobs::{number, on, one_of};
 
 /// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
 pub const MAX_ROWS: usize = 64;
@@ -105,11 +105,15 @@ fn one_trip(rows: bool, cols: usize) -> bool {
 /// RMSNorm at one tile of rows (eight at most), where the Llama-style decoder's step at 8 rows
 /// on the H200 took 0.268–0.270 ms a token against 0.277 apart; GPT-2 small's LayerNorms at 8
 /// and 32 rows and the Llama-style decoder at 32 were slower with it (`benches/NOTES.md`,
-/// thirty-sixth session). `FUSEC_SKINNY_MMA_NORM=1` takes every norm in, `=0` none, for
-/// measuring it.
-pub fn takes_norm(rms: bool, m: usize) -> bool {
-    match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1]) {
+/// thirty-sixth session). `FUSEC_SKINNY_MMA_NORM=1` takes every norm in, `=2` those before
+/// weights stored `[K, N]` only (not a vocabulary's, `rows`, whose one-warp blocks would each
+/// take every row's statistics), `=0` none, for measuring it. With `=2` GPT-2 small's step took
+/// 0.439–0.441 ms a token at 32 rows against 0.411–0.412 apart, 0.294 at 8 rows against 0.269,
+/// and no faster with A staged in shared memory once a block (forty-first session).
+pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
+    match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1, 2]) {
         Some(0) => false,
+        Some(2) => !rows,
         Some(_) => true,
         None => rms && m <= 8,
     }
@@ -158,29 +162,6 @@ fn a_group(unroll: usize, m_tiles: usize, norm: bool) -> usize {
     }
 }
 
-/// The most bytes of dynamic shared memory a block stages A (and the norm's scale) in
-/// ([`stages_a`]): with the warps' sums (static, up to 33 KB at 32 rows) within a
-/// multiprocessor's 227 KB.
-const STAGED_BYTES: usize = 160 << 10;
-
-/// The bytes of dynamic shared memory where the tensor-core kernel takes a norm in with A
-/// staged (`staged_norm` in the template): the block copies A (and the sum's second term) into
-/// shared memory at once after its wait, each warp normalises rows of it there, and the
-/// products read it there — where the kernel without it re-read and re-normalised A from L2 a
-/// chunk at a time, every warp, which at 32 rows spilled and lost to the norm's own kernel
-/// (`benches/NOTES.md`, thirty-sixth session). For `[K, N]` weights (blocks of several warps;
-/// `[N, K]` products run one warp a block), the scale and shift weights (copied before the
-/// wait), K in chunks of 64 and at most [`STAGED_BYTES`]. `FUSEC_SKINNY_MMA_NORM_STAGED=0`
-/// normalises A as read, for measuring it.
-fn stages_a(data: &Value, m: usize, k: usize, rows: bool) -> Option<usize> {
-    let units = k / 8;
-    let terms = 1 + usize::from(data["summed"] == true);
-    let scales = 1 + usize::from(data["beta"] == true);
-    let bytes = 16 * (m * units * terms + units * scales);
-    let wanted = data["norm"] == true && data["norm_weights"] == true && !off("FUSEC_SKINNY_MMA_NORM_STAGED");
-    (wanted && !rows && k % 64 == 0 && bytes <= STAGED_BYTES).then_some(bytes)
-}
-
 /// Floats between rows of a warp's sums in shared memory: a tile's width, padded so that the
 /// lanes' stores of one accumulator fall in distinct banks (B `[N, K]`: column `16t + r (+ 8)`,
 /// row `2q (+ 1)`, so rows 4 banks apart put the 8 r beside the 4 q) or at most two to a bank (B
@@ -201,7 +182,7 @@ pub fn generate(
     g: &GemmSpec,
     mut data: Value,
     hb: &Handlebars<'_>,
-) -> Result<Option<(String, u32, u32, u32)>, String> {
+) -> Result<Option<(String, u32, u32)>, String> {
     let rows = g.b.transposed;
     let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
     let m_tiles = g.m.div_ceil(8);
@@ -225,8 +206,6 @@ pub fn generate(
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
     let a_group = a_group(unroll, m_tiles, data["norm"] == true);
-    let staged = stages_a(&data, g.m, g.k, rows);
-    let norm_as_read = data["norm"] == true && staged.is_none();
     extend(
         &mut data,
         json!({
@@ -249,14 +228,10 @@ pub fn generate(
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
             "a_group": (a_group > 0).then_some(a_group),
-            "a_staged": staged.is_some(),
-            "norm_as_read": norm_as_read,
-            "units": g.k / 8,
-            "shared": staged.unwrap_or(0),
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;
-    Ok(Some((source, grid as u32, block as u32, staged.unwrap_or(0) as u32)))
+    Ok(Some((source, grid as u32, block as u32)))
 }
 
 #[cfg(test)]

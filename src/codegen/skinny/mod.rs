@@ -438,10 +438,6 @@ pub fn generate(
         "a_stride": a_stride,
         "store_sum": norm.and_then(|n| n.sum).is_some_and(|(_, h)| h.is_some()),
         "epsilon": format!("{:?}f", norm.map_or(0.0, |n| n.epsilon)),
-        // The norm's scale and shift are weights (written by no kernel: read before the wait).
-        "norm_weights": norm.is_some_and(|n| {
-            std::iter::once(n.gamma).chain(n.beta).all(|l| matches!(l, Location::Weights(_)))
-        }),
     });
     if staged {
         return staged::generate(g, data, hb).map(|launch| {
@@ -452,15 +448,12 @@ pub fn generate(
         // The tensor-core kernel leaves the norm to its own kernel but where it takes it in
         // ([`mma::takes_norm`]). Its scale and shift are read in packs.
         if norm.is_some_and(|n| {
-            !mma::takes_norm(n.rms, m) || !std::iter::once(n.gamma).chain(n.beta).all(aligned)
+            !mma::takes_norm(n.rms, m, rows) || !std::iter::once(n.gamma).chain(n.beta).all(aligned)
         }) {
             return Ok(None);
         }
         return mma::generate(g, data, hb).map(|launch| {
-            launch.map(|(source, grid, block, shared)| KernelSource {
-                shared,
-                ..KernelSource::new(&name, source, grid, block, args)
-            })
+            launch.map(|(source, grid, block)| KernelSource::new(&name, source, grid, block, args))
         });
     }
     // [N, K]: columns a warp (more where A's rows are many: each pack of A serves them all).

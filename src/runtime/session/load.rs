@@ -108,20 +108,10 @@ impl Session {
                     )
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
-            // Dynamic shared memory past the static 48 KB needs the function's limit raised.
-            if source.shared > 48 << 10 {
-                let limit = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                function.set_attribute(limit, source.shared as i32).map_err(|e| {
-                    RuntimeError::Driver(format!(
-                        "kernel {}: {} bytes of shared memory a block: {e}",
-                        source.name, source.shared
-                    ))
-                })?;
-            }
             let config = LaunchConfig {
                 grid_dim: (source.grid, 1, 1),
                 block_dim: (source.block, 1, 1),
-                shared_mem_bytes: source.shared,
+                shared_mem_bytes: 0,
             };
             let waits = waits_for_predecessor(source);
             let pointers = args.len();
