@@ -217,11 +217,18 @@ impl Session {
     }
 
     /// Buffer `slot` of the page-locked buffers for `rows` ids and as many draws, made (or
-    /// grown) where it is not that large, mapped for the device.
+    /// grown) where it is not that large, mapped for the device. Slots are made in order: a
+    /// slot past the next is an error, not a buffer put at the next slot's place.
     fn make_feed_buffer(&mut self, slot: usize, rows: usize) -> Result<(), RuntimeError> {
         let bytes = rows * 16;
         let feed = &mut self.state.feed;
-        if feed.host.len() <= slot || feed.host[slot].0.len() < bytes {
+        if slot > feed.host.len() {
+            return Err(RuntimeError::Driver(format!(
+                "page-locked buffer {slot} asked for before buffer {}",
+                feed.host.len()
+            )));
+        }
+        if feed.host.len() == slot || feed.host[slot].0.len() < bytes {
             let context = self.stream.context();
             // SAFETY: page-locked memory the copies or kernels below fill before it is read.
             let buffer =
@@ -234,7 +241,7 @@ impl Session {
                 .result()
                 .map_err(driver)?;
             let event = context.new_event(None).map_err(driver)?;
-            if feed.host.len() <= slot {
+            if feed.host.len() == slot {
                 feed.host.push((buffer, device, event));
             } else {
                 feed.host[slot] = (buffer, device, event);
