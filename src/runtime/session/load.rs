@@ -213,8 +213,9 @@ impl Session {
                         Some(_) => few_rows(skinny_narrow.as_deref())?.map(Box::new),
                         None => None,
                     };
-                    // `FUSEC_SKINNY_NARROW=1`: the second kernel (narrow tiles, or a vocabulary's with A staged) alone, in the first one's place
-                    // (with `FUSEC_SKINNY=1`, every such product on them: for testing them).
+                    // `FUSEC_SKINNY_NARROW=1`: the second kernel (narrow tiles, or a vocabulary's
+                    // with A staged) alone, in the first one's place (with `FUSEC_SKINNY=1`,
+                    // every such product on them: for testing them).
                     if crate::knobs::on("FUSEC_SKINNY_NARROW") {
                         if let Some(narrow) = skinny_narrow.take() {
                             skinny = Some(*narrow);
