@@ -1,6 +1,6 @@
 //! Environment variables read at compile time that set what code generation and the passes
 //! choose (`FUSEC_SKINNY_WARPS`, `FUSEC_ATTENTION_CLUSTER`, `FUSEC_WEIGHTS_BY_ROWS`, …): each
-//! exists to measure a choice against its alternatives (README, "Tuning knobs").
+//! exists to measure a choice against its alternatives (`docs/knobs.md`).
 
 /// The whole number environment variable `name` holds, if it holds one (surrounding blanks
 /// allowed).

@@ -51,7 +51,7 @@ pub struct Compile {
     /// No progress line (there is none anyway when standard error is not a terminal).
     #[arg(short, long)]
     quiet: bool,
-    /// Also write what was compiled as JSON (schema in the README; `-` for standard output,
+    /// Also write what was compiled as JSON (schema in `docs/json.md`; `-` for standard output,
     /// which then carries only the JSON).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,

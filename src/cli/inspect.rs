@@ -53,7 +53,7 @@ pub struct Inspect {
     /// Draw only these launches in --dot/--svg, e.g. 2..8 (inclusive; numbers as --fused lists them).
     #[arg(long, value_name = "FIRST..LAST", value_parser = parse_launches)]
     launches: Option<std::ops::RangeInclusive<usize>>,
-    /// Write what is shown as JSON (schema in the README; `-` for standard output, which then
+    /// Write what is shown as JSON (schema in `docs/json.md`; `-` for standard output, which then
     /// carries only the JSON).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
