@@ -52,24 +52,6 @@ fn skinny_kernels(path: &Path, options: &CompileOptions) -> Vec<KernelSource> {
         .collect()
 }
 
-/// On a GPU, the model at each `(precision, tolerance)` against tract on random inputs
-/// (`seed`), the kernels for a few rows forced, then chosen by timing (whichever wins, the same
-/// outputs).
-fn forced_and_timed_match_tract(path: &Path, seed: u64, precisions: &[(DType, f64)]) {
-    let (_, inputs, theirs) = common::tract_on_random_inputs(path, seed);
-    if !fusec::runtime::driver_available() {
-        println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
-        return;
-    }
-    for forced in ["1", ""] {
-        std::env::set_var("FUSEC_SKINNY", forced);
-        for &(precision, tolerance) in precisions {
-            common::gpu_matches_tract(path, &options(precision), &inputs, &theirs, tolerance);
-        }
-    }
-    std::env::remove_var("FUSEC_SKINNY");
-}
-
 #[test]
 fn few_row_products_get_a_kernel_of_their_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -121,7 +103,7 @@ fn few_row_products_get_a_kernel_of_their_own() {
                 }
             }
         }
-        forced_and_timed_match_tract(&path, rows as u64, &[(DType::F32, 1e-5), (DType::F16, 1e-2)]);
+        common::forced_and_timed_match_tract(&path, rows as u64, &[(DType::F32, 1e-5), (DType::F16, 1e-2)]);
     }
     // Nine rows in f32: the library's call alone.
     let path = mlp(dir.path(), 9, [200, 264, 517]);
@@ -168,7 +150,7 @@ fn tens_of_rows_run_on_tensor_cores() {
             assert_eq!(first.source.contains("    epilogue_reads(true, false);"), early, "{}", first.source);
             assert!(head.source.contains("B stored [N, K]") && head.source.contains("bias[c]"));
         }
-        forced_and_timed_match_tract(&path, rows as u64, &[(DType::F16, 1e-2), (DType::BF16, 3e-2)]);
+        common::forced_and_timed_match_tract(&path, rows as u64, &[(DType::F16, 1e-2), (DType::BF16, 3e-2)]);
     }
 }
 

@@ -330,3 +330,27 @@ pub fn decoding_step(file: &str, batch: usize) -> (PathBuf, fusec::pipeline::Com
     };
     (model_path(file), options)
 }
+
+/// On a GPU, the model at each `(precision, tolerance)` against tract on random inputs
+/// (`seed`), the kernels for a few rows forced, then chosen by timing (whichever wins, the same
+/// outputs).
+pub fn forced_and_timed_match_tract(path: &Path, seed: u64, precisions: &[(DType, f64)]) {
+    let (_, inputs, theirs) = tract_on_random_inputs(path, seed);
+    if !fusec::runtime::driver_available() {
+        println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
+        return;
+    }
+    for forced in ["1", ""] {
+        std::env::set_var("FUSEC_SKINNY", forced);
+        for &(precision, tolerance) in precisions {
+            gpu_matches_tract(
+                path,
+                &fusec::pipeline::CompileOptions { precision, ..Default::default() },
+                &inputs,
+                &theirs,
+                tolerance,
+            );
+        }
+    }
+    std::env::remove_var("FUSEC_SKINNY");
+}

@@ -111,12 +111,25 @@ fn one_trip(rows: bool, cols: usize) -> bool {
 /// 0.439–0.441 ms a token at 32 rows against 0.411–0.412 apart, 0.294 at 8 rows against 0.269,
 /// and no faster with A staged in shared memory once a block (forty-first session).
 pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
+    if folds_norm(rows) {
+        return true;
+    }
     match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1, 2]) {
         Some(0) => false,
         Some(2) => !rows,
         Some(_) => true,
         None => rms && m <= 8,
     }
+}
+
+/// Whether the tensor-core kernel takes the norm before a product with weights stored `[K, N]`
+/// in folded: A's rows scaled by the norm's scale and multiplied as read, each row's statistics
+/// summed from the same loads (no pass over A before the products), and taken out after the
+/// sums, with the products of the scale (and the shift) computed as rows of A of their own:
+/// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. `FUSEC_SKINNY_MMA_FOLD=1` turns it on (at
+/// compile time), for measuring it.
+pub fn folds_norm(rows: bool) -> bool {
+    !rows && crate::knobs::on("FUSEC_SKINNY_MMA_FOLD")
 }
 
 /// Whether a thread of the tensor-core kernel reads the bias and residual of the outputs it
@@ -185,7 +198,15 @@ pub fn generate(
 ) -> Result<Option<(String, u32, u32)>, String> {
     let rows = g.b.transposed;
     let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
-    let m_tiles = g.m.div_ceil(8);
+    // A norm taken in folded ([`folds_norm`]): rows of A for the scale's products (where the
+    // mean is taken out) and the shift's, after A's own.
+    let norm = data["norm"] == true;
+    let folded = norm && folds_norm(rows);
+    let (rms, beta) = (data["rms"] == true, data["beta"] == true);
+    let g_row = (folded && !rms).then_some(g.m);
+    let b_row = (folded && beta).then_some(g.m + usize::from(!rms));
+    let m_all = g.m + usize::from(g_row.is_some()) + usize::from(b_row.is_some());
+    let m_tiles = m_all.div_ceil(8);
     // B [K, N]: a lane's columns are one pack (8 or 4 elements); two chunks of eight packs in
     // flight, or four of four; B [N, K]: six chunks of two 16-byte packs a tile.
     let pack = cols / 8;
@@ -202,10 +223,10 @@ pub fn generate(
     let grid = g.n.div_ceil(cols) * cluster;
     // The epilogue's operands read before the sums ([`epilogue_early`]), each where the
     // caller's data places it for the CUDA-core kernel too.
-    let early = data["epilogue_loads"] == true && epilogue_early(m_tiles);
+    let early = data["epilogue_loads"] == true && epilogue_early(g.m.div_ceil(8));
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
-    let a_group = a_group(unroll, m_tiles, data["norm"] == true);
+    let a_group = a_group(unroll, m_tiles, norm);
     extend(
         &mut data,
         json!({
@@ -228,6 +249,11 @@ pub fn generate(
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
             "a_group": (a_group > 0).then_some(a_group),
+            "norm_read": norm && !folded,
+            "folded": folded,
+            "g_row": g_row,
+            "b_row": b_row,
+            "m_all": m_all,
         }),
     );
     let source = render(hb, "skinny_mma", &data)?;

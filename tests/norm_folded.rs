@@ -1,0 +1,139 @@
+//! A norm taken into the tensor-core kernel for tens of rows folded (`FUSEC_SKINNY_MMA_FOLD=1`):
+//! A's rows scaled by the norm's scale as they are read for the products, each row's statistics
+//! summed from the same loads, and taken out after the sums with the products of the scale (and
+//! the shift) as rows of A of their own. A test binary of its own, since it sets the knob for
+//! the whole process (and leaves it set: its tests run side by side).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::onnx::{float, int, node, weight, write_model};
+use fusec::codegen::{KernelSource, Step};
+use fusec::ir::DType;
+use fusec::pipeline::CompileOptions;
+
+/// `rows` rows of `width` as a transformer block's second half: `h = x + x·w0`, its LayerNorm,
+/// a product `inner` wide with a bias, one back with the residual `h`.
+fn normed_block(dir: &Path, rows: i64, width: i64, inner: i64) -> PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "w0"], "y", vec![]),
+        node("Add", &["x", "y"], "h", vec![]),
+        node(
+            "LayerNormalization",
+            &["h", "gamma", "beta"],
+            "n",
+            vec![int("axis", -1), float("epsilon", 1e-5)],
+        ),
+        node("MatMul", &["n", "w1"], "z1", vec![]),
+        node("Add", &["z1", "b1"], "z", vec![]),
+        node("MatMul", &["z", "w2"], "o", vec![]),
+        node("Add", &["o", "h"], "out", vec![]),
+    ];
+    let init = vec![
+        weight("w0", &[width, width], 81, -0.1, 0.2),
+        weight("gamma", &[width], 82, 0.5, 1.0),
+        weight("beta", &[width], 83, -0.5, 1.0),
+        weight("w1", &[width, inner], 84, -0.2, 0.4),
+        weight("b1", &[inner], 85, -0.3, 0.6),
+        weight("w2", &[inner, width], 86, -0.2, 0.4),
+    ];
+    write_model(dir, &format!("normed{rows}_{width}_{inner}"), &[rows, width], nodes, init)
+}
+
+/// With `FUSEC_SKINNY_MMA_FOLD=1` the tensor-core kernel takes the LayerNorm before it in
+/// folded (the rows' statistics summed from A as it is read, taken out after the sums, the
+/// scale's and the shift's products as rows of their own): GPT-2 small's sizes at 32 rows (two
+/// rows past four tiles: a fifth), and awkward ones at 29 (the two rows in the last tile's
+/// padding) and 7, in f16. Every such kernel through NVRTC (no spills); on a GPU, forced and
+/// chosen by timing, against tract, in f16 and bf16.
+#[test]
+fn a_norm_folded_into_the_tensor_core_kernel_matches_tract() {
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("FUSEC_SKINNY_MMA_FOLD", "1");
+    for (rows, width, inner) in [(32, 768, 2304), (29, 352, 328), (7, 96, 200)] {
+        let path = normed_block(dir.path(), rows, width, inner);
+        // (In bf16 the sum `h` stays f32, as the residual stream does, and the norm apart.)
+        let precision = DType::F16;
+        let steps = common::compiled_steps(&path, &CompileOptions { precision, ..Default::default() });
+        let folded: Vec<&KernelSource> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } => Some(k),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(folded.len(), 1, "{rows} × {width} × {inner}, {precision}: the norm taken in once");
+        let k = folded[0];
+        assert!(k.source.contains("on tensor cores") && k.source.contains("Σ γ·B, Σ β·B"), "{}", k.source);
+        assert!(k.source.contains("h_out") && !k.source.contains("statistics(a_in"), "{}", k.source);
+        if fusec::nvrtc::available() {
+            common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
+        }
+        common::forced_and_timed_match_tract(
+            &path,
+            rows as u64 + 100,
+            &[(DType::F16, 1e-2), (DType::BF16, 3e-2)],
+        );
+    }
+}
+
+/// A decoding step of the cache fixtures with the norms folded: GPT-2's LayerNorms (of a sum,
+/// stored for the layers after) and the Llama-style decoder's RMSNorms, each before a product
+/// with weights stored `[K, N]` (two a layer, two layers, and the vocabulary's), at 7, 13 and
+/// 32 rows. Every such kernel through NVRTC
+/// (no spills); on a GPU, the kernels forced, against tract.
+#[test]
+fn a_decoding_steps_norms_fold_into_the_tensor_core_kernels() {
+    std::env::set_var("FUSEC_SKINNY_MMA_FOLD", "1");
+    for (file, rms, batch) in [
+        ("gpt2_cache_ts.onnx", false, 13),
+        ("gpt2_cache_ts.onnx", false, 32),
+        ("llama_cache_ts.onnx", true, 7),
+        ("llama_cache_ts.onnx", true, 32),
+    ] {
+        let (path, options) = common::decoding_step(file, batch);
+        let steps = common::compiled_steps(&path, &options);
+        let dir = tempfile::tempdir().unwrap();
+        let mut folded = 0;
+        for step in &steps {
+            let Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } = step else { continue };
+            if k.source.contains("A = x·σ(x)·y") {
+                continue;
+            }
+            assert!(!k.source.contains("statistics(a_in"), "{}", k.source);
+            assert_eq!(k.source.contains("Σ γ·B"), !rms, "{}", k.source);
+            if fusec::nvrtc::available() {
+                common::compiles_without_spills(k, common::ptxas().as_deref(), dir.path());
+            }
+            folded += 1;
+        }
+        // Every norm kernel of the step is taken in (the last before the vocabulary too: the
+        // fixtures' are stored `[K, N]`).
+        let absorbed: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Gemm { absorbs: Some(j), skinny: Some(_), .. } => Some(*j),
+                _ => None,
+            })
+            .collect();
+        for (j, step) in steps.iter().enumerate() {
+            if let Step::Launch(kernel) = step {
+                let norm = kernel.name.contains("layernorm") || kernel.name.contains("rmsnorm");
+                assert!(!norm || absorbed.contains(&j), "{file} at {batch}: {} is not taken in", kernel.name);
+            }
+        }
+        assert_eq!(folded, 5, "{file} at {batch}");
+        let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = common::random_inputs(&model, 5);
+        let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+        let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
+        if fusec::runtime::driver_available() {
+            std::env::set_var("FUSEC_SKINNY", "1");
+            common::gpu_matches_tract(&path, &options, &inputs, &theirs, 1e-2);
+            std::env::remove_var("FUSEC_SKINNY");
+        } else {
+            println!("skipped the GPU run of {file} at {batch}: no CUDA driver on this machine");
+        }
+    }
+}
