@@ -111,7 +111,7 @@ fn one_trip(rows: bool, cols: usize) -> bool {
 /// 0.439–0.441 ms a token at 32 rows against 0.411–0.412 apart, 0.294 at 8 rows against 0.269,
 /// and no faster with A staged in shared memory once a block (forty-first session).
 pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
-    if folds_norm(rows) {
+    if folds_norm(rms, m, rows) {
         return true;
     }
     match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1, 2]) {
@@ -126,10 +126,19 @@ pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
 /// in folded: A's rows scaled by the norm's scale and multiplied as read, each row's statistics
 /// summed from the same loads (no pass over A before the products), and taken out after the
 /// sums, with the products of the scale (and the shift) computed as rows of A of their own:
-/// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. `FUSEC_SKINNY_MMA_FOLD=1` turns it on (at
-/// compile time), for measuring it.
-pub fn folds_norm(rows: bool) -> bool {
-    !rows && crate::knobs::on("FUSEC_SKINNY_MMA_FOLD")
+/// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. By default for an RMSNorm at one tile of
+/// rows (where [`takes_norm`] takes it in anyway): the Llama-style decoder's step at 8 rows on
+/// the H200 took 0.242–0.246 ms a token folded against 0.262–0.263 with the statistics first;
+/// GPT-2 small's LayerNorms folded were slower than apart at 8 and 32 rows (0.271–0.277 against
+/// 0.267, 0.439–0.440 against 0.411–0.412), and the Llama-style decoder's RMSNorms at 32 rows
+/// (0.344 against 0.330) (`benches/NOTES.md`, forty-second session). `FUSEC_SKINNY_MMA_FOLD=1`
+/// folds every norm before `[K, N]` weights, `=0` none (at compile time), for measuring it.
+pub fn folds_norm(rms: bool, m: usize, rows: bool) -> bool {
+    !rows
+        && match one_of("FUSEC_SKINNY_MMA_FOLD", &[0, 1]) {
+            Some(on) => on == 1,
+            None => rms && m <= 8,
+        }
 }
 
 /// Whether a thread of the tensor-core kernel reads the bias and residual of the outputs it
@@ -157,15 +166,16 @@ const A_AT_ONCE_PACKS: usize = 12;
 /// assembly `volatile` or not: the same PTX and SASS, forty-first session). So the chunks of a
 /// trip are taken in groups of as many as
 /// [`A_AT_ONCE_PACKS`] allow (all of a trip for GPT-2's `[K, N]` products at 5 to 32 rows; the
-/// vocabulary's six a trip in two groups of three at 32 rows), where no norm is taken in (its
-/// packs are normalised as read). GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token
+/// vocabulary's six a trip in two groups of three at 32 rows), where no norm is taken in as read
+/// (its packs are normalised as they come); a folded norm's ([`folds_norm`]) with the packs of
+/// the sum's second term (`terms`: 2) and the scale's and shift's. GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token
 /// with whole trips at once against 0.424–0.426 chunk by chunk, at 8 rows 0.269–0.271 against
 /// 0.278–0.280; the vocabulary's in two groups added 0.4 % to batch 32's tokens/s though ptxas
 /// then gives it 248 registers, not 168 (`benches/NOTES.md`, fortieth session).
 /// `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them chunk by chunk, `=1` only whole trips of at most
 /// [`A_AT_ONCE_PACKS`], for measuring it.
-fn a_group(unroll: usize, m_tiles: usize, norm: bool) -> usize {
-    let group = (A_AT_ONCE_PACKS / m_tiles).min(unroll);
+fn a_group(unroll: usize, m_tiles: usize, (norm, terms): (bool, usize)) -> usize {
+    let group = (A_AT_ONCE_PACKS / (m_tiles * terms)).min(unroll);
     match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {
         _ if norm => 0,
         Some(0) => 0,
@@ -201,8 +211,8 @@ pub fn generate(
     // A norm taken in folded ([`folds_norm`]): rows of A for the scale's products (where the
     // mean is taken out) and the shift's, after A's own.
     let norm = data["norm"] == true;
-    let folded = norm && folds_norm(rows);
     let (rms, beta) = (data["rms"] == true, data["beta"] == true);
+    let folded = norm && folds_norm(rms, g.m, rows);
     let g_row = (folded && !rms).then_some(g.m);
     let b_row = (folded && beta).then_some(g.m + usize::from(!rms));
     let m_all = g.m + usize::from(g_row.is_some()) + usize::from(b_row.is_some());
@@ -226,7 +236,9 @@ pub fn generate(
     let early = data["epilogue_loads"] == true && epilogue_early(g.m.div_ceil(8));
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
-    let a_group = a_group(unroll, m_tiles, norm);
+    // A folded norm's loads come in groups too (a sum's two terms: half as many chunks).
+    let terms = if folded && data["summed"] == true { 2 } else { 1 };
+    let a_group = a_group(unroll, m_tiles, (norm && !folded, terms));
     extend(
         &mut data,
         json!({
@@ -251,6 +263,7 @@ pub fn generate(
             "a_group": (a_group > 0).then_some(a_group),
             "norm_read": norm && !folded,
             "folded": folded,
+            "folded_group": folded && a_group > 0,
             "g_row": g_row,
             "b_row": b_row,
             "m_all": m_all,
@@ -270,13 +283,17 @@ mod tests {
             return;
         }
         // GPT-2's [K, N] products at 32 rows: three chunks a trip, four tiles of rows.
-        assert_eq!(a_group(3, 4, false), 3);
+        assert_eq!(a_group(3, 4, (false, 1)), 3);
         // Its vocabulary at 32 rows (six chunks a trip): two groups of three; at 8 rows one of six.
-        assert_eq!(a_group(6, 4, false), 3);
-        assert_eq!(a_group(6, 1, false), 6);
-        // A norm taken in, or one chunk a group: chunk by chunk.
-        assert_eq!(a_group(3, 1, true), 0);
-        assert_eq!(a_group(4, 8, false), 0);
+        assert_eq!(a_group(6, 4, (false, 1)), 3);
+        assert_eq!(a_group(6, 1, (false, 1)), 6);
+        // A folded norm's sum at 8 rows: two terms, three chunks at once; at 32 (five tiles with
+        // the scale's and shift's rows), one: chunk by chunk.
+        assert_eq!(a_group(3, 1, (false, 2)), 3);
+        assert_eq!(a_group(3, 5, (false, 2)), 0);
+        // A norm taken in as read, or one chunk a group: chunk by chunk.
+        assert_eq!(a_group(3, 1, (true, 1)), 0);
+        assert_eq!(a_group(4, 8, (false, 1)), 0);
     }
 
     #[test]
