@@ -9,7 +9,7 @@
 //! Prints each run's ms a token (median of its steps) and tokens/s (all its sequences), and
 //! for the parts their tokens/s summed and over the wall time of the calls together.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Barrier, Mutex};
 use std::time::Instant;
 
@@ -25,7 +25,7 @@ fn prompts(batch: usize, length: usize, first: usize) -> Vec<Vec<i64>> {
         .collect()
 }
 
-fn generator(model: &PathBuf, batch: usize, prompt: usize, new: usize, precision: &str) -> Generator {
+fn generator(model: &Path, batch: usize, prompt: usize, new: usize, precision: &str) -> Generator {
     let precision = match precision {
         "fp16" => DType::F16,
         "bf16" => DType::BF16,
