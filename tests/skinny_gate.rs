@@ -121,13 +121,5 @@ fn llama_steps_gates() {
         }
     }
     assert_eq!(absorbed, layers, "every layer's gate taken in");
-    let model = fusec::import::import(&path, &options.import).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = common::random_inputs(&model, 4);
-    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
-    if fusec::runtime::driver_available() {
-        std::env::set_var("FUSEC_SKINNY", "1");
-        common::gpu_matches_tract(&path, &options, &inputs, &theirs, 1e-2);
-        std::env::remove_var("FUSEC_SKINNY");
-    }
+    common::forced_skinny_matches_tract(&path, &options, 4, 1e-2);
 }

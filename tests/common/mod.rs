@@ -354,3 +354,25 @@ pub fn forced_and_timed_match_tract(path: &Path, seed: u64, precisions: &[(DType
     }
     std::env::remove_var("FUSEC_SKINNY");
 }
+
+/// On a GPU, the program of `path` compiled with `options`, its kernels for a few rows forced
+/// (`FUSEC_SKINNY=1`), against tract on random inputs (`seed`) within `tolerance`; without one,
+/// says that it skipped.
+pub fn forced_skinny_matches_tract(
+    path: &Path,
+    options: &fusec::pipeline::CompileOptions,
+    seed: u64,
+    tolerance: f64,
+) {
+    let model = import(path, &options.import).unwrap_or_else(|e| panic!("{e}"));
+    let inputs = random_inputs(&model, seed);
+    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
+    let theirs = fusec::import::run_tract(path, &values).unwrap_or_else(|e| panic!("{e}"));
+    if !fusec::runtime::driver_available() {
+        println!("skipped the GPU run of {}: no CUDA driver on this machine", path.display());
+        return;
+    }
+    std::env::set_var("FUSEC_SKINNY", "1");
+    gpu_matches_tract(path, options, &inputs, &theirs, tolerance);
+    std::env::remove_var("FUSEC_SKINNY");
+}
