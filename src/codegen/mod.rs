@@ -45,6 +45,9 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),
     ("skinny_mma", include_str!("../../templates/skinny_mma.cu.hbs")),
     ("skinny_staged", include_str!("../../templates/skinny_staged.cu.hbs")),
+    // Partials of the two above.
+    ("skinny_rows_weights", include_str!("../../templates/skinny_rows_weights.cu.hbs")),
+    ("skinny_rows_fragment", include_str!("../../templates/skinny_rows_fragment.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.
