@@ -224,20 +224,8 @@ fn a_vocabulary_at_tens_of_rows_has_a_kernel_with_a_staged() {
                 common::compiles_without_spills(&staged, common::ptxas().as_deref(), dir.path());
             }
         }
-        let (_, inputs, theirs) = common::tract_on_random_inputs(&path, rows as u64);
-        if !fusec::runtime::driver_available() {
-            println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
-            continue;
-        }
-        for (forced, second) in [("1", "1"), ("", "")] {
-            std::env::set_var("FUSEC_SKINNY", forced);
-            std::env::set_var("FUSEC_SKINNY_NARROW", second);
-            for (precision, tolerance) in [(DType::F16, 1e-2), (DType::BF16, 3e-2)] {
-                common::gpu_matches_tract(&path, &options(precision), &inputs, &theirs, tolerance);
-            }
-        }
-        std::env::remove_var("FUSEC_SKINNY");
-        std::env::remove_var("FUSEC_SKINNY_NARROW");
+        let precisions = [(DType::F16, 1e-2), (DType::BF16, 3e-2)];
+        common::forced_and_timed_match_tract_with(&path, rows as u64, &precisions, &["FUSEC_SKINNY_NARROW"]);
     }
 }
 

@@ -335,24 +335,31 @@ pub fn decoding_step(file: &str, batch: usize) -> (PathBuf, fusec::pipeline::Com
 /// (`seed`), the kernels for a few rows forced, then chosen by timing (whichever wins, the same
 /// outputs).
 pub fn forced_and_timed_match_tract(path: &Path, seed: u64, precisions: &[(DType, f64)]) {
+    forced_and_timed_match_tract_with(path, seed, precisions, &[]);
+}
+
+/// [`forced_and_timed_match_tract`] with the knobs `also` set too while the kernels are forced
+/// (`FUSEC_SKINNY_NARROW`: their second form in the first's place).
+pub fn forced_and_timed_match_tract_with(path: &Path, seed: u64, precisions: &[(DType, f64)], also: &[&str]) {
     let (_, inputs, theirs) = tract_on_random_inputs(path, seed);
     if !fusec::runtime::driver_available() {
         println!("skipped the GPU runs of {}: no CUDA driver on this machine", path.display());
         return;
     }
-    for forced in ["1", ""] {
-        std::env::set_var("FUSEC_SKINNY", forced);
+    for forced in [true, false] {
+        std::env::set_var("FUSEC_SKINNY", if forced { "1" } else { "" });
+        for knob in also {
+            std::env::set_var(knob, if forced { "1" } else { "" });
+        }
         for &(precision, tolerance) in precisions {
-            gpu_matches_tract(
-                path,
-                &fusec::pipeline::CompileOptions { precision, ..Default::default() },
-                &inputs,
-                &theirs,
-                tolerance,
-            );
+            let options = fusec::pipeline::CompileOptions { precision, ..Default::default() };
+            gpu_matches_tract(path, &options, &inputs, &theirs, tolerance);
         }
     }
     std::env::remove_var("FUSEC_SKINNY");
+    for knob in also {
+        std::env::remove_var(knob);
+    }
 }
 
 /// On a GPU, the program of `path` compiled with `options`, its kernels for a few rows forced
