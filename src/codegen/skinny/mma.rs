@@ -100,10 +100,12 @@ fn one_trip(rows: bool, cols: usize) -> bool {
     !rows && cols == 64 && !crate::knobs::off("FUSEC_SKINNY_ONE_TRIP")
 }
 
-/// Whether the tensor-core kernel takes in the norm before its product (each block computing
-/// every row's statistics before its first product, as the CUDA-core kernel does): for an
-/// RMSNorm at one tile of rows (eight at most), where the Llama-style decoder's step at 8 rows
-/// on the H200 took 0.268–0.270 ms a token against 0.277 apart; GPT-2 small's LayerNorms at 8
+/// Whether the tensor-core kernel takes in the norm before its product: folded where
+/// [`folds_norm`] says (by default an RMSNorm at one tile of rows before `[K, N]` weights), else
+/// as read (each block computing every row's statistics before its first product, as the
+/// CUDA-core kernel does): for an RMSNorm at one tile of rows (eight at most), where the
+/// Llama-style decoder's step at 8 rows on the H200 took 0.268–0.270 ms a token as read against
+/// 0.277 apart (and 0.241–0.242 folded); GPT-2 small's LayerNorms at 8
 /// and 32 rows and the Llama-style decoder at 32 were slower with it (`benches/NOTES.md`,
 /// thirty-sixth session). `FUSEC_SKINNY_MMA_NORM=1` takes every norm in, `=2` those before
 /// weights stored `[K, N]` only (not a vocabulary's, `rows`, whose one-warp blocks would each
