@@ -52,7 +52,7 @@ pub(super) const TIMED_RUNS: usize = 15;
 pub(super) const MARGIN: f64 = 0.995;
 /// Names the timing method in the cache file's name, so choices timed another way (or among
 /// other candidates, or against an earlier build of fusec's own kernels) are not reused.
-const TIMING: &str = "program6";
+const TIMING: &str = "program7";
 
 /// Split-K counts tried beside each of the first [`VARIANT_BASES`] heuristic algorithms that
 /// run without one: an output of few tiles (1024×768 in 128×128 tiles is 48 of the H100's 132
