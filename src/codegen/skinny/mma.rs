@@ -130,7 +130,8 @@ pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
 /// sums, with the products of the scale (and the shift) computed as rows of A of their own:
 /// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. By default for an RMSNorm at one tile of
 /// rows (where [`takes_norm`] takes it in anyway): the Llama-style decoder's step at 8 rows on
-/// the H200 took 0.242–0.246 ms a token folded against 0.262–0.263 with the statistics first;
+/// the H200 took 0.240–0.242 ms a token folded (0.249 with its loads chunk by chunk) against
+/// 0.262–0.263 with the statistics first;
 /// GPT-2 small's LayerNorms folded were slower than apart at 8 and 32 rows (0.271–0.277 against
 /// 0.267, 0.439–0.440 against 0.411–0.412), and the Llama-style decoder's RMSNorms at 32 rows
 /// (0.344 against 0.330) (`benches/NOTES.md`, forty-second session). `FUSEC_SKINNY_MMA_FOLD=1`
@@ -166,14 +167,14 @@ const A_AT_ONCE_PACKS: usize = 12;
 /// products). Each chunk's alone is a dependent trip to L2 a chunk after the wait: neither
 /// compiler moves a later chunk's loads above an earlier chunk's products (with the `mma`'s
 /// assembly `volatile` or not: the same PTX and SASS, forty-first session). So the chunks of a
-/// trip are taken in groups of as many as
-/// [`A_AT_ONCE_PACKS`] allow (all of a trip for GPT-2's `[K, N]` products at 5 to 32 rows; the
-/// vocabulary's six a trip in two groups of three at 32 rows), where no norm is taken in as read
-/// (its packs are normalised as they come); a folded norm's ([`folds_norm`]) with the packs of
-/// the sum's second term (`terms`: 2) and the scale's and shift's. GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token
-/// with whole trips at once against 0.424–0.426 chunk by chunk, at 8 rows 0.269–0.271 against
-/// 0.278–0.280; the vocabulary's in two groups added 0.4 % to batch 32's tokens/s though ptxas
-/// then gives it 248 registers, not 168 (`benches/NOTES.md`, fortieth session).
+/// trip are taken in groups of as many as [`A_AT_ONCE_PACKS`] allow (all of a trip for GPT-2's
+/// `[K, N]` products at 5 to 32 rows; the vocabulary's six a trip in two groups of three at 32
+/// rows), where no norm is taken in as read (its packs are normalised as they come); a folded
+/// norm's ([`folds_norm`]) with the packs of the sum's second term (`terms`: 2) and the scale's
+/// and shift's. GPT-2 small at 32 rows on the H200 took 0.420–0.421 ms a token with whole trips
+/// at once against 0.424–0.426 chunk by chunk, at 8 rows 0.269–0.271 against 0.278–0.280; the
+/// vocabulary's in two groups added 0.4 % to batch 32's tokens/s though ptxas then gives it 248
+/// registers, not 168 (`benches/NOTES.md`, fortieth session).
 /// `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them chunk by chunk, `=1` only whole trips of at most
 /// [`A_AT_ONCE_PACKS`], for measuring it.
 fn a_group(unroll: usize, m_tiles: usize, (norm, terms): (bool, usize)) -> usize {
