@@ -101,7 +101,7 @@ fn one_trip(rows: bool, cols: usize) -> bool {
 }
 
 /// Whether the tensor-core kernel takes in the norm before its product: folded where
-/// [`folds_norm`] says (by default an RMSNorm at one tile of rows before `[K, N]` weights), else
+/// [`folds_norm`] says (by default an RMSNorm at up to 24 rows before `[K, N]` weights), else
 /// as read (each block computing every row's statistics before its first product, as the
 /// CUDA-core kernel does): for an RMSNorm at one tile of rows (eight at most), where the
 /// Llama-style decoder's step at 8 rows on the H200 took 0.268–0.270 ms a token as read against
@@ -128,21 +128,26 @@ pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
 /// in folded: A's rows scaled by the norm's scale and multiplied as read, each row's statistics
 /// summed from the same loads (no pass over A before the products), and taken out after the
 /// sums, with the products of the scale (and the shift) computed as rows of A of their own:
-/// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. By default for an RMSNorm at one tile of
-/// rows (where [`takes_norm`] takes it in anyway): the Llama-style decoder's step at 8 rows on
-/// the H200 took 0.240–0.242 ms a token folded (0.249 with its loads chunk by chunk) against
-/// 0.262–0.263 with the statistics first;
-/// GPT-2 small's LayerNorms folded were slower than apart at 8 and 32 rows (0.271–0.277 against
-/// 0.267, 0.439–0.440 against 0.411–0.412), and the Llama-style decoder's RMSNorms at 32 rows
-/// (0.344 against 0.330) (`benches/NOTES.md`, forty-second session). `FUSEC_SKINNY_MMA_FOLD=1`
+/// `norm(x)·B = rstd·(x·γ·B − mean·(γ·B)) + β·B`. By default for an RMSNorm at up to
+/// [`FOLD_ROWS`] rows, where the packs of A and of the sum's second term still come in groups:
+/// the Llama-style decoder's step on the H200 took, folded against the norm as before, 0.240–0.242
+/// ms a token against 0.262–0.263 at 8 rows (its statistics taken first), 0.269–0.270 against
+/// 0.281–0.282 at 16 and 0.294–0.295 against 0.299–0.307 at 24 (the norm's own kernel), but
+/// 0.344 against 0.330 at 32 (A chunk by chunk); GPT-2 small's LayerNorms folded were even or
+/// slower (0.268 against 0.267 at 8 rows, 0.354 against 0.340 at 16, 0.439–0.440 against
+/// 0.411–0.412 at 32) (`benches/NOTES.md`, forty-second session). `FUSEC_SKINNY_MMA_FOLD=1`
 /// folds every norm before `[K, N]` weights, `=0` none (at compile time), for measuring it.
 pub fn folds_norm(rms: bool, m: usize, rows: bool) -> bool {
     !rows
         && match one_of("FUSEC_SKINNY_MMA_FOLD", &[0, 1]) {
             Some(on) => on == 1,
-            None => rms && m <= 8,
+            None => rms && m <= FOLD_ROWS,
         }
 }
+
+/// The most rows at which an RMSNorm is folded into the tensor-core product by default
+/// ([`folds_norm`]).
+const FOLD_ROWS: usize = 24;
 
 /// Whether a thread of the tensor-core kernel reads the bias and residual of the outputs it
 /// stores (at most four of them) before its sums are made — a bias that is a weight at the
