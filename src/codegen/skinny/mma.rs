@@ -272,6 +272,10 @@ pub fn generate(
             "norm_read": norm && !folded,
             "folded": folded,
             "folded_group": folded && a_group > 0,
+            // A one-warp block with a norm folded in, its launch bounds saying one block a
+            // multiprocessor (said for every folded kernel, the Llama-style decoder's step at
+            // 8 rows took 0.262 ms a token rather than 0.240–0.242: `benches/NOTES.md`).
+            "one_block": folded && warps == 1,
             "g_row": g_row,
             "b_row": b_row,
             "m_all": m_all,
