@@ -182,10 +182,10 @@ const A_AT_ONCE_PACKS: usize = 12;
 /// registers, not 168 (`benches/NOTES.md`, fortieth session).
 /// `FUSEC_SKINNY_MMA_A_AT_ONCE=0` takes them chunk by chunk, `=1` only whole trips of at most
 /// [`A_AT_ONCE_PACKS`], for measuring it.
-fn a_group(unroll: usize, m_tiles: usize, (norm, terms): (bool, usize)) -> usize {
+fn a_group(unroll: usize, m_tiles: usize, (norm_read, terms): (bool, usize)) -> usize {
     let group = (A_AT_ONCE_PACKS / (m_tiles * terms)).min(unroll);
     match one_of("FUSEC_SKINNY_MMA_A_AT_ONCE", &[0, 1]) {
-        _ if norm => 0,
+        _ if norm_read => 0,
         Some(0) => 0,
         Some(_) if group < unroll => 0,
         _ if group <= 1 => 0,
