@@ -7,6 +7,7 @@
 //! last step.
 
 mod gate;
+pub mod mlp;
 mod mma;
 mod staged;
 
