@@ -98,7 +98,7 @@ pub fn generate(
         || m > MAX_ROWS
         || k % 16 != 0
         || h % SLICE != 0
-        || n % 16 != 0
+        || n % 32 != 0
         || m * n > MAX_SUMS
         || !weights(&up)
         || !weights(down)
@@ -136,6 +136,10 @@ pub fn generate(
     }
     let epilogue = down.lt_epilogue;
     let (bias, residual) = (epilogue.and_then(|e| e.bias), epilogue.and_then(|e| e.residual));
+    // C, its bias and residual in packs of four.
+    if !std::iter::once(down.c).chain(bias).chain(residual).chain(up_epilogue.and_then(|e| e.bias)).all(aligned) {
+        return Ok(None);
+    }
     if let Some(b) = bias {
         params.push(format!("const {t}* __restrict__ bias"));
         args.push(b);
@@ -190,11 +194,8 @@ pub fn generate(
         "store_h": narrow("r", dtype),
         "alpha": alpha(down),
         "bias": bias.is_some(),
-        "load_bias": load("bias[c]", dtype),
         "residual": residual.is_some(),
-        "load_residual": load("residual[m * (long long)N + c]", dtype),
         "activation": activation(epilogue),
-        "store": narrow("r", dtype),
         "norm": norm.is_some(),
         "rms": norm.is_some_and(|n| n.rms),
         "beta": norm.is_some_and(|n| n.beta.is_some()),
