@@ -272,9 +272,24 @@ pub fn generate(
     name: &str,
     hb: &Handlebars<'_>,
 ) -> Result<Step, String> {
+    let graph = &plan.graph;
     let gemm = kernel.nodes[0];
-    let (spec, needs_epilogue) = product(plan, kernel)?;
-    let epilogue = if needs_epilogue { Some(epilogue(plan, kernel, gemm, spec.c, name, hb)?) } else { None };
+    let output = *kernel.outputs.first().ok_or("a GEMM kernel with no output")?;
+    let out = *plan.locations.get(&output).ok_or("the GEMM's output has no memory")?;
+    let mut spec = spec(plan, gemm, out)?;
+    spec.lt_epilogue = lt_epilogue(plan, kernel, gemm, &spec);
+    let c_input = match graph.node(gemm).op {
+        Op::Gemm { beta, .. } if beta != 0.0 => graph.inputs_of(gemm).get(2).copied(),
+        _ => None,
+    };
+    // A product widened to f32 (its kernel's epilogue the cast alone, behind reshapes): C is
+    // stored as f32 by the GEMM, no epilogue kernel.
+    spec.out = kernel.kind.widens().then_some(DType::F32);
+    let epilogue = if spec.out.is_none() && (kernel.nodes.len() > 1 || c_input.is_some()) {
+        Some(epilogue(plan, kernel, gemm, out, name, hb)?)
+    } else {
+        None
+    };
     // The kernel for a few rows: with the norm (or gate) right before it taken in where it can
     // be, else without.
     use super::skinny::{Prologue, Tiling};
@@ -297,33 +312,7 @@ pub fn generate(
         Some(_) => few_rows(absorbs.and(prologue), Tiling::Narrow)?.map(Box::new),
         None => None,
     };
-    // A layer's MLP as one kernel, the product before (and its norm) taken in (`skinny::mlp`).
-    let mlp = match epilogue.is_none() || spec.lt_epilogue.is_some() {
-        true => super::skinny::mlp::generate(plan, index, &spec, name, hb)?.map(Box::new),
-        false => None,
-    };
-    Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs, mlp })
-}
-
-/// The product of GEMM kernel `kernel` (its first node), its output's memory as C and the
-/// epilogue cuBLASLt would run, and whether the kernel's other ops (or an ONNX Gemm's C) need an
-/// epilogue kernel after the call.
-pub(super) fn product(plan: &Plan, kernel: &Kernel) -> Result<(GemmSpec, bool), String> {
-    let graph = &plan.graph;
-    let gemm = kernel.nodes[0];
-    let output = *kernel.outputs.first().ok_or("a GEMM kernel with no output")?;
-    let out = *plan.locations.get(&output).ok_or("the GEMM's output has no memory")?;
-    let mut spec = spec(plan, gemm, out)?;
-    spec.lt_epilogue = lt_epilogue(plan, kernel, gemm, &spec);
-    let c_input = match graph.node(gemm).op {
-        Op::Gemm { beta, .. } if beta != 0.0 => graph.inputs_of(gemm).get(2).copied(),
-        _ => None,
-    };
-    // A product widened to f32 (its kernel's epilogue the cast alone, behind reshapes): C is
-    // stored as f32 by the GEMM, no epilogue kernel.
-    spec.out = kernel.kind.widens().then_some(DType::F32);
-    let needs_epilogue = spec.out.is_none() && (kernel.nodes.len() > 1 || c_input.is_some());
-    Ok((spec, needs_epilogue))
+    Ok(Step::Gemm { gemm: spec, epilogue, skinny, skinny_narrow, absorbs })
 }
 
 /// The kernel's epilogue as cuBLASLt runs it, when it is exactly: at most one `Mul` by a

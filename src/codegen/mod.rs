@@ -45,7 +45,6 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),
     ("skinny_mma", include_str!("../../templates/skinny_mma.cu.hbs")),
     ("skinny_staged", include_str!("../../templates/skinny_staged.cu.hbs")),
-    ("skinny_mlp", include_str!("../../templates/skinny_mlp.cu.hbs")),
     // Partials of the two above.
     ("skinny_rows_weights", include_str!("../../templates/skinny_rows_weights.cu.hbs")),
     ("skinny_rows_fragment", include_str!("../../templates/skinny_rows_fragment.cu.hbs")),
@@ -107,10 +106,6 @@ pub struct KernelSource {
     /// the runtime leaves them out.
     #[serde(default)]
     pub merges: Vec<usize>,
-    /// Bytes of dynamic shared memory a block (`extern __shared__`), beyond the static 48 KB
-    /// where need be: the runtime raises the function's limit to it at load.
-    #[serde(default)]
-    pub shared: u32,
 }
 
 /// How the tensor-core attention kernel is tiled: warps of 16 query rows per block, warps
@@ -223,7 +218,6 @@ impl KernelSource {
             tiling: None,
             attention: None,
             merges: Vec::new(),
-            shared: 0,
         }
     }
 }
@@ -276,11 +270,6 @@ pub enum Step {
         /// `skinny` (or `skinny_narrow`) runs.
         #[serde(default)]
         absorbs: Option<usize>,
-        /// A kernel for the layer's MLP (`skinny::mlp`): this product and the one before it
-        /// (with that one's norm) in one launch, timed against the others at load; the steps
-        /// it stands in for are its `merges`, left out where it runs.
-        #[serde(default)]
-        mlp: Option<Box<KernelSource>>,
     },
     /// A cuDNN convolution.
     Conv {
@@ -301,23 +290,16 @@ impl Step {
             }
             Step::Conv { epilogue, .. } => (None, None, epilogue.as_ref()),
         };
-        let d = match self {
-            Step::Gemm { mlp, .. } => mlp.as_deref(),
-            _ => None,
-        };
-        a.into_iter().chain(b).chain(c).chain(d).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
+        a.into_iter().chain(b).chain(c).flat_map(|k| std::iter::once(k).chain(k.variants.iter()))
     }
 
     /// [`Step::sources`] but the kernels for a few rows of a GEMM step (alternatives to the
     /// library call, chosen at load): the kernels the program runs as compiled.
     pub fn program_sources(&self) -> impl Iterator<Item = &KernelSource> {
         let few_rows: Vec<&str> = match self {
-            Step::Gemm { skinny, skinny_narrow, mlp, .. } => skinny
-                .iter()
-                .chain(skinny_narrow.as_deref())
-                .chain(mlp.as_deref())
-                .map(|k| k.function.as_str())
-                .collect(),
+            Step::Gemm { skinny, skinny_narrow, .. } => {
+                skinny.iter().chain(skinny_narrow.as_deref()).map(|k| k.function.as_str()).collect()
+            }
             _ => Vec::new(),
         };
         self.sources().filter(move |k| !few_rows.contains(&k.function.as_str()))

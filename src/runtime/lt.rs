@@ -52,7 +52,7 @@ pub(super) const TIMED_RUNS: usize = 15;
 pub(super) const MARGIN: f64 = 0.995;
 /// Names the timing method in the cache file's name, so choices timed another way (or among
 /// other candidates, or against an earlier build of fusec's own kernels) are not reused.
-const TIMING: &str = "program8";
+const TIMING: &str = "program7";
 
 /// Split-K counts tried beside each of the first [`VARIANT_BASES`] heuristic algorithms that
 /// run without one: an output of few tiles (1024×768 in 128×128 tiles is 48 of the H100's 132
@@ -141,8 +141,6 @@ pub struct GemmChoice {
     pub skinny: bool,
     /// That kernel with narrower column tiles (the last candidate where there is one).
     pub narrow: bool,
-    /// With `skinny`: the layer's MLP in one kernel (the product before taken in).
-    pub mlp: bool,
 }
 
 impl GemmChoice {
@@ -700,17 +698,14 @@ impl AlgoCache {
 fn format_line(key: &str, entry: &CachedAlgo) -> String {
     let c = &entry.choice;
     let hex: String = entry.algo.data.iter().map(|w| format!("{w:016x}")).collect();
-    let base = match c.reference {
-        Reference::Cublas => "cublas",
-        Reference::HeuristicFirst => "first",
+    let reference = match (c.reference, c.skinny, c.narrow) {
+        (Reference::Cublas, false, _) => "cublas",
+        (Reference::HeuristicFirst, false, _) => "first",
+        (Reference::Cublas, true, false) => "cublas+skinny",
+        (Reference::HeuristicFirst, true, false) => "first+skinny",
+        (Reference::Cublas, true, true) => "cublas+skinny-narrow",
+        (Reference::HeuristicFirst, true, true) => "first+skinny-narrow",
     };
-    let kernel = match (c.skinny, c.narrow, c.mlp) {
-        (false, ..) => "",
-        (true, _, true) => "+mlp",
-        (true, true, false) => "+skinny-narrow",
-        (true, false, false) => "+skinny",
-    };
-    let reference = format!("{base}{kernel}");
     format!(
         "{key}\t{reference}\t{}\t{}\t{}\t{:.3}\t{:.3}\t{hex}\n",
         c.chosen, c.candidates, c.heuristic, c.first_us, c.chosen_us
@@ -720,17 +715,13 @@ fn format_line(key: &str, entry: &CachedAlgo) -> String {
 fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
     let fields: Vec<&str> = line.split('\t').collect();
     let [key, reference, chosen, candidates, heuristic, first, kept, hex] = fields[..] else { return None };
-    let (base, kernel) = reference.split_once('+').unwrap_or((reference, ""));
-    let reference = match base {
-        "cublas" => Reference::Cublas,
-        "first" => Reference::HeuristicFirst,
-        _ => return None,
-    };
-    let (skinny, narrow, mlp) = match kernel {
-        "" => (false, false, false),
-        "skinny" => (true, false, false),
-        "skinny-narrow" => (true, true, false),
-        "mlp" => (true, false, true),
+    let (reference, skinny, narrow) = match reference {
+        "cublas" => (Reference::Cublas, false, false),
+        "first" => (Reference::HeuristicFirst, false, false),
+        "cublas+skinny" => (Reference::Cublas, true, false),
+        "first+skinny" => (Reference::HeuristicFirst, true, false),
+        "cublas+skinny-narrow" => (Reference::Cublas, true, true),
+        "first+skinny-narrow" => (Reference::HeuristicFirst, true, true),
         _ => return None,
     };
     if hex.len() != 8 * 16 || !hex.is_ascii() {
@@ -754,7 +745,6 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
         config: String::new(),
         skinny,
         narrow,
-        mlp,
     };
     Some((key.to_string(), CachedAlgo { algo, choice }))
 }
@@ -777,7 +767,6 @@ mod tests {
             config: String::new(),
             skinny: false,
             narrow: false,
-            mlp: false,
         };
         let data = [1, 2, 3, u64::MAX, 0, 0x0123_4567_89ab_cdef, 7, 8];
         let entry = CachedAlgo { algo: sys::cublasLtMatmulAlgo_t { data }, choice: choice.clone() };
@@ -797,13 +786,6 @@ mod tests {
             format_line("1x2304x768 f16 N N +bias skinny2", &CachedAlgo { algo: entry.algo, choice: narrow });
         let (_, back) = parse_line(kept.trim_end()).unwrap();
         assert!(back.choice.skinny && back.choice.narrow && !back.choice.cublas(), "{kept}");
-        let mlp = GemmChoice { skinny: true, mlp: true, chosen: 14, ..choice.clone() };
-        let kept = format_line(
-            "1x768x3072 f16 N N +bias skinny2+mlp",
-            &CachedAlgo { algo: entry.algo, choice: mlp },
-        );
-        let (_, back) = parse_line(kept.trim_end()).unwrap();
-        assert!(back.choice.mlp && !back.choice.narrow && !back.choice.cublas(), "{kept}");
         for bad in
             ["", "a\tb", &line.trim_end().replace("\t3\t", "\tx\t"), &line.trim_end()[..line.len() - 3]]
         {

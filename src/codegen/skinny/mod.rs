@@ -7,7 +7,6 @@
 //! last step.
 
 mod gate;
-pub mod mlp;
 mod mma;
 mod staged;
 

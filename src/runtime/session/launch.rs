@@ -120,13 +120,6 @@ pub(super) enum Loaded {
         on_narrow: bool,
         /// The norm step `skinny` computes itself: [`Loaded::Absorbed`] while it runs.
         absorbs: Option<usize>,
-        /// The layer's MLP as one kernel ([`crate::codegen::Step::Gemm`]'s `mlp`): this
-        /// product, the one before it and that one's norm (its `merges`, left out while it runs).
-        mlp: Option<Box<Launch>>,
-        /// The product runs as `mlp` (with `on_skinny`).
-        on_mlp: bool,
-        /// The product is run by a later step's `mlp`: not launched.
-        taken: bool,
     },
     /// A step not run: a norm (or gate) kernel the GEMM after it computes itself (its kernel
     /// for a few rows), or a pointwise kernel another step's launch runs (`Launch::merges`).
@@ -183,17 +176,9 @@ impl Loaded {
                     None => conv,
                 }
             }
-            Loaded::Gemm { gemm, epilogue, on_cublas, lt, on_skinny, absorbs, on_mlp, taken, .. } => {
+            Loaded::Gemm { gemm, epilogue, on_cublas, lt, on_skinny, absorbs, .. } => {
                 let shape = format!("{}x{}x{}", gemm.m, gemm.n, gemm.k);
                 let batch = if gemm.batch > 1 { format!(" batch {}", gemm.batch) } else { String::new() };
-                if *taken {
-                    return format!("gemm {shape} (in a later step's MLP kernel)");
-                }
-                if *on_mlp {
-                    return format!(
-                        "fusec MLP kernel (this product {shape}, the one before it and its norm)"
-                    );
-                }
                 if *on_skinny {
                     let e = gemm.lt_epilogue.map(|e| format!(" +{}", e.describe())).unwrap_or_default();
                     let norm = if absorbs.is_some() { "norm + " } else { "" };
@@ -215,9 +200,6 @@ impl Loaded {
 
 impl Session {
     pub(super) fn execute_step(&self, step: &Loaded) -> Result<(), RuntimeError> {
-        if let Loaded::Gemm { taken: true, .. } = step {
-            return Ok(());
-        }
         self.execute_library(step)?;
         if let Loaded::Gemm { on_skinny: true, .. } = step {
             // The kernel ran the epilogue too.
@@ -236,8 +218,7 @@ impl Session {
     pub(super) fn execute_library(&self, step: &Loaded) -> Result<(), RuntimeError> {
         match step {
             Loaded::Kernel(launch) => self.launch(launch),
-            Loaded::Absorbed(_) | Loaded::Gemm { taken: true, .. } => Ok(()),
-            Loaded::Gemm { mlp: Some(launch), on_mlp: true, .. } => self.launch(launch),
+            Loaded::Absorbed(_) => Ok(()),
             Loaded::Gemm { skinny: Some(launch), on_skinny: true, on_narrow: false, .. } => {
                 self.launch(launch)
             }

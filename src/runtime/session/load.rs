@@ -108,20 +108,10 @@ impl Session {
                     )
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
-            // Dynamic shared memory past the static 48 KB needs the function's limit raised.
-            if source.shared > 48 << 10 {
-                let limit = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                function.set_attribute(limit, source.shared as i32).map_err(|e| {
-                    RuntimeError::Driver(format!(
-                        "kernel {}: {} bytes of shared memory a block: {e}",
-                        source.name, source.shared
-                    ))
-                })?;
-            }
             let config = LaunchConfig {
                 grid_dim: (source.grid, 1, 1),
                 block_dim: (source.block, 1, 1),
-                shared_mem_bytes: source.shared,
+                shared_mem_bytes: 0,
             };
             let waits = waits_for_predecessor(source);
             let pointers = args.len();
@@ -188,7 +178,7 @@ impl Session {
                     launch.attention = source.attention.clone();
                     Loaded::Kernel(launch.at(&top)?)
                 }
-                Step::Gemm { gemm, epilogue, skinny, skinny_narrow, absorbs, mlp } => {
+                Step::Gemm { gemm, epilogue, skinny, skinny_narrow, absorbs } => {
                     let bias = gemm
                         .lt_epilogue
                         .and_then(|e| e.bias)
@@ -218,7 +208,6 @@ impl Session {
                             }
                             _ => Ok(None),
                         };
-                    let mlp = few_rows(mlp.as_deref())?.map(Box::new);
                     let mut skinny = few_rows(skinny.as_ref())?;
                     let mut skinny_narrow = match &skinny {
                         Some(_) => few_rows(skinny_narrow.as_deref())?.map(Box::new),
@@ -240,16 +229,6 @@ impl Session {
                             steps.len()
                         )));
                     }
-                    // The steps the MLP's kernel stands in for: steps before it.
-                    if let Some(m) = &mlp {
-                        if m.merges.iter().any(|&j| j >= steps.len()) {
-                            return Err(RuntimeError::Driver(format!(
-                                "GEMM step {}: its MLP kernel stands in for a later step ({:?})",
-                                steps.len(),
-                                m.merges
-                            )));
-                        }
-                    }
                     Loaded::Gemm {
                         gemm: gemm.clone(),
                         epilogue,
@@ -260,9 +239,6 @@ impl Session {
                         on_skinny: false,
                         on_narrow: false,
                         absorbs,
-                        mlp,
-                        on_mlp: false,
-                        taken: false,
                     }
                 }
                 Step::Conv { conv, epilogue } => {

@@ -148,9 +148,6 @@ impl Session {
                         on_skinny,
                         on_narrow,
                         absorbs,
-                        mlp,
-                        on_mlp,
-                        taken,
                     } if gemm.dims.is_none() => {
                         let prepared = match (lt, self.lt.as_ref()) {
                             (Some(top), Some(handle)) => {
@@ -176,9 +173,6 @@ impl Session {
                             on_skinny: *on_skinny,
                             on_narrow: *on_narrow,
                             absorbs: *absorbs,
-                            mlp: mlp.clone(),
-                            on_mlp: *on_mlp,
-                            taken: *taken,
                         }
                     }
                     Loaded::Conv { spec, call, epilogue, spare } => {
@@ -243,17 +237,19 @@ impl Session {
                             on_skinny: false,
                             on_narrow: false,
                             absorbs: None,
-                            mlp: None,
-                            on_mlp: false,
-                            taken: false,
                         }
                     }
                 })
             })
             .collect::<Result<Vec<Loaded>, RuntimeError>>()?;
-        // Each norm a GEMM's kernel for a few rows runs is left out, as at the top (and each
-        // step an MLP's kernel runs).
-        let absorbed: Vec<usize> = steps.iter().flat_map(super::tuning::taken_in).collect();
+        // Each norm a GEMM's kernel for a few rows runs is left out, as at the top.
+        let absorbed: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Loaded::Gemm { on_skinny: true, absorbs: Some(j), .. } => Some(*j),
+                _ => None,
+            })
+            .collect();
         for j in absorbed {
             super::tuning::absorb(&mut steps, j, true);
         }

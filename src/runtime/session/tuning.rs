@@ -19,21 +19,13 @@ pub(super) enum Candidate {
     Skinny,
     /// The same with narrower column tiles.
     SkinnyNarrow,
-    /// The layer's MLP in one kernel, the product before it taken in.
-    Mlp,
 }
 
 impl Candidate {
     /// Whether it is one of fusec's kernels for a few rows.
     fn few_rows(self) -> bool {
-        matches!(self, Candidate::Skinny | Candidate::SkinnyNarrow | Candidate::Mlp)
+        matches!(self, Candidate::Skinny | Candidate::SkinnyNarrow)
     }
-}
-
-/// `FUSEC_SKINNY_MLP=1` (at load): where a product has an MLP kernel, the other kernels for a
-/// few rows are no candidates (with `FUSEC_SKINNY=1`, the MLP kernel runs untimed: for testing).
-fn mlp_only() -> bool {
-    crate::knobs::on("FUSEC_SKINNY_MLP")
 }
 
 /// `FUSEC_SKINNY=1`: every GEMM step with fusec's kernel for a few rows runs it, untimed;
@@ -98,17 +90,11 @@ impl Session {
         let forced_skinny = skinny_forced();
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
-            if let Loaded::Gemm { gemm, lt: Some(_), skinny, skinny_narrow, absorbs, mlp, .. } = step {
+            if let Loaded::Gemm { gemm, lt: Some(_), skinny, skinny_narrow, absorbs, .. } = step {
                 // Choices with fusec's kernel among the candidates (or forced; with the norm
-                // before it taken in; in two tilings; with the MLP's kernel) kept apart.
+                // before it taken in; in two tilings) kept apart.
                 let norm = if absorbs.is_some() { "+norm" } else { "" };
-                let two = match (skinny_narrow.is_some(), mlp.is_some(), mlp_only()) {
-                    (_, true, true) => "+mlp-only",
-                    (true, true, false) => "2+mlp",
-                    (false, true, false) => "+mlp",
-                    (true, false, _) => "2",
-                    (false, false, _) => "",
-                };
+                let two = if skinny_narrow.is_some() { "2" } else { "" };
                 let key = lt::gemm_key(gemm)
                     + &match (skinny.is_some(), forced_skinny) {
                         (false, _) | (true, Some(false)) => String::new(),
@@ -140,25 +126,23 @@ impl Session {
         }
         let mut best = self.time_program()?;
         for (key, members) in untimed {
-            let Some(Loaded::Gemm { gemm, lt: Some(prepared), skinny, skinny_narrow, mlp, .. }) =
+            let Some(Loaded::Gemm { gemm, lt: Some(prepared), skinny, skinny_narrow, .. }) =
                 self.steps.get(members[0])
             else {
                 continue;
             };
             let plain = gemm.lt_epilogue.is_none();
-            let others = mlp.is_none() || !mlp_only();
             let options: Vec<Candidate> = plain
                 .then_some(Candidate::Cublas)
                 .into_iter()
                 .chain((0..lt::Lt::candidates(prepared)).map(Candidate::Lt))
-                .chain((skinny.is_some() && others).then_some(Candidate::Skinny))
-                .chain((skinny_narrow.is_some() && others).then_some(Candidate::SkinnyNarrow))
-                .chain(mlp.is_some().then_some(Candidate::Mlp))
+                .chain(skinny.is_some().then_some(Candidate::Skinny))
+                .chain(skinny_narrow.is_some().then_some(Candidate::SkinnyNarrow))
                 .collect();
             let heuristic = lt::Lt::heuristic(prepared);
             let reference_ms = best;
             let mut kept = 0;
-            let skinny_here = options.iter().any(|o| o.few_rows());
+            let skinny_here = options.contains(&Candidate::Skinny);
             // Forced, the kernels for a few rows are timed against each other only.
             let mut forced_best = f64::INFINITY;
             for (i, &option) in options.iter().enumerate().skip(1) {
@@ -192,7 +176,6 @@ impl Session {
                 config: self.gemm_config(members[0]),
                 skinny: options[kept].few_rows(),
                 narrow: options[kept] == Candidate::SkinnyNarrow,
-                mlp: options[kept] == Candidate::Mlp,
             };
             if let Some(Loaded::Gemm { lt: Some(prepared), .. }) = self.steps.get(members[0]) {
                 cache.insert(key, lt::CachedAlgo::new(prepared, choice.clone()));
@@ -208,9 +191,6 @@ impl Session {
     /// The configuration GEMM step `i` runs with: `cuBLAS`, or its cuBLASLt algorithm's.
     pub(super) fn gemm_config(&self, i: usize) -> String {
         match self.steps.get(i) {
-            Some(Loaded::Gemm { on_mlp: true, .. }) => {
-                "fusec MLP kernel (the product before it and its norm taken in)".to_string()
-            }
             Some(Loaded::Gemm { on_skinny: true, on_narrow: false, .. }) => "fusec skinny kernel".to_string(),
             Some(Loaded::Gemm { on_skinny: true, on_narrow: true, .. }) => {
                 "fusec skinny kernel, its second form (narrow tiles; a vocabulary's: A staged)".to_string()
@@ -232,32 +212,18 @@ impl Session {
                 skinny,
                 skinny_narrow,
                 absorbs,
-                mlp,
-                on_mlp,
                 ..
             }) = self.steps.get_mut(i)
             {
                 *on_cublas = option == Candidate::Cublas;
-                *on_mlp = option == Candidate::Mlp && mlp.is_some();
                 *on_narrow = option == Candidate::SkinnyNarrow && skinny_narrow.is_some();
-                *on_skinny = *on_mlp || *on_narrow || (option == Candidate::Skinny && skinny.is_some());
+                *on_skinny = *on_narrow || (option == Candidate::Skinny && skinny.is_some());
                 if let Candidate::Lt(rank) = option {
                     lt::Lt::select(prepared, rank);
                 }
-                let (absorbs, skinny, merged) = (*absorbs, *on_skinny && !*on_mlp, *on_mlp);
-                let merges = mlp.as_ref().map(|l| l.merges.clone()).unwrap_or_default();
+                let (absorbs, skinny) = (*absorbs, *on_skinny);
                 if let Some(j) = absorbs {
                     absorb(&mut self.steps, j, skinny);
-                }
-                for &j in &merges {
-                    absorb(&mut self.steps, j, merged);
-                }
-                // Put back, the steps before keep what their own kernels take in.
-                if !merged {
-                    let kept: Vec<usize> = merges.iter().flat_map(|&j| taken_in(&self.steps[j])).collect();
-                    for j in kept {
-                        absorb(&mut self.steps, j, true);
-                    }
                 }
             }
         }
@@ -266,22 +232,14 @@ impl Session {
     /// Applies a cached choice to `members`; false when it no longer fits.
     pub(super) fn restore(&mut self, members: &[usize], cached: &lt::CachedAlgo) -> bool {
         if cached.choice.skinny {
-            let (narrow, mlp) = (cached.choice.narrow, cached.choice.mlp);
+            let narrow = cached.choice.narrow;
             let all = members.iter().all(|&i| match self.steps.get(i) {
-                Some(Loaded::Gemm { mlp: Some(_), .. }) if mlp => true,
                 Some(Loaded::Gemm { skinny_narrow: Some(_), .. }) if narrow => true,
-                Some(Loaded::Gemm { skinny: Some(_), .. }) => !narrow && !mlp,
+                Some(Loaded::Gemm { skinny: Some(_), .. }) => !narrow,
                 _ => false,
             });
             if all {
-                self.apply(
-                    members,
-                    match (mlp, narrow) {
-                        (true, _) => Candidate::Mlp,
-                        (false, true) => Candidate::SkinnyNarrow,
-                        (false, false) => Candidate::Skinny,
-                    },
-                );
+                self.apply(members, if narrow { Candidate::SkinnyNarrow } else { Candidate::Skinny });
             }
             return all;
         }
@@ -353,24 +311,10 @@ pub(super) fn leave_out_merged(steps: &mut [Loaded]) {
     }
 }
 
-/// The steps `step` runs in its own kernel, left out while it runs so: a norm its kernel for a
-/// few rows takes in, or the product and norm before it its MLP kernel does.
-pub(super) fn taken_in(step: &Loaded) -> Vec<usize> {
-    match step {
-        Loaded::Gemm { on_mlp: true, mlp: Some(launch), taken: false, .. } => launch.merges.clone(),
-        Loaded::Gemm { on_skinny: true, on_mlp: false, absorbs: Some(j), taken: false, .. } => vec![*j],
-        _ => Vec::new(),
-    }
-}
-
 /// Leaves norm step `j` of `steps` out (`absorbed`: the GEMM after it computes it) or puts it
-/// back; a GEMM step likewise (an MLP's kernel after it runs its product).
+/// back.
 pub(super) fn absorb(steps: &mut [Loaded], j: usize, absorbed: bool) {
     let Some(step) = steps.get_mut(j) else { return };
-    if let Loaded::Gemm { taken, .. } = step {
-        *taken = absorbed;
-        return;
-    }
     let next = match (&*step, absorbed) {
         (Loaded::Kernel(launch), true) => Loaded::Absorbed(launch.clone()),
         (Loaded::Absorbed(launch), false) => Loaded::Kernel(launch.clone()),
