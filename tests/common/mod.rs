@@ -148,7 +148,16 @@ pub fn random_inputs(model: &Model, seed: u64) -> Vec<(String, Tensor)> {
 /// `path` imported as it is, random inputs for it ([`random_inputs`] with `seed`) and tract's
 /// outputs on them.
 pub fn tract_on_random_inputs(path: &Path, seed: u64) -> (Model, Vec<(String, Tensor)>, Vec<Tensor>) {
-    let model = import(path, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    tract_on_random_inputs_with(path, &ImportOptions::default(), seed)
+}
+
+/// [`tract_on_random_inputs`] with the model imported with `options` (its dims, say).
+pub fn tract_on_random_inputs_with(
+    path: &Path,
+    options: &ImportOptions,
+    seed: u64,
+) -> (Model, Vec<(String, Tensor)>, Vec<Tensor>) {
+    let model = import(path, options).unwrap_or_else(|e| panic!("{e}"));
     let inputs = random_inputs(&model, seed);
     let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
     let theirs =
@@ -371,10 +380,7 @@ pub fn forced_skinny_matches_tract(
     seed: u64,
     tolerance: f64,
 ) {
-    let model = import(path, &options.import).unwrap_or_else(|e| panic!("{e}"));
-    let inputs = random_inputs(&model, seed);
-    let values: Vec<_> = inputs.iter().map(|(_, t)| t.clone()).collect();
-    let theirs = fusec::import::run_tract(path, &values).unwrap_or_else(|e| panic!("{e}"));
+    let (_, inputs, theirs) = tract_on_random_inputs_with(path, &options.import, seed);
     if !fusec::runtime::driver_available() {
         println!("skipped the GPU run of {}: no CUDA driver on this machine", path.display());
         return;
