@@ -4,44 +4,14 @@
 
 mod common;
 
+use common::decoders::{cache_dims, compiled, one_token_inputs, specs, DECODERS};
+
 use fusec::generate::{CacheLayout, GenerateOptions, Generator};
-use fusec::import::{run_tract, ImportOptions, InputSpec};
+use fusec::import::{run_tract, ImportOptions};
 use fusec::ir::{DType, Tensor, TensorType};
 use fusec::{Bundle, CompileOptions};
 use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
-
-const DECODERS: [&str; 4] =
-    ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"];
-
-/// Heads and head size of each decoder's cache.
-fn cache_dims(file: &str) -> (usize, usize) {
-    if file.starts_with("llama") {
-        (2, 16)
-    } else {
-        (4, 16)
-    }
-}
-
-/// The inputs of `file` at `batch` sequences of `seq` tokens after `past` cached positions.
-fn specs(file: &str, batch: usize, seq: usize, past: usize) -> Vec<InputSpec> {
-    let (heads, size) = cache_dims(file);
-    let mut specs = vec![
-        InputSpec { name: "input_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
-        InputSpec { name: "attention_mask".into(), shape: vec![batch, past + seq], dtype: Some(DType::I64) },
-        InputSpec { name: "position_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
-    ];
-    for i in 0..2 {
-        for kv in ["key", "value"] {
-            specs.push(InputSpec {
-                name: format!("past_key_values.{i}.{kv}"),
-                shape: vec![batch, heads, past, size],
-                dtype: Some(DType::F32),
-            });
-        }
-    }
-    specs
-}
 
 fn step_bundle(file: &str, batch: usize, capacity: usize, precision: DType) -> Bundle {
     prompt_bundle(file, batch, 1, capacity, precision)
@@ -51,55 +21,6 @@ fn step_bundle(file: &str, batch: usize, capacity: usize, precision: DType) -> B
 /// step; more: a prompt step).
 fn prompt_bundle(file: &str, batch: usize, seq: usize, capacity: usize, precision: DType) -> Bundle {
     compiled(file, batch, seq, capacity, precision, false)
-}
-
-/// [`prompt_bundle`], the cache updated in place where `in_place`.
-fn compiled(
-    file: &str,
-    batch: usize,
-    seq: usize,
-    capacity: usize,
-    precision: DType,
-    in_place: bool,
-) -> Bundle {
-    let options = CompileOptions {
-        import: ImportOptions::new(specs(file, batch, seq, capacity), vec![]),
-        precision,
-        arch: Some("sm_90".into()),
-        cache_in_place: in_place,
-        ..Default::default()
-    };
-    fusec::compile(&common::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
-}
-
-/// The inputs of a one-token step of `file` for three sequences after `past` cached positions:
-/// ids 17, 300 and 5, `mask` (`3 × (past + 1)` values), every position `position`, caches
-/// drawn at random from `seed` on.
-fn one_token_inputs(
-    file: &str,
-    past: usize,
-    mask: &[i64],
-    position: f64,
-    seed: u64,
-) -> Vec<(String, Tensor)> {
-    let mut seed = seed;
-    specs(file, 3, 1, past)
-        .into_iter()
-        .map(|spec| {
-            let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
-            seed += 1;
-            let ids = |values: Vec<i64>| {
-                Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(&spec.shape), values).unwrap(), DType::I64)
-            };
-            let value = match spec.name.as_str() {
-                "attention_mask" => ids(mask.to_vec()),
-                "position_ids" => Tensor::full(&ty, position),
-                "input_ids" => ids(vec![17, 300, 5]),
-                _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
-            };
-            (spec.name, value)
-        })
-        .collect()
 }
 
 /// Compiled with the cache updated in place, each `past_key_values` input lies inside its
@@ -444,7 +365,7 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
     for file in DECODERS {
         let (batch, past) = (3, 7);
         let bundle = compiled(file, batch, 1, past, DType::F32, true);
-        let inputs = one_token_inputs(file, past, &vec![1; batch * (past + 1)], past as f64, 7);
+        let inputs = one_token_inputs(file, 3, past, &vec![1; batch * (past + 1)], past as f64, 7);
         let mut session = fusec::Session::new(&bundle, 0).unwrap();
         let ours = session.run(&inputs).unwrap();
         let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
@@ -510,7 +431,7 @@ fn one_query_attention_matches_tract_in_half_types() {
                 .collect();
             // The cache goes in in the half type; tract takes the same values, rounded, in f32.
             let (inputs, values) =
-                common::in_bundle_types(&bundle, one_token_inputs(file, past, &mask, 5.0, 40));
+                common::in_bundle_types(&bundle, one_token_inputs(file, 3, past, &mask, 5.0, 40));
             let mut session = fusec::Session::new(&bundle, 0).unwrap();
             let ours = session.run(&inputs).unwrap();
             let theirs = run_tract(&common::model_path(file), &values).unwrap();
@@ -747,12 +668,27 @@ fn decoding_attention_reads_its_first_keys_before_it_waits() {
         let first_row = at("ld.global.v4.u32");
         let rows_before = ptx[..trigger].matches("ld.global.v4.u32").count();
         assert!(rows_before >= 8, "{file}: {rows_before} cache loads before the trigger");
-        let between: Vec<&str> =
-            ptx[first_row..wait].lines().filter(|l| l.contains("ld.global.nc")).collect();
-        assert!(between.is_empty(), "{file}: read-only loads between the cache's and the wait: {between:?}");
-        // Before them only the mask's scan reads memory (8-byte mask values).
-        let scan: Vec<&str> = ptx[..first_row].lines().filter(|l| l.contains("ld.global")).collect();
-        assert!(scan.iter().all(|l| l.contains("ld.global.nc.u64")), "{file}: {scan:?}");
-        assert!(ptx[wait..].contains("ld.global.nc"), "{file}: no query read after the wait");
+        // Where the kernel computes its Q, K and V projection (GPT-2 at one sequence,
+        // `tests/attention_qkv.rs`), the projection's weights are read before the wait too
+        // (read-only: no kernel writes them), and its input row after it.
+        let projects = kernel.source.contains("the projection's kernel joined this one");
+        let before: Vec<&str> = ptx[..wait].lines().filter(|l| l.contains("ld.global.nc")).collect();
+        if projects {
+            assert!(
+                before.iter().any(|l| l.contains("ld.global.nc.v4")),
+                "{file}: no weights before the wait"
+            );
+        } else {
+            let between: Vec<&str> =
+                ptx[first_row..wait].lines().filter(|l| l.contains("ld.global.nc")).collect();
+            assert!(
+                between.is_empty(),
+                "{file}: read-only loads between the cache's and the wait: {between:?}"
+            );
+            // Before them only the mask's scan reads memory (8-byte mask values).
+            let scan: Vec<&str> = ptx[..first_row].lines().filter(|l| l.contains("ld.global")).collect();
+            assert!(scan.iter().all(|l| l.contains("ld.global.nc.u64")), "{file}: {scan:?}");
+        }
+        assert!(ptx[wait..].contains("ld.global.nc"), "{file}: no query (or input row) read after the wait");
     }
 }

@@ -200,7 +200,7 @@ fn batch_stride(batch: &SymDim, total: &SymDim, matrix: &SymDim) -> Result<SymDi
     }
 }
 
-fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
+pub(super) fn spec(plan: &Plan, gemm: NodeId, out: Location) -> Result<GemmSpec, String> {
     let graph = &plan.graph;
     let node = graph.node(gemm);
     if !matches!(node.ty.dtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -321,7 +321,7 @@ pub fn generate(
 /// (an `Add` of a stored value of the result's type, cuBLASLt's β·C), then at most one ReLU or
 /// tanh-GELU, on a GEMM that is not batched or whose operands are both batches (the bias
 /// shared by every product).
-fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
+pub(super) fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &GemmSpec) -> Option<LtEpilogue> {
     use crate::ir::{BinaryOp, UnaryOp};
     let graph = &plan.graph;
     let strided = spec.a.batch_stride != 0 && spec.b.batch_stride != 0;

@@ -48,6 +48,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     // Partials of the two above.
     ("skinny_rows_weights", include_str!("../../templates/skinny_rows_weights.cu.hbs")),
     ("skinny_rows_fragment", include_str!("../../templates/skinny_rows_fragment.cu.hbs")),
+    ("attention_qkv_fetch", include_str!("../../templates/attention_qkv_fetch.cu.hbs")),
+    ("attention_qkv_compute", include_str!("../../templates/attention_qkv_compute.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

@@ -308,6 +308,19 @@ fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> b
     is_norm && matches!(next.kind, KernelKind::Gemm { .. }) && rows <= FEW_ROWS
 }
 
+/// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
+/// one row: the attention's kernel may compute the product.
+fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
+    use crate::fusion::KernelKind;
+    let Some(&product) = gemm.nodes.first() else { return false };
+    let ty = &graph.node(product).ty;
+    let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
+    matches!(gemm.kind, KernelKind::Gemm { .. })
+        && next.kind == KernelKind::Attention
+        && rows == 1
+        && next.nodes.iter().any(|&n| matches!(graph.node(n).op, Op::Append { .. }))
+}
+
 /// First-fit allocation in the arena: free ranges kept sorted by offset.
 #[derive(Default)]
 struct Arena {
@@ -398,6 +411,16 @@ impl Plan {
         // which may compute the norm itself (`codegen::skinny`) while writing its own output.
         for k in 0..kernels.len().saturating_sub(1) {
             if few_row_gemm_after_prologue(&graph, &kernels[k], &kernels[k + 1]) {
+                for last in last_read.values_mut().filter(|last| **last == k) {
+                    *last = k + 1;
+                }
+            }
+        }
+        // What a GEMM of one row reads (and so the norm's inputs before it) is kept through
+        // the decoding attention right after it, which may compute the product itself
+        // (`codegen::attention::qkv`) while writing its own outputs.
+        for k in 0..kernels.len().saturating_sub(1) {
+            if decoding_attention_after_gemm(&graph, &kernels[k], &kernels[k + 1]) {
                 for last in last_read.values_mut().filter(|last| **last == k) {
                     *last = k + 1;
                 }

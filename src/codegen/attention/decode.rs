@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::{forced_cluster, half_names, Common, Problem, MULTIPROCESSORS};
+use super::{forced_cluster, half_names, qkv, Common, Problem, MULTIPROCESSORS};
 use crate::codegen::expr::header;
 use crate::codegen::index::trace_back;
 use crate::codegen::kernel::{coords_decl, Body};
@@ -19,15 +19,20 @@ use crate::plan::Plan;
 
 /// Threads a block.
 const THREADS: usize = 128;
+/// Threads a block where the kernel computes its Q, K and V projection (`qkv`): its share of
+/// the projection's weights and sums over more warps (GPT-2 small at batch 1 on an H200:
+/// 0.195 ms a token against 0.205 at 128 threads, `benches/NOTES.md`, forty-fourth session).
+const THREADS_PROJECTING: usize = 256;
 /// Keys a lane group has in flight at once.
 const UNROLL: usize = 4;
 
-/// Threads a block and keys a lane group a trip: [`THREADS`] and [`UNROLL`] unless
-/// `FUSEC_ATTENTION_DECODE_THREADS` (64, 128, 256 or 512) or `FUSEC_ATTENTION_DECODE_UNROLL`
-/// (1, 2, 4 or 8) says otherwise, for measuring them.
-fn launch() -> (usize, usize) {
+/// Threads a block and keys a lane group a trip: [`THREADS`] (or [`THREADS_PROJECTING`] where
+/// the kernel `projects`) and [`UNROLL`] unless `FUSEC_ATTENTION_DECODE_THREADS` (64, 128, 256
+/// or 512) or `FUSEC_ATTENTION_DECODE_UNROLL` (1, 2, 4 or 8) says otherwise, for measuring them.
+fn launch(projects: bool) -> (usize, usize) {
+    let threads = if projects { THREADS_PROJECTING } else { THREADS };
     (
-        knobs::one_of("FUSEC_ATTENTION_DECODE_THREADS", &[64, 128, 256, 512]).unwrap_or(THREADS),
+        knobs::one_of("FUSEC_ATTENTION_DECODE_THREADS", &[64, 128, 256, 512]).unwrap_or(threads),
         knobs::one_of("FUSEC_ATTENTION_DECODE_UNROLL", &[1, 2, 4, 8]).unwrap_or(UNROLL),
     )
 }
@@ -63,8 +68,8 @@ pub(super) fn generate(
         }
     }
     let (coord_decls, batch) = coords_decl("c", "bh", &problem.out_dims[..rank - 2]);
-    let operands = problem.operands(&mut body, kernel, &batch)?;
-    let append = match body.read_back.is_empty() {
+    let mut operands = problem.operands(&mut body, kernel, &batch)?;
+    let mut append = match body.read_back.is_empty() {
         true => None,
         false => Some(appended(plan, &mut body, problem, &batch)?),
     };
@@ -73,9 +78,31 @@ pub(super) fn generate(
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
     let group = depth.max(dv).div_ceil(8).next_power_of_two();
     let cluster = cluster_size(problem.heads());
+    // The Q, K and V projection computed here where it can be: q and the new key and value
+    // then come from the kernel's shared memory.
+    let projection = match &mut append {
+        Some(append) => {
+            let q_pack = problem.packed_address(&mut body, 0, &batch, ["s", "d"], 1, 8, dtype)?;
+            let packs = [q_pack.as_deref(), append["k_pack"].as_str(), append["v_pack"].as_str()];
+            match packs {
+                [Some(q), Some(k), Some(v)] if !k.is_empty() && !v.is_empty() => {
+                    let (q, k, v) = (q.to_string(), k.to_string(), v.to_string());
+                    let projection = qkv::projection(&mut body, kernel, problem, cluster, [&q, &k, &v])?;
+                    if let Some(p) = &projection {
+                        operands.q = p.q.clone();
+                        append["k_pack"] = p.k_pack.clone().into();
+                        append["v_pack"] = p.v_pack.clone().into();
+                    }
+                    projection
+                }
+                _ => None,
+            }
+        }
+        None => None,
+    };
     let (half, _) = half_names(dtype);
     let scan = problem.inputs.len() > 3 && operands.causal.is_none();
-    let (threads, unroll) = launch();
+    let (threads, unroll) = launch(projection.is_some());
     let early_scan = scan && mask_is_fixed(plan, kernel, problem);
     let early_fetch = early_scan && append.is_some() && !knobs::off("FUSEC_ATTENTION_EARLY_FETCH");
     let data = json!({
@@ -101,12 +128,14 @@ pub(super) fn generate(
         "k_address": k_address,
         "v_address": v_address,
         "append": append,
+        "qkv": projection.as_ref().map(|p| p.data.clone()),
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
     let mut source = common.render(hb, "attention_decode", data, 1, problem.heads() * cluster, threads)?;
     if let Some(scale) = &mut source.scale {
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }
+    source.merges = projection.map(|p| p.merges).unwrap_or_default();
     Ok(Some(source))
 }
 

@@ -21,6 +21,7 @@ use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Pattern, Plan};
 
 mod decode;
+mod qkv;
 
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
 /// the largest block that still gives every multiprocessor a block.

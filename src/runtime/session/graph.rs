@@ -127,7 +127,7 @@ impl Session {
             .iter()
             .map(|s| match s {
                 Loaded::Kernel(_) => 1,
-                Loaded::Absorbed(_) => 0,
+                Loaded::Absorbed(_) | Loaded::Merged(_) => 0,
                 Loaded::Gemm { epilogue, .. } | Loaded::Conv { epilogue, .. } => {
                     1 + usize::from(epilogue.is_some())
                 }

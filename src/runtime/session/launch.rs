@@ -124,6 +124,9 @@ pub(super) enum Loaded {
     /// A step not run: a norm (or gate) kernel the GEMM after it computes itself (its kernel
     /// for a few rows), or a pointwise kernel another step's launch runs (`Launch::merges`).
     Absorbed(Launch),
+    /// A GEMM step not run: a kernel after it computes the product itself (`Launch::merges`:
+    /// the decoding attention that takes its Q, K and V projection in). Its name, for profiles.
+    Merged(String),
     /// A cuDNN convolution, and its epilogue kernel (the bias and fused pointwise ops) where
     /// cuDNN does not run them in its fused form.
     Conv {
@@ -145,6 +148,7 @@ impl Loaded {
     pub(super) fn kernels_mut(&mut self) -> Vec<&mut Launch> {
         match self {
             Loaded::Kernel(launch) | Loaded::Absorbed(launch) => vec![launch],
+            Loaded::Merged(_) => Vec::new(),
             Loaded::Gemm { epilogue, .. } => epilogue.iter_mut().collect(),
             Loaded::Conv { epilogue, spare, .. } => {
                 epilogue.iter_mut().chain(spare.iter_mut().map(|b| &mut **b)).collect()
@@ -162,6 +166,7 @@ impl Loaded {
         match self {
             Loaded::Kernel(launch) => launch.name.clone(),
             Loaded::Absorbed(launch) => format!("{} (in another step's kernel)", launch.name),
+            Loaded::Merged(name) => format!("{name} (in another step's kernel)"),
             Loaded::Conv { spec, epilogue, call, .. } => {
                 let [_, _, r, s] = spec.w_shape;
                 let fused = if call.fused() { " + bias/activation" } else { "" };
@@ -218,7 +223,7 @@ impl Session {
     pub(super) fn execute_library(&self, step: &Loaded) -> Result<(), RuntimeError> {
         match step {
             Loaded::Kernel(launch) => self.launch(launch),
-            Loaded::Absorbed(_) => Ok(()),
+            Loaded::Absorbed(_) | Loaded::Merged(_) => Ok(()),
             Loaded::Gemm { skinny: Some(launch), on_skinny: true, on_narrow: false, .. } => {
                 self.launch(launch)
             }

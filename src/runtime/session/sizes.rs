@@ -136,6 +136,7 @@ impl Session {
                 Ok(match step {
                     // A norm a GEMM after it may take in: left out below where it does.
                     Loaded::Kernel(launch) | Loaded::Absorbed(launch) => Loaded::Kernel(launch.at(values)?),
+                    Loaded::Merged(name) => Loaded::Merged(name.clone()),
                     // A product of the same sizes at every point: the top's choices (its
                     // algorithm, or the kernel for a few rows with the norm it takes in).
                     Loaded::Gemm {

@@ -296,8 +296,8 @@ impl Session {
     }
 }
 
-/// Leaves out every step a merged launch also runs (`Launch::merges`, pointwise kernels
-/// launched as one).
+/// Leaves out every step a merged launch also runs (`Launch::merges`: pointwise kernels
+/// launched as one; the decoding attention's projection and the norm before it).
 pub(super) fn leave_out_merged(steps: &mut [Loaded]) {
     let merged: Vec<usize> = steps
         .iter()
@@ -307,6 +307,9 @@ pub(super) fn leave_out_merged(steps: &mut [Loaded]) {
         })
         .collect();
     for j in merged {
+        if let Some(step @ Loaded::Gemm { .. }) = steps.get_mut(j) {
+            *step = Loaded::Merged(step.name());
+        }
         absorb(steps, j, true);
     }
 }

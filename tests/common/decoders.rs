@@ -1,0 +1,90 @@
+//! The decoder fixtures with a cache (`models/*_cache_*.onnx`): their inputs at a batch, a
+//! number of tokens and a cache length, compiled for generation, and a one-token step's inputs.
+
+use fusec::import::{ImportOptions, InputSpec};
+use fusec::ir::{DType, Tensor, TensorType};
+use fusec::{Bundle, CompileOptions};
+use ndarray::{ArrayD, IxDyn};
+
+pub const DECODERS: [&str; 4] =
+    ["gpt2_cache_ts.onnx", "llama_cache_ts.onnx", "gpt2_cache_dynamo.onnx", "llama_cache_dynamo.onnx"];
+
+/// Heads and head size of each decoder's cache.
+pub fn cache_dims(file: &str) -> (usize, usize) {
+    if file.starts_with("llama") {
+        (2, 16)
+    } else {
+        (4, 16)
+    }
+}
+
+/// The inputs of `file` at `batch` sequences of `seq` tokens after `past` cached positions.
+pub fn specs(file: &str, batch: usize, seq: usize, past: usize) -> Vec<InputSpec> {
+    let (heads, size) = cache_dims(file);
+    let mut specs = vec![
+        InputSpec { name: "input_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
+        InputSpec { name: "attention_mask".into(), shape: vec![batch, past + seq], dtype: Some(DType::I64) },
+        InputSpec { name: "position_ids".into(), shape: vec![batch, seq], dtype: Some(DType::I64) },
+    ];
+    for i in 0..2 {
+        for kv in ["key", "value"] {
+            specs.push(InputSpec {
+                name: format!("past_key_values.{i}.{kv}"),
+                shape: vec![batch, heads, past, size],
+                dtype: Some(DType::F32),
+            });
+        }
+    }
+    specs
+}
+
+/// `file` compiled for sm_90 for `batch` sequences of `seq` tokens after a cache of `capacity`
+/// (1: the one-token step; more: a prompt step), the cache updated in place where `in_place`.
+pub fn compiled(
+    file: &str,
+    batch: usize,
+    seq: usize,
+    capacity: usize,
+    precision: DType,
+    in_place: bool,
+) -> Bundle {
+    let options = CompileOptions {
+        import: ImportOptions::new(specs(file, batch, seq, capacity), vec![]),
+        precision,
+        arch: Some("sm_90".into()),
+        cache_in_place: in_place,
+        ..Default::default()
+    };
+    fusec::compile(&super::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// The inputs of a one-token step of `file` for `batch` (at most three) sequences after `past`
+/// cached positions: ids 17, 300 and 5 (the first `batch`), `mask` (`batch × (past + 1)`
+/// values), every position `position`, caches drawn at random from `seed` on.
+pub fn one_token_inputs(
+    file: &str,
+    batch: usize,
+    past: usize,
+    mask: &[i64],
+    position: f64,
+    seed: u64,
+) -> Vec<(String, Tensor)> {
+    let mut seed = seed;
+    specs(file, batch, 1, past)
+        .into_iter()
+        .map(|spec| {
+            let ty = TensorType::new(spec.dtype.unwrap(), spec.shape.clone());
+            seed += 1;
+            let ids = |values: Vec<i64>| {
+                Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(&spec.shape), values).unwrap(), DType::I64)
+            };
+            let value = match spec.name.as_str() {
+                "attention_mask" => ids(mask.to_vec()),
+                "position_ids" => Tensor::full(&ty, position),
+                "input_ids" => ids([17, 300, 5][..batch].to_vec()),
+                _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
+            };
+            (spec.name, value)
+        })
+        .collect()
+}
