@@ -7,9 +7,8 @@
 
 mod common;
 
-use common::decoders::{compiled, one_token_inputs};
+use common::decoders::{compiled, one_token_inputs, step_matches_tract};
 use fusec::codegen::Step;
-use fusec::import::run_tract;
 use fusec::ir::DType;
 
 const GPT2: [&str; 2] = ["gpt2_cache_ts.onnx", "gpt2_cache_dynamo.onnx"];
@@ -94,17 +93,8 @@ fn one_sequence_with_the_projection_matches_tract() {
                     &bundle,
                     one_token_inputs(file, 1, past, mask, 5.0, 60 + m as u64),
                 );
-                let mut session = fusec::Session::new(&bundle, 0).unwrap();
-                let ours = session.run(&inputs).unwrap();
-                let theirs = run_tract(&common::model_path(file), &values).unwrap();
-                for ((name, ours), theirs) in ours.iter().zip(&theirs) {
-                    let error = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
-                    println!("{file} {precision} past {past} mask {m}: {name} rel-L2 {error:.2e}");
-                    assert!(
-                        error <= 1e-2,
-                        "{file} {precision} past {past} mask {m}: '{name}' rel-L2 {error:.2e}"
-                    );
-                }
+                let what = format!("{file} {precision} past {past} mask {m}");
+                step_matches_tract(&bundle, file, &inputs, &values, 1e-2, &what);
             }
         }
     }

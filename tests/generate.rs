@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::decoders::{cache_dims, compiled, one_token_inputs, specs, DECODERS};
+use common::decoders::{cache_dims, compiled, one_token_inputs, specs, step_matches_tract, DECODERS};
 
 use fusec::generate::{CacheLayout, GenerateOptions, Generator};
 use fusec::import::{run_tract, ImportOptions};
@@ -366,14 +366,8 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
         let (batch, past) = (3, 7);
         let bundle = compiled(file, batch, 1, past, DType::F32, true);
         let inputs = one_token_inputs(file, 3, past, &vec![1; batch * (past + 1)], past as f64, 7);
-        let mut session = fusec::Session::new(&bundle, 0).unwrap();
-        let ours = session.run(&inputs).unwrap();
         let values: Vec<Tensor> = inputs.iter().map(|(_, t)| t.clone()).collect();
-        let theirs = run_tract(&common::model_path(file), &values).unwrap();
-        for ((name, ours), theirs) in ours.iter().zip(&theirs) {
-            let error = fusec::ir::rel_l2(ours, theirs);
-            assert!(error <= 1e-5, "{file}: output '{name}' rel-L2 {error:.2e}");
-        }
+        step_matches_tract(&bundle, file, &inputs, &values, 1e-5, file);
         let prompts = vec![vec![5i64, 77, 300], vec![11, 2, 480, 9, 160, 33]];
         let options = GenerateOptions { max_new_tokens: 10, ..Default::default() };
         let tokens = |in_place| {
@@ -432,14 +426,14 @@ fn one_query_attention_matches_tract_in_half_types() {
             // The cache goes in in the half type; tract takes the same values, rounded, in f32.
             let (inputs, values) =
                 common::in_bundle_types(&bundle, one_token_inputs(file, 3, past, &mask, 5.0, 40));
-            let mut session = fusec::Session::new(&bundle, 0).unwrap();
-            let ours = session.run(&inputs).unwrap();
-            let theirs = run_tract(&common::model_path(file), &values).unwrap();
-            for ((name, ours), theirs) in ours.iter().zip(&theirs) {
-                let error = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
-                println!("{file} {precision} past {past}: {name} rel-L2 {error:.2e}");
-                assert!(error <= 1e-2, "{file} {precision} past {past}: output '{name}' rel-L2 {error:.2e}");
-            }
+            step_matches_tract(
+                &bundle,
+                file,
+                &inputs,
+                &values,
+                1e-2,
+                &format!("{file} {precision} past {past}"),
+            );
         }
     }
 }

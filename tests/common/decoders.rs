@@ -88,3 +88,24 @@ pub fn one_token_inputs(
         })
         .collect()
 }
+
+/// `bundle` (of fixture `file`) run on the GPU on `inputs`, and tract on `values` (the same
+/// inputs in f32): every output within `tolerance` rel-L2, each printed with `what`.
+pub fn step_matches_tract(
+    bundle: &Bundle,
+    file: &str,
+    inputs: &[(String, Tensor)],
+    values: &[Tensor],
+    tolerance: f64,
+    what: &str,
+) {
+    let mut session = fusec::Session::new(bundle, 0).unwrap();
+    let ours = session.run(inputs).unwrap();
+    let theirs = fusec::import::run_tract(&super::model_path(file), values).unwrap();
+    assert_eq!(ours.len(), theirs.len(), "{what}");
+    for ((name, ours), theirs) in ours.iter().zip(&theirs) {
+        let error = fusec::ir::rel_l2(&ours.cast(DType::F32), theirs);
+        println!("{what}: {name} rel-L2 {error:.2e}");
+        assert!(error <= tolerance, "{what}: output '{name}' rel-L2 {error:.2e}");
+    }
+}
