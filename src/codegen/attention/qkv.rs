@@ -29,11 +29,12 @@ pub(super) struct Projection {
 }
 
 /// Where the kernel of `kernel` (the decoding attention, in clusters of `cluster` blocks a
-/// head, `threads` threads each) can compute its q, k and v itself: they are views of one
-/// GEMM's output with one row (one sequence), nothing else reads, whose weights are `[K, N]`
-/// and whose epilogue is a bias at most; `addresses` are q's, the new key's and the new
-/// value's packs' addresses (at `d`, `d`, `e`). `FUSEC_ATTENTION_QKV=0` leaves the product to
-/// its own step, for measuring.
+/// head) can compute its q, k and v itself: they are views of one GEMM's output of one row
+/// (one sequence) that nothing else reads, the GEMM's step right before this one, its weights
+/// `[K, N]` and its epilogue a bias at most; `addresses` are q's, the new key's and the new
+/// value's packs' addresses (at `d`, `d`, `e`), from which the kernel takes their columns.
+/// Not in a program for ranges of sizes. `FUSEC_ATTENTION_QKV=0` leaves the product to its own
+/// step, for measuring.
 pub(super) fn projection(
     body: &mut Body<'_>,
     kernel: &Kernel,
