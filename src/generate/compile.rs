@@ -108,6 +108,8 @@ fn compile_bundles(
             how.batch, how.capacity
         )));
     }
+    // A position past the model's table of positions (GPT-2's) would be read outside it.
+    super::positions::check(model, how.capacity)?;
     let compile = |seq: usize, capacity: usize| -> Result<Bundle, GenerateError> {
         let options = CompileOptions {
             import: ImportOptions::new(prompt_inputs(model, how.batch, seq, capacity)?, vec![]),

@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod compile;
 mod on_gpu;
+pub mod positions;
 pub mod prompt;
 pub mod reference;
 pub mod sampling;
