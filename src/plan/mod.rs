@@ -309,8 +309,9 @@ fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> b
 }
 
 /// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
-/// one row: the attention's kernel may compute the product.
-fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
+/// one row: the attention's kernel may compute the product, and the plan keeps what the GEMM
+/// reads until it has (`codegen::attention::qkv` takes the product in only where this holds).
+pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
     use crate::fusion::KernelKind;
     let Some(&product) = gemm.nodes.first() else { return false };
     let ty = &graph.node(product).ty;
@@ -407,20 +408,16 @@ impl Plan {
                 }
             }
         }
-        // A norm's (or gate's) inputs are kept through the GEMM of a few rows right after it,
-        // which may compute the norm itself (`codegen::skinny`) while writing its own output.
+        // What a kernel reads is kept through the next one where that one may compute it
+        // while writing its own outputs: a norm's (or gate's) inputs through the GEMM of a few
+        // rows right after it (`codegen::skinny`), a GEMM of one row's (and so, in turn, the
+        // norm's before it) through the decoding attention right after it
+        // (`codegen::attention::qkv`).
         for k in 0..kernels.len().saturating_sub(1) {
-            if few_row_gemm_after_prologue(&graph, &kernels[k], &kernels[k + 1]) {
-                for last in last_read.values_mut().filter(|last| **last == k) {
-                    *last = k + 1;
-                }
-            }
-        }
-        // What a GEMM of one row reads (and so the norm's inputs before it) is kept through
-        // the decoding attention right after it, which may compute the product itself
-        // (`codegen::attention::qkv`) while writing its own outputs.
-        for k in 0..kernels.len().saturating_sub(1) {
-            if decoding_attention_after_gemm(&graph, &kernels[k], &kernels[k + 1]) {
+            let (this, next) = (&kernels[k], &kernels[k + 1]);
+            if few_row_gemm_after_prologue(&graph, this, next)
+                || decoding_attention_after_gemm(&graph, this, next)
+            {
                 for last in last_read.values_mut().filter(|last| **last == k) {
                     *last = k + 1;
                 }

@@ -90,8 +90,10 @@ pub(super) fn projection(
     if !fits || !read_here_alone(plan, kernel, c) {
         return Ok(None);
     }
-    // Right before this kernel: nothing runs between that reads what this one stores.
-    if plan.kernels.get(index + 1).is_none_or(|k| !std::ptr::eq(k, kernel)) {
+    // Right before this kernel (nothing runs between that reads what this one stores), with
+    // what it reads kept live through this kernel by the plan.
+    let next = plan.kernels.get(index + 1).filter(|k| std::ptr::eq(*k, kernel));
+    if !next.is_some_and(|k| crate::plan::decoding_attention_after_gemm(graph, product, k)) {
         return Ok(None);
     }
     // The norm before the product (of a sum of two, which it stores), taken in where the
