@@ -61,9 +61,7 @@ fn the_projection_joins_the_decoding_attention_at_one_sequence() {
             }
             if fusec::nvrtc::available() {
                 for source in steps.iter().flat_map(Step::sources).filter(|k| !k.merges.is_empty()) {
-                    let mut inlined = source.clone();
-                    inlined.source = fusec::nvrtc::source_with_header(source, false);
-                    common::compiles_without_spills(&inlined, ptxas.as_deref(), dir.path());
+                    common::compiles_without_spills(source, ptxas.as_deref(), dir.path());
                 }
             }
             // Two sequences: the product has two rows, and keeps its own step.
