@@ -2,7 +2,27 @@
 // library: only CUDA's built-in math functions are used.
 #pragma once
 
+// Where a kernel reports an index outside its axis (a gather's): a word of page-locked host
+// memory mapped for the device, which the session points this at when it loads a module that
+// reads it, and reads after each run; null (nothing reported) where no session set it.
+extern "C" {
+__device__ unsigned int* fusec_index_faults;
+}
+
 namespace fusec {
+
+// Index `k` of an axis of `size` (negative: from the end, as ONNX's gathers count): where it is
+// still outside the axis, `node` (the gathering node's code in the bundle's table of checks) is
+// reported and 0 read instead, so that no read leaves the table.
+__device__ __forceinline__ long long checked_index(long long k, long long size, unsigned int node) {
+    if (k < 0) k += size;
+    if ((unsigned long long)k >= (unsigned long long)size) {
+        unsigned int* faults = fusec_index_faults;
+        if (faults != nullptr) *(volatile unsigned int*)faults = node;
+        k = 0;
+    }
+    return k;
+}
 
 // Programmatic dependent launch (sm_90 and later). A kernel launched with programmatic stream
 // serialization may be scheduled while the kernel before it in the stream is finishing; every

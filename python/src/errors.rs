@@ -44,6 +44,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 pub fn runtime(e: RuntimeError) -> PyErr {
     match e {
         RuntimeError::Input(message) => InputError::new_err(message),
+        // An index outside its table is the input's fault.
+        e @ RuntimeError::IndexOutOfRange(_) => InputError::new_err(e.to_string()),
         other => DeviceError::new_err(other.to_string()),
     }
 }

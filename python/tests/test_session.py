@@ -54,6 +54,20 @@ def test_bad_inputs_name_the_input(bert):
         session.run(["logits"], feed)
 
 
+def test_a_token_id_past_the_vocabulary_fails_the_run(bert):
+    path, session = bert
+    feed = feed_for(path, seed=5, dims={"batch": 2, "seq": 9})
+    (want,) = session.run(["last_hidden_state"], feed)
+    for bad in (512, 10**9, -513):
+        ids = feed["input_ids"].copy()
+        ids[1, 4] = bad
+        with pytest.raises(fusec.InputError, match=r"index out of range: Gather node .*'input_ids' lies outside axis 0"):
+            session.run(None, {**feed, "input_ids": ids})
+    # The session runs on, and right.
+    (got,) = session.run(["last_hidden_state"], feed)
+    assert np.array_equal(got, want)
+
+
 def test_torch_tensors_in_and_out_without_a_copy(bert):
     torch = pytest.importorskip("torch")
     path, session = bert

@@ -331,6 +331,10 @@ pub struct Header {
     /// and outputs that follow them are in `IoSpec::dims`; empty: one size.
     #[serde(default)]
     pub ranges: Vec<BundleRange>,
+    /// What each code a kernel reports for an index outside its axis stands for (the gathering
+    /// node, its indices and the axis): [`crate::codegen::index_checks`].
+    #[serde(default)]
+    pub index_checks: BTreeMap<u32, String>,
 }
 
 impl Header {

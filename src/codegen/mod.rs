@@ -13,6 +13,7 @@ mod expr;
 mod gate;
 mod gemm;
 pub mod index;
+mod index_checks;
 mod kernel;
 mod pool;
 mod row;
@@ -25,6 +26,7 @@ use thiserror::Error;
 
 pub use conv::{ConvFusion, ConvSpec};
 pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
+pub use index_checks::{index_checks, index_fault_code};
 
 use crate::fusion::KernelKind;
 use crate::ir::SymDim;

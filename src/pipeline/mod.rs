@@ -184,6 +184,7 @@ pub fn compile_reporting(
         traffic_bytes,
         flops,
         ranges: plan.symbolic.as_ref().map(|s| s.symbols.clone()).unwrap_or_default(),
+        index_checks: crate::codegen::index_checks(&plan),
     };
     Ok(Bundle { header, weights: plan.weights })
 }

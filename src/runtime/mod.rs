@@ -122,6 +122,10 @@ pub enum RuntimeError {
     /// The inputs given do not fit the bundle (names the input and what it expected).
     #[error("{0}")]
     Input(String),
+    /// A kernel read an index outside its axis (a gather's, names the node, the indices and
+    /// the axis): the run's outputs are not valid; the session can run again.
+    #[error("index out of range: {0}; the run's outputs are not valid")]
+    IndexOutOfRange(String),
     /// An allocation found the GPU's memory full.
     #[error("out of GPU memory on {device}: {what} needs {needed} bytes and {free} of {total} are free (drop other sessions, or compile for a smaller shape)")]
     OutOfMemory {

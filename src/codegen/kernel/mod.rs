@@ -12,6 +12,7 @@ use handlebars::Handlebars;
 
 use super::expr::{binary, c_type, cast, header, literal, narrow, register_type, unary};
 use super::index::{broadcast, delinearize, linearize, trace_back, trace_forward, Coords, Dims};
+use super::index_checks::index_fault_code;
 
 use crate::fusion::Kernel;
 use crate::ir::SymDim;
@@ -262,6 +263,18 @@ impl<'a> Body<'a> {
         Ok(name)
     }
 
+    /// Emits `idx<n>`, index `index` of an axis of `size` as node `id` reads it: negative counts
+    /// from the end; outside the axis it is reported as `id`'s fault and 0 is read
+    /// (`fusec::checked_index`; the bundle's table of checks names the node, [`index_fault_code`]).
+    fn checked_index(&mut self, index: &str, size: &str, id: NodeId) -> String {
+        let k = self.fresh("idx");
+        let code = index_fault_code(id);
+        self.statements.push(format!(
+            "const long long {k} = fusec::checked_index((long long)({index}), {size}, {code}u);"
+        ));
+        k
+    }
+
     pub(super) fn fresh(&mut self, prefix: &str) -> String {
         self.fresh += 1;
         format!("{prefix}{}", self.fresh)
@@ -291,9 +304,7 @@ impl<'a> Body<'a> {
                 let dim = self.dims(inputs[0])[*axis].c();
                 let index_coords: Coords = coords[*axis..*axis + indices.len()].to_vec();
                 let index = self.read(inputs[1], index_coords)?;
-                let k = self.fresh("idx");
-                self.statements
-                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
+                let k = self.checked_index(&index, &dim, id);
                 let mut data: Coords = coords[..*axis].to_vec();
                 data.push(k);
                 data.extend(coords[*axis + indices.len()..].iter().cloned());
@@ -309,10 +320,7 @@ impl<'a> Body<'a> {
                     let mut at: Coords = coords[..rows].to_vec();
                     at.push(format!("{t}LL"));
                     let index = self.read(inputs[1], at)?;
-                    let k = self.fresh("idx");
-                    let dim = dims[b + t].c();
-                    self.statements
-                        .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
+                    let k = self.checked_index(&index, &dims[b + t].c(), id);
                     data.push(k);
                 }
                 data.extend(coords[rows..].iter().cloned());
@@ -321,9 +329,7 @@ impl<'a> Body<'a> {
             Op::GatherElements { axis } => {
                 let dim = self.dims(inputs[0])[*axis].c();
                 let index = self.read(inputs[1], coords.clone())?;
-                let k = self.fresh("idx");
-                self.statements
-                    .push(format!("long long {k} = (long long)({index}); if ({k} < 0) {k} += {dim};"));
+                let k = self.checked_index(&index, &dim, id);
                 let mut data = coords.clone();
                 data[*axis] = k;
                 self.read(inputs[0], data)?

@@ -280,6 +280,8 @@ impl Session {
         // tracks events, which the session's does not).
         let (buffer, _, event) = &feed.host[slot];
         event.synchronize().map_err(driver)?;
+        // The steps before these ids done: any index they found outside its axis fails them.
+        self.faults.as_ref().map_or(Ok(()), super::faults::IndexFaults::check)?;
         let host = buffer.as_slice().map_err(driver)?;
         Ok(host[..rows * 8]
             .chunks_exact(8)

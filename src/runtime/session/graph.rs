@@ -33,6 +33,7 @@ impl Session {
         }
         self.stream.synchronize().map_err(driver)?;
         self.state.queued = false;
+        self.check_indices()?;
         self.runs += 1;
         self.point_runs += 1;
         if !self.point_tuned && self.point_runs >= TUNE_AFTER_RUNS {

@@ -128,6 +128,7 @@ impl Session {
             types.push(ty);
         }
         self.stream.synchronize().map_err(driver)?;
+        self.check_indices()?;
         Ok(types)
     }
 
@@ -189,6 +190,7 @@ impl Session {
                 .result()
                 .map_err(driver)?;
             self.stream.synchronize().map_err(driver)?;
+            self.check_indices()?;
         }
         Ok(())
     }

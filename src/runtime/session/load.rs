@@ -81,6 +81,8 @@ impl Session {
             Location::Arena(o) => o < header.arena_bytes.max(1),
             Location::Weights(o) => o < bundle.weights.len().max(1),
         };
+        // The word the kernels' gathers report an index outside its axis in.
+        let faults = super::faults::IndexFaults::new(&stream, &header.index_checks)?;
         let mut load = |source: &KernelSource| -> Result<Launch, RuntimeError> {
             let function = match functions.get(&source.function) {
                 Some(f) => f.clone(),
@@ -89,6 +91,9 @@ impl Session {
                         RuntimeError::Driver(format!("no PTX for kernel {}", source.function))
                     })?;
                     let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
+                    if let Some(faults) = &faults {
+                        faults.install(&module, &stream)?;
+                    }
                     let f = module.load_function(&source.function).map_err(driver)?;
                     functions.insert(source.function.clone(), f.clone());
                     f
@@ -296,6 +301,7 @@ impl Session {
         }
         stream.synchronize().map_err(driver)?;
         let mut session = Session {
+            faults,
             stream,
             blas,
             steps,

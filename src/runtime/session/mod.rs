@@ -16,6 +16,7 @@
 
 mod columns;
 mod external;
+mod faults;
 mod feed;
 mod graph;
 mod io;
@@ -123,6 +124,8 @@ pub struct Session {
     state: state::StateKernels,
     /// Page-locked buffers for outputs handed to the host ([`Session::output_pinned`]).
     pinned: Arc<std::sync::Mutex<pinned::Pool>>,
+    /// Where the kernels report an index outside its axis (none: the bundle gathers nothing).
+    faults: Option<faults::IndexFaults>,
 }
 
 /// How a session runs.
@@ -165,6 +168,12 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// Fails where a kernel read an index outside its axis since the last check (naming the
+    /// gather); call after waiting for the run.
+    fn check_indices(&self) -> Result<(), RuntimeError> {
+        self.faults.as_ref().map_or(Ok(()), faults::IndexFaults::check)
+    }
+
     /// The convolutions' workspace: device address and bytes (0 and 0 without one).
     fn conv_workspace(&self) -> (u64, usize) {
         use cudarc::driver::DevicePtr;

@@ -216,6 +216,7 @@ impl Session {
             self.stream.memcpy_dtoh(&source, &mut self.staging_out[k]).map_err(driver)?;
         }
         self.stream.synchronize().map_err(driver)?;
+        self.check_indices()?;
         Ok((k, dtype, shape))
     }
 
@@ -280,6 +281,7 @@ impl Session {
             self.stream.memcpy_dtoh(&ids.slice(..rows), &mut out).map_err(driver)?;
         }
         self.stream.synchronize().map_err(driver)?;
+        self.check_indices()?;
         Ok(out)
     }
 

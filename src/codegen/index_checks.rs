@@ -1,0 +1,49 @@
+//! The bundle's table of index checks: every gather of a generated kernel reads its index through
+//! `fusec::checked_index`, which reports an index outside its axis as the gathering node's code
+//! (in page-locked memory the session reads after each run) and reads 0 instead. The table
+//! turns a reported code back into the node, its indices and the axis they must lie in, so that
+//! the session's error names them.
+
+use std::collections::BTreeMap;
+
+use crate::ir::{NodeId, Op};
+use crate::plan::Plan;
+
+/// The code node `id`'s gathers report (never 0: the word the session reads is 0 until one does).
+pub fn index_fault_code(id: NodeId) -> u32 {
+    u32::try_from(id.index()).map_or(u32::MAX, |i| i.saturating_add(1))
+}
+
+/// What each code of the plan's gathers stands for: the node, the tensor of indices and the
+/// axes its values must lie in.
+pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
+    let graph = &plan.graph;
+    let mut table = BTreeMap::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let inputs = graph.inputs_of(id);
+        let (Some(&data), Some(&indices)) = (inputs.first(), inputs.get(1)) else { continue };
+        let data_node = graph.node(data);
+        let shape = &data_node.ty.shape;
+        let within = match &node.op {
+            Op::Gather { axis } | Op::GatherElements { axis } => match shape.get(*axis) {
+                Some(&n) => {
+                    format!("axis {axis} of '{}' ({n} entries: -{n} to {})", data_node.name, n as i64 - 1)
+                }
+                None => continue,
+            },
+            Op::GatherNd { batch_dims } => {
+                format!("the axes of '{}' {shape:?} after the first {batch_dims}", data_node.name)
+            }
+            _ => continue,
+        };
+        let onnx = if node.origin.node.is_empty() { node.name.as_str() } else { node.origin.node.as_str() };
+        let message = format!(
+            "{} node '{onnx}': a value of '{}' lies outside {within}",
+            node.op.kind(),
+            graph.node(indices).name
+        );
+        table.insert(index_fault_code(id), message);
+    }
+    table
+}

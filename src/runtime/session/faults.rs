@@ -1,0 +1,83 @@
+//! Indices outside their axis, reported by the kernels. A generated gather reads each index
+//! through `fusec::checked_index` (`kernels/fusec.cuh`): one outside its axis is replaced by 0
+//! (no read leaves the table) and the gathering node's code is written to a word of page-locked
+//! host memory mapped for the device, whose address every module that reads it is given at
+//! load (`fusec_index_faults`). After each wait for a run's results the session reads the word:
+//! a code there fails the call with the node, its indices and the axis named
+//! ([`crate::codegen::index_checks`]), and the word is cleared for the next run. A run with
+//! no bad index costs nothing more: the word is written only when one is found.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaModule, CudaStream, PinnedHostSlice};
+
+use super::{driver, RuntimeError};
+
+/// The name of the module global that points at the word.
+const GLOBAL: &str = "fusec_index_faults";
+
+/// The word the kernels report into, and what its codes stand for.
+pub(super) struct IndexFaults {
+    /// Keeps the page-locked word allocated.
+    _word: PinnedHostSlice<u32>,
+    /// The word on the host and as the device addresses it.
+    host: *mut u32,
+    device: u64,
+    table: BTreeMap<u32, String>,
+}
+
+// SAFETY: `host` points into `_word`, owned by this value; it is read and written only through
+// volatile accesses of one aligned word (a kernel's write either has happened or not).
+unsafe impl Send for IndexFaults {}
+// SAFETY: as above; the accesses are single aligned words.
+unsafe impl Sync for IndexFaults {}
+
+impl IndexFaults {
+    /// The word for a bundle whose table is `table`, or `None` where it has no checks (its
+    /// kernels report nothing).
+    pub(super) fn new(
+        stream: &Arc<CudaStream>,
+        table: &BTreeMap<u32, String>,
+    ) -> Result<Option<Self>, RuntimeError> {
+        if table.is_empty() {
+            return Ok(None);
+        }
+        // SAFETY: page-locked memory written (zeroed) below before any kernel can read it.
+        let word =
+            unsafe { stream.context().alloc_pinned_with_flags::<u32>(1, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                .map_err(driver)?;
+        let host = word.as_ptr().map_err(driver)? as *mut u32;
+        let mut device = 0;
+        // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result().map_err(driver)?;
+        // SAFETY: one aligned word of the allocation above.
+        unsafe { std::ptr::write_volatile(host, 0) };
+        Ok(Some(IndexFaults { _word: word, host, device, table: table.clone() }))
+    }
+
+    /// Points `module`'s global at the word, where the module has one (every generated kernel's
+    /// does; the library kernels' do not), in stream order before any of its kernels runs.
+    pub(super) fn install(
+        &self,
+        module: &Arc<CudaModule>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), RuntimeError> {
+        let Ok(mut global) = module.get_global(GLOBAL, stream) else { return Ok(()) };
+        stream.memcpy_htod(&self.device.to_le_bytes(), &mut global).map_err(driver)
+    }
+
+    /// Fails with the node a kernel reported since the last check, and clears the report. Call
+    /// only after waiting for the runs to check.
+    pub(super) fn check(&self) -> Result<(), RuntimeError> {
+        // SAFETY: one aligned word of the live allocation; the kernels that wrote it are done.
+        let code = unsafe { std::ptr::read_volatile(self.host) };
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write_volatile(self.host, 0) };
+        let what = self.table.get(&code).cloned().unwrap_or_else(|| format!("the gather of node #{code}"));
+        Err(RuntimeError::IndexOutOfRange(what))
+    }
+}
