@@ -5,9 +5,13 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use common::decoders::{compiled, one_token_inputs, step_matches_tract};
+use common::onnx::{int, node, weight, write_model};
 use fusec::codegen::Step;
-use fusec::ir::DType;
+use fusec::ir::{DType, Tensor, TensorType};
+use fusec::pipeline::CompileOptions;
 use fusec::runtime::RuntimeError;
 
 const FILE: &str = "gpt2_cache_ts.onnx";
@@ -82,4 +86,99 @@ fn a_position_past_the_table_fails_the_run_and_the_session_runs_on() {
         1e-5,
         "position -1",
     );
+}
+
+/// The three gathers of a small model each: data `[3, 4]` (an initializer), the indices the
+/// f32 input `x` cast to integers. (name, `x`'s shape, the op, its attributes, `x` in range.)
+type Case = (&'static str, Vec<i64>, &'static str, Vec<tract_onnx::pb::AttributeProto>, Vec<f32>);
+
+fn cases() -> Vec<Case> {
+    vec![
+        ("gather_axis1", vec![2, 3], "Gather", vec![int("axis", 1)], vec![0.0, 3.0, -4.0, 1.0, 2.0, -1.0]),
+        (
+            "gather_elements",
+            vec![2, 4],
+            "GatherElements",
+            vec![int("axis", 0)],
+            vec![0.0, 1.0, 2.0, -1.0, 2.0, -3.0, 0.0, 1.0],
+        ),
+        ("gather_nd", vec![3, 2], "GatherND", vec![], vec![0.0, 3.0, 2.0, -4.0, -1.0, 1.0]),
+    ]
+}
+
+fn case_model(dir: &Path, (name, shape, op, attributes, _): &Case) -> PathBuf {
+    let nodes = vec![
+        node("Cast", &["x"], "indices", vec![int("to", 7)]),
+        node(op, &["table", "indices"], "y", attributes.clone()),
+    ];
+    write_model(dir, name, shape, nodes, vec![weight("table", &[3, 4], 5, -1.0, 2.0)])
+}
+
+fn x_of(shape: &[i64], values: &[f32]) -> Tensor {
+    let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    let mut x = fusec::ir::random_tensor(&TensorType::new(DType::F32, shape.clone()), 1, 0.0, 1.0);
+    if let Tensor::F32(a) = &mut x {
+        a.iter_mut().zip(values).for_each(|(v, &w)| *v = w);
+    }
+    x
+}
+
+/// Each gather of the small models is in the bundle's table, named with its indices.
+#[test]
+fn every_kind_of_gather_is_in_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    for case in cases() {
+        let path = case_model(dir.path(), &case);
+        let bundle = fusec::compile(&path, &CompileOptions::default()).unwrap();
+        let checks: Vec<&String> = bundle.header.index_checks.values().collect();
+        assert_eq!(checks.len(), 1, "{}: {checks:?}", case.0);
+        assert!(
+            checks[0].starts_with(&format!("{} node", case.2)) && checks[0].contains("'indices'"),
+            "{checks:?}"
+        );
+    }
+}
+
+/// On the GPU: each kind of gather matches tract with its indices in range (negative ones
+/// counted from the end) and fails the run, naming itself, with one out of range in either
+/// direction; the session then runs in range again.
+#[test]
+fn every_kind_of_gather_reports_an_index_out_of_range() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (the kernels' index checks run on a GPU machine)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for case in cases() {
+        let (name, shape, op, _, good) = &case;
+        let path = case_model(dir.path(), &case);
+        let bundle =
+            fusec::compile(&path, &CompileOptions { arch: Some("sm_90".into()), ..Default::default() })
+                .unwrap();
+        let mut session = fusec::Session::new(&bundle, 0).unwrap();
+        let check = |session: &mut fusec::Session, x: &Tensor, what: &str| {
+            let ours = session.run(&[("x".into(), x.clone())]).unwrap();
+            let theirs = fusec::import::run_tract(&path, std::slice::from_ref(x)).unwrap();
+            let error = fusec::ir::rel_l2(&ours[0].1, &theirs[0]);
+            println!("{name} {what}: rel-L2 {error:.2e}");
+            assert!(error <= 1e-6, "{name} {what}: rel-L2 {error:.2e}");
+        };
+        check(&mut session, &x_of(shape, good), "in range");
+        for bad in [4.0, -5.0, 1e6] {
+            let mut values = good.clone();
+            // The last index: an axis of 4 for Gather at axis 1 and GatherND's second index, 3 else.
+            *values.last_mut().unwrap() = bad;
+            match session.run(&[("x".into(), x_of(shape, &values))]) {
+                Err(RuntimeError::IndexOutOfRange(message)) => {
+                    println!("{name} with {bad}: {message}");
+                    assert!(
+                        message.contains(&format!("{op} node")) && message.contains("'indices'"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{name} with {bad}: {:?}", other.map(|o| o.len())),
+            }
+        }
+        check(&mut session, &x_of(shape, good), "in range after the failures");
+    }
 }
