@@ -32,8 +32,14 @@ pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
                 }
                 None => continue,
             },
+            Op::GatherNd { batch_dims: 0 } => {
+                format!("the axis of '{}' {shape:?} it indexes", data_node.name)
+            }
             Op::GatherNd { batch_dims } => {
-                format!("the axes of '{}' {shape:?} after the first {batch_dims}", data_node.name)
+                format!(
+                    "the axis of '{}' {shape:?} it indexes (past its {batch_dims} batch axes)",
+                    data_node.name
+                )
             }
             _ => continue,
         };
