@@ -35,7 +35,8 @@ pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, Stri
     }
     let plan = model.into_optimized().map_err(context)?.into_runnable().map_err(context)?;
     let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
-    // tract panics on some bad inputs (an index past a Gather's table): an error, not a crash.
+    // tract panics on some inputs (an index past a Gather's table, a negative one in GatherND):
+    // an error, not a crash.
     let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(feeds)))
         .map_err(|panic| {
             let what = panic
@@ -43,10 +44,7 @@ pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, Stri
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("no message");
-            format!(
-                "tract on {} stopped on these inputs (an index outside its table?): {what}",
-                path.display()
-            )
+            format!("tract on {} failed on these inputs: it panicked ({what})", path.display())
         })?
         .map_err(context)?;
     outputs.iter().map(|t| from_tract(t)).collect()
