@@ -191,3 +191,14 @@ fn every_kind_of_gather_reports_an_index_out_of_range() {
         }
     }
 }
+
+/// tract's reference run on an index past the table is an error (tract itself panics there),
+/// so that `fusec run --check` and the tests report it rather than crash.
+#[test]
+fn the_reference_run_past_the_table_is_an_error() {
+    let mask = vec![1i64; 17];
+    let values: Vec<Tensor> =
+        one_token_inputs(FILE, 1, 16, &mask, 64.0, 7).into_iter().map(|(_, t)| t).collect();
+    let error = fusec::import::run_tract(&common::model_path(FILE), &values).unwrap_err();
+    assert!(error.contains("failed on these inputs: it panicked"), "{error}");
+}
