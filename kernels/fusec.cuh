@@ -4,9 +4,10 @@
 
 // Where a kernel reports an index outside its axis (a gather's): a word of page-locked host
 // memory mapped for the device, which the session points this at when it loads a module that
-// reads it, and reads after each run; null (nothing reported) where no session set it.
+// reads it, and reads after each run; null (nothing reported) where no session set it. A report
+// is one 64-bit store: the node's code above bit 40, the index as read in the 40 bits below.
 extern "C" {
-__device__ unsigned int* fusec_index_faults;
+__device__ unsigned long long* fusec_index_faults;
 }
 
 namespace fusec {
@@ -15,10 +16,17 @@ namespace fusec {
 // still outside the axis, `node` (the gathering node's code in the bundle's table of checks) is
 // reported and 0 read instead, so that no read leaves the table.
 __device__ __forceinline__ long long checked_index(long long k, long long size, unsigned int node) {
+    const long long read = k;
     if (k < 0) k += size;
     if ((unsigned long long)k >= (unsigned long long)size) {
-        unsigned int* faults = fusec_index_faults;
-        if (faults != nullptr) *(volatile unsigned int*)faults = node;
+        unsigned long long* faults = fusec_index_faults;
+        if (faults != nullptr) {
+            // An index that 40 bits cannot hold is reported as -2^39 ("beyond").
+            const long long limit = 1LL << 39;
+            const long long shown = read >= limit || read < -limit ? -limit : read;
+            *(volatile unsigned long long*)faults =
+                ((unsigned long long)node << 40) | ((unsigned long long)shown & ((1ULL << 40) - 1));
+        }
         k = 0;
     }
     return k;

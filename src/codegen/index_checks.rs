@@ -9,9 +9,14 @@ use std::collections::BTreeMap;
 use crate::ir::{NodeId, Op};
 use crate::plan::Plan;
 
-/// The code node `id`'s gathers report (never 0: the word the session reads is 0 until one does).
+/// Codes are below this: a report holds the code in the bits above the 40 of the index read.
+pub const INDEX_FAULT_CODES: u32 = 1 << 24;
+
+/// The code node `id`'s gathers report (never 0: the word the session reads is 0 until one
+/// does; a node past the codes reports the last, which the table does not hold).
 pub fn index_fault_code(id: NodeId) -> u32 {
-    u32::try_from(id.index()).map_or(u32::MAX, |i| i.saturating_add(1))
+    u32::try_from(id.index())
+        .map_or(INDEX_FAULT_CODES - 1, |i| i.saturating_add(1).min(INDEX_FAULT_CODES - 1))
 }
 
 /// What each code of the plan's gathers stands for: the node, the tensor of indices and the
@@ -49,7 +54,10 @@ pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
             node.op.kind(),
             graph.node(indices).name
         );
-        table.insert(index_fault_code(id), message);
+        let code = index_fault_code(id);
+        if code < INDEX_FAULT_CODES - 1 {
+            table.insert(code, message);
+        }
     }
     table
 }

@@ -2,7 +2,7 @@
 //! through `fusec::checked_index` (`kernels/fusec.cuh`): one outside its axis is replaced by 0
 //! (no read leaves the table) and the gathering node's code is written to a word of page-locked
 //! host memory mapped for the device, whose address every module that reads it is given at
-//! load (`fusec_index_faults`). After each wait for a run's results the session reads the word:
+//! load (`fusec_index_faults`), with the index read (one 64-bit store: the code above bit 40). After each wait for a run's results the session reads the word:
 //! a code there fails the call with the node, its indices and the axis named
 //! ([`crate::codegen::index_checks`]), and the word is cleared for the next run. A run with
 //! no bad index costs nothing more: the word is written only when one is found.
@@ -20,9 +20,9 @@ const GLOBAL: &str = "fusec_index_faults";
 /// The word the kernels report into, and what its codes stand for.
 pub(super) struct IndexFaults {
     /// Keeps the page-locked word allocated.
-    _word: PinnedHostSlice<u32>,
+    _word: PinnedHostSlice<u64>,
     /// The word on the host and as the device addresses it.
-    host: *mut u32,
+    host: *mut u64,
     device: u64,
     table: BTreeMap<u32, String>,
 }
@@ -45,9 +45,9 @@ impl IndexFaults {
         }
         // SAFETY: page-locked memory written (zeroed) below before any kernel can read it.
         let word =
-            unsafe { stream.context().alloc_pinned_with_flags::<u32>(1, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            unsafe { stream.context().alloc_pinned_with_flags::<u64>(1, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
                 .map_err(driver)?;
-        let host = word.as_ptr().map_err(driver)? as *mut u32;
+        let host = word.as_ptr().map_err(driver)? as *mut u64;
         let mut device = 0;
         // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result().map_err(driver)?;
@@ -71,13 +71,41 @@ impl IndexFaults {
     /// only after waiting for the runs to check.
     pub(super) fn check(&self) -> Result<(), RuntimeError> {
         // SAFETY: one aligned word of the live allocation; the kernels that wrote it are done.
-        let code = unsafe { std::ptr::read_volatile(self.host) };
-        if code == 0 {
+        let report = unsafe { std::ptr::read_volatile(self.host) };
+        if report == 0 {
             return Ok(());
         }
         // SAFETY: as above.
         unsafe { std::ptr::write_volatile(self.host, 0) };
-        let what = self.table.get(&code).cloned().unwrap_or_else(|| format!("the gather of node #{code}"));
-        Err(RuntimeError::IndexOutOfRange(what))
+        Err(RuntimeError::IndexOutOfRange(describe(report, &self.table)))
+    }
+}
+
+/// A report (the code above bit 40, the index read in the 40 bits below, sign-extended; -2^39
+/// for one that 40 bits cannot hold) as the error's text.
+fn describe(report: u64, table: &BTreeMap<u32, String>) -> String {
+    let code = (report >> 40) as u32;
+    let read = ((report << 24) as i64) >> 24;
+    let what = table.get(&code).cloned().unwrap_or_else(|| "a gather's index lies outside its axis".into());
+    if read == -(1 << 39) {
+        format!("{what}: it read one beyond ±2^39")
+    } else {
+        format!("{what}: it read {read}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_read_back_as_written() {
+        let table = BTreeMap::from([(45, "Gather node 'wpe'".to_string())]);
+        let report = |code: u64, read: i64| (code << 40) | (read as u64 & ((1 << 40) - 1));
+        assert_eq!(describe(report(45, 64), &table), "Gather node 'wpe': it read 64");
+        assert_eq!(describe(report(45, -65), &table), "Gather node 'wpe': it read -65");
+        assert_eq!(describe(report(45, (1 << 39) - 1), &table), "Gather node 'wpe': it read 549755813887");
+        assert!(describe(report(45, -(1 << 39)), &table).ends_with("it read one beyond ±2^39"));
+        assert!(describe(report(7, 3), &table).starts_with("a gather's index lies outside its axis"));
     }
 }
