@@ -30,11 +30,17 @@ pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
         let (Some(&data), Some(&indices)) = (inputs.first(), inputs.get(1)) else { continue };
         let data_node = graph.node(data);
         let shape = &data_node.ty.shape;
+        // In a program for ranges a size may follow them: then it is the run's, not the top's.
+        let dims = plan.dims(data);
         let within = match &node.op {
-            Op::Gather { axis } | Op::GatherElements { axis } => match shape.get(*axis) {
-                Some(&n) => {
+            Op::Gather { axis } | Op::GatherElements { axis } => match dims.get(*axis).map(|d| d.value()) {
+                Some(Some(n)) => {
                     format!("axis {axis} of '{}' ({n} entries: -{n} to {})", data_node.name, n as i64 - 1)
                 }
+                Some(None) => format!(
+                    "axis {axis} of '{}' (its size at this run's point of the ranges)",
+                    data_node.name
+                ),
                 None => continue,
             },
             Op::GatherNd { batch_dims: 0 } => {

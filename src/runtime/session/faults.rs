@@ -1,11 +1,12 @@
 //! Indices outside their axis, reported by the kernels. A generated gather reads each index
 //! through `fusec::checked_index` (`kernels/fusec.cuh`): one outside its axis is replaced by 0
-//! (no read leaves the table) and the gathering node's code is written to a word of page-locked
-//! host memory mapped for the device, whose address every module that reads it is given at
-//! load (`fusec_index_faults`), with the index read (one 64-bit store: the code above bit 40). After each wait for a run's results the session reads the word:
-//! a code there fails the call with the node, its indices and the axis named
-//! ([`crate::codegen::index_checks`]), and the word is cleared for the next run. A run with
-//! no bad index costs nothing more: the word is written only when one is found.
+//! (no read leaves the table), and the gathering node's code with the index read (one 64-bit
+//! store: the code above bit 40) is written to a word of page-locked host memory mapped for the
+//! device, whose address every module that reads it is given at load (`fusec_index_faults`).
+//! After each wait for a run's results the session reads the word: a report there fails the
+//! call with the node, its indices, the axis and the index named
+//! ([`crate::codegen::index_checks`]), and the word is cleared for the next run. A run with no
+//! bad index costs nothing more: the word is written only when one is found.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
