@@ -204,3 +204,19 @@ fn the_reference_run_past_the_table_is_an_error() {
     let error = fusec::import::run_tract(&common::model_path(FILE), &values).unwrap_err();
     assert!(error.contains("failed on these inputs: it panicked"), "{error}");
 }
+
+/// A gather along an axis with no entries (every index out of range) is refused when compiling,
+/// naming the node.
+#[test]
+fn a_gather_from_an_empty_axis_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = vec![
+        node("Cast", &["x"], "indices", vec![int("to", 7)]),
+        node("Gather", &["table", "indices"], "y", vec![int("axis", 0)]),
+    ];
+    let path =
+        write_model(dir.path(), "empty_table", &[2], nodes, vec![weight("table", &[0, 4], 5, -1.0, 2.0)]);
+    let error = fusec::compile(&path, &CompileOptions::default()).unwrap_err().to_string();
+    assert!(error.contains("node 'Gather_y'"), "{error}");
+    assert!(error.contains("has no entries"), "{error}");
+}

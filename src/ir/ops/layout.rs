@@ -103,6 +103,12 @@ pub fn infer_gather(data: &TensorType, indices: &TensorType, axis: usize) -> OpR
     if !indices.dtype.is_int() {
         return Err(format!("Gather indices must be integers, got {}", indices.dtype));
     }
+    if data.shape[axis] == 0 && !indices.is_empty() {
+        return Err(format!(
+            "Gather of {} indices along axis {axis} of {data}, which has no entries",
+            indices.len()
+        ));
+    }
     let shape = [&data.shape[..axis], &indices.shape[..], &data.shape[axis + 1..]].concat();
     Ok(TensorType::new(data.dtype, shape))
 }
@@ -141,6 +147,9 @@ pub fn infer_gather_elements(data: &TensorType, indices: &TensorType, axis: usiz
     if !indices.dtype.is_int() {
         return Err(format!("GatherElements indices must be integers, got {}", indices.dtype));
     }
+    if data.shape[axis] == 0 && !indices.is_empty() {
+        return Err(format!("GatherElements of {indices} along axis {axis} of {data}, which has no entries"));
+    }
     Ok(TensorType::new(data.dtype, indices.shape.clone()))
 }
 
@@ -175,6 +184,9 @@ fn gather_nd_depth(data: &TensorType, indices: &TensorType, batch_dims: usize) -
     }
     if data.shape[..batch_dims] != indices.shape[..batch_dims] {
         return Err(format!("GatherND batch axes differ: data {data}, indices {indices}"));
+    }
+    if !indices.is_empty() && data.shape[batch_dims..batch_dims + depth].contains(&0) {
+        return Err(format!("GatherND of {indices} into {data}: an axis it indexes has no entries"));
     }
     Ok(depth)
 }
