@@ -220,3 +220,16 @@ fn a_gather_from_an_empty_axis_is_refused() {
     assert!(error.contains("node 'Gather_y'"), "{error}");
     assert!(error.contains("has no entries"), "{error}");
 }
+
+/// The inputs that index a table directly, with the smallest such table's size: what `fusec
+/// bench` draws them below (BERT's token types index a table of 2).
+#[test]
+fn inputs_that_index_tables_have_their_limits() {
+    let options =
+        CompileOptions { import: common::dims_at("bert_mask_ts.onnx", "2", "9"), ..Default::default() };
+    let bundle = fusec::compile(&common::model_path("bert_mask_ts.onnx"), &options).unwrap();
+    let limits = &bundle.header.index_limits;
+    assert_eq!(limits.get("input_ids"), Some(&512), "{limits:?}");
+    assert_eq!(limits.get("token_type_ids"), Some(&2), "{limits:?}");
+    assert_eq!(limits.get("attention_mask"), None, "{limits:?}");
+}

@@ -335,6 +335,10 @@ pub struct Header {
     /// node, its indices and the axis): [`crate::codegen::index_checks`].
     #[serde(default)]
     pub index_checks: BTreeMap<u32, String>,
+    /// The inputs whose values index a table directly, and the smallest such table's axis
+    /// ([`crate::codegen::index_limits`]): what `fusec bench` draws them below.
+    #[serde(default)]
+    pub index_limits: BTreeMap<String, usize>,
 }
 
 impl Header {

@@ -1,5 +1,6 @@
 //! `fusec bench`: fused versus unfused latency on the GPU, side by side.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -269,7 +270,13 @@ fn percentiles(times: &mut [f64]) -> (f64, f64, f64) {
 /// With `full_masks` (a decoder's step with its cache, [`fusec::generate::cache::has_cache`])
 /// every mask is ones: every sequence at the top of its cache, the step reading all of it as
 /// its floor counts it (random padding would leave every row but the first a random share).
-fn input_sets(inputs: &[IoSpec], full_masks: bool) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
+/// An integer input that indexes a table of fewer than 16 entries directly (`limits`, the
+/// bundle's [`fusec::bundle::Header::index_limits`]) is drawn below the table's size.
+fn input_sets(
+    inputs: &[IoSpec],
+    full_masks: bool,
+    limits: &BTreeMap<String, usize>,
+) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
     let bytes: usize = inputs.iter().filter_map(|i| i.tensor_type()).map(|t| t.size_bytes()).sum();
     let sets = if bytes > 16 << 20 { 1 } else { 4 };
     (0..sets)
@@ -281,7 +288,11 @@ fn input_sets(inputs: &[IoSpec], full_masks: bool) -> anyhow::Result<Vec<Vec<(St
                     let ty = spec
                         .tensor_type()
                         .with_context(|| format!("input {} has type {}", spec.name, spec.dtype))?;
-                    let (low, high) = if ty.dtype.is_float() { (-1.0, 1.0) } else { (1.0, 16.0) };
+                    let (low, high) = match limits.get(&spec.name) {
+                        _ if ty.dtype.is_float() => (-1.0, 1.0),
+                        Some(&n) if n < 16 => (0.0, n as f64),
+                        _ => (1.0, 16.0),
+                    };
                     if full_masks && is_mask(&spec.name) {
                         return Ok((spec.name.clone(), Tensor::full(&ty, 1.0)));
                     }
@@ -294,13 +305,13 @@ fn input_sets(inputs: &[IoSpec], full_masks: bool) -> anyhow::Result<Vec<Vec<(St
 
 /// Input sets at the point `values` of a bundle's ranges (`input_sets` of the shapes there).
 fn input_sets_at(
-    inputs: &[IoSpec],
+    header: &fusec::bundle::Header,
     values: &[usize],
     full_masks: bool,
 ) -> anyhow::Result<Vec<Vec<(String, Tensor)>>> {
     let specs: Vec<IoSpec> =
-        inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
-    input_sets(&specs, full_masks)
+        header.inputs.iter().map(|i| IoSpec { shape: i.shape_at(values), ..i.clone() }).collect();
+    input_sets(&specs, full_masks, &header.index_limits)
 }
 
 impl Bench {
@@ -324,7 +335,7 @@ impl Bench {
         // The session's first run, at the top of the ranges (as a server's first request):
         // what is timed below as each point's first run is that point's own set-up.
         let full_masks = fusec::generate::cache::has_cache(&ranged.header.inputs, &ranged.header.outputs);
-        session.run(&input_sets_at(&ranged.header.inputs, &top, full_masks)?[0])?;
+        session.run(&input_sets_at(&ranged.header, &top, full_masks)?[0])?;
         let mut rows = Vec::new();
         for values in &points {
             let at = point_text(&ranges, values);
@@ -344,7 +355,7 @@ impl Bench {
                 CompileOptions { import: fixed, precision: ranged.header.precision, ..Default::default() };
             let single = fusec::compile(onnx, &compile_options)?;
             let mut alone = Session::with_options(&single, self.device, options)?;
-            let sets = input_sets_at(&ranged.header.inputs, values, full_masks)?;
+            let sets = input_sets_at(&ranged.header, values, full_masks)?;
             // Its first run now: the weights it uploads at load, and anything else it leaves in
             // flight, are done before the other session's first run at this point is timed.
             let theirs = alone.run(&sets[0])?;
@@ -489,7 +500,7 @@ impl Bench {
         };
         let unfused = fusec::compile(&onnx, &options)?;
         let full_masks = fusec::generate::cache::has_cache(&fused.header.inputs, &fused.header.outputs);
-        let sets = input_sets(&fused.header.inputs, full_masks)?;
+        let sets = input_sets(&fused.header.inputs, full_masks, &fused.header.index_limits)?;
         progress.set("loading both (NVRTC, GEMM algorithm choice) and checking their outputs agree");
         let tune_gemms = !self.no_gemm_tuning;
         // The unfused build is loaded first, so that the fused one makes its load-time choices
@@ -694,11 +705,33 @@ impl Bench {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::{input_sets, parse_point};
     use fusec::bundle::{BundleRange, IoSpec};
     use fusec::generate::cache::has_cache;
     use fusec::ir::{DType, TensorType};
     use fusec::plan::Location;
+
+    /// An integer input that indexes a small table is drawn below its size; others as before.
+    #[test]
+    fn small_tables_inputs_stay_inside_them() {
+        let spec =
+            |name: &str| IoSpec::new(name, &TensorType::new(DType::I64, vec![4, 9]), Location::Arena(0));
+        let inputs = [spec("segment_ids"), spec("input_ids"), spec("tiny_ids")];
+        let limits = BTreeMap::from([
+            ("segment_ids".to_string(), 2),
+            ("input_ids".into(), 512),
+            ("tiny_ids".into(), 1),
+        ]);
+        for set in input_sets(&inputs, false, &limits).unwrap() {
+            let values = |name: &str| set.iter().find(|(n, _)| n == name).unwrap().1.to_f64_vec();
+            assert!(values("segment_ids").iter().all(|&v| v == 0.0 || v == 1.0));
+            assert!(values("segment_ids").contains(&1.0) && values("segment_ids").contains(&0.0));
+            assert!(values("input_ids").iter().all(|&v| (1.0..16.0).contains(&v)));
+            assert!(values("tiny_ids").iter().all(|&v| v == 0.0));
+        }
+    }
 
     /// A decoder's step with its cache is timed with masks of ones (every sequence at the top
     /// of its cache, the whole cache read); other models' masks are random padding (the first
@@ -719,7 +752,7 @@ mod tests {
         assert!(!has_cache(&inputs, &outputs[..1]));
         assert!(!has_cache(&inputs[..2], &outputs));
         for full in [true, false] {
-            for set in input_sets(&inputs, full).unwrap() {
+            for set in input_sets(&inputs, full, &BTreeMap::new()).unwrap() {
                 let mask = set.iter().find(|(n, _)| n == "attention_mask").unwrap().1.to_f64_vec();
                 let live = mask.iter().filter(|&&v| v == 1.0).count();
                 assert!(mask.iter().all(|&v| v == 0.0 || v == 1.0));

@@ -67,3 +67,41 @@ pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
     }
     table
 }
+
+/// For each model input whose values index a table directly (a `Gather` or `GatherElements` of
+/// it, through casts, reshapes and other ops that keep its values), the smallest such table's
+/// axis: `fusec bench` draws that input's random values below it, so that its own inputs never
+/// trip the check.
+pub fn index_limits(plan: &Plan) -> BTreeMap<String, usize> {
+    let graph = &plan.graph;
+    let mut limits: BTreeMap<String, usize> = BTreeMap::new();
+    for id in graph.node_ids() {
+        let (Op::Gather { axis } | Op::GatherElements { axis }) = graph.node(id).op else { continue };
+        let inputs = graph.inputs_of(id);
+        let (Some(&data), Some(&indices)) = (inputs.first(), inputs.get(1)) else { continue };
+        let Some(Some(size)) = plan.dims(data).get(axis).map(|d| d.value()) else { continue };
+        // Back through ops that keep the values, to a model input.
+        let mut at = indices;
+        loop {
+            let node = graph.node(at);
+            match &node.op {
+                Op::Input { name } => {
+                    let limit = limits.entry(name.clone()).or_insert(size);
+                    *limit = (*limit).min(size);
+                    break;
+                }
+                Op::Cast { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Expand { .. }
+                | Op::Slice { .. }
+                | Op::Identity => match graph.inputs_of(at).first() {
+                    Some(&input) => at = input,
+                    None => break,
+                },
+                _ => break,
+            }
+        }
+    }
+    limits
+}

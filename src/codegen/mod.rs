@@ -26,7 +26,7 @@ use thiserror::Error;
 
 pub use conv::{ConvFusion, ConvSpec};
 pub use gemm::{GemmDims, GemmOperand, GemmSpec, LtActivation, LtEpilogue};
-pub use index_checks::{index_checks, index_fault_code};
+pub use index_checks::{index_checks, index_fault_code, index_limits};
 
 use crate::fusion::KernelKind;
 use crate::ir::SymDim;

@@ -185,6 +185,7 @@ pub fn compile_reporting(
         flops,
         ranges: plan.symbolic.as_ref().map(|s| s.symbols.clone()).unwrap_or_default(),
         index_checks: crate::codegen::index_checks(&plan),
+        index_limits: crate::codegen::index_limits(&plan),
     };
     Ok(Bundle { header, weights: plan.weights })
 }
