@@ -19,21 +19,37 @@ pub fn index_fault_code(id: NodeId) -> u32 {
         .map_or(INDEX_FAULT_CODES - 1, |i| i.saturating_add(1).min(INDEX_FAULT_CODES - 1))
 }
 
+/// The plan's gathers: each node with its data and indices.
+fn gathers(plan: &Plan) -> impl Iterator<Item = (NodeId, NodeId, NodeId)> + '_ {
+    let graph = &plan.graph;
+    graph.node_ids().filter_map(move |id| {
+        let gathers =
+            matches!(graph.node(id).op, Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. });
+        let inputs = graph.inputs_of(id);
+        match (gathers, inputs.first(), inputs.get(1)) {
+            (true, Some(&data), Some(&indices)) => Some((id, data, indices)),
+            _ => None,
+        }
+    })
+}
+
+/// The size of a gather's data along `axis`: `None` where it has no such axis, `Some(None)`
+/// where the size follows the ranges (a program for ranges), else the one size.
+fn axis_size(plan: &Plan, data: NodeId, axis: usize) -> Option<Option<usize>> {
+    plan.dims(data).get(axis).map(|d| d.value())
+}
+
 /// What each code of the plan's gathers stands for: the node, the tensor of indices and the
 /// axes its values must lie in.
 pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
     let graph = &plan.graph;
     let mut table = BTreeMap::new();
-    for id in graph.node_ids() {
+    for (id, data, indices) in gathers(plan) {
         let node = graph.node(id);
-        let inputs = graph.inputs_of(id);
-        let (Some(&data), Some(&indices)) = (inputs.first(), inputs.get(1)) else { continue };
         let data_node = graph.node(data);
         let shape = &data_node.ty.shape;
-        // In a program for ranges a size may follow them: then it is the run's, not the top's.
-        let dims = plan.dims(data);
         let within = match &node.op {
-            Op::Gather { axis } | Op::GatherElements { axis } => match dims.get(*axis).map(|d| d.value()) {
+            Op::Gather { axis } | Op::GatherElements { axis } => match axis_size(plan, data, *axis) {
                 Some(Some(n)) => {
                     format!("axis {axis} of '{}' ({n} entries: -{n} to {})", data_node.name, n as i64 - 1)
                 }
@@ -75,11 +91,9 @@ pub fn index_checks(plan: &Plan) -> BTreeMap<u32, String> {
 pub fn index_limits(plan: &Plan) -> BTreeMap<String, usize> {
     let graph = &plan.graph;
     let mut limits: BTreeMap<String, usize> = BTreeMap::new();
-    for id in graph.node_ids() {
+    for (id, data, indices) in gathers(plan) {
         let (Op::Gather { axis } | Op::GatherElements { axis }) = graph.node(id).op else { continue };
-        let inputs = graph.inputs_of(id);
-        let (Some(&data), Some(&indices)) = (inputs.first(), inputs.get(1)) else { continue };
-        let Some(Some(size)) = plan.dims(data).get(axis).map(|d| d.value()) else { continue };
+        let Some(Some(size)) = axis_size(plan, data, axis) else { continue };
         // Back through ops that keep the values, to a model input.
         let mut at = indices;
         loop {

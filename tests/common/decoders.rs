@@ -100,6 +100,18 @@ pub fn step_matches_tract(
     what: &str,
 ) {
     let mut session = fusec::Session::new(bundle, 0).unwrap();
+    session_matches_tract(&mut session, file, inputs, values, tolerance, what);
+}
+
+/// [`step_matches_tract`] on a session already loaded (one that has run before).
+pub fn session_matches_tract(
+    session: &mut fusec::Session,
+    file: &str,
+    inputs: &[(String, Tensor)],
+    values: &[Tensor],
+    tolerance: f64,
+    what: &str,
+) {
     let ours = session.run(inputs).unwrap();
     let theirs = fusec::import::run_tract(&super::model_path(file), values).unwrap();
     assert_eq!(ours.len(), theirs.len(), "{what}");

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaModule, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaModule, CudaStream, PinnedHostSlice};
 
 use super::{driver, RuntimeError};
 
@@ -44,14 +44,9 @@ impl IndexFaults {
         if table.is_empty() {
             return Ok(None);
         }
-        // SAFETY: page-locked memory written (zeroed) below before any kernel can read it.
-        let word =
-            unsafe { stream.context().alloc_pinned_with_flags::<u64>(1, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-                .map_err(driver)?;
+        // Zeroed below before any kernel can read it.
+        let (word, device) = super::pinned::mapped::<u64>(stream.context(), 1)?;
         let host = word.as_ptr().map_err(driver)? as *mut u64;
-        let mut device = 0;
-        // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result().map_err(driver)?;
         // SAFETY: one aligned word of the allocation above.
         unsafe { std::ptr::write_volatile(host, 0) };
         Ok(Some(IndexFaults { _word: word, host, device, table: table.clone() }))

@@ -4,7 +4,7 @@
 //! it knows this step's tokens, reading them one step later: the GPU is never idle while the
 //! host reads ids back and writes the next step's inputs.
 
-use cudarc::driver::{sys, CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaEvent, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg};
 
 use super::columns::{CacheCopy, ResolvedCopy};
 use super::sample::SampleTo;
@@ -230,16 +230,8 @@ impl Session {
         }
         if feed.host.len() == slot || feed.host[slot].0.len() < bytes {
             let context = self.stream.context();
-            // SAFETY: page-locked memory the copies or kernels below fill before it is read.
-            let buffer =
-                unsafe { context.alloc_pinned_with_flags::<u8>(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-                    .map_err(driver)?;
-            let mut device = 0;
-            let host = buffer.as_ptr().map_err(driver)?;
-            // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) }
-                .result()
-                .map_err(driver)?;
+            // Filled by the copies or kernels below before it is read.
+            let (buffer, device) = super::pinned::mapped::<u8>(context, bytes)?;
             let event = context.new_event(None).map_err(driver)?;
             if feed.host.len() == slot {
                 feed.host.push((buffer, device, event));
@@ -271,18 +263,18 @@ impl Session {
     /// The ids of the oldest [`Session::argmax_feed`] or [`Session::sample_feed`] not yet
     /// taken, once their copy is done.
     pub fn fed_tokens(&mut self) -> Result<Vec<i64>, RuntimeError> {
-        let feed = &mut self.state.feed;
-        let (slot, rows) = feed
+        let (slot, rows) = self
+            .state
+            .feed
             .pending
             .pop_front()
             .ok_or_else(|| RuntimeError::Input("no fed tokens are pending (argmax_feed first)".into()))?;
         // The buffer's last copy done (its own event: `as_slice` waits only where the context
         // tracks events, which the session's does not).
-        let (buffer, _, event) = &feed.host[slot];
-        event.synchronize().map_err(driver)?;
+        self.state.feed.host[slot].2.synchronize().map_err(driver)?;
         // The steps before these ids done: any index they found outside its axis fails them.
-        self.faults.as_ref().map_or(Ok(()), super::faults::IndexFaults::check)?;
-        let host = buffer.as_slice().map_err(driver)?;
+        self.check_indices()?;
+        let host = self.state.feed.host[slot].0.as_slice().map_err(driver)?;
         Ok(host[..rows * 8]
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))

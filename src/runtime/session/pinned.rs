@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{sys, PinnedHostSlice};
 
 use super::{driver, RuntimeError, Session};
 
@@ -75,6 +75,22 @@ impl Drop for PinnedOutput {
             pool.free.push(buffer);
         }
     }
+}
+
+/// `len` elements of page-locked host memory mapped for the device (not initialised), and the
+/// address the device reads and writes it at.
+pub(super) fn mapped<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    context: &Arc<cudarc::driver::CudaContext>,
+    len: usize,
+) -> Result<(PinnedHostSlice<T>, u64), RuntimeError> {
+    // SAFETY: host memory its users write before they read it.
+    let buffer = unsafe { context.alloc_pinned_with_flags::<T>(len, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        .map_err(driver)?;
+    let host = buffer.as_ptr().map_err(driver)?;
+    let mut device = 0;
+    // SAFETY: `host` is the start of a live allocation made with DEVICEMAP just above.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut _, 0) }.result().map_err(driver)?;
+    Ok((buffer, device))
 }
 
 impl Session {
