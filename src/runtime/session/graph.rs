@@ -92,12 +92,19 @@ impl Session {
         let mut tries = 0;
         loop {
             tries += 1;
+            self.library_edges.begin_capture();
             self.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
             let recorded = record(self);
             let captured = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
             let failure = match (recorded, captured) {
+                // A library kernel not known to wait was given a programmatic edge: the edges
+                // into library calls are plain from now on; the graph is captured again.
+                (Ok(()), Ok(Some(_))) if self.library_edges.recapture() => {
+                    tries -= 1;
+                    continue;
+                }
                 (Ok(()), Ok(Some(graph))) => return Ok(graph),
                 (Ok(()), Ok(None)) => RuntimeError::Driver("the capture gave no graph".into()),
                 (Err(e), _) | (_, Err(e)) => e,
@@ -134,6 +141,14 @@ impl Session {
                 }
             })
             .sum()
+    }
+
+    /// Library GEMM kernels scheduled while the kernel before them finishes (a programmatic
+    /// edge) in the CUDA graph captured last: 0 before sm_90, without programmatic dependent
+    /// launch, with `FUSEC_LIBRARY_PDL=0`, or where a library call reached a kernel not known to
+    /// wait for its predecessor.
+    pub fn library_kernels_programmatic(&self) -> usize {
+        self.library_edges.made()
     }
 
     /// Whether later runs replay a captured CUDA graph.

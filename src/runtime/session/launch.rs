@@ -235,9 +235,9 @@ impl Session {
                 let addresses =
                     (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
                 let residual = gemm.lt_epilogue.and_then(|e| e.residual).map(|r| self.address(r));
-                lt.run(prepared, gemm, addresses, residual, &self.stream)
+                self.library_call(|| lt.run(prepared, gemm, addresses, residual, &self.stream))
             }
-            Loaded::Gemm { gemm, .. } => self.gemm(gemm),
+            Loaded::Gemm { gemm, .. } => self.library_call(|| self.gemm(gemm)),
             Loaded::Conv { call, .. } => {
                 let dnn = self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
                 call.launch(dnn, self.conv_workspace())
@@ -301,6 +301,17 @@ impl Session {
 
     pub(super) fn address(&self, location: Location) -> u64 {
         device_address(location, self.arena_ptr, self.weights_ptr)
+    }
+
+    /// A library call, its kernel given a programmatic edge where a graph is being captured
+    /// ([`super::library_edges`]).
+    fn library_call(&self, call: impl FnOnce() -> Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+        let Some(primaries) = self.library_edges.before(&self.stream) else {
+            return call();
+        };
+        let result = call();
+        self.library_edges.after(&self.stream, primaries, result.is_err());
+        result
     }
 
     pub(super) fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {

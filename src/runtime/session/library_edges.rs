@@ -1,0 +1,253 @@
+//! A library GEMM's kernel scheduled while the kernel before it finishes. fusec's own kernels
+//! are launched with programmatic dependent launch (`launch_programmatic`), but a cuBLAS or
+//! cuBLASLt call launches its kernels itself, so in a captured graph the edge into the library's
+//! kernel is a full dependency: it is scheduled only once the kernel before it has ended and
+//! flushed. cuBLASLt's Hopper kernels (`sm90_xmma_gemm_*`) begin with the wait for their
+//! predecessor (`griddepcontrol.wait`, `ACQBULK` in their machine code: every one of them among
+//! the 6,046 functions of CUDA 13.0's `libcublasLt.so.13` disassembled, `benches/NOTES.md`),
+//! so they may be scheduled earlier, as fusec's are. While a graph is captured, the edge into a
+//! library call is made programmatic; after the call, the kernel it reached is checked by name,
+//! and where it is not one known to wait, the session stops doing so and the graph is captured
+//! again without it. `FUSEC_LIBRARY_PDL=0` (at load) never does.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use cudarc::driver::sys;
+use cudarc::driver::CudaStream;
+
+/// Library kernels known to wait for their predecessor before reading memory.
+pub(super) fn library_kernel_waits(name: &str) -> bool {
+    name.starts_with("sm90_xmma_gemm_")
+}
+
+/// Whether the session makes edges into library calls programmatic, and what it has seen.
+#[derive(Default)]
+pub(super) struct LibraryEdges {
+    /// sm_90 or later, and not turned off (`FUSEC_LIBRARY_PDL=0`).
+    allowed: bool,
+    /// The session's generated kernels are launched programmatically (the edges follow them).
+    on: AtomicBool,
+    /// A library call reached a kernel not known to wait (or failed under capture): never again.
+    refused: AtomicBool,
+    /// The graph being captured holds such an edge: capture it again.
+    recapture: AtomicBool,
+    /// Library kernels given a programmatic edge in the graph captured last.
+    made: AtomicUsize,
+}
+
+/// The capture's dependencies a library call's kernel was given a programmatic edge from.
+pub(super) struct Primaries(Vec<sys::CUgraphNode>);
+
+impl LibraryEdges {
+    pub(super) fn new(major: i32, on: bool) -> Self {
+        let knob = std::env::var("FUSEC_LIBRARY_PDL").ok();
+        let allowed = major >= 9 && knob.as_deref().map(str::trim) != Some("0");
+        LibraryEdges { allowed, on: AtomicBool::new(on), ..Default::default() }
+    }
+
+    pub(super) fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// A capture begins: nothing made in it yet.
+    pub(super) fn begin_capture(&self) {
+        self.recapture.store(false, Ordering::Relaxed);
+        self.made.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the graph just captured holds an edge into a kernel not known to wait.
+    pub(super) fn recapture(&self) -> bool {
+        self.recapture.load(Ordering::Relaxed)
+    }
+
+    /// Library kernels given a programmatic edge in the graph captured last.
+    pub(super) fn made(&self) -> usize {
+        self.made.load(Ordering::Relaxed)
+    }
+
+    /// Before a library call on `stream`: where a graph is being captured and everything the
+    /// call will depend on is a kernel, makes those edges programmatic.
+    pub(super) fn before(&self, stream: &CudaStream) -> Option<Primaries> {
+        if !self.allowed || !self.on.load(Ordering::Relaxed) || self.refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        let nodes = capture_dependencies(stream)?;
+        if nodes.is_empty()
+            || !nodes.iter().all(|&n| node_type(n) == Some(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL))
+        {
+            return None;
+        }
+        let edge = sys::CUgraphEdgeData {
+            from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+            to_port: 0,
+            type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+            reserved: [0; 5],
+        };
+        set_dependencies(stream, &nodes, Some(&vec![edge; nodes.len()])).then_some(Primaries(nodes))
+    }
+
+    /// After the call: checks what the programmatic edges reached. A kernel not known to wait
+    /// (or anything but a kernel, or a failed call) refuses the edges for the session and asks
+    /// for the graph to be captured again. Where the call captured nothing, the edges are made
+    /// plain again, for whatever is captured next.
+    pub(super) fn after(&self, stream: &CudaStream, primaries: Primaries, failed: bool) {
+        let mut reached = 0;
+        let mut safe = !failed;
+        for &node in &primaries.0 {
+            for (dependent, edge) in dependents(node) {
+                if edge.type_ != sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8 {
+                    continue;
+                }
+                reached += 1;
+                let name = kernel_name(dependent);
+                let waits = name.as_deref().is_some_and(library_kernel_waits);
+                tracing::debug!(
+                    kernel = name.as_deref().unwrap_or("(not a kernel)"),
+                    waits,
+                    "library kernel given a programmatic edge"
+                );
+                safe &= waits;
+            }
+        }
+        if reached == 0 && capture_dependencies(stream).is_some_and(|now| now == primaries.0) {
+            set_dependencies(stream, &primaries.0, None);
+        }
+        if safe {
+            self.made.fetch_add(reached, Ordering::Relaxed);
+        } else {
+            tracing::debug!("a library call reached a kernel not known to wait: its edges stay plain");
+            self.refused.store(true, Ordering::Relaxed);
+            self.recapture.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The nodes the next node captured on `stream` will depend on; `None` where the stream is not
+/// capturing.
+fn capture_dependencies(stream: &CudaStream) -> Option<Vec<sys::CUgraphNode>> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut count = 0usize;
+    // SAFETY: every pointer is to a local the call writes; the arrays it returns are owned by
+    // the capture and valid until the next call on the stream, and are copied at once.
+    let status_ok = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            &mut graph,
+            &mut nodes,
+            &mut edges,
+            &mut count,
+        )
+    } == sys::CUresult::CUDA_SUCCESS;
+    if !status_ok || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return None;
+    }
+    if count == 0 || nodes.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: the driver returned `count` nodes at `nodes`.
+    Some(unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec())
+}
+
+/// Sets what the next node captured on `stream` depends on, with `edges` (plain where `None`).
+fn set_dependencies(
+    stream: &CudaStream,
+    nodes: &[sys::CUgraphNode],
+    edges: Option<&[sys::CUgraphEdgeData]>,
+) -> bool {
+    let mut nodes = nodes.to_vec();
+    let data = edges.map_or(std::ptr::null(), |e| e.as_ptr());
+    // SAFETY: `nodes` and `data` hold `nodes.len()` entries each (or `data` is null) and are
+    // read during the call only.
+    let status = unsafe {
+        sys::cuStreamUpdateCaptureDependencies_v2(
+            stream.cu_stream(),
+            nodes.as_mut_ptr(),
+            data,
+            nodes.len(),
+            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+        )
+    };
+    status == sys::CUresult::CUDA_SUCCESS
+}
+
+fn node_type(node: sys::CUgraphNode) -> Option<sys::CUgraphNodeType> {
+    let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    // SAFETY: `node` belongs to the graph being captured; the call writes one value.
+    let ok = unsafe { sys::cuGraphNodeGetType(node, &mut kind) } == sys::CUresult::CUDA_SUCCESS;
+    ok.then_some(kind)
+}
+
+/// The nodes that depend on `node`, with their edges.
+fn dependents(node: sys::CUgraphNode) -> Vec<(sys::CUgraphNode, sys::CUgraphEdgeData)> {
+    let mut count = 0usize;
+    // SAFETY: with null arrays the call writes the count only.
+    let counted = unsafe {
+        sys::cuGraphNodeGetDependentNodes_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut count)
+    } == sys::CUresult::CUDA_SUCCESS;
+    if !counted || count == 0 {
+        return Vec::new();
+    }
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    let blank = sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] };
+    let mut edges = vec![blank; count];
+    // SAFETY: both arrays hold `count` entries, the number the driver gave.
+    let ok = unsafe {
+        sys::cuGraphNodeGetDependentNodes_v2(node, nodes.as_mut_ptr(), edges.as_mut_ptr(), &mut count)
+    } == sys::CUresult::CUDA_SUCCESS;
+    if !ok {
+        return Vec::new();
+    }
+    nodes.into_iter().zip(edges).take(count).collect()
+}
+
+/// The name of a kernel node's function; `None` for another kind of node.
+fn kernel_name(node: sys::CUgraphNode) -> Option<String> {
+    if node_type(node) != Some(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL) {
+        return None;
+    }
+    // SAFETY: plain C struct of pointers and integers; zero is valid, and the call fills it.
+    let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    // SAFETY: `node` is a kernel node of the graph being captured.
+    if unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut params) } != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the function (or kernel) handle comes from the driver; the name it returns is a
+    // NUL-terminated string owned by the driver, copied at once.
+    let ok = unsafe {
+        if !params.func.is_null() {
+            sys::cuFuncGetName(&mut name, params.func)
+        } else {
+            sys::cuKernelGetName(&mut name, params.kern)
+        }
+    } == sys::CUresult::CUDA_SUCCESS;
+    if !ok || name.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    Some(unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::library_kernel_waits;
+
+    #[test]
+    fn only_hopper_xmma_gemms_are_known_to_wait() {
+        assert!(library_kernel_waits(
+            "sm90_xmma_gemm_f16f16_f16f32_f32_nt_n_tilesize64x128x64_cgasize1x1x1_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+        ));
+        // Older kernels (no wait in their code) and a split-K reduction are not.
+        assert!(!library_kernel_waits(
+            "_Z18sgemm_largek_lds64ILb1ELb1ELi5ELi5ELi4ELi4ELi4ELi34EEvPfPKfS2_iiiiiiS2_S2_ffiiPiS3_"
+        ));
+        assert!(!library_kernel_waits("_ZN8internal5gemvx6kernelIiiN3__half"));
+        assert!(!library_kernel_waits("cublasLt_splitKreduce_kernel"));
+    }
+}
