@@ -11,6 +11,10 @@ use super::{driver, RuntimeError, Session};
 /// Captures of a CUDA graph tried before a failure is an error ([`Session::capture`]).
 pub(super) const CAPTURE_TRIES: usize = 5;
 
+/// Captures made again for library kernels that were not known to wait ([`Session::capture`])
+/// before the session's library edges are left plain.
+const RECAPTURES: usize = 8;
+
 impl Session {
     /// Runs every step on the data in device memory — the first time one by one, then (with
     /// CUDA graphs on) as a captured graph — and waits for the GPU.
@@ -89,7 +93,7 @@ impl Session {
         &self,
         record: impl Fn(&Self) -> Result<(), RuntimeError>,
     ) -> Result<CudaGraph, RuntimeError> {
-        let mut tries = 0;
+        let (mut tries, mut recaptures) = (0, 0);
         loop {
             tries += 1;
             self.library_edges.begin_capture();
@@ -102,6 +106,11 @@ impl Session {
                 // A library kernel not known to wait was given a programmatic edge: the edges
                 // into library calls are plain from now on; the graph is captured again.
                 (Ok(()), Ok(Some(_))) if self.library_edges.recapture() => {
+                    recaptures += 1;
+                    if recaptures >= RECAPTURES {
+                        self.library_edges.refuse();
+                    }
+                    self.probe_pending_library_kernels();
                     tries -= 1;
                     continue;
                 }

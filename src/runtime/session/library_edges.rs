@@ -2,22 +2,56 @@
 //! are launched with programmatic dependent launch (`launch_programmatic`), but a cuBLAS or
 //! cuBLASLt call launches its kernels itself, so in a captured graph the edge into the library's
 //! kernel is a full dependency: it is scheduled only once the kernel before it has ended and
-//! flushed. cuBLASLt's Hopper kernels (`sm90_xmma_gemm_*`) begin with the wait for their
-//! predecessor (`griddepcontrol.wait`, `ACQBULK` in their machine code: every one of them among
-//! the 6,046 functions of CUDA 13.0's `libcublasLt.so.13` disassembled, `benches/NOTES.md`),
-//! so they may be scheduled earlier, as fusec's are. While a graph is captured, the edge into a
-//! library call is made programmatic; after the call, the kernel it reached is checked by name,
-//! and where it is not one known to wait, the session stops doing so and the graph is captured
-//! again without it. `FUSEC_LIBRARY_PDL=0` (at load) never does.
+//! flushed. A library kernel that begins with the wait for its predecessor
+//! (`griddepcontrol.wait`) may be scheduled earlier, as fusec's are. While a graph is captured,
+//! the edge into a library call is made programmatic; after the call, the kernel it reached is
+//! looked up by name: known to wait (cuBLASLt's `sm90_xmma_gemm_*` kernels, whose machine code
+//! was read, `benches/NOTES.md`), or found to by a probe ([`super::library_probe`]) run once a
+//! process for each other kernel the first time it is reached. A kernel that does not wait (or
+//! anything but a kernel, or a failed call) makes the session's library edges plain from then
+//! on. Either way the graph is captured again. `FUSEC_LIBRARY_PDL=0` (at load) never makes them.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use cudarc::driver::sys;
 use cudarc::driver::CudaStream;
 
-/// Library kernels known to wait for their predecessor before reading memory.
+use super::launch::Loaded;
+
+/// Library kernels known to wait for their predecessor before reading memory, from their
+/// machine code.
 pub(super) fn library_kernel_waits(name: &str) -> bool {
     name.starts_with("sm90_xmma_gemm_")
+}
+
+/// What the probes of this process found, by kernel name.
+static PROBED: Mutex<Option<HashMap<String, bool>>> = Mutex::new(None);
+
+/// Whether the library kernel `name` waits for its predecessor: known, probed, or (`None`) not
+/// known yet.
+pub(super) fn verdict(name: &str) -> Option<bool> {
+    if library_kernel_waits(name) {
+        return Some(true);
+    }
+    let probed = PROBED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    probed.as_ref().and_then(|m| m.get(name).copied())
+}
+
+/// The library kernels this process has probed, by name, and whether each waits for its
+/// predecessor.
+pub fn probed_library_kernels() -> Vec<(String, bool)> {
+    let probed = PROBED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut all: Vec<(String, bool)> = probed.iter().flatten().map(|(k, &v)| (k.clone(), v)).collect();
+    all.sort();
+    all
+}
+
+/// Records what a probe found for the kernel `name`.
+pub(super) fn record_probe(name: &str, waits: bool) {
+    let mut probed = PROBED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    probed.get_or_insert_with(HashMap::new).insert(name.to_string(), waits);
 }
 
 /// Whether the session makes edges into library calls programmatic, and what it has seen.
@@ -27,12 +61,15 @@ pub(super) struct LibraryEdges {
     allowed: bool,
     /// The session's generated kernels are launched programmatically (the edges follow them).
     on: AtomicBool,
-    /// A library call reached a kernel not known to wait (or failed under capture): never again.
+    /// A library call reached a kernel that does not wait (or failed under capture): never again.
     refused: AtomicBool,
-    /// The graph being captured holds such an edge: capture it again.
+    /// The graph being captured holds an edge into a kernel not known to wait: capture it again.
     recapture: AtomicBool,
     /// Library kernels given a programmatic edge in the graph captured last.
     made: AtomicUsize,
+    /// Kernels reached that are not known yet, each with the address of the step whose call
+    /// reached it, to be probed before the graph is captured again.
+    pending: Mutex<Vec<(String, usize)>>,
 }
 
 /// The capture's dependencies a library call's kernel was given a programmatic edge from.
@@ -65,61 +102,94 @@ impl LibraryEdges {
         self.made.load(Ordering::Relaxed)
     }
 
+    /// The kernels to probe, with their steps' addresses (taken).
+    pub(super) fn take_pending(&self) -> Vec<(String, usize)> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// No more library edges in this session.
+    pub(super) fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
+
     /// Before a library call on `stream`: where a graph is being captured and everything the
     /// call will depend on is a kernel, makes those edges programmatic.
     pub(super) fn before(&self, stream: &CudaStream) -> Option<Primaries> {
         if !self.allowed || !self.on.load(Ordering::Relaxed) || self.refused.load(Ordering::Relaxed) {
             return None;
         }
-        let nodes = capture_dependencies(stream)?;
-        if nodes.is_empty()
-            || !nodes.iter().all(|&n| node_type(n) == Some(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL))
-        {
-            return None;
-        }
-        let edge = sys::CUgraphEdgeData {
-            from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
-            to_port: 0,
-            type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
-            reserved: [0; 5],
-        };
-        set_dependencies(stream, &nodes, Some(&vec![edge; nodes.len()])).then_some(Primaries(nodes))
+        programmatic_from_here(stream).map(Primaries)
     }
 
-    /// After the call: checks what the programmatic edges reached. A kernel not known to wait
-    /// (or anything but a kernel, or a failed call) refuses the edges for the session and asks
-    /// for the graph to be captured again. Where the call captured nothing, the edges are made
-    /// plain again, for whatever is captured next.
-    pub(super) fn after(&self, stream: &CudaStream, primaries: Primaries, failed: bool) {
+    /// After the call of `step`: looks up what the programmatic edges reached. A kernel that
+    /// does not wait (or anything but a kernel, or a failed call) refuses the edges for the
+    /// session; one not known yet is left to probe; either asks for the graph to be captured
+    /// again. Where the call captured nothing, the edges are made plain again, for whatever is
+    /// captured next.
+    pub(super) fn after(&self, stream: &CudaStream, primaries: Primaries, failed: bool, step: &Loaded) {
         let mut reached = 0;
         let mut safe = !failed;
+        let mut unknown = Vec::new();
+        let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
         for &node in &primaries.0 {
-            for (dependent, edge) in dependents(node) {
-                if edge.type_ != sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8 {
-                    continue;
-                }
+            for (dependent, _) in dependents(node).into_iter().filter(|(_, e)| e.type_ == programmatic) {
                 reached += 1;
                 let name = kernel_name(dependent);
-                let waits = name.as_deref().is_some_and(library_kernel_waits);
+                let waits = name.as_deref().map_or(Some(false), verdict);
                 tracing::debug!(
                     kernel = name.as_deref().unwrap_or("(not a kernel)"),
-                    waits,
+                    ?waits,
                     "library kernel given a programmatic edge"
                 );
-                safe &= waits;
+                match (waits, name) {
+                    (Some(waits), _) => safe &= waits,
+                    (None, Some(name)) => unknown.push((name, step as *const Loaded as usize)),
+                    (None, None) => safe = false,
+                }
             }
         }
         if reached == 0 && capture_dependencies(stream).is_some_and(|now| now == primaries.0) {
             set_dependencies(stream, &primaries.0, None);
         }
-        if safe {
-            self.made.fetch_add(reached, Ordering::Relaxed);
-        } else {
-            tracing::debug!("a library call reached a kernel not known to wait: its edges stay plain");
-            self.refused.store(true, Ordering::Relaxed);
+        if !safe {
+            tracing::debug!("a library call reached a kernel that does not wait: its edges stay plain");
+            self.refuse();
             self.recapture.store(true, Ordering::Relaxed);
+        } else if !unknown.is_empty() {
+            self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(unknown);
+            self.recapture.store(true, Ordering::Relaxed);
+        } else {
+            self.made.fetch_add(reached, Ordering::Relaxed);
         }
     }
+}
+
+/// Where everything the next node captured on `stream` depends on is a kernel, makes those
+/// edges programmatic; the nodes, or `None` (nothing changed).
+pub(super) fn programmatic_from_here(stream: &CudaStream) -> Option<Vec<sys::CUgraphNode>> {
+    let nodes = capture_dependencies(stream)?;
+    let kernel =
+        |n: &sys::CUgraphNode| node_type(*n) == Some(sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL);
+    if nodes.is_empty() || !nodes.iter().all(kernel) {
+        return None;
+    }
+    let edge = sys::CUgraphEdgeData {
+        from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
+        to_port: 0,
+        type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+        reserved: [0; 5],
+    };
+    set_dependencies(stream, &nodes, Some(&vec![edge; nodes.len()])).then_some(nodes)
+}
+
+/// The name of the kernel the nodes `primaries` reach through a programmatic edge (the first).
+pub(super) fn reached_kernel(primaries: &[sys::CUgraphNode]) -> Option<String> {
+    let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+    primaries
+        .iter()
+        .flat_map(|&node| dependents(node))
+        .find(|(_, edge)| edge.type_ == programmatic)
+        .and_then(|(node, _)| kernel_name(node))
 }
 
 /// The nodes the next node captured on `stream` will depend on; `None` where the stream is not

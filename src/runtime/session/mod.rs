@@ -22,6 +22,8 @@ mod graph;
 mod io;
 mod launch;
 mod library_edges;
+pub use library_edges::probed_library_kernels;
+mod library_probe;
 mod load;
 mod pinned;
 mod profile;
