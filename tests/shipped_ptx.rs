@@ -8,12 +8,11 @@
 use std::path::Path;
 
 /// Each kept PTX file, its source and the options it is compiled with.
-const SHIPPED: [(&str, &str, &[&str]); 5] = [
+const SHIPPED: [(&str, &str, &[&str]); 4] = [
     ("copy_rows.ptx", "copy_rows.cu", &["-arch=compute_75"]),
     ("argmax_rows.ptx", "argmax_rows.cu", &["-arch=compute_75"]),
     ("sample_rows.ptx", "sample_rows.cu", &["-arch=compute_75"]),
     ("sample_rows_cluster.ptx", "sample_rows.cu", &["-arch=compute_90", "-DSAMPLE_CLUSTER=8"]),
-    ("wait_probe.ptx", "wait_probe.cu", &["-arch=compute_90"]),
 ];
 
 #[test]

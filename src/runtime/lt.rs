@@ -443,11 +443,6 @@ impl Lt {
         gemm.algo = like.algo;
     }
 
-    /// The algorithm `gemm` runs, as its bytes (what a library kernel's verdict is kept by).
-    pub(super) fn algo_key(gemm: &LtGemm) -> [u64; 8] {
-        gemm.algo.data
-    }
-
     /// Runs `gemm` with a cached algorithm if it still fits this GEMM and library.
     pub(super) fn restore(&self, gemm: &mut LtGemm, cached: &CachedAlgo) -> bool {
         let fits = self.check(gemm, &cached.algo);

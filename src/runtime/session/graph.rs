@@ -11,10 +11,6 @@ use super::{driver, RuntimeError, Session};
 /// Captures of a CUDA graph tried before a failure is an error ([`Session::capture`]).
 pub(super) const CAPTURE_TRIES: usize = 5;
 
-/// Captures made again for library kernels that were not known to wait ([`Session::capture`])
-/// before the session's library edges are left plain.
-const RECAPTURES: usize = 8;
-
 impl Session {
     /// Runs every step on the data in device memory — the first time one by one, then (with
     /// CUDA graphs on) as a captured graph — and waits for the GPU.
@@ -93,27 +89,15 @@ impl Session {
         &self,
         record: impl Fn(&Self) -> Result<(), RuntimeError>,
     ) -> Result<CudaGraph, RuntimeError> {
-        let (mut tries, mut recaptures) = (0, 0);
+        let mut tries = 0;
         loop {
             tries += 1;
-            self.library_edges.begin_capture();
             self.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(driver)?;
             let recorded = record(self);
             let captured = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(driver);
             let failure = match (recorded, captured) {
-                // A library kernel not known to wait was given a programmatic edge: the edges
-                // into library calls are plain from now on; the graph is captured again.
-                (Ok(()), Ok(Some(_))) if self.library_edges.recapture() => {
-                    recaptures += 1;
-                    if recaptures >= RECAPTURES {
-                        self.library_edges.refuse();
-                    }
-                    self.probe_pending_library_kernels();
-                    tries -= 1;
-                    continue;
-                }
                 (Ok(()), Ok(Some(graph))) => return Ok(graph),
                 (Ok(()), Ok(None)) => RuntimeError::Driver("the capture gave no graph".into()),
                 (Err(e), _) | (_, Err(e)) => e,
@@ -150,14 +134,6 @@ impl Session {
                 }
             })
             .sum()
-    }
-
-    /// The library GEMM kernels scheduled while the kernel before them finishes (a programmatic
-    /// edge) in the CUDA graph captured last, by name: none before sm_90, without programmatic
-    /// dependent launch, with `FUSEC_LIBRARY_PDL=0`, or where every library call reached a
-    /// kernel that does not wait for its predecessor.
-    pub fn library_kernels_programmatic(&self) -> Vec<String> {
-        self.library_edges.made()
     }
 
     /// Whether later runs replay a captured CUDA graph.

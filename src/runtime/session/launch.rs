@@ -230,7 +230,14 @@ impl Session {
             Loaded::Gemm { skinny_narrow: Some(launch), on_skinny: true, on_narrow: true, .. } => {
                 self.launch(launch)
             }
-            Loaded::Gemm { .. } => self.library_call(step, || self.library_gemm(step)),
+            Loaded::Gemm { gemm, lt: Some(prepared), on_cublas: false, .. } => {
+                let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
+                let addresses =
+                    (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
+                let residual = gemm.lt_epilogue.and_then(|e| e.residual).map(|r| self.address(r));
+                lt.run(prepared, gemm, addresses, residual, &self.stream)
+            }
+            Loaded::Gemm { gemm, .. } => self.gemm(gemm),
             Loaded::Conv { call, .. } => {
                 let dnn = self.dnn.as_ref().ok_or_else(|| RuntimeError::Driver("no cuDNN handle".into()))?;
                 call.launch(dnn, self.conv_workspace())
@@ -294,36 +301,6 @@ impl Session {
 
     pub(super) fn address(&self, location: Location) -> u64 {
         device_address(location, self.arena_ptr, self.weights_ptr)
-    }
-
-    /// A library call, its kernel given a programmatic edge where a graph is being captured
-    /// ([`super::library_edges`]).
-    fn library_call(
-        &self,
-        step: &Loaded,
-        call: impl FnOnce() -> Result<(), RuntimeError>,
-    ) -> Result<(), RuntimeError> {
-        let Some(primaries) = self.library_edges.before(&self.stream, step) else {
-            return call();
-        };
-        let result = call();
-        self.library_edges.after(&self.stream, primaries, result.is_err(), step);
-        result
-    }
-
-    /// A GEMM step's call of cuBLASLt or cuBLAS (nothing for another step).
-    pub(super) fn library_gemm(&self, step: &Loaded) -> Result<(), RuntimeError> {
-        match step {
-            Loaded::Gemm { gemm, lt: Some(prepared), on_cublas: false, .. } => {
-                let lt = self.lt.as_ref().ok_or_else(|| RuntimeError::Driver("no cuBLASLt handle".into()))?;
-                let addresses =
-                    (self.address(gemm.a.location), self.address(gemm.b.location), self.address(gemm.c));
-                let residual = gemm.lt_epilogue.and_then(|e| e.residual).map(|r| self.address(r));
-                lt.run(prepared, gemm, addresses, residual, &self.stream)
-            }
-            Loaded::Gemm { gemm, .. } => self.gemm(gemm),
-            _ => Ok(()),
-        }
     }
 
     pub(super) fn gemm(&self, g: &GemmSpec) -> Result<(), RuntimeError> {

@@ -334,7 +334,6 @@ impl Session {
             conv_workspace,
             state: Default::default(),
             pinned: Default::default(),
-            library_edges: super::library_edges::LibraryEdges::new(major, forced == Some(true)),
         };
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -21,9 +21,6 @@ mod feed;
 mod graph;
 mod io;
 mod launch;
-mod library_edges;
-pub use library_edges::probed_library_kernels;
-mod library_probe;
 mod load;
 mod pinned;
 mod profile;
@@ -129,8 +126,6 @@ pub struct Session {
     pinned: Arc<std::sync::Mutex<pinned::Pool>>,
     /// Where the kernels report an index outside its axis (none: the bundle gathers nothing).
     faults: Option<faults::IndexFaults>,
-    /// Edges into library GEMMs' kernels made programmatic in captured graphs.
-    library_edges: library_edges::LibraryEdges,
 }
 
 /// How a session runs.

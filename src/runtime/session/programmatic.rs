@@ -25,7 +25,6 @@ impl Session {
                 launch.set_programmatic(on);
             }
         }
-        self.library_edges.set_on(on);
         // The next run captures the graph anew.
         self.graph = None;
     }
