@@ -59,6 +59,14 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
+    // tract panics on some inputs of a `--check` (an index past a Gather's table): the
+    // reference run turns that into an error, which is printed; the panic's own message is not.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !fusec::import::in_reference_run() {
+            default_hook(info);
+        }
+    }));
     // The long version names the NVRTC and driver versions, which loads both libraries
     // (~30 MB of the process, before a compile has read anything): only when it is asked for.
     // Computed once per process, so leaking it costs nothing.

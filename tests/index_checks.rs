@@ -195,8 +195,31 @@ fn the_reference_run_past_the_table_is_an_error() {
     let mask = vec![1i64; 17];
     let values: Vec<Tensor> =
         one_token_inputs(FILE, 1, 16, &mask, 64.0, 7).into_iter().map(|(_, t)| t).collect();
-    let error = fusec::import::run_tract(&common::model_path(FILE), &values).unwrap_err();
+    // The panic is raised inside the reference run, which a program's hook can tell (the
+    // `fusec` command's prints nothing for it); after the run the thread is outside it again.
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = inside.clone();
+    let error = std::thread::spawn(move || {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if fusec::import::in_reference_run() {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            } else {
+                default_hook(info);
+            }
+        }));
+        let error = fusec::import::run_tract(&common::model_path(FILE), &values).unwrap_err();
+        let _ = std::panic::take_hook();
+        assert!(!fusec::import::in_reference_run(), "still marked inside the reference run");
+        error
+    })
+    .join()
+    .unwrap();
     assert!(error.contains("failed on these inputs: it panicked"), "{error}");
+    assert!(
+        inside.load(std::sync::atomic::Ordering::SeqCst),
+        "the panic was not seen inside the reference run"
+    );
 }
 
 /// A gather along an axis with no entries (every index out of range) is refused when compiling,

@@ -21,6 +21,33 @@ fn to_tract(t: &IrTensor) -> Tensor {
     }
 }
 
+thread_local! {
+    static IN_REFERENCE_RUN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is inside tract's run of [`run_tract`], where a panic becomes
+/// [`run_tract`]'s error: the `fusec` command's panic hook prints nothing for such a panic
+/// (a library leaves its caller's hook alone).
+pub fn in_reference_run() -> bool {
+    IN_REFERENCE_RUN.with(std::cell::Cell::get)
+}
+
+/// Marks the thread as inside tract's run while it lives.
+struct InReferenceRun(bool);
+
+impl InReferenceRun {
+    fn during<T>(run: impl FnOnce() -> T) -> T {
+        let _mark = InReferenceRun(IN_REFERENCE_RUN.with(|c| c.replace(true)));
+        run()
+    }
+}
+
+impl Drop for InReferenceRun {
+    fn drop(&mut self) {
+        IN_REFERENCE_RUN.with(|c| c.set(self.0));
+    }
+}
+
 /// Runs the ONNX model at `path` with tract on `inputs` (in the model's input order) and
 /// returns its outputs in order.
 pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, String> {
@@ -36,17 +63,19 @@ pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, Stri
     let plan = model.into_optimized().map_err(context)?.into_runnable().map_err(context)?;
     let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
     // tract panics on some inputs (an index past a Gather's table, a negative one in GatherND):
-    // an error, not a crash.
-    let outputs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(feeds)))
-        .map_err(|panic| {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("no message");
-            format!("tract on {} failed on these inputs: it panicked ({what})", path.display())
-        })?
-        .map_err(context)?;
+    // an error, not a crash. While it runs, `in_reference_run` says so, for a program's panic
+    // hook to leave the message to that error.
+    let outputs =
+        InReferenceRun::during(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(feeds))))
+            .map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                format!("tract on {} failed on these inputs: it panicked ({what})", path.display())
+            })?
+            .map_err(context)?;
     outputs.iter().map(|t| from_tract(t)).collect()
 }
 
