@@ -334,7 +334,12 @@ impl Session {
             conv_workspace,
             state: Default::default(),
             pinned: Default::default(),
+            tuning_ones: super::programmatic::tuning_ones(&header),
         };
+        if tune || session.programmatic_forced.is_none() {
+            // What the GEMMs' algorithms and programmatic launch are timed on.
+            session.stage_tuning_inputs()?;
+        }
         if tune {
             let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
@@ -342,6 +347,10 @@ impl Session {
             cache.save();
         }
         session.launch_choice = session.choose_programmatic()?;
+        // An index the tuning values led outside its table is not the first run's to report.
+        if let Err(e) = session.check_indices() {
+            tracing::debug!("while the program was timed at load: {e}");
+        }
         Ok(session)
     }
 }

@@ -126,6 +126,9 @@ pub struct Session {
     pinned: Arc<std::sync::Mutex<pinned::Pool>>,
     /// Where the kernels report an index outside its axis (none: the bundle gathers nothing).
     faults: Option<faults::IndexFaults>,
+    /// For each input, whether the load times the program with ones in it
+    /// ([`Session::stage_tuning_inputs`]).
+    tuning_ones: Vec<bool>,
 }
 
 /// How a session runs.

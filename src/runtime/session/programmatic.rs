@@ -5,6 +5,7 @@
 //! ([`super::launch::programmatic_launch_forced`]) times its program both ways at load.
 
 use super::{lt, RuntimeError, Session};
+use crate::ir::DType;
 
 /// How a session's generated kernels came to be launched as they are.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,7 +33,7 @@ impl Session {
     /// Times the program (a CUDA graph) with and without programmatic dependent launch, twice
     /// each, alternately, and keeps it only where it makes the program faster by more than the
     /// noise margin. Nothing is timed where the choice is settled or no kernel can wait. At
-    /// load only (it writes zeros into the inputs): the other points of a range bundle take
+    /// load only (it writes the tuning values into the inputs): the other points of a range bundle take
     /// the top's choice.
     pub(super) fn choose_programmatic(&mut self) -> Result<Option<LaunchChoice>, RuntimeError> {
         let waits = self.steps.iter_mut().any(|s| s.kernels_mut().iter().any(|l| l.waits));
@@ -57,7 +58,7 @@ impl Session {
     }
 
     /// Median milliseconds of the program as runs replay it: each input written into its
-    /// page-locked buffer (zeros) and copied in first, then the graph (captured anew), timed
+    /// page-locked buffer (the values the load times the program on, [`Session::stage_tuning_inputs`]) and copied in first, then the graph (captured anew), timed
     /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
     /// ([`Session::time_replays`]). The plain program's time depends on the process's state
     /// more than programmatic launch's does: on ViT-B/16 at batch 8 the plain replays ran
@@ -65,20 +66,80 @@ impl Session {
     /// programmatic launch 0.82 in both (`benches/NOTES.md`). The choice holds for the state
     /// it was made in.
     fn time_as_runs(&mut self) -> Result<f64, RuntimeError> {
-        self.time_replays(Self::stage_zeros)
+        self.time_replays(Self::stage_tuning_inputs)
     }
 
-    /// Writes zeros into every input's page-locked buffer (but a cache laid out inside its
-    /// output) and copies it in, as a run does with its inputs, whole (the top of any range:
-    /// the buffers are sized for it).
-    fn stage_zeros(&mut self) -> Result<(), RuntimeError> {
+    /// Writes the values the load times the program on into every input's page-locked buffer
+    /// (but a cache laid out inside its output) and copies it in, whole (the top of any range:
+    /// the buffers are sized for it): floats zero; integers and booleans one — a padding mask's
+    /// "attend", a valid token id and position — so that a decoder's attention reads every
+    /// cached position as a full cache does, rather than skipping them all as a mask of zeros
+    /// does; zero where the input indexes a table of a single entry
+    /// ([`crate::bundle::Header::index_limits`]). `FUSEC_TUNE_INPUTS=zeros` writes zeros
+    /// everywhere, as before.
+    pub(super) fn stage_tuning_inputs(&mut self) -> Result<(), RuntimeError> {
         for k in 0..self.inputs.len() {
             if self.inputs[k].inside.is_some() {
                 continue;
             }
-            let bytes = self.inputs[k].tensor_type().map_or(0, |t| t.size_bytes());
-            self.stage_input(k, bytes, |host| host.fill(0))?;
+            let Some(ty) = self.inputs[k].tensor_type() else { continue };
+            let one = self.tuning_ones.get(k).copied().unwrap_or(false);
+            let width = ty.dtype.size_bytes().max(1);
+            self.stage_input(k, ty.size_bytes(), |host| {
+                host.fill(0);
+                if one {
+                    // Little-endian one of the element's width: its first byte.
+                    host.chunks_mut(width).for_each(|e| e[0] = 1);
+                }
+            })?;
         }
         Ok(())
+    }
+}
+
+/// For each of the bundle's inputs, whether the load times the program with ones in it
+/// ([`Session::stage_tuning_inputs`]): integer and boolean inputs, but one that indexes a table
+/// of a single entry; none with `FUSEC_TUNE_INPUTS=zeros`.
+pub(super) fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
+    let zeros = std::env::var("FUSEC_TUNE_INPUTS").is_ok_and(|v| v.trim() == "zeros");
+    header
+        .inputs
+        .iter()
+        .map(|spec| {
+            let Some(ty) = spec.tensor_type() else { return false };
+            let counts = matches!(ty.dtype, DType::I64 | DType::I32 | DType::Bool);
+            let table = header.index_limits.get(&spec.name).copied();
+            !zeros && counts && table.is_none_or(|rows| rows >= 2)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tuning_ones;
+
+    /// The GPT-2 fixture with its cache: its token ids, positions and mask are timed with ones
+    /// (the mask's ones: every cached position live), its cache with zeros; an integer input
+    /// indexing a table of one entry keeps zeros.
+    #[test]
+    fn a_decoders_ids_positions_and_mask_are_timed_with_ones() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2_cache_ts.onnx");
+        let dims = ["batch=2", "seq=1", "past=7", "total=8"].map(|d| d.parse().expect("a dim")).to_vec();
+        let options = crate::pipeline::CompileOptions {
+            import: crate::import::ImportOptions::new(vec![], dims),
+            ..Default::default()
+        };
+        let mut header = crate::compile(&path, &options).expect("the fixture compiles").header;
+        let ones = |header: &crate::bundle::Header| -> Vec<(String, bool)> {
+            header.inputs.iter().map(|s| s.name.clone()).zip(tuning_ones(header)).collect()
+        };
+        let timed = ones(&header);
+        for (name, one) in &timed {
+            let expected = ["input_ids", "position_ids", "attention_mask"].contains(&name.as_str());
+            assert_eq!(*one, expected, "{name}: {timed:?}");
+        }
+        assert!(timed.iter().any(|(n, _)| n.starts_with("past_key_values")), "{timed:?}");
+        header.index_limits.insert("position_ids".into(), 1);
+        assert!(ones(&header).contains(&("position_ids".into(), false)));
     }
 }
