@@ -334,7 +334,7 @@ impl Session {
             conv_workspace,
             state: Default::default(),
             pinned: Default::default(),
-            tuning_ones: super::programmatic::tuning_ones(&header),
+            tuning_ones: super::programmatic::tuning_ones(header),
         };
         if tune || session.programmatic_forced.is_none() {
             // What the GEMMs' algorithms and programmatic launch are timed on.
