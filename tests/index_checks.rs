@@ -250,3 +250,22 @@ fn inputs_that_index_tables_have_their_limits() {
     assert_eq!(limits.get("token_type_ids"), Some(&2), "{limits:?}");
     assert_eq!(limits.get("attention_mask"), None, "{limits:?}");
 }
+
+/// What the load times its choices on (`fusec::runtime::tuning_ones`): the GPT-2 fixture's token
+/// ids, positions and mask hold ones (the mask's ones: every cached position live), its cache
+/// zeros; an integer input indexing a table of one entry keeps zeros.
+#[test]
+fn a_decoders_ids_positions_and_mask_are_timed_with_ones() {
+    let mut header = compiled(FILE, 2, 1, 7, DType::F32, false).header;
+    let ones = |header: &fusec::bundle::Header| -> Vec<(String, bool)> {
+        header.inputs.iter().map(|s| s.name.clone()).zip(fusec::runtime::tuning_ones(header)).collect()
+    };
+    let timed = ones(&header);
+    for (name, one) in &timed {
+        let expected = ["input_ids", "position_ids", "attention_mask"].contains(&name.as_str());
+        assert_eq!(*one, expected, "{name}: {timed:?}");
+    }
+    assert!(timed.iter().any(|(n, _)| n.starts_with("past_key_values")), "{timed:?}");
+    header.index_limits.insert("position_ids".into(), 1);
+    assert!(ones(&header).contains(&("position_ids".into(), false)));
+}

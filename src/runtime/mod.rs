@@ -14,9 +14,9 @@ pub use lt::{
 };
 pub use rates::{measure as measure_rates, DeviceRates};
 pub use session::{
-    driver_available, driver_version, run_once, tensor_from_bytes, CacheCopy, ColumnSet, DeviceInput,
-    DeviceOutput, HostInput, PinnedOutput, RowCopy, RowDraw, SampledRows, Session, SessionOptions,
-    StepProfile, TimingEvent, PINNED_MIN_BYTES, PROFILE_REPEAT,
+    driver_available, driver_version, run_once, tensor_from_bytes, tuning_ones, CacheCopy, ColumnSet,
+    DeviceInput, DeviceOutput, HostInput, PinnedOutput, RowCopy, RowDraw, SampledRows, Session,
+    SessionOptions, StepProfile, TimingEvent, PINNED_MIN_BYTES, PROFILE_REPEAT,
 };
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -25,6 +25,7 @@ mod load;
 mod pinned;
 mod profile;
 mod programmatic;
+pub use programmatic::tuning_ones;
 mod sample;
 mod sizes;
 mod state;

@@ -100,7 +100,7 @@ impl Session {
 /// For each of the bundle's inputs, whether the load times the program with ones in it
 /// ([`Session::stage_tuning_inputs`]): integer and boolean inputs, but one that indexes a table
 /// of a single entry; none with `FUSEC_TUNE_INPUTS=zeros`.
-pub(super) fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
+pub fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
     let zeros = std::env::var("FUSEC_TUNE_INPUTS").is_ok_and(|v| v.trim() == "zeros");
     header
         .inputs
@@ -112,34 +112,4 @@ pub(super) fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
             !zeros && counts && table.is_none_or(|rows| rows >= 2)
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tuning_ones;
-
-    /// The GPT-2 fixture with its cache: its token ids, positions and mask are timed with ones
-    /// (the mask's ones: every cached position live), its cache with zeros; an integer input
-    /// indexing a table of one entry keeps zeros.
-    #[test]
-    fn a_decoders_ids_positions_and_mask_are_timed_with_ones() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2_cache_ts.onnx");
-        let dims = ["batch=2", "seq=1", "past=7", "total=8"].map(|d| d.parse().expect("a dim")).to_vec();
-        let options = crate::pipeline::CompileOptions {
-            import: crate::import::ImportOptions::new(vec![], dims),
-            ..Default::default()
-        };
-        let mut header = crate::compile(&path, &options).expect("the fixture compiles").header;
-        let ones = |header: &crate::bundle::Header| -> Vec<(String, bool)> {
-            header.inputs.iter().map(|s| s.name.clone()).zip(tuning_ones(header)).collect()
-        };
-        let timed = ones(&header);
-        for (name, one) in &timed {
-            let expected = ["input_ids", "position_ids", "attention_mask"].contains(&name.as_str());
-            assert_eq!(*one, expected, "{name}: {timed:?}");
-        }
-        assert!(timed.iter().any(|(n, _)| n.starts_with("past_key_values")), "{timed:?}");
-        header.index_limits.insert("position_ids".into(), 1);
-        assert!(ones(&header).contains(&("position_ids".into(), false)));
-    }
 }
