@@ -58,8 +58,9 @@ impl Session {
     }
 
     /// Median milliseconds of the program as runs replay it: each input written into its
-    /// page-locked buffer (the values the load times the program on, [`Session::stage_tuning_inputs`]) and copied in first, then the graph (captured anew), timed
-    /// with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
+    /// page-locked buffer (the values the load times the program on,
+    /// [`Session::stage_tuning_inputs`]) and copied in first, then the graph (captured anew),
+    /// timed with CUDA events, over `lt::TIMED_RUNS` runs after three untimed ones
     /// ([`Session::time_replays`]). The plain program's time depends on the process's state
     /// more than programmatic launch's does: on ViT-B/16 at batch 8 the plain replays ran
     /// 0.817 ms before another build's session was loaded and 0.835–0.845 after, with
@@ -97,8 +98,8 @@ impl Session {
     }
 }
 
-/// For each of the bundle's inputs, whether the load times the program with ones in it
-/// ([`Session::stage_tuning_inputs`]): integer and boolean inputs, but one that indexes a table
+/// For each of the bundle's inputs, whether the load times the program with ones in it (the
+/// session's tuning inputs): integer and boolean inputs, but one that indexes a table
 /// of a single entry; none with `FUSEC_TUNE_INPUTS=zeros`.
 pub fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
     let zeros = std::env::var("FUSEC_TUNE_INPUTS").is_ok_and(|v| v.trim() == "zeros");
