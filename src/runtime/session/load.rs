@@ -347,6 +347,11 @@ impl Session {
             cache.save();
         }
         session.launch_choice = session.choose_programmatic()?;
+        if tune || session.programmatic_forced.is_none() {
+            // The inputs as a session holds them before its first run: zeros.
+            session.stage_zero_inputs()?;
+            session.stream.synchronize().map_err(driver)?;
+        }
         // An index the tuning values led outside its table is not the first run's to report.
         if let Err(e) = session.check_indices() {
             tracing::debug!("while the program was timed at load: {e}");

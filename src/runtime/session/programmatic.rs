@@ -79,12 +79,23 @@ impl Session {
     /// ([`crate::bundle::Header::index_limits`]). `FUSEC_TUNE_INPUTS=zeros` writes zeros
     /// everywhere, as before.
     pub(super) fn stage_tuning_inputs(&mut self) -> Result<(), RuntimeError> {
+        self.stage_inputs(true)
+    }
+
+    /// Zeros in every input (but a cache laid out inside its output), as a session holds them
+    /// before its first run: what the load leaves once it has timed its choices.
+    pub(super) fn stage_zero_inputs(&mut self) -> Result<(), RuntimeError> {
+        self.stage_inputs(false)
+    }
+
+    /// Zeros in every input, and ones where `tuning` and the input is timed with ones.
+    fn stage_inputs(&mut self, tuning: bool) -> Result<(), RuntimeError> {
         for k in 0..self.inputs.len() {
             if self.inputs[k].inside.is_some() {
                 continue;
             }
             let Some(ty) = self.inputs[k].tensor_type() else { continue };
-            let one = self.tuning_ones.get(k).copied().unwrap_or(false);
+            let one = tuning && self.tuning_ones.get(k).copied().unwrap_or(false);
             let width = ty.dtype.size_bytes().max(1);
             self.stage_input(k, ty.size_bytes(), |host| {
                 host.fill(0);
