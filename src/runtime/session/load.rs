@@ -336,8 +336,10 @@ impl Session {
             pinned: Default::default(),
             tuning_ones: super::programmatic::tuning_ones(header),
         };
-        if tune || session.programmatic_forced.is_none() {
-            // What the GEMMs' algorithms and programmatic launch are timed on.
+        // Whether the load times anything: the GEMMs' algorithms or programmatic launch.
+        let timed = tune || session.programmatic_forced.is_none();
+        if timed {
+            // What they are timed on.
             session.stage_tuning_inputs()?;
         }
         if tune {
@@ -347,9 +349,9 @@ impl Session {
             cache.save();
         }
         session.launch_choice = session.choose_programmatic()?;
-        if tune || session.programmatic_forced.is_none() {
+        if timed {
             // The inputs as a session holds them before its first run: zeros.
-            session.stage_zero_inputs()?;
+            session.zero_tuning_inputs()?;
             session.stream.synchronize().map_err(driver)?;
         }
         // An index the tuning values led outside its table is not the first run's to report.

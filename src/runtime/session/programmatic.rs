@@ -33,8 +33,8 @@ impl Session {
     /// Times the program (a CUDA graph) with and without programmatic dependent launch, twice
     /// each, alternately, and keeps it only where it makes the program faster by more than the
     /// noise margin. Nothing is timed where the choice is settled or no kernel can wait. At
-    /// load only (it writes the tuning values into the inputs): the other points of a range bundle take
-    /// the top's choice.
+    /// load only (it writes the tuning values into the inputs): the other points of a range
+    /// bundle take the top's choice.
     pub(super) fn choose_programmatic(&mut self) -> Result<Option<LaunchChoice>, RuntimeError> {
         let waits = self.steps.iter_mut().any(|s| s.kernels_mut().iter().any(|l| l.waits));
         if self.programmatic_forced.is_some() || !self.use_graph || !waits {
@@ -79,23 +79,12 @@ impl Session {
     /// ([`crate::bundle::Header::index_limits`]). `FUSEC_TUNE_INPUTS=zeros` writes zeros
     /// everywhere, as before.
     pub(super) fn stage_tuning_inputs(&mut self) -> Result<(), RuntimeError> {
-        self.stage_inputs(true)
-    }
-
-    /// Zeros in every input (but a cache laid out inside its output), as a session holds them
-    /// before its first run: what the load leaves once it has timed its choices.
-    pub(super) fn stage_zero_inputs(&mut self) -> Result<(), RuntimeError> {
-        self.stage_inputs(false)
-    }
-
-    /// Zeros in every input, and ones where `tuning` and the input is timed with ones.
-    fn stage_inputs(&mut self, tuning: bool) -> Result<(), RuntimeError> {
         for k in 0..self.inputs.len() {
             if self.inputs[k].inside.is_some() {
                 continue;
             }
             let Some(ty) = self.inputs[k].tensor_type() else { continue };
-            let one = tuning && self.tuning_ones.get(k).copied().unwrap_or(false);
+            let one = self.tuning_ones.get(k).copied().unwrap_or(false);
             let width = ty.dtype.size_bytes().max(1);
             self.stage_input(k, ty.size_bytes(), |host| {
                 host.fill(0);
@@ -106,6 +95,15 @@ impl Session {
             })?;
         }
         Ok(())
+    }
+
+    /// Zeros in every input but a cache laid out inside its output ([`Session::zero_input`]),
+    /// as a session holds them before its first run: what the load leaves once it has timed
+    /// its choices.
+    pub(super) fn zero_tuning_inputs(&mut self) -> Result<(), RuntimeError> {
+        let names: Vec<String> =
+            self.inputs.iter().filter(|s| s.inside.is_none()).map(|s| s.name.clone()).collect();
+        names.iter().try_for_each(|name| self.zero_input(name))
     }
 }
 
