@@ -75,6 +75,23 @@ __device__ __forceinline__ void prefetch_l2(const Phase& p, int vblock, int nblo
   }
 }
 
+// Phases [from, to)'s weights asked of L2 by bulk prefetches (pieces of 16 KB dealt over every
+// thread of the grid: one multiprocessor's copy engine issues about a line a cycle): the side
+// branch of `kernels, PDL, side prefetch`, off the chain's path.
+__global__ void side_prefetch(const Phase* ps, int from, int to) {
+  size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, all = (size_t)gridDim.x * blockDim.x;
+  size_t base = 0;
+  for (int ph = from; ph < to; ph++) {
+    const char* w = reinterpret_cast<const char*>(ps[ph].w);
+    size_t bytes = (size_t)ps[ph].n * ps[ph].k * 2, pieces = (bytes + 16383) >> 14;
+    for (size_t i = (t + all - base % all) % all; i < pieces; i += all) {
+      unsigned len = (unsigned)min((size_t)16384, bytes - (i << 14));
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(w + (i << 14)), "r"(len) : "memory");
+    }
+    base += pieces;
+  }
+}
+
 __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target) {
   if (threadIdx.x == 0) {
     unsigned seen;
@@ -342,6 +359,44 @@ int main() {
       }
     }, name);
   };
+  // The chain's kernels (programmatic launch) with a side branch: after phase i's kernel ends,
+  // a one-warp kernel asks L2 for the weights of phases [i + ahead, i + ahead + stride) (every
+  // stride phases); the branch joins the chain at its end.
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  std::vector<cudaEvent_t> evs(ps.size() + 2);
+  for (auto& ev : evs) CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  auto side_kernels = [&](int ahead, int stride) {
+    char name[64];
+    snprintf(name, 64, "kernels, PDL, side prefetch +%d/%d", ahead, stride);
+    auto kern = phase_kernel<false>;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = (int)ps.size();
+    time_graph([&] {
+      // the first phases' weights before the chain starts
+      CK(cudaEventRecord(evs[n], st));
+      CK(cudaStreamWaitEvent(side, evs[n], 0));
+      side_prefetch<<<sms, 32, 0, side>>>(dps, 0, std::min(ahead, n));
+      for (int i = 0; i < n; i++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at; cfg.numAttrs = 1;
+        int has = i + 1 < n;
+        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
+        int from = i + ahead;
+        if (i % stride == 0 && from < n) {
+          CK(cudaEventRecord(evs[i], st));
+          CK(cudaStreamWaitEvent(side, evs[i], 0));
+          side_prefetch<<<sms, 32, 0, side>>>(dps, from, std::min(from + stride, n));
+        }
+      }
+      CK(cudaEventRecord(evs[n + 1], side));
+      CK(cudaStreamWaitEvent(st, evs[n + 1], 0));
+    }, name);
+  };
   // One launch of a persistent kernel, its barrier's counter zeroed first.
   auto persistent = [&](auto kern, const char* name, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -355,6 +410,13 @@ int main() {
   kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2");
   kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait");
   kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait");
+  if (getenv("SIDE")) {
+    for (int a : {1, 2, 3, 6}) side_kernels(a, 1);
+    side_kernels(6, 3);
+    side_kernels(6, 6);
+    side_kernels(12, 6);
+    return 0;
+  }
   persistent(persistent_kernel<1, false>, "persistent, depth 1", smem);
   persistent(persistent_kernel<2, false>, "persistent, depth 2", smem);
   persistent(persistent_kernel<1, true>, "persistent, depth 1, L2 next", smem);
