@@ -38,21 +38,6 @@ fn skinny_forced() -> Option<bool> {
     }
 }
 
-/// Rounds of a duel between two close candidates ([`Session::duel`]).
-const DUEL_ROUNDS: usize = 4;
-/// Timed replays of each candidate a round.
-const DUEL_REPLAYS: usize = 8;
-/// A candidate that won its screening by less than the noise margin ([`lt::MARGIN`]) or lost
-/// by less is kept when its duel's median is below this fraction of the current choice's:
-/// timed in turns, the two medians move together, and a smaller margin settles the call.
-const DUEL_MARGIN: f64 = 0.999;
-
-/// Whether close calls are settled by a duel: `FUSEC_TUNE_DUEL=0` keeps the screening's
-/// medians alone, as before.
-fn duels() -> bool {
-    std::env::var("FUSEC_TUNE_DUEL").map_or(true, |v| v.trim() != "0")
-}
-
 /// Runs at a point of a bundle's ranges after which its GEMM algorithms are timed
 /// ([`Session::tune_point`]); before, they are the heuristic's first (or cached) choices.
 pub const TUNE_AFTER_RUNS: usize = 8;
@@ -93,9 +78,7 @@ impl Session {
     /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
     /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
     /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
-    /// when it makes the program faster by more than the noise margin; a candidate within the
-    /// margin of the current choice, either way, is kept only if it wins a duel with it
-    /// ([`Session::duel`]). A GEMM alone,
+    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
     /// called back to back, is a poor guide: in a model its weights come from HBM and its
     /// neighbours share the GPU. Choices in `cache` are applied without timing; without
     /// `time`, only they are.
@@ -172,18 +155,11 @@ impl Session {
                 let ms = self.time_program()?;
                 tracing::debug!(gemm = %key, candidate = i, config = %self.gemm_config(members[0]), ms, "GEMM candidate timed");
                 let forced = forced_skinny == Some(true) && option.few_rows();
-                if forced {
-                    if ms < lt::MARGIN * forced_best {
-                        (best, forced_best, kept) = (ms, ms, i);
-                    }
-                } else if ms < lt::MARGIN * best {
-                    (best, kept) = (ms, i);
-                } else if ms < best / lt::MARGIN && self.graph.is_some() && duels() {
-                    // Within the noise margin either way: settled by a duel.
-                    let (candidate, incumbent) = self.duel(&members, option, options[kept])?;
-                    tracing::debug!(gemm = %key, candidate = i, candidate_ms = candidate, incumbent_ms = incumbent, "GEMM close call dueled");
-                    if candidate < DUEL_MARGIN * incumbent {
-                        (best, kept) = (best.min(ms), i);
+                if (forced && ms < lt::MARGIN * forced_best) || (!forced && ms < lt::MARGIN * best) {
+                    best = ms;
+                    kept = i;
+                    if forced {
+                        forced_best = ms;
                     }
                 }
             }
@@ -277,38 +253,6 @@ impl Session {
             }
         }
         true
-    }
-
-    /// The medians (ms) of the program with GEMM steps `members` run as `a` and as `b`: both
-    /// programs captured as CUDA graphs, then replayed in turns ([`DUEL_ROUNDS`] of
-    /// [`DUEL_REPLAYS`] replays each, after one untimed), so that what drifts while a load
-    /// times its candidates (clocks, the state of the caches) weighs on both alike. Leaves
-    /// `members` run as `b`, and no graph captured.
-    fn duel(&mut self, members: &[usize], a: Candidate, b: Candidate) -> Result<(f64, f64), RuntimeError> {
-        let mut graphs = Vec::with_capacity(2);
-        for option in [a, b] {
-            self.apply(members, option);
-            self.graph = None;
-            self.execute_all()?;
-            graphs.push(self.graph.take());
-        }
-        let events = self.timing_events(2)?;
-        let mut times = [Vec::new(), Vec::new()];
-        for _ in 0..DUEL_ROUNDS {
-            for (graph, times) in graphs.iter_mut().zip(&mut times) {
-                std::mem::swap(&mut self.graph, graph);
-                for i in 0..=DUEL_REPLAYS {
-                    let ms = self.timed_run(&events[0], &events[1])?;
-                    if i > 0 {
-                        times.push(ms);
-                    }
-                }
-                std::mem::swap(&mut self.graph, graph);
-            }
-        }
-        self.graph = None;
-        let [a, b] = times.map(median);
-        Ok((a, b))
     }
 
     /// One run (the graph's replay, or the steps one by one) between `start` and `end`, in
