@@ -118,8 +118,9 @@ pub struct PyGeneration {
 impl PyGeneration {
     fn __repr__(&self) -> String {
         format!(
-            "Generation({} sequences, {} steps, first tokens {:.2} ms, {:.3} ms a token)",
+            "Generation({} sequence{}, {} steps, first tokens {:.2} ms, {:.3} ms a token)",
             self.tokens.len(),
+            if self.tokens.len() == 1 { "" } else { "s" },
             self.steps,
             self.first_token_ms,
             self.ms_per_token

@@ -154,11 +154,11 @@ impl Generate {
             _ => format!("{longest} prompt steps"),
         };
         println!(
-            "time to first token {:.2} ms ({prompt_steps}), {:.3} ms per token after it, {:.0} tokens/s ({} sequences, {})",
+            "time to first token {:.2} ms ({prompt_steps}), {:.3} ms per token after it, {:.0} tokens/s ({}, {})",
             generation.first_token_ms,
             generation.ms_per_token(),
             generation.tokens_per_second(prompts.len()),
-            prompts.len(),
+            sequences(prompts.len()),
             self.sample
         );
         let steps = generation.step_ms.len().max(1) as f64;
@@ -178,6 +178,11 @@ impl Generate {
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// `n` sequences, in words ("1 sequence", "8 sequences").
+fn sequences(n: usize) -> String {
+    format!("{n} sequence{}", if n == 1 { "" } else { "s" })
 }
 
 /// The one-token steps' times as a line: their count, mean, the 10th, 50th and 90th percentiles,
