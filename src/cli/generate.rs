@@ -124,7 +124,7 @@ impl Generate {
         };
         let generation = generator.generate(&prompts, &options, |_, _| {})?;
         if verbose {
-            super::bench::gemm_choice_lines(&generator.steps_mut().gemm_choices)
+            super::bench_report::gemm_choice_lines(&generator.steps_mut().gemm_choices)
                 .iter()
                 .for_each(|l| eprintln!("one-token step: {l}"));
             eprintln!("{}", step_spread(&generation.step_ms));

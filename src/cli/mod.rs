@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_report;
 mod cache;
 mod compile;
 mod generate;
