@@ -8,6 +8,9 @@
 //   - one persistent kernel with a grid barrier (a counter, release/acquire) between phases:
 //     the phase's first weights in registers before the barrier, or the next phase's too, or
 //     every phase's weights streamed through a ring of shared-memory slots by bulk copies.
+// SIDE=1: the chain with a side branch of the graph asking L2 for later phases' weights
+// (forty-seventh session); BULK=1: each kernel asking L2 for a later phase's weights itself,
+// in bulk (its block's share), after its wait or at its end (not yet run).
 // Each phase's first items are loaded before it waits. Every variant prints its median and a
 // digest of the last output, the same bits in every variant. TINY=1 makes every phase 64 x 768
 // (98 KB): what a dependent phase costs with next to nothing to read. TWO=1 makes a layer two
@@ -144,6 +147,33 @@ __global__ void __launch_bounds__(THREADS, MINB) phase_kernel(Phase p, Phase nex
   wait_dep();
   if (!EARLY) launch_dep();
   finish(p, blockIdx.x, gridDim.x, pre);
+}
+
+// The block's share of phase `q`'s weights asked of L2 by bulk prefetches (pieces of 16 KB
+// dealt over warp 0's lanes): `kernels, PDL, bulk +A` below.
+__device__ __forceinline__ void prefetch_share(const Phase& q) {
+  if (threadIdx.x >= 32) return;
+  size_t bytes = (size_t)q.n * q.k * 2, share = (bytes / gridDim.x + 15) & ~(size_t)15;
+  size_t from = share * blockIdx.x, to = min(bytes, from + share);
+  const char* w = reinterpret_cast<const char*>(q.w);
+  for (size_t off = from + (size_t)threadIdx.x * 16384; off < to; off += 32 * 16384) {
+    unsigned len = (unsigned)min((size_t)16384, to - off);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(w + off), "r"(len) : "memory");
+  }
+}
+
+// As `phase_kernel<false>`, and the block's share of a later phase's weights (`ahead`) asked of
+// L2 by bulk prefetches: right after the wait (AT_END false, the phase's own first loads already
+// out) or once the phase's products are done (AT_END true).
+template <bool AT_END>
+__global__ void __launch_bounds__(THREADS, MINB) phase_kernel_bulk(Phase p, Phase ahead, int has_ahead) {
+  launch_dep();
+  Pre pre;
+  load_pre(p, blockIdx.x, gridDim.x, pre);
+  wait_dep();
+  if (!AT_END && has_ahead) prefetch_share(ahead);
+  finish(p, blockIdx.x, gridDim.x, pre);
+  if (AT_END && has_ahead) prefetch_share(ahead);
 }
 
 // DEPTH 1: a phase's first items loaded before its barrier; DEPTH 2: the next phase's too,
@@ -410,6 +440,32 @@ int main() {
   kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2");
   kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait");
   kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait");
+  // The chain's kernels, each asking L2 for phase i + ahead's weights itself, in bulk.
+  auto kernels_ahead = [&](auto kern, int ahead, const char* where) {
+    char name[64];
+    snprintf(name, 64, "kernels, PDL, bulk +%d %s", ahead, where);
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = (int)ps.size();
+    time_graph([&] {
+      for (int i = 0; i < n; i++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at; cfg.numAttrs = 1;
+        int has = i + ahead < n;
+        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + ahead : i], has));
+      }
+    }, name);
+  };
+  if (getenv("BULK")) {
+    for (int a : {1, 2, 3}) {
+      kernels_ahead(phase_kernel_bulk<false>, a, "after the wait");
+      kernels_ahead(phase_kernel_bulk<true>, a, "at the end");
+    }
+    return 0;
+  }
   if (getenv("SIDE")) {
     for (int a : {1, 2, 3, 6}) side_kernels(a, 1);
     side_kernels(6, 3);
