@@ -50,6 +50,13 @@
 #             bench --strict of every model, then PyTorch eager and reduce-overhead
 #             (benches/compare_torch_cnn.py, channels-last); no step started after $STOP seconds
 #             from the part's start (default 500)
+#   strict    fused against unfused over every suite model, no PyTorch: bench --strict (fp16,
+#             or $PRECISION) of the transformers at $BATCHES (default "1 8 32") x 128 and of the
+#             cnnsuite models at $BATCHES; exit 0 on each means the outputs agreed and the
+#             fused build was not slower; no step started after $STOP seconds (default 520)
+#   prefill   #27's prefill bound: GPT-2 small's prompt step as generate compiles it (128
+#             tokens after one cached position, the cache in place) against the same decoder
+#             exported without a cache (export_cache.py --forward), at batch 1 and 8, twice
 #   cnncheck  each model of cnnsuite against tract at batch 1 (fusec run --check, x_1.npy) in
 #             $PRECISION (default fp32; the tolerance follows it)
 #   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
@@ -297,6 +304,35 @@ for part in "$@"; do
         echo "--- torch b$b $(date -u +%T)"
         timeout "$(left)" python3 benches/compare_torch_cnn.py --json "$OUT/res/cnnsuite-torch-b$b.json" \
           --models "$(echo $M | tr ' ' ,)" --batches $b --dtypes "${PRECISION:-fp16}" --iters 30 --warmup 5 2>&1 | grep -E "median_ms|Error"
+      done ;;
+    strict)
+      C=.bench-work/cnn
+      M="resnet50 mobilenet_v3_large efficientnet_b0 convnext_tiny vit_b_16"
+      start=$(date +%s)
+      left() { echo $(( ${STOP:-520} - ($(date +%s) - start) )); }
+      export_models bert_base gpt2_small llama_style
+      timeout 200 python3 benches/export_cnn.py $C $M 2>&1 | grep -v Warning | tail -1
+      strict_one() {  # label file args...
+        local label=$1 file=$2; shift 2
+        [ "$(left)" -gt 25 ] || { echo "$label: out of time"; return; }
+        timeout $(( $(left) < 90 ? $(left) : 90 )) .gpu/fusec bench "$file" "$@" --precision "${PRECISION:-fp16}" \
+          --iters 30 --warmup 5 --strict > /tmp/strict.txt 2>&1
+        local code=$?  # bench's own exit status (not a pipeline's last command's)
+        echo "$label exit $code: $(grep -E "^fused|^unfused|warning|error" /tmp/strict.txt | tr -s ' ' | tr '\n' ';')"
+      }
+      for b in ${BATCHES:-1 8 32}; do
+        for m in bert_base gpt2_small llama_style; do strict_one "$m b$b" .bench-work/$m.onnx --dim batch=$b --dim seq=128; done
+        for m in $M; do strict_one "$m b$b" $C/$m.onnx --dim batch=$b; done
+      done ;;
+    prefill)
+      [ -f .bench-work/gpt2_small_forward.onnx ] || timeout 300 python3 models/export_cache.py .bench-work --size small --forward gpt2 2>&1 | tail -1
+      for round in 1 2; do
+        for b in 1 8; do
+          timeout 150 .gpu/fusec bench .bench-work/gpt2_small_cache.onnx --dim batch=$b --dim seq=128 --dim past=1 --dim total=129 \
+            --precision fp16 --iters 100 --cache-in-place 2>&1 | grep -E "^fused|error" | sed "s/^/round $round prompt step b$b: /"
+          timeout 150 .gpu/fusec bench .bench-work/gpt2_small_forward.onnx --dim batch=$b --dim seq=128 \
+            --precision fp16 --iters 100 2>&1 | grep -E "^fused|error" | sed "s/^/round $round forward only b$b: /"
+        done
       done ;;
     cnncheck)
       C=.bench-work/cnn
