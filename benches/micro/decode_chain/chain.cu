@@ -78,6 +78,11 @@ __device__ __forceinline__ void prefetch_l2(const Phase& p, int vblock, int nblo
   }
 }
 
+// `len` bytes at `p` (a multiple of 16) asked of L2 by the copy engine, not waited for.
+__device__ __forceinline__ void prefetch_bulk(const char* p, unsigned len) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(len) : "memory");
+}
+
 // Phases [from, to)'s weights asked of L2 by bulk prefetches (pieces of 16 KB dealt over every
 // thread of the grid: one multiprocessor's copy engine issues about a line a cycle): the side
 // branch of `kernels, PDL, side prefetch`, off the chain's path.
@@ -89,7 +94,7 @@ __global__ void side_prefetch(const Phase* ps, int from, int to) {
     size_t bytes = (size_t)ps[ph].n * ps[ph].k * 2, pieces = (bytes + 16383) >> 14;
     for (size_t i = (t + all - base % all) % all; i < pieces; i += all) {
       unsigned len = (unsigned)min((size_t)16384, bytes - (i << 14));
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(w + (i << 14)), "r"(len) : "memory");
+      prefetch_bulk(w + (i << 14), len);
     }
     base += pieces;
   }
@@ -158,7 +163,7 @@ __device__ __forceinline__ void prefetch_share(const Phase& q) {
   const char* w = reinterpret_cast<const char*>(q.w);
   for (size_t off = from + (size_t)threadIdx.x * 16384; off < to; off += 32 * 16384) {
     unsigned len = (unsigned)min((size_t)16384, to - off);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(w + off), "r"(len) : "memory");
+    prefetch_bulk(w + off, len);
   }
 }
 
@@ -374,19 +379,23 @@ int main() {
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
   };
-  auto kernels = [&](auto kern, int pdl, const char* name) {
+  // Phase i's kernel, with (programmatic launch) or without, the phase `ahead` later as its
+  // second phase (the one it asks L2 for, where it asks).
+  auto launch_phase = [&](auto kern, int pdl, int i, int ahead) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = pdl;
+    cfg.attrs = at; cfg.numAttrs = 1;
+    int has = i + ahead < (int)ps.size();
+    CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + ahead : i], has));
+  };
+  // The chain as one kernel a phase; each kernel's second phase the one `ahead` after it.
+  auto kernels = [&](auto kern, int pdl, const char* name, int ahead) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     time_graph([&] {
-      for (size_t i = 0; i < ps.size(); i++) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = pdl;
-        cfg.attrs = at; cfg.numAttrs = 1;
-        int has = i + 1 < ps.size();
-        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
-      }
+      for (int i = 0; i < (int)ps.size(); i++) launch_phase(kern, pdl, i, ahead);
     }, name);
   };
   // The chain's kernels (programmatic launch) with a side branch: after phase i's kernel ends,
@@ -408,14 +417,7 @@ int main() {
       CK(cudaStreamWaitEvent(side, evs[n], 0));
       side_prefetch<<<sms, 32, 0, side>>>(dps, 0, std::min(ahead, n));
       for (int i = 0; i < n; i++) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at; cfg.numAttrs = 1;
-        int has = i + 1 < n;
-        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + 1 : i], has));
+        launch_phase(kern, 1, i, 1);
         int from = i + ahead;
         if (i % stride == 0 && from < n) {
           CK(cudaEventRecord(evs[i], st));
@@ -435,34 +437,19 @@ int main() {
       kern<<<grid, THREADS, bytes, st>>>(dps, (int)ps.size(), bar);
     }, name);
   };
-  kernels(phase_kernel<false>, 0, "kernels, no PDL");
-  kernels(phase_kernel<false>, 1, "kernels, PDL");
-  kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2");
-  kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait");
-  kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait");
-  // The chain's kernels, each asking L2 for phase i + ahead's weights itself, in bulk.
-  auto kernels_ahead = [&](auto kern, int ahead, const char* where) {
-    char name[64];
-    snprintf(name, 64, "kernels, PDL, bulk +%d %s", ahead, where);
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int n = (int)ps.size();
-    time_graph([&] {
-      for (int i = 0; i < n; i++) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid; cfg.blockDim = THREADS; cfg.dynamicSmemBytes = smem; cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at; cfg.numAttrs = 1;
-        int has = i + ahead < n;
-        CK(cudaLaunchKernelEx(&cfg, kern, ps[i], ps[has ? i + ahead : i], has));
-      }
-    }, name);
-  };
+  kernels(phase_kernel<false>, 0, "kernels, no PDL", 1);
+  kernels(phase_kernel<false>, 1, "kernels, PDL", 1);
+  kernels(phase_kernel<true>, 1, "kernels, PDL, next asked of L2", 1);
+  kernels(phase_kernel<false, false>, 1, "kernels, PDL, trigger after the wait", 1);
+  kernels(phase_kernel<true, false>, 1, "kernels, PDL, L2, trigger after wait", 1);
   if (getenv("BULK")) {
+    // Each kernel asking L2 for phase i + a's weights itself, in bulk.
     for (int a : {1, 2, 3}) {
-      kernels_ahead(phase_kernel_bulk<false>, a, "after the wait");
-      kernels_ahead(phase_kernel_bulk<true>, a, "at the end");
+      char name[64];
+      snprintf(name, 64, "kernels, PDL, bulk +%d after the wait", a);
+      kernels(phase_kernel_bulk<false>, 1, name, a);
+      snprintf(name, 64, "kernels, PDL, bulk +%d at the end", a);
+      kernels(phase_kernel_bulk<true>, 1, name, a);
     }
     return 0;
   }
