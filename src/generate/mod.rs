@@ -290,13 +290,7 @@ impl Generator<Session> {
             CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs).map_err(GenerateError::Layout)?;
         // Its kernels launched with programmatic dependent launch: a step is ~80 small kernels,
         // each scheduled while the one before it finishes (`benches/NOTES.md`).
-        // Its choices timed on a step that reads as much of the cache as a generation's steps
-        // do on average, not on the longest.
-        let options = crate::runtime::SessionOptions {
-            programmatic_launch: true,
-            tuning_mask: Some((cache::MASK, tuning_fill())),
-            ..Default::default()
-        };
+        let options = crate::runtime::SessionOptions { programmatic_launch: true, ..Default::default() };
         let mut session = Session::with_options(bundle, device, options)?;
         session.warm_up()?;
         // The buffers the steps' ids come back in, made now rather than in the first steps.
@@ -304,19 +298,6 @@ impl Generator<Session> {
         Ok(Generator { steps: session, layout, prompt: None })
     }
 }
-
-/// The share of the cache a one-token step is timed attending at load
-/// ([`crate::runtime::SessionOptions::tuning_mask`]): a generation of `n` tokens after a prompt
-/// of `p`, in a cache of `p + n`, reads `p + n / 2` positions a step on average, between half
-/// the cache and all of it; [`TUNING_FILL_PERCENT`] of it by default, `FUSEC_TUNE_CACHE_FILL` (a
-/// percentage, 1 to 100) for measuring.
-fn tuning_fill() -> f32 {
-    let percent = crate::knobs::number("FUSEC_TUNE_CACHE_FILL").filter(|p| (1..=100).contains(p));
-    percent.unwrap_or(TUNING_FILL_PERCENT) as f32 / 100.0
-}
-
-/// The default of [`tuning_fill`], in percent.
-const TUNING_FILL_PERCENT: usize = 75;
 
 impl<S: Steps> Generator<S> {
     /// A generator whose steps `steps` runs, for a cache of `layout`.

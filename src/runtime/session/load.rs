@@ -335,9 +335,6 @@ impl Session {
             state: Default::default(),
             pinned: Default::default(),
             tuning_ones: super::programmatic::tuning_ones(header),
-            tuning_mask: options.tuning_mask.and_then(|(name, share)| {
-                header.inputs.iter().position(|s| s.name == name).map(|i| (i, share.clamp(0.0, 1.0)))
-            }),
         };
         // Whether the load times anything: the GEMMs' algorithms or programmatic launch.
         let timed = tune || session.programmatic_forced.is_none();

@@ -130,9 +130,6 @@ pub struct Session {
     /// For each input, whether the load times the program with ones in it
     /// ([`Session::stage_tuning_inputs`]).
     tuning_ones: Vec<bool>,
-    /// The padding mask of [`SessionOptions::tuning_mask`] (its input's index) and the share of
-    /// its cached positions the load times the program attending.
-    tuning_mask: Option<(usize, f32)>,
 }
 
 /// How a session runs.
@@ -156,24 +153,11 @@ pub struct SessionOptions {
     /// the faster kept (ConvNeXt-T at batch 8 gains 3–7 %, the Llama-style decoder at 8×128
     /// loses 6 % with it: `benches/NOTES.md`); else off. `FUSEC_PDL=1` or `0` overrides it.
     pub programmatic_launch: bool,
-    /// For a decoder's one-token step: its padding mask (`attention_mask`, `[batch, past + 1]`,
-    /// the last column the new token's) and the share of its `past` cached positions the load
-    /// times the program attending (the first ones, rounded up), rather than all of them: the
-    /// GEMM algorithms and programmatic launch are chosen on a step whose attention reads as
-    /// much of the cache as a generation's steps read on average, not on the longest step.
-    /// `None`: every position attended.
-    pub tuning_mask: Option<(&'static str, f32)>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions {
-            cuda_graph: true,
-            tune_gemms: true,
-            sizes_kept: 8,
-            programmatic_launch: false,
-            tuning_mask: None,
-        }
+        SessionOptions { cuda_graph: true, tune_gemms: true, sizes_kept: 8, programmatic_launch: false }
     }
 }
 

@@ -76,9 +76,8 @@ impl Session {
     /// "attend", a valid token id and position — so that a decoder's attention reads every
     /// cached position as a full cache does, rather than skipping them all as a mask of zeros
     /// does; zero where the input indexes a table of a single entry
-    /// ([`crate::bundle::Header::index_limits`]); in a decoder's padding mask
-    /// ([`super::SessionOptions::tuning_mask`]), one in a share of the cached positions and
-    /// the new token's. `FUSEC_TUNE_INPUTS=zeros` writes zeros everywhere, as before.
+    /// ([`crate::bundle::Header::index_limits`]). `FUSEC_TUNE_INPUTS=zeros` writes zeros
+    /// everywhere, as before.
     pub(super) fn stage_tuning_inputs(&mut self) -> Result<(), RuntimeError> {
         for k in 0..self.inputs.len() {
             if self.inputs[k].inside.is_some() {
@@ -87,21 +86,11 @@ impl Session {
             let Some(ty) = self.inputs[k].tensor_type() else { continue };
             let one = self.tuning_ones.get(k).copied().unwrap_or(false);
             let width = ty.dtype.size_bytes().max(1);
-            // A decoder's padding mask: a share of its cached positions and the new token's.
-            let row = ty.shape.last().copied().unwrap_or(1).max(1);
-            let attended = match self.tuning_mask {
-                Some((mask, share)) if mask == k => mask_prefix(row - 1, share),
-                _ => row,
-            };
             self.stage_input(k, ty.size_bytes(), |host| {
                 host.fill(0);
                 if one {
                     // Little-endian one of the element's width: its first byte.
-                    for (j, e) in host.chunks_mut(width).enumerate() {
-                        if j % row < attended || j % row == row - 1 {
-                            e[0] = 1;
-                        }
-                    }
+                    host.chunks_mut(width).for_each(|e| e[0] = 1);
                 }
             })?;
         }
@@ -116,14 +105,6 @@ impl Session {
             self.inputs.iter().filter(|s| s.inside.is_none()).map(|s| s.name.clone()).collect();
         names.iter().try_for_each(|name| self.zero_input(name))
     }
-}
-
-/// How many of a padding mask's `cached` positions (the first ones) the load times a
-/// decoder's step attending, for a share `share` of them: rounded up, at least one where there
-/// is one.
-pub(super) fn mask_prefix(cached: usize, share: f32) -> usize {
-    let attended = (cached as f64 * f64::from(share.clamp(0.0, 1.0))).ceil() as usize;
-    attended.clamp(cached.min(1), cached)
 }
 
 /// For each of the bundle's inputs, whether the load times the program with ones in it (the
@@ -142,19 +123,3 @@ pub fn tuning_ones(header: &crate::bundle::Header) -> Vec<bool> {
         })
         .collect()
 }
-
-#[cfg(test)]
-mod tests {
-    use super::mask_prefix;
-
-    #[test]
-    fn mask_prefix_rounds_up_within_the_cache() {
-        assert_eq!(mask_prefix(384, 1.0), 384);
-        assert_eq!(mask_prefix(384, 0.75), 288);
-        assert_eq!(mask_prefix(385, 0.5), 193);
-        assert_eq!(mask_prefix(7, 0.0), 1);
-        assert_eq!(mask_prefix(7, 1.5), 7);
-        assert_eq!(mask_prefix(0, 0.5), 0);
-    }
-}
-
