@@ -578,7 +578,7 @@ impl Bench {
                 })).collect::<Vec<_>>(),
                 "gemm_choices": fast.gemm_choices.iter().map(|c| serde_json::json!({
                     "gemm": c.gemm, "reference": format!("{:?}", c.reference), "candidates": c.candidates, "chosen": c.chosen,
-                    "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "config": c.config,
+                    "heuristic": c.heuristic, "first_us": c.first_us, "chosen_us": c.chosen_us, "cached": c.cached, "revised": c.revised, "config": c.config,
                     "skinny": c.skinny, "narrow": c.narrow,
                 })).collect::<Vec<_>>(),
                 "chained": profile.as_ref().and_then(|(_, c)| *c).map(|(queued, one)| serde_json::json!({

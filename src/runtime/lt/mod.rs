@@ -138,6 +138,9 @@ pub struct GemmChoice {
     pub chosen_us: f64,
     /// Taken from the cache file rather than timed in this session.
     pub cached: bool,
+    /// Changed when it was timed again with every other GEMM chosen (then `chosen_us` is that
+    /// timing's); not kept in the cache file.
+    pub revised: bool,
     /// The kept algorithm's configuration as cuBLASLt reports it (`id 66 tile 20 stages 35
     /// split-K 2 …`, cuBLASLt's enum values), or `cuBLAS`.
     pub config: String,
