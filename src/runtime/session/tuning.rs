@@ -404,4 +404,3 @@ struct Timed {
     library: usize,
     choice: GemmChoice,
 }
-
