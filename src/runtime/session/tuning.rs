@@ -232,11 +232,7 @@ impl Session {
         for g in revisited {
             let Timed { key, members, options, library, choice } = &mut timed[g];
             let current = choice.chosen;
-            let others: Vec<usize> = if options[current].few_rows() {
-                vec![*library]
-            } else {
-                (0..options.len()).filter(|&i| options[i].few_rows()).collect()
-            };
+            let others = timed_again(options, current, *library);
             let mut kept = current;
             for i in others {
                 self.apply(members, options[i]);
@@ -395,6 +391,17 @@ pub(super) fn absorb(steps: &mut [Loaded], j: usize, absorbed: bool) {
     *step = next;
 }
 
+/// The candidates (indices into `options`) a GEMM is timed against once more in the second
+/// pass, after the first chose `current`: the other kind — the library's fastest candidate
+/// `library` where it chose a kernel for a few rows, else its kernels for a few rows.
+fn timed_again(options: &[Candidate], current: usize, library: usize) -> Vec<usize> {
+    if options[current].few_rows() {
+        vec![library]
+    } else {
+        (0..options.len()).filter(|&i| options[i].few_rows()).collect()
+    }
+}
+
 /// A GEMM choice timed in the first pass ([`Session::tune_gemms`]): its members, its
 /// candidates, the library's fastest of them and the choice as it stands.
 struct Timed {
@@ -403,4 +410,23 @@ struct Timed {
     options: Vec<Candidate>,
     library: usize,
     choice: GemmChoice,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{timed_again, Candidate};
+
+    #[test]
+    fn the_second_pass_times_the_other_kind() {
+        use Candidate::*;
+        let options = [Cublas, Lt(0), Lt(1), Skinny, SkinnyNarrow];
+        // A library choice: timed against the few-row kernels.
+        assert_eq!(timed_again(&options, 0, 2), vec![3, 4]);
+        assert_eq!(timed_again(&options, 2, 2), vec![3, 4]);
+        // A few-row kernel: timed against the library's fastest of the first pass.
+        assert_eq!(timed_again(&options, 3, 2), vec![2]);
+        assert_eq!(timed_again(&options, 4, 0), vec![0]);
+        let wide_only = [Lt(0), Lt(1), Skinny];
+        assert_eq!(timed_again(&wide_only, 1, 1), vec![2]);
+    }
 }
