@@ -222,9 +222,8 @@ impl Session {
         if crate::knobs::off("FUSEC_TUNE_SECOND_PASS") {
             return Ok(());
         }
-        let revisited: Vec<usize> = (0..timed.len())
-            .filter(|&g| timed[g].options.iter().any(|o| o.few_rows()) && timed[g].options.len() > 1)
-            .collect();
+        let revisited: Vec<usize> =
+            (0..timed.len()).filter(|&g| timed[g].options.iter().any(|o| o.few_rows())).collect();
         if revisited.is_empty() {
             return Ok(());
         }
