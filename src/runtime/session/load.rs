@@ -342,13 +342,29 @@ impl Session {
             // What they are timed on.
             session.stage_tuning_inputs()?;
         }
-        if tune {
-            let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut cache = lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name);
-            session.gemm_choices = session.tune_gemms(&mut cache, options.cuda_graph)?;
-            cache.save();
+        // Other sessions time nothing meanwhile.
+        let one_at_a_time = timed.then(|| lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let mut cache = tune.then(|| lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name));
+        let (mut choices, mut passes) = match cache.as_mut() {
+            Some(cache) => session.first_pass(cache, options.cuda_graph)?,
+            None => Default::default(),
+        };
+        // The second pass under the launches the session keeps (`FUSEC_TUNE_SECOND_PASS=before`:
+        // before they are chosen, for measuring).
+        let before = std::env::var("FUSEC_TUNE_SECOND_PASS").is_ok_and(|v| v.trim() == "before");
+        if before {
+            session.second_pass(&mut passes)?;
         }
         session.launch_choice = session.choose_programmatic()?;
+        if let Some(cache) = cache.as_mut() {
+            if !before {
+                session.second_pass(&mut passes)?;
+            }
+            choices.extend(session.finish(cache, passes));
+            session.gemm_choices = choices;
+            cache.save();
+        }
+        drop(one_at_a_time);
         if timed {
             // The inputs as a session holds them before its first run: zeros.
             session.zero_tuning_inputs()?;

@@ -33,15 +33,13 @@ impl Session {
     /// Times the program (a CUDA graph) with and without programmatic dependent launch, twice
     /// each, alternately, and keeps it only where it makes the program faster by more than the
     /// noise margin. Nothing is timed where the choice is settled or no kernel can wait. At
-    /// load only (it writes the tuning values into the inputs): the other points of a range
-    /// bundle take the top's choice.
+    /// load only (it writes the tuning values into the inputs), which holds [`lt::TUNING`]
+    /// meanwhile: the other points of a range bundle take the top's choice.
     pub(super) fn choose_programmatic(&mut self) -> Result<Option<LaunchChoice>, RuntimeError> {
         let waits = self.steps.iter_mut().any(|s| s.kernels_mut().iter().any(|l| l.waits));
         if self.programmatic_forced.is_some() || !self.use_graph || !waits {
             return Ok(None);
         }
-        // Other sessions time nothing meanwhile ([`lt::TUNING`]).
-        let _one_at_a_time = lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let runs = self.runs;
         let (mut plain, mut programmatic) = (f64::INFINITY, f64::INFINITY);
         for _ in 0..2 {

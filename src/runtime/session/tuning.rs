@@ -87,6 +87,21 @@ impl Session {
         cache: &mut lt::AlgoCache,
         time: bool,
     ) -> Result<Vec<GemmChoice>, RuntimeError> {
+        let (mut choices, mut timed) = self.first_pass(cache, time)?;
+        self.second_pass(&mut timed)?;
+        choices.extend(self.finish(cache, timed));
+        Ok(choices)
+    }
+
+    /// [`Session::tune_gemms`]'s first pass: the cached choices applied (returned), every
+    /// other distinct GEMM timed in program order against the program as it stands, each left
+    /// on its choice (returned as [`Timed`], for [`Session::second_pass`] and
+    /// [`Session::finish`]).
+    pub(super) fn first_pass(
+        &mut self,
+        cache: &mut lt::AlgoCache,
+        time: bool,
+    ) -> Result<(Vec<GemmChoice>, Vec<Timed>), RuntimeError> {
         let forced_skinny = skinny_forced();
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
@@ -122,7 +137,7 @@ impl Session {
             }
         }
         if untimed.is_empty() || !time {
-            return Ok(choices);
+            return Ok((choices, Vec::new()));
         }
         let mut best = self.time_program()?;
         let mut timed = Vec::new();
@@ -186,9 +201,15 @@ impl Session {
             };
             timed.push(Timed { key, members, options, library: library.0, choice });
         }
-        if forced_skinny.is_none() {
-            self.second_pass(&mut timed)?;
+        Ok((choices, timed))
+    }
+
+    /// The timed choices as they stand after the passes, described and written into `cache`.
+    pub(super) fn finish(&mut self, cache: &mut lt::AlgoCache, timed: Vec<Timed>) -> Vec<GemmChoice> {
+        if timed.is_empty() {
+            return Vec::new();
         }
+        let mut choices = Vec::new();
         for Timed { key, members, options, choice, .. } in timed {
             let kept = options[choice.chosen];
             let choice = GemmChoice {
@@ -205,7 +226,7 @@ impl Session {
         // The next run captures the graph of the chosen algorithms.
         self.graph = None;
         self.runs = 0;
-        Ok(choices)
+        choices
     }
 
     /// The choices of one pass in program order are each made against the GEMMs after it as
@@ -216,10 +237,12 @@ impl Session {
     /// `benches/NOTES.md`, forty-eighth session). So each product that has a kernel for a few
     /// rows is timed once more with every other product chosen: against the other kind (its
     /// kernels for a few rows, or the library's fastest candidate of the first pass), kept only
-    /// where it beats the program as it stands by the noise margin. `FUSEC_TUNE_SECOND_PASS=0`
-    /// leaves the first pass's choices, for measuring.
-    fn second_pass(&mut self, timed: &mut [Timed]) -> Result<(), RuntimeError> {
-        if crate::knobs::off("FUSEC_TUNE_SECOND_PASS") {
+    /// where it beats the program as it stands by the noise margin. At load it runs once
+    /// programmatic launch is chosen, under the launches the session keeps. Not where the
+    /// few-row kernels are forced (`FUSEC_SKINNY`); `FUSEC_TUNE_SECOND_PASS=0` leaves the first
+    /// pass's choices, for measuring.
+    pub(super) fn second_pass(&mut self, timed: &mut [Timed]) -> Result<(), RuntimeError> {
+        if skinny_forced().is_some() || crate::knobs::off("FUSEC_TUNE_SECOND_PASS") {
             return Ok(());
         }
         let revisited: Vec<usize> =
@@ -403,7 +426,7 @@ fn timed_again(options: &[Candidate], current: usize, library: usize) -> Vec<usi
 
 /// A GEMM choice timed in the first pass ([`Session::tune_gemms`]): its members, its
 /// candidates, the library's fastest of them and the choice as it stands.
-struct Timed {
+pub(super) struct Timed {
     key: String,
     members: Vec<usize>,
     options: Vec<Candidate>,
