@@ -343,7 +343,8 @@ impl Session {
             session.stage_tuning_inputs()?;
         }
         // Other sessions time nothing meanwhile.
-        let one_at_a_time = timed.then(|| lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let one_at_a_time =
+            timed.then(|| lt::TUNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let mut cache = tune.then(|| lt::AlgoCache::open(nvrtc::cache_dir(), &session.device_name));
         let (mut choices, mut passes) = match cache.as_mut() {
             Some(cache) => session.first_pass(cache, options.cuda_graph)?,
