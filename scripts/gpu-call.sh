@@ -57,6 +57,10 @@
 #   prefill   #27's prefill bound: GPT-2 small's prompt step as generate compiles it (128
 #             tokens after one cached position, the cache in place) against the same decoder
 #             exported without a cache (export_cache.py --forward), at batch 1 and 8, twice
+#   tuneab    GPT-2 small's one-token step at 385 keys (bench --cache-in-place, fp16) at
+#             $BATCHES (default 32 8) for each setting of $SETTINGS (as decodeab), each load from a
+#             fresh cache directory, $ROUNDS times (default 1): the fused median, the load's GEMM
+#             choices and its programmatic-launch line (the load's tuning, e.g. FUSEC_TUNE_SWEEPS)
 #   cnncheck  each model of cnnsuite against tract at batch 1 (fusec run --check, x_1.npy) in
 #             $PRECISION (default fp32; the tolerance follows it)
 #   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
@@ -332,6 +336,20 @@ for part in "$@"; do
             --precision fp16 --iters 100 --cache-in-place 2>&1 | grep -E "^fused|error" | sed "s/^/round $round prompt step b$b: /"
           timeout 150 .gpu/fusec bench .bench-work/gpt2_small_forward.onnx --dim batch=$b --dim seq=128 \
             --precision fp16 --iters 100 2>&1 | grep -E "^fused|error" | sed "s/^/round $round forward only b$b: /"
+        done
+      done ;;
+    tuneab)
+      export_cache gpt2
+      for round in $(seq 1 "${ROUNDS:-1}"); do
+        for b in ${BATCHES:-32 8}; do
+          for setting in ${SETTINGS:--}; do
+            vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
+            dir="/tmp/tuneab-$round-$b-${setting//[^A-Za-z0-9]/_}"; rm -rf "$dir"
+            echo "--- round $round b$b $setting"
+            env "${vars[@]}" FUSEC_CACHE_DIR="$dir" timeout 120 .gpu/fusec bench .bench-work/gpt2_small_cache.onnx \
+              --dim batch=$b --dim seq=1 --dim past=384 --dim total=385 --precision fp16 --cache-in-place 2>&1 \
+              | grep -E "^fused|^  [0-9]+x|programmatic dependent|error" | cut -c1-180
+          done
         done
       done ;;
     cnncheck)
