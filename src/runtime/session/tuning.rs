@@ -77,11 +77,12 @@ impl Session {
 
     /// Chooses each distinct GEMM's algorithm by timing the whole program (a CUDA graph) with
     /// each candidate in turn — the reference (cuBLAS for a GEMM with no epilogue cuBLASLt
-    /// runs, else cuBLASLt's first algorithm), then the heuristic's others — and keeping one
-    /// only when it makes the program faster by more than the noise margin. A GEMM alone,
-    /// called back to back, is a poor guide: in a model its weights come from HBM and its
-    /// neighbours share the GPU. Choices in `cache` are applied without timing; without
-    /// `time`, only they are.
+    /// runs, else cuBLASLt's first algorithm), then the heuristic's others and fusec's kernels
+    /// for a few rows — and keeping one only when it makes the program faster by more than the
+    /// noise margin; then the second pass ([`Session::second_pass`]). A GEMM alone, called back
+    /// to back, is a poor guide: in a model its weights come from HBM and its neighbours share
+    /// the GPU. Choices in `cache` are applied without timing; without `time`, only they are.
+    /// The load runs the passes apart, choosing programmatic launch between them.
     pub(super) fn tune_gemms(
         &mut self,
         cache: &mut lt::AlgoCache,
