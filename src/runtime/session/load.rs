@@ -352,7 +352,7 @@ impl Session {
         };
         // The second pass under the launches the session keeps (`FUSEC_TUNE_SECOND_PASS=before`:
         // before they are chosen, for measuring).
-        let before = std::env::var("FUSEC_TUNE_SECOND_PASS").is_ok_and(|v| v.trim() == "before");
+        let before = super::tuning::second_pass_before_launch();
         if before {
             session.second_pass(&mut passes)?;
         }

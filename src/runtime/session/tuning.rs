@@ -421,6 +421,12 @@ pub(super) fn absorb(steps: &mut [Loaded], j: usize, absorbed: bool) {
     *step = next;
 }
 
+/// `FUSEC_TUNE_SECOND_PASS=before`: the load runs the second pass before it chooses
+/// programmatic launch (as first built), not after, for measuring.
+pub(super) fn second_pass_before_launch() -> bool {
+    std::env::var("FUSEC_TUNE_SECOND_PASS").is_ok_and(|v| v.trim() == "before")
+}
+
 /// How many sweeps the second pass makes at most, each over every GEMM with a few-row kernel,
 /// stopping after one that changes nothing: 1, or `FUSEC_TUNE_SWEEPS` (up to 4) for measuring
 /// (a sweep judges each GEMM against those after it as the sweep found them; `benches/NOTES.md`,
