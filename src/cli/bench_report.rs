@@ -33,14 +33,11 @@ pub(super) fn gemm_choice_lines(choices: &[fusec::runtime::GemmChoice]) -> Vec<S
             (n, GemmReference::Cublas) => format!("cuBLASLt algorithm {n} of {}", c.heuristic - 1),
             (n, GemmReference::HeuristicFirst) => format!("cuBLASLt algorithm {} of {}", n + 1, c.heuristic),
         };
-        let how = match (c.cached, c.revised) {
-            (true, _) => "cached".to_string(),
-            (false, false) => format!("program {:.4} -> {:.4} ms", c.first_us / 1e3, c.chosen_us / 1e3),
-            (false, true) => format!(
-                "program {:.4} -> {:.4} ms, this on a second pass with the other GEMMs chosen",
-                c.first_us / 1e3,
-                c.chosen_us / 1e3
-            ),
+        let how = if c.cached {
+            "cached".to_string()
+        } else {
+            let again = if c.revised { ", this on a second pass with the other GEMMs chosen" } else { "" };
+            format!("program {:.4} -> {:.4} ms{again}", c.first_us / 1e3, c.chosen_us / 1e3)
         };
         lines.push(format!("  {:<36} {kept} ({how}): {}", c.gemm, c.config));
     }
