@@ -2,44 +2,16 @@
 //! A's rows scaled by the norm's scale as they are read for the products, each row's statistics
 //! summed from the same loads, and taken out after the sums with the products of the scale (and
 //! the shift) as rows of A of their own. A test binary of its own, since it sets the knob for
-//! the whole process (and leaves it set: its tests run side by side).
+//! the whole process (and leaves it set: its tests run side by side), with
+//! `FUSEC_FOLD_NORMS=0`: the norms keep their scales (`passes::FoldNormScales`, whose norms
+//! `tests/norm_scales.rs` takes in).
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use common::onnx::{float, int, node, weight, write_model};
+use common::onnx::normed_block;
 use fusec::codegen::{KernelSource, Step};
 use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
-
-/// `rows` rows of `width` as a transformer block's second half: `h = x + x·w0`, its LayerNorm,
-/// a product `inner` wide with a bias, one back with the residual `h`.
-fn normed_block(dir: &Path, rows: i64, width: i64, inner: i64) -> PathBuf {
-    let nodes = vec![
-        node("MatMul", &["x", "w0"], "y", vec![]),
-        node("Add", &["x", "y"], "h", vec![]),
-        node(
-            "LayerNormalization",
-            &["h", "gamma", "beta"],
-            "n",
-            vec![int("axis", -1), float("epsilon", 1e-5)],
-        ),
-        node("MatMul", &["n", "w1"], "z1", vec![]),
-        node("Add", &["z1", "b1"], "z", vec![]),
-        node("MatMul", &["z", "w2"], "o", vec![]),
-        node("Add", &["o", "h"], "out", vec![]),
-    ];
-    let init = vec![
-        weight("w0", &[width, width], 81, -0.1, 0.2),
-        weight("gamma", &[width], 82, 0.5, 1.0),
-        weight("beta", &[width], 83, -0.5, 1.0),
-        weight("w1", &[width, inner], 84, -0.2, 0.4),
-        weight("b1", &[inner], 85, -0.3, 0.6),
-        weight("w2", &[inner, width], 86, -0.2, 0.4),
-    ];
-    write_model(dir, &format!("normed{rows}_{width}_{inner}"), &[rows, width], nodes, init)
-}
 
 /// With `FUSEC_SKINNY_MMA_FOLD=1` the tensor-core kernel takes the LayerNorm before it in
 /// folded (the rows' statistics summed from A as it is read, taken out after the sums, the
@@ -51,6 +23,7 @@ fn normed_block(dir: &Path, rows: i64, width: i64, inner: i64) -> PathBuf {
 fn a_norm_folded_into_the_tensor_core_kernel_matches_tract() {
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("FUSEC_SKINNY_MMA_FOLD", "1");
+    std::env::set_var("FUSEC_FOLD_NORMS", "0");
     for (rows, width, inner) in [(32, 768, 2304), (29, 352, 328), (7, 96, 200)] {
         let path = normed_block(dir.path(), rows, width, inner);
         // (In bf16 the sum `h` stays f32, as the residual stream does, and the norm apart.)
@@ -86,6 +59,7 @@ fn a_norm_folded_into_the_tensor_core_kernel_matches_tract() {
 #[test]
 fn a_decoding_steps_norms_fold_into_the_tensor_core_kernels() {
     std::env::set_var("FUSEC_SKINNY_MMA_FOLD", "1");
+    std::env::set_var("FUSEC_FOLD_NORMS", "0");
     for (file, rms, batch) in [
         ("gpt2_cache_ts.onnx", false, 13),
         ("gpt2_cache_ts.onnx", false, 32),

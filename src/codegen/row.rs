@@ -157,18 +157,21 @@ fn normalisation(op: &Op, x: &str, width: &SymDim, reduce: Reduction) -> Option<
     let w = float_size(width);
     let epsilon = |e: f32| literal(f64::from(e), DType::F32);
     let pass = |init, body: String, finish: String| StatPass { init, body, finish };
+    // A row's mean (`stat0`), then the reciprocal deviation (`stat1`) about it.
+    let deviation = |e: f32| {
+        vec![
+            pass("0.0f", format!("acc += {x};"), format!("stat0 = {} / {w};", reduce.sum("acc"))),
+            pass(
+                "0.0f",
+                format!("const float dev = {x} - stat0; acc += dev * dev;"),
+                format!("stat1 = rsqrtf({} / {w} + {});", reduce.sum("acc"), epsilon(e)),
+            ),
+        ]
+    };
     Some(match op {
-        Op::LayerNorm { epsilon: e, .. } => (
-            vec![
-                pass("0.0f", format!("acc += {x};"), format!("stat0 = {} / {w};", reduce.sum("acc"))),
-                pass(
-                    "0.0f",
-                    format!("const float dev = {x} - stat0; acc += dev * dev;"),
-                    format!("stat1 = rsqrtf({} / {w} + {});", reduce.sum("acc"), epsilon(*e)),
-                ),
-            ],
-            format!("({x} - stat0) * stat1"),
-        ),
+        Op::LayerNorm { epsilon: e, .. } => (deviation(*e), format!("({x} - stat0) * stat1")),
+        // x unchanged, scaled by its reciprocal deviation.
+        Op::RmsNorm { epsilon: e, deviation: true, .. } => (deviation(*e), format!("{x} * stat1")),
         Op::RmsNorm { epsilon: e, .. } => (
             vec![pass(
                 "0.0f",

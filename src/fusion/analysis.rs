@@ -177,7 +177,8 @@ pub fn ir_op<'a>(
             Some((op, present(&[*x, *g, *b])))
         }
         L::RmsNorm([x, g, eps]) => {
-            let op = Op::RmsNorm { axis: last_axis(data(*x))?, epsilon: scalar(data(*eps))? };
+            let op =
+                Op::RmsNorm { axis: last_axis(data(*x))?, epsilon: scalar(data(*eps))?, deviation: false };
             Some((op, present(&[*x, *g])))
         }
         L::Attention([q, k, v, m, s]) | L::AttentionNanToZero([q, k, v, m, s]) => {

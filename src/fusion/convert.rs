@@ -72,7 +72,7 @@ pub fn lower(graph: &Graph) -> Result<Lowered, FusionError> {
                 let b = c.get(2).copied().unwrap_or_else(|| absent(&mut egraph));
                 FusionLang::LayerNorm([c[0], g, b, eps])
             }
-            Op::RmsNorm { axis, epsilon } if last(*axis) => {
+            Op::RmsNorm { axis, epsilon, deviation: false } if last(*axis) => {
                 let eps = scalar_class(&mut egraph, *epsilon);
                 let g = c.get(1).copied().unwrap_or_else(|| absent(&mut egraph));
                 FusionLang::RmsNorm([c[0], g, eps])

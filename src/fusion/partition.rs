@@ -319,13 +319,16 @@ impl Builder<'_> {
     /// Whether `add` (of the GEMM's result, scaled or biased, and `other`) joins GEMM `gemm`'s
     /// kernel as a residual, which cuBLASLt adds as `β·C`: before any activation, a stored
     /// value of the result's type computed before the GEMM, and not read by a row reduction
-    /// (a LayerNorm takes the sum in its prologue, at no extra pass).
+    /// (a LayerNorm takes the sum in its prologue, at no extra pass) but a norm whose scale was
+    /// folded into the products after it (`passes::FoldNormScales`): a kernel for a few rows
+    /// folds such a norm in, and reads its input in fewer trips where that is one value, not
+    /// the sum of two.
     fn gemm_residual(&self, gemm: NodeId, add: NodeId, other: NodeId, epilogue: &[String], k: usize) -> bool {
         let graph = self.graph;
         epilogue.iter().all(|step| step == "bias" || step == "scale")
             && graph.node(other).ty == graph.node(add).ty
             && self.position.get(&other).is_some_and(|&p| p < self.position[&gemm])
-            && graph.users_of(add).iter().all(|u| self.roles[u] != Role::Row)
+            && graph.users_of(add).iter().all(|&u| self.roles[&u] != Role::Row || folded_norm(graph, u))
             && !self.meets_kernel(vec![other], k, false)
     }
 
@@ -761,4 +764,10 @@ fn uniform_constant(graph: &Graph, id: NodeId) -> bool {
         let values = value.to_f64_vec();
         values.first().is_some_and(|first| values.iter().all(|v| v.to_bits() == first.to_bits()))
     })
+}
+
+/// Whether `id` is a norm with no scale of its own: an RMSNorm (of x, or of its deviations)
+/// whose scale `passes::FoldNormScales` folded into the products that read it.
+fn folded_norm(graph: &Graph, id: NodeId) -> bool {
+    matches!(graph.node(id).op, Op::RmsNorm { .. }) && graph.inputs_of(id).len() == 1
 }

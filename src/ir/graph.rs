@@ -255,6 +255,19 @@ impl Graph {
         self.g.add_edge(new, consumer, slot);
     }
 
+    /// Drops the inputs of `id` from slot `slots` on (its first `slots` stay).
+    pub fn keep_inputs(&mut self, id: NodeId, slots: usize) {
+        let dropped: Vec<_> = self
+            .g
+            .edges_directed(id, Direction::Incoming)
+            .filter(|e| *e.weight() >= slots)
+            .map(|e| e.id())
+            .collect();
+        for edge in dropped {
+            self.g.remove_edge(edge);
+        }
+    }
+
     /// Removes `id` and its edges. Callers make sure nothing reads it any more.
     pub fn remove_node(&mut self, id: NodeId) -> Option<Node> {
         self.inputs.retain(|&i| i != id);

@@ -236,12 +236,17 @@ pub enum Op {
         /// Added to the variance.
         epsilon: f32,
     },
-    /// `x / sqrt(mean(x², axis..rank) + eps) · scale`; inputs x, optional scale.
+    /// `x / sqrt(mean(x², axis..rank) + eps) · scale`; inputs x, optional scale. With
+    /// `deviation`, `x / sqrt(var(x, axis..rank) + eps)`: a LayerNorm whose mean is not taken
+    /// out of x, which [`crate::passes::FoldNormScales`] leaves before products whose weights'
+    /// columns sum to zero (so that the mean would add nothing to them).
     RmsNorm {
         /// The first axis normalised over.
         axis: usize,
-        /// Added to the mean square.
+        /// Added to the mean square (the variance, with `deviation`).
         epsilon: f32,
+        /// The root mean square taken of x's deviations from its mean, x itself unchanged.
+        deviation: bool,
     },
     /// `softmax(scale · q·kt + mask) · v` over the last axis; inputs q `[.., S, D]`,
     /// kt `[.., D, T]` (keys already transposed), v `[.., T, Dv]`, optional additive mask
@@ -465,8 +470,11 @@ impl fmt::Display for Op {
             }
             Op::Gather { axis } | Op::GatherElements { axis } => write!(f, "{kind}<axis={axis}>"),
             Op::GatherNd { batch_dims } => write!(f, "{kind}<batch_dims={batch_dims}>"),
-            Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } => {
+            Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon, deviation: false } => {
                 write!(f, "{kind}<axis={axis}, eps={epsilon:e}>")
+            }
+            Op::RmsNorm { axis, epsilon, deviation: true } => {
+                write!(f, "{kind}<axis={axis}, eps={epsilon:e}, deviation>")
             }
             Op::Attention { scale, nan_to_zero } => {
                 write!(f, "{kind}<scale={scale}, nan_to_zero={nan_to_zero}>")

@@ -310,8 +310,17 @@ pub(crate) fn fuse_model(
             attention: options.attention.clone(),
             ..Default::default()
         };
-        let fused = fusion::fuse(&graph, &limits)?;
+        let mut fused = fusion::fuse(&graph, &limits)?;
         tracing::info!("fusion: {}", fused.report);
+        // Norms' scales into the products after them, in a half type (after fusion, which
+        // recognises the norms; before the constants are converted, from the model's values).
+        if options.precision != DType::F32 {
+            use passes::Pass;
+            let pass = passes::FoldNormScales::sharing(shared);
+            let fail = |source| PassError { pass: pass.name(), source };
+            pass.run(&mut fused.graph).map_err(fail)?;
+            crate::ir::verify(&fused.graph).map_err(fail)?;
+        }
         FusedModel { graph: fused.graph, covers: fused.covers, mode: Mode::Fused, report: Some(fused.report) }
     };
     done("fuse");

@@ -1,7 +1,7 @@
 //! Small ONNX models written by the tests themselves: nodes, attributes, initializers, one
 //! f32 input `x`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prost::Message;
 use tract_onnx::pb::{
@@ -125,4 +125,32 @@ pub fn string(name: &str, value: &str) -> AttributeProto {
         r#type: AttributeType::String as i32,
         ..Default::default()
     }
+}
+
+/// `rows` rows of `width` as a transformer block's second half: `h = x + x·w0`, its LayerNorm,
+/// a product `inner` wide with a bias, one back with the residual `h`.
+pub fn normed_block(dir: &Path, rows: i64, width: i64, inner: i64) -> PathBuf {
+    let nodes = vec![
+        node("MatMul", &["x", "w0"], "y", vec![]),
+        node("Add", &["x", "y"], "h", vec![]),
+        node(
+            "LayerNormalization",
+            &["h", "gamma", "beta"],
+            "n",
+            vec![int("axis", -1), float("epsilon", 1e-5)],
+        ),
+        node("MatMul", &["n", "w1"], "z1", vec![]),
+        node("Add", &["z1", "b1"], "z", vec![]),
+        node("MatMul", &["z", "w2"], "o", vec![]),
+        node("Add", &["o", "h"], "out", vec![]),
+    ];
+    let init = vec![
+        weight("w0", &[width, width], 81, -0.1, 0.2),
+        weight("gamma", &[width], 82, 0.5, 1.0),
+        weight("beta", &[width], 83, -0.5, 1.0),
+        weight("w1", &[width, inner], 84, -0.2, 0.4),
+        weight("b1", &[inner], 85, -0.3, 0.6),
+        weight("w2", &[inner, width], 86, -0.2, 0.4),
+    ];
+    write_model(dir, &format!("normed{rows}_{width}_{inner}"), &[rows, width], nodes, init)
 }

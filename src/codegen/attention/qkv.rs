@@ -114,7 +114,9 @@ pub(super) fn projection(
         declare("qkv_bias", b)?;
     }
     if let Some(n) = &norm {
-        declare("qkv_gamma", n.gamma)?;
+        if let Some(gamma) = n.gamma {
+            declare("qkv_gamma", gamma)?;
+        }
         if let Some(beta) = n.beta {
             declare("qkv_beta", beta)?;
         }
@@ -140,7 +142,9 @@ pub(super) fn projection(
         "v_col": v,
         "bias": bias.is_some(),
         "norm": norm.map(|n| json!({
-            "rms": n.rms,
+            "rms": n.rms && !n.deviation,
+            "deviation": n.deviation,
+            "gamma": n.gamma.is_some(),
             "beta": n.beta.is_some(),
             "sum": n.sum.is_some(),
             "store_sum": stored_sum.is_some(),

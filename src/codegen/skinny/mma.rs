@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::super::gemm::GemmSpec;
 use super::super::kernel::render;
-use super::extend;
+use super::{extend, Norm};
 use crate::knobs::{number, on, one_of};
 
 /// The most rows of A the tensor-core kernel takes (in tiles of 8, its sums in registers).
@@ -112,8 +112,9 @@ fn one_trip(rows: bool, cols: usize) -> bool {
 /// take every row's statistics), `=0` none, for measuring it. With `=2` GPT-2 small's step took
 /// 0.439–0.441 ms a token at 32 rows against 0.411–0.412 apart, 0.294 at 8 rows against 0.269,
 /// and no faster with A staged in shared memory once a block (forty-first session).
-pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
-    if folds_norm(rms, m, rows) {
+pub fn takes_norm(norm: &Norm, m: usize, rows: bool) -> bool {
+    let rms = norm.rms && !norm.deviation;
+    if folds(rms, norm.deviation, norm.gamma.is_some(), m, rows) {
         return true;
     }
     match one_of("FUSEC_SKINNY_MMA_NORM", &[0, 1, 2]) {
@@ -137,12 +138,24 @@ pub fn takes_norm(rms: bool, m: usize, rows: bool) -> bool {
 /// slower (0.268 against 0.267 at 8 rows, 0.354 against 0.340 at 16, 0.439–0.440 against
 /// 0.411–0.412 at 32) (`benches/NOTES.md`, forty-second session). `FUSEC_SKINNY_MMA_FOLD=1`
 /// folds every norm before `[K, N]` weights, `=0` none (at compile time), for measuring it.
-pub fn folds_norm(rms: bool, m: usize, rows: bool) -> bool {
+/// A norm without a scale (`scaled` false: its scale folded into the weights by
+/// `passes::FoldNormScales`, and a LayerNorm's mean with it) is folded at any rows: it needs
+/// no rows of A of its own and no scale read beside A.
+pub fn folds_norm(rms: bool, scaled: bool, m: usize, rows: bool) -> bool {
     !rows
         && match one_of("FUSEC_SKINNY_MMA_FOLD", &[0, 1]) {
             Some(on) => on == 1,
-            None => rms && m <= FOLD_ROWS,
+            None => !scaled || (rms && m <= FOLD_ROWS),
         }
+}
+
+/// Whether the tensor-core kernel folds in a norm of these statistics (`rms`: an RMSNorm's;
+/// `deviation`: a LayerNorm's, no mean taken out of x; else a LayerNorm's) and scale
+/// ([`folds_norm`]). A LayerNorm's mean is taken out through the products of its scale, so one
+/// without a scale is not folded.
+fn folds(rms: bool, deviation: bool, gamma: bool, m: usize, rows: bool) -> bool {
+    let centred = !rms && !deviation;
+    (gamma || !centred) && folds_norm(rms, gamma || centred, m, rows)
 }
 
 /// The most rows at which an RMSNorm is folded into the tensor-core product by default
@@ -218,11 +231,14 @@ pub fn generate(
     let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
     // A norm taken in folded ([`folds_norm`]): rows of A for the scale's products (where the
     // mean is taken out) and the shift's, after A's own.
+    // (An RMSNorm of the deviations has a LayerNorm's statistics and no mean to take out.)
     let norm = data["norm"] == true;
-    let (rms, beta) = (data["rms"] == true, data["beta"] == true);
-    let folded = norm && folds_norm(rms, g.m, rows);
-    let g_row = (folded && !rms).then_some(g.m);
-    let b_row = (folded && beta).then_some(g.m + usize::from(!rms));
+    let (rms, beta, gamma) = (data["rms"] == true, data["beta"] == true, data["gamma"] == true);
+    let deviation = data["deviation"] == true;
+    let centred = !rms && !deviation;
+    let folded = norm && folds(rms, deviation, gamma, g.m, rows);
+    let g_row = (folded && centred).then_some(g.m);
+    let b_row = (folded && beta).then_some(g.m + usize::from(centred));
     let m_all = g.m + usize::from(g_row.is_some()) + usize::from(b_row.is_some());
     let m_tiles = m_all.div_ceil(8);
     // B [K, N]: a lane's columns are one pack (8 or 4 elements); two chunks of eight packs in

@@ -63,14 +63,17 @@ pub struct Norm {
     /// The sum's second term and where the sum is stored (where a later kernel reads it),
     /// where the norm is of a sum.
     pub sum: Option<(Location, Option<Location>)>,
-    /// Its scale, `K` elements.
-    pub gamma: Location,
+    /// Its scale, `K` elements (none where folded into the weights, `passes::FoldNormScales`).
+    pub gamma: Option<Location>,
     /// Its shift (a LayerNorm's), `K` elements.
     pub beta: Option<Location>,
     /// Added to the variance (mean square).
     pub epsilon: f32,
     /// RMSNorm: no mean taken out, no shift.
     pub rms: bool,
+    /// An RMSNorm of the deviations ([`Op::RmsNorm`]'s `deviation`): the statistics a
+    /// LayerNorm's, no mean taken out of x.
+    pub deviation: bool,
 }
 
 /// What the kernel computes A from where it is not A as stored, standing in for the kernel
@@ -109,11 +112,14 @@ fn norm_expr(
         Some((scale, shift)) => (scale.to_string(), shift.to_string()),
         None => (format!("gamma[{column}]"), format!("beta[{column}]")),
     };
-    let gamma = load(&gamma, dtype);
     let centred = if norm.rms { a } else { format!("({a} - mean[m])") };
+    let scaled = match norm.gamma {
+        Some(_) => format!("{centred} * rstd[m] * {}", load(&gamma, dtype)),
+        None => format!("{centred} * rstd[m]"),
+    };
     match norm.beta {
-        Some(_) => format!("({centred} * rstd[m] * {gamma} + {})", load(&beta, dtype)),
-        None => format!("({centred} * rstd[m] * {gamma})"),
+        Some(_) => format!("({scaled} + {})", load(&beta, dtype)),
+        None => format!("({scaled})"),
     }
 }
 
@@ -131,7 +137,7 @@ fn norm_staged(norm: Option<&Norm>, k: usize, dtype: DType) -> bool {
         Some(on) => on == 1,
         None => !n.rms,
     };
-    norm.is_some_and(|n| wanted(n) && weight(n.gamma) && n.beta.is_none_or(weight))
+    norm.is_some_and(|n| wanted(n) && n.gamma.is_some_and(weight) && n.beta.is_none_or(weight))
         && k * dtype.size_bytes() <= NORM_STAGED_BYTES
 }
 
@@ -151,9 +157,9 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     };
     let computed: Vec<NodeId> = before.nodes.iter().copied().filter(|&id| !view(id)).collect();
     let norm = *computed.last()?;
-    let (axis, epsilon, rms) = match graph.node(norm).op {
-        Op::LayerNorm { axis, epsilon } => (axis, epsilon, false),
-        Op::RmsNorm { axis, epsilon } => (axis, epsilon, true),
+    let (axis, epsilon, rms, deviation) = match graph.node(norm).op {
+        Op::LayerNorm { axis, epsilon } => (axis, epsilon, false, false),
+        Op::RmsNorm { axis, epsilon, deviation } => (axis, epsilon, true, deviation),
         _ => return None,
     };
     // A is the norm's value, through views read by nothing else.
@@ -167,7 +173,7 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     let only_reader = graph.users_of(norm).len() == 1 && plan.outputs.iter().all(|b| b.value != norm);
     let inputs = graph.inputs_of(norm);
     let ty = &graph.node(norm).ty;
-    if !only_reader || axis + 1 != ty.shape.len() || inputs.len() < 2 || !before.store_views.is_empty() {
+    if !only_reader || axis + 1 != ty.shape.len() || !before.store_views.is_empty() {
         return None;
     }
     let bytes = g.dtype.size_bytes();
@@ -207,7 +213,10 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
         let location @ Location::Weights(_) = *plan.locations.get(&id)? else { return None };
         (t.len() == g.k && t.dtype == g.dtype).then_some(location)
     };
-    let gamma = vector(inputs[1])?;
+    let gamma = match inputs.get(1) {
+        Some(&g) => Some(vector(g)?),
+        None => None,
+    };
     let beta = match inputs.get(2) {
         Some(&b) => Some(vector(b)?),
         None => None,
@@ -222,7 +231,7 @@ pub fn norm_before(plan: &Plan, index: usize, gemm: NodeId, g: &GemmSpec) -> Opt
     {
         return None;
     }
-    Some(Norm { step: index - 1, x, sum, gamma, beta, epsilon, rms })
+    Some(Norm { step: index - 1, x, sum, gamma, beta, epsilon, rms, deviation })
 }
 
 /// Most bytes of the next product's weights a kernel for a few rows asks L2 for (a fraction of
@@ -359,8 +368,10 @@ pub fn generate(
         args.push(r);
     }
     if let Some(norm) = norm {
-        params.push(format!("const {t}* __restrict__ gamma"));
-        args.push(norm.gamma);
+        if let Some(gamma) = norm.gamma {
+            params.push(format!("const {t}* __restrict__ gamma"));
+            args.push(gamma);
+        }
         if let Some(beta) = norm.beta {
             params.push(format!("const {t}* __restrict__ beta"));
             args.push(beta);
@@ -431,7 +442,9 @@ pub fn generate(
         "prefetch": next.map(|(_, bytes)| bytes),
         "params": params.join(", "),
         "norm": norm.is_some(),
-        "rms": norm.is_some_and(|n| n.rms),
+        "rms": norm.is_some_and(|n| n.rms && !n.deviation),
+        "deviation": norm.is_some_and(|n| n.deviation),
+        "gamma": norm.is_some_and(|n| n.gamma.is_some()),
         "beta": norm.is_some_and(|n| n.beta.is_some()),
         // A second operand read beside A: the sum's second term, or the gate's second factor.
         "summed": summed || gate.is_some(),
@@ -447,9 +460,9 @@ pub fn generate(
     if tensor_cores {
         // The tensor-core kernel leaves the norm to its own kernel but where it takes it in
         // ([`mma::takes_norm`]). Its scale and shift are read in packs.
-        if norm.is_some_and(|n| {
-            !mma::takes_norm(n.rms, m, rows) || !std::iter::once(n.gamma).chain(n.beta).all(aligned)
-        }) {
+        if norm
+            .is_some_and(|n| !mma::takes_norm(n, m, rows) || !n.gamma.into_iter().chain(n.beta).all(aligned))
+        {
             return Ok(None);
         }
         return mma::generate(g, data, hb).map(|launch| {

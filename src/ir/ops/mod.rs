@@ -92,7 +92,9 @@ pub fn evaluate(op: &Op, inputs: &[&Tensor]) -> OpResult<Tensor> {
         Op::Softmax { axis } => reduce::eval_softmax(x(), *axis, false),
         Op::LogSoftmax { axis } => reduce::eval_softmax(x(), *axis, true),
         Op::LayerNorm { axis, epsilon } => reduce::eval_layer_norm(inputs, *axis, *epsilon),
-        Op::RmsNorm { axis, epsilon } => reduce::eval_rms_norm(inputs, *axis, *epsilon),
+        Op::RmsNorm { axis, epsilon, deviation } => {
+            reduce::eval_rms_norm(inputs, *axis, *epsilon, *deviation)
+        }
         Op::Attention { scale, nan_to_zero } => linalg::eval_attention(inputs, *scale, *nan_to_zero),
         Op::Reduce { op, axes, keep_dims } => reduce::eval_reduce(x(), *op, axes, *keep_dims),
         Op::CumSum { axis, exclusive, reverse } => reduce::eval_cumsum(x(), *axis, *exclusive, *reverse),

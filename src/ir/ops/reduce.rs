@@ -145,12 +145,15 @@ pub fn eval_layer_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResul
     })
 }
 
-pub fn eval_rms_norm(inputs: &[&Tensor], axis: usize, epsilon: f32) -> OpResult<Tensor> {
+/// RMSNorm; with `deviation`, of x's deviations from its mean (x itself not centred).
+pub fn eval_rms_norm(inputs: &[&Tensor], axis: usize, epsilon: f32, deviation: bool) -> OpResult<Tensor> {
     if inputs.len() > 2 {
         return Err("RmsNorm takes x and an optional scale".into());
     }
     eval_row_norm(inputs, axis, |row| {
-        let mean_square = row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64;
+        let n = row.len() as f64;
+        let mean = if deviation { row.iter().sum::<f64>() / n } else { 0.0 };
+        let mean_square = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
         (0.0, 1.0 / (mean_square + f64::from(epsilon)).sqrt())
     })
 }
