@@ -48,7 +48,9 @@ fn the_projection_joins_the_decoding_attention_at_one_sequence() {
                     assert_eq!(product, norm + 1, "{file} {precision}");
                     match &steps[norm] {
                         Step::Launch(k) => {
-                            assert!(k.name.contains("layernorm"), "{file} {precision}: {}", k.name)
+                            // (An RMSNorm of the deviations: its scale and shift are in the
+                            // product's weights and bias, `passes::FoldNormScales`.)
+                            assert!(k.name.contains("rmsnorm"), "{file} {precision}: {}", k.name)
                         }
                         _ => panic!("{file} {precision}: step {norm} is not the norm's kernel"),
                     }

@@ -768,6 +768,10 @@ fn uniform_constant(graph: &Graph, id: NodeId) -> bool {
 
 /// Whether `id` is a norm with no scale of its own: an RMSNorm (of x, or of its deviations)
 /// whose scale `passes::FoldNormScales` folded into the products that read it.
+/// `FUSEC_FOLDED_RESIDUAL=0` (at compile time) leaves the residual add in such a norm's kernel,
+/// for measuring.
 fn folded_norm(graph: &Graph, id: NodeId) -> bool {
-    matches!(graph.node(id).op, Op::RmsNorm { .. }) && graph.inputs_of(id).len() == 1
+    matches!(graph.node(id).op, Op::RmsNorm { .. })
+        && graph.inputs_of(id).len() == 1
+        && !crate::knobs::off("FUSEC_FOLDED_RESIDUAL")
 }

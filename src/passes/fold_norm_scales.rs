@@ -12,8 +12,8 @@
 //! Only where every reader of the norm is such a product (through reshapes that keep the last
 //! axis), each with constant weights `[K, N]` (or `[N, K]` read transposed) read by nothing
 //! else, and a constant bias of N where the shift needs one. The weights are rounded to their
-//! type once more (a half type's rounding of `γ·W` rather than of `W`). `FUSEC_FOLD_NORMS=0`
-//! (at compile time) leaves the norms as the model has them, for measuring.
+//! type once more (a half type's rounding of `γ·W` rather than of `W`). Compilation runs it for
+//! half types unless told not to (`CompileOptions::fold_norm_scales`, `FUSEC_FOLD_NORMS=0`).
 
 use std::sync::Arc;
 
@@ -52,9 +52,6 @@ impl Pass for FoldNormScales<'_> {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
-        if crate::knobs::off("FUSEC_FOLD_NORMS") {
-            return Ok(0);
-        }
         let mut folded = 0;
         for id in graph.topo_order()? {
             let (axis, epsilon, centred) = match graph.node(id).op {
@@ -68,7 +65,12 @@ impl Pass for FoldNormScales<'_> {
                 let v = graph.constant(*inputs.get(slot)?)?;
                 (v.len() == k).then(|| v.to_f64_vec())
             };
-            let Some(gamma) = vector(1) else { continue };
+            let Some(scale) =
+                inputs.get(1).and_then(|&g| graph.constant(g)).filter(|v| v.len() == k).cloned()
+            else {
+                continue;
+            };
+            let gamma = scale.to_f64_vec();
             let beta = match inputs.get(2) {
                 Some(_) => match vector(2) {
                     Some(b) => Some(b).filter(|b| b.iter().any(|&v| v != 0.0)),
@@ -81,8 +83,6 @@ impl Pass for FoldNormScales<'_> {
                 continue;
             }
             let Some(products) = products_of(graph, id, k, beta.is_some()) else { continue };
-            // The scale's value held: the key of the weights made from it.
-            let scale = graph.constant(inputs[1]).cloned().expect("a constant scale");
             for p in &products {
                 self.fold(graph, p, (&scale, &gamma), beta.as_deref(), centred)?;
             }

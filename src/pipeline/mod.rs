@@ -87,6 +87,9 @@ pub struct CompileOptions {
     /// its tanh form inside cuBLASLt's epilogue, `passes::gelu_after_gemm_as_tanh`): on with
     /// `--exact-gelu` or `FUSEC_EXACT_GELU=1`.
     pub exact_gelu: bool,
+    /// Half-type programs fold a norm's scale (and a LayerNorm's shift and mean) into the
+    /// products that read it (`passes::FoldNormScales`): on unless `FUSEC_FOLD_NORMS=0`.
+    pub fold_norm_scales: bool,
 }
 
 impl Default for CompileOptions {
@@ -101,6 +104,7 @@ impl Default for CompileOptions {
             channels_last: std::env::var("FUSEC_CHANNELS_LAST").map_or(true, |v| v.trim() != "0"),
             cache_in_place: false,
             exact_gelu: std::env::var("FUSEC_EXACT_GELU").is_ok_and(|v| v.trim() == "1"),
+            fold_norm_scales: !crate::knobs::off("FUSEC_FOLD_NORMS"),
         }
     }
 }
@@ -314,7 +318,7 @@ pub(crate) fn fuse_model(
         tracing::info!("fusion: {}", fused.report);
         // Norms' scales into the products after them, in a half type (after fusion, which
         // recognises the norms; before the constants are converted, from the model's values).
-        if options.precision != DType::F32 {
+        if options.precision != DType::F32 && options.fold_norm_scales {
             use passes::Pass;
             let pass = passes::FoldNormScales::sharing(shared);
             let fail = |source| PassError { pass: pass.name(), source };
