@@ -5,21 +5,15 @@
 use cudarc::cublaslt::sys;
 
 use super::{candidates_wanted, variants_wanted, GemmChoice, Lt, LtGemm, Reference, TIMING};
-use crate::codegen::{GemmSpec, LtActivation};
+use crate::codegen::GemmSpec;
 
-/// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue.
+/// What identifies a GEMM for its algorithm: shape, type, operand layouts, epilogue — every
+/// step of it (a uniform scale, the bias, a residual, the activation), so that a GEMM with a
+/// residual never shares a choice with one without: plain cuBLAS, a choice only where there is
+/// no epilogue, would drop it.
 pub(in crate::runtime) fn gemm_key(g: &GemmSpec) -> String {
-    let bias = if g.lt_epilogue.is_some_and(|e| e.bias.is_some()) { " +bias" } else { "" };
-    let activation = match g.lt_epilogue.map(|e| e.activation) {
-        None | Some(LtActivation::None) => "",
-        Some(LtActivation::Relu) => "+relu",
-        Some(LtActivation::GeluTanh) => "+gelutanh",
-    };
-    let epilogue = match (bias, activation) {
-        ("", "") => String::new(),
-        ("", activation) => format!(" {activation}"),
-        (bias, activation) => format!("{bias}{activation}"),
-    };
+    let epilogue = g.lt_epilogue.map(|e| e.describe()).filter(|d| !d.is_empty());
+    let epilogue = epilogue.map(|d| format!(" +{d}")).unwrap_or_default();
     let t = |transposed: bool| if transposed { "T" } else { "N" };
     let out = g.out.map(|d| format!(" to {d}")).unwrap_or_default();
     format!("{}x{}x{} {}{out} {}{}{epilogue}", g.m, g.n, g.k, g.dtype, t(g.a.transposed), t(g.b.transposed))
@@ -176,6 +170,46 @@ fn parse_line(line: &str) -> Option<(String, CachedAlgo)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codegen::{GemmOperand, LtActivation, LtEpilogue};
+    use crate::ir::DType;
+    use crate::plan::Location;
+
+    #[test]
+    fn gemm_keys_tell_every_epilogue_step_apart() {
+        let operand =
+            |offset| GemmOperand { location: Location::Arena(offset), transposed: false, batch_stride: 0 };
+        let spec = |lt_epilogue| GemmSpec {
+            a: operand(0),
+            b: operand(256),
+            c: Location::Arena(4096),
+            m: 26,
+            n: 64,
+            k: 128,
+            batch: 1,
+            alpha: 1.0,
+            dtype: DType::F16,
+            out: None,
+            lt_epilogue,
+            dims: None,
+        };
+        let epilogue = |bias, residual, activation, scale: f32| LtEpilogue {
+            bias,
+            activation,
+            residual,
+            scale_bits: scale.to_bits(),
+        };
+        let weights = Some(Location::Weights(0));
+        let plain = gemm_key(&spec(None));
+        let residual =
+            gemm_key(&spec(Some(epilogue(None, Some(Location::Arena(8192)), LtActivation::None, 1.0))));
+        let scaled = gemm_key(&spec(Some(epilogue(None, None, LtActivation::None, 0.5))));
+        let biased = gemm_key(&spec(Some(epilogue(weights, None, LtActivation::GeluTanh, 1.0))));
+        assert_eq!(plain, "26x64x128 f16 NN");
+        assert_eq!(residual, "26x64x128 f16 NN +residual");
+        assert_eq!(scaled, "26x64x128 f16 NN +scale");
+        // As the cache files before residuals were keyed: their lines still apply.
+        assert_eq!(biased, "26x64x128 f16 NN +bias+gelutanh");
+    }
 
     #[test]
     fn cache_lines_round_trip_and_bad_lines_are_skipped() {

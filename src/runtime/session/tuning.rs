@@ -300,6 +300,7 @@ impl Session {
     pub(super) fn apply(&mut self, members: &[usize], option: Candidate) {
         for &i in members {
             if let Some(Loaded::Gemm {
+                gemm,
                 lt: Some(prepared),
                 on_cublas,
                 on_skinny,
@@ -310,7 +311,8 @@ impl Session {
                 ..
             }) = self.steps.get_mut(i)
             {
-                *on_cublas = option == Candidate::Cublas;
+                // (Plain cuBLAS runs no epilogue: a GEMM with one stays on cuBLASLt.)
+                *on_cublas = option == Candidate::Cublas && gemm.lt_epilogue.is_none();
                 *on_narrow = option == Candidate::SkinnyNarrow && skinny_narrow.is_some();
                 *on_skinny = *on_narrow || (option == Candidate::Skinny && skinny.is_some());
                 if let Candidate::Lt(rank) = option {
@@ -340,7 +342,11 @@ impl Session {
         }
         let Some(lt) = self.lt.as_ref() else { return false };
         for &i in members {
-            if let Some(Loaded::Gemm { lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+            if let Some(Loaded::Gemm { gemm, lt: Some(prepared), on_cublas, .. }) = self.steps.get_mut(i) {
+                // Plain cuBLAS runs no epilogue: never the choice of a GEMM with one.
+                if cached.choice.cublas() && gemm.lt_epilogue.is_some() {
+                    return false;
+                }
                 *on_cublas = cached.choice.cublas();
                 if !*on_cublas && !lt.restore(prepared, cached) {
                     return false;
