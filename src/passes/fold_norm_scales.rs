@@ -61,19 +61,17 @@ impl Pass for FoldNormScales<'_> {
             };
             let inputs = graph.inputs_of(id);
             let k = *graph.node(id).ty.shape.last().unwrap_or(&0);
-            let vector = |slot: usize| {
-                let v = graph.constant(*inputs.get(slot)?)?;
-                (v.len() == k).then(|| v.to_f64_vec())
-            };
-            let Some(scale) =
-                inputs.get(1).and_then(|&g| graph.constant(g)).filter(|v| v.len() == k).cloned()
-            else {
-                continue;
-            };
+            // Input `slot` where it is a constant of K elements.
+            let vector = |slot: usize| graph.constant(*inputs.get(slot)?).filter(|v| v.len() == k).cloned();
+            let Some(scale) = vector(1) else { continue };
             let gamma = scale.to_f64_vec();
+            // The shift and its values, where they are not all zeros.
             let beta = match inputs.get(2) {
                 Some(_) => match vector(2) {
-                    Some(b) => Some(b).filter(|b| b.iter().any(|&v| v != 0.0)),
+                    Some(b) => {
+                        let values = b.to_f64_vec();
+                        values.iter().any(|&v| v != 0.0).then_some((b, values))
+                    }
                     None => continue,
                 },
                 None => None,
@@ -84,7 +82,8 @@ impl Pass for FoldNormScales<'_> {
             }
             let Some(products) = products_of(graph, id, k, beta.is_some()) else { continue };
             for p in &products {
-                self.fold(graph, p, (&scale, &gamma), beta.as_deref(), centred)?;
+                let beta = beta.as_ref().map(|(b, values)| (b, values.as_slice()));
+                self.fold(graph, p, (&scale, &gamma), beta, centred)?;
             }
             graph.node_mut(id).op = Op::RmsNorm { axis, epsilon, deviation: centred };
             graph.keep_inputs(id, 1);
@@ -101,13 +100,14 @@ impl Pass for FoldNormScales<'_> {
 
 impl FoldNormScales<'_> {
     /// Product `p`'s weights scaled by the norm's scale (`scale`, its values `gamma`) down K
-    /// (and centred), its bias gaining `beta`'s products.
+    /// (and centred), its bias gaining the shift's products (`beta`: the shift and its values).
+    /// Both made through the shared constants where given: a range's sizes make them once.
     fn fold(
         &self,
         graph: &mut Graph,
         p: &Product,
         (scale, gamma): (&Arc<Tensor>, &[f64]),
-        beta: Option<&[f64]>,
+        beta: Option<(&Arc<Tensor>, &[f64])>,
         centred: bool,
     ) -> Result<(), IrError> {
         let node = graph.node(p.node).clone();
@@ -126,15 +126,19 @@ impl FoldNormScales<'_> {
         if graph.users_of(p.weights).is_empty() {
             graph.remove_node(p.weights);
         }
-        let (Some(beta), Some((holder, slot))) = (beta, p.bias) else { return Ok(()) };
+        let (Some((shift, beta)), Some((holder, slot))) = (beta, p.bias) else { return Ok(()) };
         let old = graph.inputs_of(holder)[slot];
         let bias = graph.constant(old).cloned().ok_or_else(|| fail("bias not constant".into()))?;
-        let shift: Vec<f64> = shift_products(&w, beta, p.transposed).map_err(fail)?;
-        let mut values = bias.to_f64();
-        for (v, s) in values.iter_mut().zip(shift.iter().cycle()) {
-            *v += p.bias_scale * s;
-        }
-        let new_bias = Arc::new(Tensor::from_f64(values, bias.dtype()));
+        let what = format!("fold norm shift (transposed {}, scaled {:e})", p.transposed, p.bias_scale);
+        let new_bias = SharedConstants::derive_or_make(self.shared, &what, &[&bias, &w, shift], || {
+            let products = shift_products(&w, beta, p.transposed)?;
+            let mut values = bias.to_f64();
+            for (v, s) in values.iter_mut().zip(products.iter().cycle()) {
+                *v += p.bias_scale * s;
+            }
+            Ok::<_, String>(Tensor::from_f64(values, bias.dtype()))
+        })
+        .map_err(fail)?;
         let origin = graph.node(old).origin.clone();
         let name = format!("{}_norm_folded", graph.node(old).name);
         let new_b = graph.add_constant(&name, new_bias, origin);

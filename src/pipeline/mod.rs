@@ -319,11 +319,9 @@ pub(crate) fn fuse_model(
         // Norms' scales into the products after them, in a half type (after fusion, which
         // recognises the norms; before the constants are converted, from the model's values).
         if options.precision != DType::F32 && options.fold_norm_scales {
-            use passes::Pass;
-            let pass = passes::FoldNormScales::sharing(shared);
-            let fail = |source| PassError { pass: pass.name(), source };
-            pass.run(&mut fused.graph).map_err(fail)?;
-            crate::ir::verify(&fused.graph).map_err(fail)?;
+            let fold: Vec<Box<dyn passes::Pass + '_>> =
+                vec![Box::new(passes::FoldNormScales::sharing(shared))];
+            passes::run_passes(&mut fused.graph, &fold)?;
         }
         FusedModel { graph: fused.graph, covers: fused.covers, mode: Mode::Fused, report: Some(fused.report) }
     };
