@@ -177,6 +177,33 @@ pub fn epilogue_early(m_tiles: usize) -> bool {
     }
 }
 
+/// Whether a thread of the tensor-core kernel requests the bias and residual of its outputs
+/// (up to [`EPILOGUE_GROUP`] of them, or all that a cluster's block stores) at once, before it
+/// stores any, where [`epilogue_early`] has not read them already. The residual may be read
+/// from the output's own memory (it is not `__restrict__`), so neither compiler moves a load of
+/// it above an earlier output's store: output by output, each is a trip to L2 on the kernel's
+/// last stretch (GPT-2 small's out-projection at 32 rows: six a thread).
+/// Reading them all first is safe even in place: a thread reads the residual only at the
+/// outputs it stores itself. `FUSEC_SKINNY_MMA_EPILOGUE_AT_ONCE=0` reads each as its output is
+/// stored, for measuring it.
+fn epilogue_at_once() -> bool {
+    !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_AT_ONCE")
+}
+
+/// Whether a thread of the tensor-core kernel that reads its epilogue's operands after the sums
+/// ([`epilogue_at_once`], not [`epilogue_early`]) first asks L1 for their lines, right after
+/// the wait, so that the reads after the sums (the kernel's last stretch) are L1 hits rather
+/// than trips to L2. (Asking for a bias that is a weight at the kernel's start as well made
+/// ptxas keep its addresses through the sums: a folded norm's kernel spilled.)
+/// `FUSEC_SKINNY_MMA_EPILOGUE_PREFETCH=0` leaves them out, for measuring it.
+fn epilogue_prefetch() -> bool {
+    !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_PREFETCH")
+}
+
+/// Outputs whose epilogue operands a thread requests at once ([`epilogue_at_once`]) where a
+/// block stores its tile alone.
+const EPILOGUE_GROUP: usize = 8;
+
 /// The most 16-byte packs of A a thread holds at once where chunks have their A requested
 /// together ([`a_group`]): 48 registers.
 const A_AT_ONCE_PACKS: usize = 12;
@@ -260,6 +287,8 @@ pub fn generate(
     let early = data["epilogue_loads"] == true && epilogue_early(g.m.div_ceil(8));
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
+    let at_once = data["epilogue_loads"] == true && epilogue_at_once();
+    let prefetch = at_once && !early && epilogue_prefetch();
     // A folded norm's loads come in groups too (a sum's two terms: half as many chunks).
     let terms = if folded && data["summed"] == true { 2 } else { 1 };
     let a_group = a_group(unroll, m_tiles, (norm && !folded, terms));
@@ -284,6 +313,9 @@ pub fn generate(
             "epilogue_early": early,
             "epilogue_at_start": at_start,
             "epilogue_after_wait": after_wait,
+            "epilogue_at_once": at_once,
+            "epilogue_group": EPILOGUE_GROUP,
+            "epilogue_prefetch": prefetch,
             "a_group": (a_group > 0).then_some(a_group),
             "norm_read": norm && !folded,
             "folded": folded,
