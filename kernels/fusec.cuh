@@ -73,12 +73,6 @@ __device__ __forceinline__ void prefetch_l2(const void* base, unsigned long long
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + o));
 }
 
-// Asks this SM's L1 for the line holding `p`, without waiting for it: an operand read late in
-// a kernel (its epilogue's residual) requested early, so that the read finds it near.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

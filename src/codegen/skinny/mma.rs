@@ -190,16 +190,6 @@ fn epilogue_at_once() -> bool {
     !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_AT_ONCE")
 }
 
-/// Whether a thread of the tensor-core kernel that reads its epilogue's operands after the sums
-/// ([`epilogue_at_once`], not [`epilogue_early`]) first asks L1 for their lines, right after
-/// the wait, so that the reads after the sums (the kernel's last stretch) are L1 hits rather
-/// than trips to L2. (Asking for a bias that is a weight at the kernel's start as well made
-/// ptxas keep its addresses through the sums: a folded norm's kernel spilled.)
-/// `FUSEC_SKINNY_MMA_EPILOGUE_PREFETCH=0` leaves them out, for measuring it.
-fn epilogue_prefetch() -> bool {
-    !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_PREFETCH")
-}
-
 /// Outputs whose epilogue operands a thread requests at once ([`epilogue_at_once`]) where a
 /// block stores its tile alone.
 const EPILOGUE_GROUP: usize = 8;
@@ -288,7 +278,6 @@ pub fn generate(
     let at_start = early && data["bias_early"] == true;
     let after_wait = early && data["epilogue_late"] == true;
     let at_once = data["epilogue_loads"] == true && epilogue_at_once();
-    let prefetch = at_once && !early && epilogue_prefetch();
     // A folded norm's loads come in groups too (a sum's two terms: half as many chunks).
     let terms = if folded && data["summed"] == true { 2 } else { 1 };
     let a_group = a_group(unroll, m_tiles, (norm && !folded, terms));
@@ -315,7 +304,6 @@ pub fn generate(
             "epilogue_after_wait": after_wait,
             "epilogue_at_once": at_once,
             "epilogue_group": EPILOGUE_GROUP,
-            "epilogue_prefetch": prefetch,
             "a_group": (a_group > 0).then_some(a_group),
             "norm_read": norm && !folded,
             "folded": folded,

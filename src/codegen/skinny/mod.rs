@@ -437,8 +437,6 @@ pub fn generate(
         "residual_arg": if residual.is_some() { "residual" } else { "nullptr" },
         "load_bias": load("bias[c]", dtype),
         "load_residual": load(&format!("residual[m * {n}LL + c]"), dtype),
-        "bias_address": "bias + c",
-        "residual_address": format!("residual + m * {n}LL + c"),
         "activation": activation,
         "store": narrow("r", g.c_dtype()),
         "prefetch": next.map(|(_, bytes)| bytes),
