@@ -109,6 +109,10 @@ fn assert_clean_failure(args: &[&str], expect: &[&str]) {
     for needle in expect {
         assert!(stderr.contains(needle), "{args:?}: '{needle}' not in {stderr}");
     }
+    // No cause said twice in a row (an error whose message names its source, then the source).
+    let line = stderr.lines().next().unwrap_or_default();
+    let parts: Vec<&str> = line.split(": ").collect();
+    assert!(parts.windows(2).all(|w| w[0] != w[1]), "{args:?}: a cause repeated in {line}");
 }
 
 #[test]
