@@ -12,6 +12,8 @@
 #   variants  bert_base 8x128 fp16 profiles with FUSEC_ATTENTION_WARPS=1, 2 and 4
 #   suite     benches/run.sh fusec + torch for $FUSEC_MODELS (fp16), side by side
 #   micro     the pointwise chains (f32): fusec and torch, side by side
+#   vocabbulk the vocabulary's projection with W streamed through shared memory by bulk copies
+#             (benches/micro/vocab_bulk, nvcc there) at 32, 8 and 1 rows, against W read alone
 #   ab        .gpu/fusec-old (an earlier build, staged by hand) against .gpu/fusec: compile -v
 #             of bert_base fp16 cold and cached, then 8x128 fp16 profiles of $FUSEC_MODELS
 #   fp32      the suite's fp32 rows at $SHAPES (default 1x128 32x128): fusec and torch
@@ -389,6 +391,8 @@ for part in "$@"; do
       FUSEC=.gpu/fusec RESULTS="$OUT/res" PRECISIONS=fp16 FUSEC_MICRO=0 FUSEC_MODELS="$models" timeout 330 benches/run.sh fusec 2>&1 | grep -E "^==|^fused|^unfused|FAILED|speedup"
       ITERS=50 RESULTS="$OUT/res" TORCH_ARGS="--models ${models// /,} --dtypes fp16 --modes eager,reduce-overhead --no-micro" timeout 240 benches/run.sh torch 2>&1 | grep -E '"median_ms"|Error|error' | cut -c1-220
       ;;
+    vocabbulk)
+      timeout 300 bash benches/micro/vocab_bulk/run.sh ;;
     micro)
       export_models $models
       for chain in bias_gelu bias_dropout_residual_layernorm; do
