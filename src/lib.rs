@@ -12,6 +12,7 @@
 pub mod bundle;
 pub mod checksum;
 pub mod codegen;
+pub mod error_chain;
 pub mod fusion;
 pub mod generate;
 pub mod import;

@@ -84,27 +84,8 @@ fn main() -> ExitCode {
     match cli.execute() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", error_text(&e));
+            eprintln!("error: {}", fusec::error_chain::text(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes joined by `: `, as `{:#}` prints them, but for a cause whose text
-/// the message already holds: an error that names its source in its own message and also
-/// returns it as its source (`cannot read the file: No such file or directory`) would otherwise
-/// print it twice. (The Python package's errors follow the same rule: `python/src/errors.rs`.)
-fn error_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
 }

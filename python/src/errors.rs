@@ -50,16 +50,8 @@ pub fn runtime(e: RuntimeError) -> PyErr {
     }
 }
 
-/// An error and its causes, one message (`anyhow`'s `{:#}` style).
+/// An error and its causes, one message (`anyhow`'s `{:#}` style, each cause said once:
+/// [`fusec::error_chain::text`], as the command line prints them).
 pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message = format!("{message}: {text}");
-        }
-        source = cause.source();
-    }
-    message
+    fusec::error_chain::text(e)
 }
