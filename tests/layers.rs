@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 /// The layers, bottom first, and the top-level modules of each. A newcomer reads the
 /// architecture here.
 const LAYERS: &[(&str, &[&str])] = &[
-    // Small utilities anyone may use: a hash, a worker pool, "did you mean" suggestions, the
-    // measuring knobs read from the environment.
-    ("utilities", &["checksum", "knobs", "parallel", "suggest"]),
+    // Small utilities anyone may use: a hash, an error's one-line report, a worker pool, "did
+    // you mean" suggestions, the measuring knobs read from the environment.
+    ("utilities", &["checksum", "error_chain", "knobs", "parallel", "suggest"]),
     // The IR: graphs, tensors and their byte codecs, sizes that follow ranges (`ir::sym`),
     // the CPU reference evaluator.
     ("ir", &["ir"]),
