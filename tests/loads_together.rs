@@ -7,7 +7,6 @@
 mod common;
 
 use common::onnx::normed_block;
-use fusec::codegen::{KernelSource, Step};
 use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
 
@@ -24,13 +23,7 @@ fn a_folded_norms_statistics_come_with_the_clusters_sums() {
         let path = normed_block(dir.path(), rows, width, inner);
         let options = CompileOptions { precision: DType::F16, ..Default::default() };
         let steps = common::compiled_steps(&path, &options);
-        let folded: Vec<&KernelSource> = steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } => Some(k),
-                _ => None,
-            })
-            .collect();
+        let folded = common::absorbing_kernels(&steps);
         assert_eq!(folded.len(), 1, "{rows} × {width} × {inner}: the norm taken in once");
         let k = folded[0];
         assert!(k.source.contains("one trip for all three"), "{}", k.source);

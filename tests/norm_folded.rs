@@ -9,7 +9,7 @@
 mod common;
 
 use common::onnx::normed_block;
-use fusec::codegen::{KernelSource, Step};
+use fusec::codegen::Step;
 use fusec::ir::DType;
 use fusec::pipeline::CompileOptions;
 
@@ -29,13 +29,7 @@ fn a_norm_folded_into_the_tensor_core_kernel_matches_tract() {
         // (In bf16 the sum `h` stays f32, as the residual stream does, and the norm apart.)
         let precision = DType::F16;
         let steps = common::compiled_steps(&path, &CompileOptions { precision, ..Default::default() });
-        let folded: Vec<&KernelSource> = steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } => Some(k),
-                _ => None,
-            })
-            .collect();
+        let folded = common::absorbing_kernels(&steps);
         assert_eq!(folded.len(), 1, "{rows} × {width} × {inner}, {precision}: the norm taken in once");
         let k = folded[0];
         assert!(k.source.contains("on tensor cores") && k.source.contains("Σ γ·B, Σ β·B"), "{}", k.source);

@@ -182,6 +182,17 @@ pub fn compiled_steps(path: &Path, options: &fusec::pipeline::CompileOptions) ->
     steps
 }
 
+/// The few-row kernels of `steps` that take in the op before their product (a norm), in order.
+pub fn absorbing_kernels(steps: &[fusec::codegen::Step]) -> Vec<&fusec::codegen::KernelSource> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            fusec::codegen::Step::Gemm { absorbs: Some(_), skinny: Some(k), .. } => Some(k),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The bundle of `path` (compiled with `options` for sm_90) run on the GPU on `inputs`, its
 /// first output against `theirs` (tract's) within `tolerance` rel-L2; a printed reason and
 /// nothing else where no CUDA driver is found.
