@@ -9,8 +9,8 @@
 // (mma.m16n8k16, fragments read from shared memory) while the next stages arrive. Variants:
 // TILE 16 or 32 rows, 2 to 6 stages. Beside them: a read of the 77 MB alone (the floor this
 // GPU's reads allow) and a plain reference (each output a warp's dot product), against which
-// every variant's output is checked. Prints each one's median (CUDA events, 200 runs after 20)
-// and its rate.
+// every variant's output is checked. Prints each one's median (CUDA events around 20 launches
+// back to back, a launch's share, 200 times after 20 untimed) and its rate.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <algorithm>
@@ -169,9 +169,11 @@ float median_ms(F fn) {
   CK(cudaDeviceSynchronize());
   std::vector<float> t;
   for (int i = 0; i < 200; i++) {
-    CK(cudaEventRecord(e0)); fn(); CK(cudaEventRecord(e1));
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < 20; r++) fn();
+    CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms);
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms / 20);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
