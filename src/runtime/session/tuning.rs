@@ -148,6 +148,8 @@ impl Session {
             else {
                 continue;
             };
+            // Plain cuBLAS runs no epilogue: a candidate only where there is none (a group's
+            // members share one, `lt::gemm_key` naming every step of it).
             let plain = gemm.lt_epilogue.is_none();
             let options: Vec<Candidate> = plain
                 .then_some(Candidate::Cublas)
@@ -300,7 +302,6 @@ impl Session {
     pub(super) fn apply(&mut self, members: &[usize], option: Candidate) {
         for &i in members {
             if let Some(Loaded::Gemm {
-                gemm,
                 lt: Some(prepared),
                 on_cublas,
                 on_skinny,
@@ -311,8 +312,7 @@ impl Session {
                 ..
             }) = self.steps.get_mut(i)
             {
-                // (Plain cuBLAS runs no epilogue: a GEMM with one stays on cuBLASLt.)
-                *on_cublas = option == Candidate::Cublas && gemm.lt_epilogue.is_none();
+                *on_cublas = option == Candidate::Cublas;
                 *on_narrow = option == Candidate::SkinnyNarrow && skinny_narrow.is_some();
                 *on_skinny = *on_narrow || (option == Candidate::Skinny && skinny.is_some());
                 if let Candidate::Lt(rank) = option {
