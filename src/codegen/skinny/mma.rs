@@ -190,18 +190,6 @@ fn epilogue_at_once() -> bool {
     !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_AT_ONCE")
 }
 
-/// Whether a block of a cluster requests its epilogue's operands ([`epilogue_at_once`]), the
-/// cluster's partial sums and a folded norm's statistics one after another after the
-/// cluster's barrier, rather than the statistics first (their store to shared memory holds back
-/// the loads of the sums after it: a trip to distributed shared memory of its own) and the
-/// operands after the block's barrier (a trip to L2 of its own): in the PTX of a folded norm's
-/// product at 32 rows, three trips in a row where one would do. Off by default until measured
-/// on the GPU (the fiftieth session had no device time left for it); `=1` turns it on, at
-/// compile time.
-fn loads_together() -> bool {
-    crate::knobs::on("FUSEC_SKINNY_MMA_LOADS_TOGETHER")
-}
-
 /// Outputs whose epilogue operands a thread requests at once ([`epilogue_at_once`]) where a
 /// block stores its tile alone.
 const EPILOGUE_GROUP: usize = 8;
@@ -316,7 +304,6 @@ pub fn generate(
             "epilogue_after_wait": after_wait,
             "epilogue_at_once": at_once,
             "epilogue_group": EPILOGUE_GROUP,
-            "together": cluster > 1 && (folded || at_once) && loads_together(),
             "a_group": (a_group > 0).then_some(a_group),
             "norm_read": norm && !folded,
             "folded": folded,
