@@ -129,6 +129,14 @@ fn bad_files_fail_cleanly() {
     assert_clean_failure(&["inspect", empty.to_str().unwrap()], &["empty.onnx", "empty"]);
     assert_clean_failure(&["inspect", noise.to_str().unwrap()], &["noise.onnx"]);
     assert_clean_failure(&["inspect", truncated.to_str().unwrap()], &["truncated.onnx", "protobuf"]);
+    // `generate` says what it compiles, then fails reading the model: the error line names the
+    // file once, not in its own context and again in the import error's.
+    let out = fusec(&["generate", "missing.onnx", "--prompt-ids", "1,2", "--max-new-tokens", "2"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    let error = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_default();
+    assert!(error.contains("cannot read"), "{stderr}");
+    assert_eq!(error.matches("missing.onnx").count(), 1, "{stderr}");
 }
 
 /// A bundle for ranges of batch sizes and sequence lengths: compile says so, inspect shows

@@ -49,7 +49,8 @@ pub fn prompt_inputs(
     capacity: usize,
 ) -> Result<Vec<InputSpec>, GenerateError> {
     let summary = crate::import::summarize(model).map_err(|e| GenerateError::Compile {
-        what: format!("reading {}", model.display()),
+        // The import error names the file.
+        what: "reading the model".into(),
         source: Box::new(e.into()),
     })?;
     summary

@@ -18,7 +18,8 @@ const PASS_THROUGH: [&str; 6] = ["Cast", "Reshape", "Unsqueeze", "Squeeze", "Ide
 /// as rotary embeddings are).
 pub fn table(model: &Path) -> Result<Option<(String, usize)>, GenerateError> {
     let proto = crate::import::load_proto(model).map_err(|e| GenerateError::Compile {
-        what: format!("reading {}", model.display()),
+        // The import error names the file.
+        what: "reading the model".into(),
         source: Box::new(e.into()),
     })?;
     let Some(graph) = proto.graph.as_ref() else { return Ok(None) };
