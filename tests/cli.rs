@@ -387,6 +387,17 @@ fn bench_without_a_gpu_says_so() {
     );
 }
 
+/// `bench --in-program` is a part of `--profile`: asked for alone, the command line is refused
+/// before anything is loaded, naming the flag it needs.
+#[test]
+fn in_program_shares_need_the_profile() {
+    let model = common::model_path("mlp_block.onnx");
+    let out = fusec(&["bench", model.to_str().unwrap(), "--dim", "batch=2", "--in-program"]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--profile") && !stderr.contains("panicked"), "{stderr}");
+}
+
 /// `fusec cache info` counts the entries fusec writes, by kind; `fusec cache clear` deletes
 /// those and leaves every other file of the directory.
 #[test]

@@ -62,6 +62,10 @@ pub struct Bench {
     /// Also time every step of the fused program on its own and list the top kernels.
     #[arg(long)]
     profile: bool,
+    /// With --profile: also each step's share of the program's time where it runs among the
+    /// others (the program's first steps timed up to each one; slow on large programs).
+    #[arg(long, requires = "profile")]
+    in_program: bool,
     /// Do not choose GEMM algorithms by timing the fused program at load: GEMMs with a bias
     /// epilogue take the cuBLASLt heuristic's first algorithm, the others cuBLAS (choices
     /// timed before are cached beside the NVRTC cache).
@@ -446,7 +450,14 @@ impl Bench {
         }
         let profile = if self.profile {
             progress.set("profiling the fused program step by step, alone and repeated in a graph");
-            let steps = fast.profile(&sets[0], self.iters.clamp(1, 50))?;
+            let mut steps = fast.profile(&sets[0], self.iters.clamp(1, 50))?;
+            if self.in_program {
+                progress.set("timing the fused program up to each of its steps");
+                let shares = fast.profile_in_program(&sets[0], self.iters.clamp(1, 10))?;
+                for (step, share) in steps.iter_mut().zip(shares.into_iter().flatten()) {
+                    step.in_program_ms = Some(share);
+                }
+            }
             Some((steps, fast.chained(&sets[0], self.iters.clamp(1, 50))?))
         } else {
             None
@@ -587,7 +598,7 @@ impl Bench {
                 "programmatic_launch": fast.launch_choice.map(|c| serde_json::json!({
                     "on": c.programmatic, "plain_ms": c.plain_ms, "programmatic_ms": c.programmatic_ms,
                 })),
-                "profile": profile.as_ref().map(|(steps, _)| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms})).collect::<Vec<_>>()),
+                "profile": profile.as_ref().map(|(steps, _)| steps.iter().map(|s| serde_json::json!({"step": s.name, "ms": s.alone_ms, "repeated_ms": s.repeated_ms, "library_ms": s.library_ms, "in_program_ms": s.in_program_ms})).collect::<Vec<_>>()),
             });
             super::shapes::write_json(path, &json)?;
         }

@@ -65,21 +65,29 @@ pub(super) fn print_profile(steps: &[StepProfile]) {
             false => "no CUDA graph".to_string(),
         }
     );
+    let in_program = steps.iter().any(|s| s.in_program_ms.is_some());
+    if in_program {
+        let sum: f64 = steps.iter().filter_map(|s| s.in_program_ms).sum();
+        println!("  (in program: what each step adds where it runs among the others, {sum:.4} ms in all)");
+    }
     println!(
-        "  {:>12} {:>6} {:>12} {:>12}",
+        "  {:>12} {:>6} {:>12} {:>12}{}",
         if graph { "GPU ms" } else { "alone ms" },
         "share",
         "alone ms",
-        "library ms"
+        "library ms",
+        if in_program { format!(" {:>13}", "in program ms") } else { String::new() }
     );
     let shown = std::env::var("FUSEC_PROFILE_STEPS").ok().and_then(|v| v.trim().parse().ok());
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |ms| format!("{ms:.4}"));
     for s in sorted.iter().take(shown.unwrap_or(16)) {
-        let library = s.library_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.4}"));
+        let library = ms(s.library_ms);
         println!(
-            "  {:>12.4} {:>5.1}% {:>12.4} {library:>12}  {}",
+            "  {:>12.4} {:>5.1}% {:>12.4} {library:>12}{}  {}",
             key(s),
             100.0 * key(s) / total.max(f64::MIN_POSITIVE),
             s.alone_ms,
+            if in_program { format!(" {:>13}", ms(s.in_program_ms)) } else { String::new() },
             s.name
         );
     }

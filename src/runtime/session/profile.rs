@@ -22,6 +22,11 @@ pub struct StepProfile {
     /// For a library call with an epilogue kernel (a GEMM or convolution), the call alone,
     /// repeated in a graph the same way: the rest of `repeated_ms` is the epilogue.
     pub library_ms: Option<f64>,
+    /// What the step adds to the program where it runs among the others
+    /// ([`Session::profile_in_program`]; `None` until that is run): the program's GPU time up
+    /// to and including it less that up to the step before. Its weights come from memory, not
+    /// L2, and its launch overlaps the kernel before it as in the program.
+    pub in_program_ms: Option<f64>,
 }
 
 /// A point on the GPU's clock ([`Session::record_timing_event`]).
@@ -115,8 +120,43 @@ impl Session {
                 alone_ms: median(t),
                 repeated_ms: repeated.as_ref().map(|r| r[s]),
                 library_ms: library.as_ref().and_then(|l| l[s]),
+                in_program_ms: None,
             })
             .collect())
+    }
+
+    /// Each step's share of the program's time where it runs among the others (`bench
+    /// --profile --in-program`): for each `k`, the program's first `k` steps captured
+    /// [`PROFILE_REPEAT`] times back to back in a CUDA graph and timed (median of `iterations`
+    /// replays after one, per repeat); a step's share is the time up to and including it less
+    /// the time up to the step before it. Unlike [`Session::profile`]'s repeats of one step,
+    /// which find its weights in L2 from the repeat before, each step reads what the steps
+    /// before it left, as in the program, and starts as early as it does there. None without
+    /// graphs. Costs `steps × iterations` replays of up to the whole program.
+    pub fn profile_in_program(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        iterations: usize,
+    ) -> Result<Option<Vec<f64>>, RuntimeError> {
+        if !self.use_graph {
+            return Ok(None);
+        }
+        self.upload(inputs)?;
+        self.execute_all()?;
+        let mut shares = Vec::with_capacity(self.steps.len());
+        let mut before = 0.0;
+        for k in 1..=self.steps.len() {
+            if let Loaded::Absorbed(_) | Loaded::Merged(_) = &self.steps[k - 1] {
+                shares.push(0.0);
+                continue;
+            }
+            let upto = self.repeated(iterations, |session| {
+                session.steps[..k].iter().try_for_each(|step| session.execute_step(step))
+            })?;
+            shares.push(upto - before);
+            before = upto;
+        }
+        Ok(Some(shares))
     }
 
     /// `count` events that record timing.
