@@ -60,9 +60,10 @@
 #             tokens after one cached position, the cache in place) against the same decoder
 #             exported without a cache (export_cache.py --forward), at batch 1 and 8, twice
 #   inprogram GPT-2 small's one-token step at 257 keys (bench --cache-in-place, fp16) at $BATCHES
-#             (default "32 1"): bench --profile --in-program, each step's share of the program
-#             where it runs among the others beside its time repeated alone, summed by kind of
-#             step (digits in the name dropped); JSON into $OUT/res/inprogram-bB.json
+#             (default "32 1") for each setting of $SETTINGS (as decodeab): bench --profile
+#             --in-program, each step's share of the program where it runs among the others beside
+#             its time repeated alone, summed by kind of step (digits in the name dropped); JSON
+#             into $OUT/res/inprogram-bB-SETTING.json
 #   tuneab    GPT-2 small's one-token step at 385 keys (bench --cache-in-place, fp16) at
 #             $BATCHES (default 32 8) for each setting of $SETTINGS (as decodeab), each load from a
 #             fresh cache directory, $ROUNDS times (default 1): the fused median, the load's GEMM
@@ -347,11 +348,16 @@ for part in "$@"; do
     inprogram)
       export_cache gpt2
       for b in ${BATCHES:-32 1}; do
-        echo "--- b$b"
-        timeout 240 .gpu/fusec bench .bench-work/gpt2_small_cache.onnx --dim batch=$b --dim seq=1 --dim past=256 \
-          --dim total=257 --precision fp16 --cache-in-place --profile --in-program --json "$OUT/res/inprogram-b$b.json" \
-          2>&1 | grep -E "^fused|^unfused|in program|error" | cut -c1-200
-        python3 scripts/in_program.py "$OUT/res/inprogram-b$b.json"
+        for setting in ${SETTINGS:--}; do
+          vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
+          tag=b$b-${setting//[^A-Za-z0-9]/_}
+          echo "--- b$b $setting"
+          env "${vars[@]}" FUSEC_CACHE_DIR="/tmp/inprogram-${setting//[^A-Za-z0-9]/_}" timeout 240 .gpu/fusec bench \
+            .bench-work/gpt2_small_cache.onnx --dim batch=$b --dim seq=1 --dim past=256 --dim total=257 --precision fp16 \
+            --cache-in-place --profile --in-program --json "$OUT/res/inprogram-$tag.json" 2>&1 \
+            | grep -E "^fused|^unfused|in program|error" | cut -c1-200
+          python3 scripts/in_program.py "$OUT/res/inprogram-$tag.json"
+        done
       done ;;
     tuneab)
       export_cache gpt2
