@@ -60,17 +60,6 @@ pub fn fewest_rows() -> usize {
 /// whole chunks of 32. `FUSEC_SKINNY_WARPS` (the warps wanted over the grid) overrides
 /// [`WARPS_WANTED`] and [`WARPS_WANTED_MANY_ROWS`], for measuring them.
 pub fn shape(m: usize, n: usize, k: usize, rows: bool) -> Option<(usize, usize, usize, usize)> {
-    shape_wanting(m, n, k, rows, None)
-}
-
-/// [`shape`] with the warps wanted over the grid given (`None`: as [`shape`] takes them).
-fn shape_wanting(
-    m: usize,
-    n: usize,
-    k: usize,
-    rows: bool,
-    wanted: Option<usize>,
-) -> Option<(usize, usize, usize, usize)> {
     if k % 32 != 0 || m == 0 || m > MAX_ROWS || (!rows && n % 4 != 0) {
         return None;
     }
@@ -86,7 +75,7 @@ fn shape_wanting(
     };
     let chunks = k / 32;
     let default = if m_tiles >= MANY_ROW_TILES { WARPS_WANTED_MANY_ROWS } else { WARPS_WANTED };
-    let wanted = wanted.or(number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0)).unwrap_or(default);
+    let wanted = number("FUSEC_SKINNY_WARPS").filter(|&w| w > 0).unwrap_or(default);
     // Splits of K: enough warps over the grid, at least two chunks a warp.
     let mut splits = wanted.div_ceil(n.div_ceil(cols)).clamp(1, (chunks / 2).max(1));
     if one_trip(rows, cols) {
@@ -201,16 +190,6 @@ fn epilogue_at_once() -> bool {
     !crate::knobs::off("FUSEC_SKINNY_MMA_EPILOGUE_AT_ONCE")
 }
 
-/// The warps wanted over the grid for a product that takes a norm in folded (a layer's first
-/// product: QKV, or a gated MLP's gate and up), where `FUSEC_SKINNY_FOLDED_WARPS` gives them
-/// (at compile time; unset: as every product, [`shape`]). At 32 rows GPT-2 small's QKV runs
-/// 72 blocks, fewer than the multiprocessors, and costs ~2.5 µs more where it follows MLP-down
-/// in the program than repeated alone (`benches/NOTES.md`, fifty-first session): for measuring
-/// more blocks for it alone.
-fn folded_warps() -> Option<usize> {
-    number("FUSEC_SKINNY_FOLDED_WARPS").filter(|&w| w > 0)
-}
-
 /// Outputs whose epilogue operands a thread requests at once ([`epilogue_at_once`]) where a
 /// block stores its tile alone.
 const EPILOGUE_GROUP: usize = 8;
@@ -266,6 +245,7 @@ pub fn generate(
     hb: &Handlebars<'_>,
 ) -> Result<Option<(String, u32, u32)>, String> {
     let rows = g.b.transposed;
+    let Some((cols, warps, cluster, chunks)) = shape(g.m, g.n, g.k, rows) else { return Ok(None) };
     // A norm taken in folded ([`folds_norm`]): rows of A for the scale's products (where the
     // mean is taken out) and the shift's, after A's own.
     // (An RMSNorm of the deviations has a LayerNorm's statistics and no mean to take out.)
@@ -274,10 +254,6 @@ pub fn generate(
     let deviation = data["deviation"] == true;
     let centred = !rms && !deviation;
     let folded = norm && folds(rms, deviation, gamma, g.m, rows);
-    let wanted = folded.then(folded_warps).flatten();
-    let Some((cols, warps, cluster, chunks)) = shape_wanting(g.m, g.n, g.k, rows, wanted) else {
-        return Ok(None);
-    };
     let g_row = (folded && centred).then_some(g.m);
     let b_row = (folded && beta).then_some(g.m + usize::from(centred));
     let m_all = g.m + usize::from(g_row.is_some()) + usize::from(b_row.is_some());
@@ -385,9 +361,6 @@ mod tests {
         // The Llama-style decoder's at 32 rows (2,816 deep, 88 chunks): 32 splits, not 20.
         assert_eq!(shape(32, 1024, 2816, false), Some((64, 4, 8, 88)));
         assert_eq!(shape(32, 50257, 768, true), Some((32, 1, 1, 24)));
-        // Wanting twice the warps (`FUSEC_SKINNY_FOLDED_WARPS=528` for a folded norm's
-        // product): GPT-2 small's QKV at 32 rows in clusters of 3, 108 blocks.
-        assert_eq!(shape_wanting(32, 2304, 768, false, Some(528)), Some((64, 4, 3, 24)));
         // 40 rows: tiles of 32 and 16; a K of 64 in two chunks, one warp each.
         assert_eq!(shape(40, 2304, 768, false).map(|s| s.0), Some(32));
         assert_eq!(shape(40, 1000, 768, true).map(|s| s.0), Some(16));
