@@ -25,7 +25,8 @@ pub struct StepProfile {
     /// What the step adds to the program where it runs among the others
     /// ([`Session::profile_in_program`]; `None` until that is run): the program's GPU time up
     /// to and including it less that up to the step before. Its weights come from memory, not
-    /// L2, and its launch overlaps the kernel before it as in the program.
+    /// L2 (once the steps before it read more than L2 holds: a shorter prefix finds its bytes
+    /// there on its next repeat), and its launch overlaps the kernel before it as in the program.
     pub in_program_ms: Option<f64>,
 }
 
