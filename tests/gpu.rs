@@ -312,14 +312,7 @@ fn attention_variants_match_tract() {
 
 /// `mlp_block.onnx` compiled (f32) at its first test shape, and random inputs for it.
 fn mlp_block() -> (Bundle, Vec<(String, Tensor)>) {
-    let file = "mlp_block.onnx";
-    let import = common::shape_variants(file).remove(0);
-    let bundle = fusec::compile(
-        &common::model_path(file),
-        &CompileOptions { import: import.clone(), ..Default::default() },
-    )
-    .unwrap();
-    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let (bundle, model) = common::compiled_variant("mlp_block.onnx", 0);
     (bundle, common::random_inputs(&model, 3))
 }
 
@@ -420,14 +413,7 @@ fn cuda_graph_replay_matches_step_by_step() {
     if !gpu() {
         return;
     }
-    let file = "bert_ts.onnx";
-    let import = common::shape_variants(file).remove(2);
-    let bundle = fusec::compile(
-        &common::model_path(file),
-        &CompileOptions { import: import.clone(), ..Default::default() },
-    )
-    .unwrap();
-    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let (bundle, model) = common::compiled_variant("bert_ts.onnx", 2);
     let mut graphed = Session::new(&bundle, 0).unwrap();
     let mut eager = Session::with_options(
         &bundle,

@@ -7,7 +7,6 @@ mod common;
 
 use fusec::ir::{rel_l2, Tensor};
 use fusec::runtime::Session;
-use fusec::CompileOptions;
 
 #[test]
 fn shares_cover_every_step_and_leave_the_results() {
@@ -15,14 +14,7 @@ fn shares_cover_every_step_and_leave_the_results() {
         println!("skipped: no CUDA driver on this machine");
         return;
     }
-    let file = "mlp_block.onnx";
-    let import = common::shape_variants(file).remove(0);
-    let bundle = fusec::compile(
-        &common::model_path(file),
-        &CompileOptions { import: import.clone(), ..Default::default() },
-    )
-    .unwrap();
-    let model = fusec::import::import(&common::model_path(file), &import).unwrap();
+    let (bundle, model) = common::compiled_variant("mlp_block.onnx", 0);
     let inputs = common::random_inputs(&model, 7);
     let mut session = Session::new(&bundle, 0).unwrap();
     let before: Vec<Tensor> = session.run(&inputs).unwrap().into_iter().map(|(_, t)| t).collect();

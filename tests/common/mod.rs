@@ -125,6 +125,17 @@ pub fn in_bundle_types(
     (ours, theirs)
 }
 
+/// The fixture `file` at its shape variant `variant` ([`shape_variants`]): compiled with
+/// default options, and imported (for its inputs).
+pub fn compiled_variant(file: &str, variant: usize) -> (fusec::Bundle, Model) {
+    let options = shape_variants(file).remove(variant);
+    let path = model_path(file);
+    let bundle =
+        fusec::compile(&path, &fusec::CompileOptions { import: options.clone(), ..Default::default() })
+            .unwrap();
+    (bundle, import(&path, &options).unwrap())
+}
+
 /// Random, non-zero inputs for every input of `model`: token ids below the fixtures'
 /// vocabulary of 512, floats in [-2, 2), padding masks right-padded and token types 0 then 1
 /// (`random_input`).
