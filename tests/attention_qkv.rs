@@ -1,9 +1,10 @@
 //! The Q, K and V projection taken into the decoding attention kernel (`codegen::attention::qkv`):
 //! at one sequence, the GPT-2 fixtures' attention steps run the product (and the norm before
 //! it) themselves, those steps left out, their kernels through NVRTC and ptxas without spills
-//! (CPU); at two sequences they do not. On a GPU, the one-sequence step's logits and presents
-//! against tract in fp16 and bf16, at caches of 7 and 300 positions, with every position live
-//! and with empty slots.
+//! (CPU). At 2 to 32 sequences the batch's kernel (`codegen::attention::rows`) does the same;
+//! at 33 the product keeps its own step. On a GPU, the steps' logits and presents against
+//! tract in fp16 and bf16, at caches of 7 and 300 positions, with every position live and with
+//! empty slots (at a batch, each sequence at a length of its own).
 
 mod common;
 
@@ -66,10 +67,55 @@ fn the_projection_joins_the_decoding_attention_at_one_sequence() {
                     common::compiles_without_spills(source, ptxas.as_deref(), dir.path());
                 }
             }
-            // Two sequences: the product has two rows, and keeps its own step.
-            let two = compiled(file, 2, 1, 16, precision, true);
-            let merges = attention_merges(&two.header.steps);
-            assert!(merges.len() == 2 && merges.iter().all(Vec::is_empty), "{file} {precision}: {merges:?}");
+        }
+    }
+}
+
+/// The steps of the kernel that computes a batch's projection (`codegen::attention::rows`).
+fn rows_merges(steps: &[Step]) -> Vec<Vec<usize>> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Launch(k) if k.source.contains("A decoding step of") => Some(k.merges.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_projection_joins_the_decoding_attention_of_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ptxas = common::ptxas();
+    for file in GPT2 {
+        for precision in [DType::F16, DType::BF16] {
+            for batch in [2, 13, 32] {
+                let what = format!("{file} {precision} batch {batch}");
+                let bundle = compiled(file, batch, 1, 16, precision, true);
+                let steps = &bundle.header.steps;
+                let merges = rows_merges(steps);
+                assert_eq!(merges.len(), 2, "{what}: {merges:?}");
+                assert!(attention_merges(steps).is_empty(), "{what}: the one-row kernel too");
+                for merged in &merges {
+                    // The product's step right before the attention's (and the norm's before
+                    // it, where the norm is of the product's element type).
+                    let product = *merged.last().unwrap_or_else(|| panic!("{what}: nothing merged"));
+                    assert!(matches!(steps[product], Step::Gemm { .. }), "{what}: step {product}");
+                    if let [norm, _] = merged[..] {
+                        assert_eq!(product, norm + 1, "{what}");
+                    }
+                    let attention = steps.iter().position(|s| matches!(s, Step::Launch(k) if &k.merges == merged));
+                    assert_eq!(attention, Some(product + 1), "{what}");
+                }
+                if fusec::nvrtc::available() {
+                    for source in steps.iter().flat_map(Step::sources).filter(|k| !k.merges.is_empty()) {
+                        common::compiles_without_spills(source, ptxas.as_deref(), dir.path());
+                    }
+                }
+            }
+            // Past 32 sequences the product keeps its own step.
+            let many = compiled(file, 33, 1, 16, precision, true);
+            let merges = rows_merges(&many.header.steps);
+            assert!(merges.is_empty(), "{file} {precision}: {merges:?}");
         }
     }
 }
@@ -94,6 +140,38 @@ fn one_sequence_with_the_projection_matches_tract() {
                     one_token_inputs(file, 1, past, mask, 5.0, 60 + m as u64),
                 );
                 let what = format!("{file} {precision} past {past} mask {m}");
+                step_matches_tract(&bundle, file, &inputs, &values, 1e-2, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_with_the_projection_matches_tract() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (a batch's projection inside the attention is checked on a GPU machine)");
+        return;
+    }
+    for file in GPT2 {
+        for (precision, past, batch) in
+            [(DType::F16, 7usize, 2usize), (DType::F16, 300, 13), (DType::F16, 300, 32), (DType::BF16, 300, 32)]
+        {
+            let bundle = compiled(file, batch, 1, past, precision, true);
+            assert_eq!(rows_merges(&bundle.header.steps).len(), 2, "{file}");
+            let total = past + 1;
+            // Every position live; then each sequence at a length of its own (empty slots
+            // between its last cached position and the new one).
+            let live = |b: usize, t: usize| t == past || t < past - (b * 37) % past;
+            let masks = [
+                vec![1i64; batch * total],
+                (0..batch * total).map(|i| i64::from(live(i / total, i % total))).collect(),
+            ];
+            for (m, mask) in masks.iter().enumerate() {
+                let (inputs, values) = common::in_bundle_types(
+                    &bundle,
+                    one_token_inputs(file, batch, past, mask, 5.0, 70 + m as u64),
+                );
+                let what = format!("{file} {precision} past {past} batch {batch} mask {m}");
                 step_matches_tract(&bundle, file, &inputs, &values, 1e-2, &what);
             }
         }

@@ -203,13 +203,15 @@ fn a_layers_key_and_value_appends_are_one_kernel() {
                     let stores = k.lines().filter(|l| l.contains("*reinterpret_cast<uint4*>((out")).count();
                     assert_eq!(stores, 2, "{file}: the new key and value stored once each\n{k}");
                     // The new key and value read as 16-byte runs where the projection left
-                    // them, and taken from registers at their position, not from the cache.
-                    assert_eq!(
-                        k.matches("n = *reinterpret_cast<const uint4*>((in").count(),
-                        2,
-                        "{file}\n{k}"
-                    );
-                    assert!(k.contains("(fresh ? kn :") && k.contains("(fresh ? vn :"), "{file}\n{k}");
+                    // them (memory, or the shared memory of the kernel that computes the
+                    // projection of a batch's rows itself, `codegen::attention::rows`), and
+                    // taken from registers at their position, not from the cache.
+                    let (from, taken) = match k.contains("A decoding step of") {
+                        true => ("n = *reinterpret_cast<const uint4*>(&qkv_s[", ["kr[u] = kn;", "vr[u] = vn;"]),
+                        false => ("n = *reinterpret_cast<const uint4*>((in", ["(fresh ? kn :", "(fresh ? vn :"]),
+                    };
+                    assert_eq!(k.matches(from).count(), 2, "{file}\n{k}");
+                    assert!(taken.iter().all(|t| k.contains(t)), "{file}\n{k}");
                 }
             } else {
                 assert_eq!(appends.len(), 2, "{file}, {seq} tokens: one append kernel a layer");

@@ -380,7 +380,7 @@ fn a_cache_in_place_matches_tract_and_the_copy() {
 
 /// A one-token step in half types (the cache stored in them) runs its attention in the decoding kernel (one query row a
 /// batch × head, the keys that weigh anything found from the mask and split over a cluster's
-/// blocks): its logits and presents agree with tract, at caches of 7 and 300 positions, for
+/// blocks; for GPT-2 the batch's kernel with the projection inside, `codegen::attention::rows`): its logits and presents agree with tract, at caches of 7 and 300 positions, for
 /// three sequences whose masks differ — all positions live, empty slots at the end (a cache
 /// not yet full), and zeros at the start too (a shorter prompt padded on the left).
 #[test]
@@ -391,7 +391,9 @@ fn one_query_attention_matches_tract_in_half_types() {
             let batch = 3;
             let bundle = compiled(file, batch, 1, past, precision, true);
             let decoding = bundle.header.steps.iter().any(|s| match s {
-                fusec::codegen::Step::Launch(k) => k.source.contains("Attention of one query row"),
+                fusec::codegen::Step::Launch(k) => {
+                    k.source.contains("Attention of one query row") || k.source.contains("A decoding step of")
+                }
                 _ => false,
             });
             assert!(decoding, "{file} {precision}: no decoding attention kernel in the step");

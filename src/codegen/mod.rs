@@ -32,6 +32,10 @@ use crate::fusion::KernelKind;
 use crate::ir::SymDim;
 use crate::plan::{Location, Plan};
 
+/// The most rows (sequences of a batch) at which a decoding attention computes its Q, K and V
+/// projection itself (`attention::rows`).
+pub const PROJECTED_ROWS: usize = 32;
+
 /// The shared device code every kernel includes as `fusec.cuh`.
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
 
@@ -42,6 +46,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("attention", include_str!("../../templates/attention.cu.hbs")),
     ("attention_mma", include_str!("../../templates/attention_mma.cu.hbs")),
     ("attention_decode", include_str!("../../templates/attention_decode.cu.hbs")),
+    ("attention_decode_rows", include_str!("../../templates/attention_decode_rows.cu.hbs")),
     ("gate", include_str!("../../templates/gate.cu.hbs")),
     ("depthwise", include_str!("../../templates/depthwise.cu.hbs")),
     ("skinny_gemm", include_str!("../../templates/skinny_gemm.cu.hbs")),

@@ -309,8 +309,9 @@ fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> b
 }
 
 /// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
-/// one row: the attention's kernel may compute the product, and the plan keeps what the GEMM
-/// reads until it has (`codegen::attention::qkv` takes the product in only where this holds).
+/// one row, or of a few (a batch of sequences, at most `codegen::PROJECTED_ROWS`): the
+/// attention's kernel may compute the product, and the plan keeps what the GEMM
+/// reads until it has (`codegen::attention::qkv` and `rows` take the product in only where this holds).
 pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
     use crate::fusion::KernelKind;
     let Some(&product) = gemm.nodes.first() else { return false };
@@ -318,7 +319,7 @@ pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: 
     let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
     matches!(gemm.kind, KernelKind::Gemm { .. })
         && next.kind == KernelKind::Attention
-        && rows == 1
+        && (1..=crate::codegen::PROJECTED_ROWS).contains(&rows)
         && next.nodes.iter().any(|&n| matches!(graph.node(n).op, Op::Append { .. }))
 }
 

@@ -58,8 +58,8 @@ pub fn compiled(
     fusec::compile(&super::model_path(file), &options).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
-/// The inputs of a one-token step of `file` for `batch` (at most three) sequences after `past`
-/// cached positions: ids 17, 300 and 5 (the first `batch`), `mask` (`batch × (past + 1)`
+/// The inputs of a one-token step of `file` for `batch` sequences after `past` cached
+/// positions: ids 17, 300 and 5 (the first three; then 18, 301, 6, and so on), `mask` (`batch × (past + 1)`
 /// values), every position `position`, caches drawn at random from `seed` on.
 pub fn one_token_inputs(
     file: &str,
@@ -81,7 +81,7 @@ pub fn one_token_inputs(
             let value = match spec.name.as_str() {
                 "attention_mask" => ids(mask.to_vec()),
                 "position_ids" => Tensor::full(&ty, position),
-                "input_ids" => ids([17, 300, 5][..batch].to_vec()),
+                "input_ids" => ids((0..batch).map(|b| [17, 300, 5][b % 3] + b as i64 / 3).collect()),
                 _ => fusec::ir::random_tensor(&ty, seed, -1.0, 1.0),
             };
             (spec.name, value)

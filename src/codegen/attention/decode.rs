@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::{forced_cluster, half_names, qkv, Common, Problem, MULTIPROCESSORS};
+use super::{forced_cluster, half_names, qkv, rows, Common, Problem, MULTIPROCESSORS};
 use crate::codegen::expr::header;
 use crate::codegen::index::trace_back;
 use crate::codegen::kernel::{coords_decl, Body};
@@ -78,6 +78,10 @@ pub(super) fn generate(
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
     let group = depth.max(dv).div_ceil(8).next_power_of_two();
     let cluster = cluster_size(problem.heads());
+    let scan = problem.inputs.len() > 3 && operands.causal.is_none();
+    // A batch of sequences whose projection this kernel may compute (`rows`), in clusters of
+    // its own.
+    let rows = rows::batch(problem, scan);
     // The Q, K and V projection computed here where it can be: q and the new key and value
     // then come from the kernel's shared memory.
     let projection = match &mut append {
@@ -87,7 +91,10 @@ pub(super) fn generate(
             match packs {
                 [Some(q), Some(k), Some(v)] if !k.is_empty() && !v.is_empty() => {
                     let (q, k, v) = (q.to_string(), k.to_string(), v.to_string());
-                    let projection = qkv::projection(&mut body, kernel, problem, cluster, [&q, &k, &v])?;
+                    let projection = match rows {
+                        Some(rows) => qkv::projection(&mut body, kernel, problem, rows::CLUSTER, [&q, &k, &v], rows)?,
+                        None => qkv::projection(&mut body, kernel, problem, cluster, [&q, &k, &v], 1)?,
+                    };
                     if let Some(p) = &projection {
                         operands.q = p.q.clone();
                         append["k_pack"] = p.k_pack.clone().into();
@@ -101,7 +108,6 @@ pub(super) fn generate(
         None => None,
     };
     let (half, _) = half_names(dtype);
-    let scan = problem.inputs.len() > 3 && operands.causal.is_none();
     let (threads, unroll) = launch(projection.is_some());
     let early_scan = scan && mask_is_fixed(plan, kernel, problem);
     let early_fetch = early_scan && append.is_some() && !knobs::off("FUSEC_ATTENTION_EARLY_FETCH");
@@ -131,6 +137,9 @@ pub(super) fn generate(
         "qkv": projection.as_ref().map(|p| p.data.clone()),
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
+    if let (Some(rows), Some(projection)) = (rows, &projection) {
+        return rows::render(common, hb, data, rows, projection.merges.clone()).map(Some);
+    }
     let mut source = common.render(hb, "attention_decode", data, 1, problem.heads() * cluster, threads)?;
     if let Some(scale) = &mut source.scale {
         scale.times = scale.times.mul(&SymDim::lit(cluster));

@@ -22,6 +22,7 @@ use crate::plan::{Pattern, Plan};
 
 mod decode;
 mod qkv;
+mod rows;
 
 /// Multiprocessors of the target GPU (H100 and H200 have 132): the tensor-core kernel picks
 /// the largest block that still gives every multiprocessor a block.

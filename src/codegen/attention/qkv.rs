@@ -35,16 +35,26 @@ pub(super) struct Projection {
 /// value's packs' addresses (at `d`, `d`, `e`), from which the kernel takes their columns.
 /// Not in a program for ranges of sizes. `FUSEC_ATTENTION_QKV=0` leaves the product to its own
 /// step, for measuring.
+///
+/// `rows` above 1: the product of a batch of sequences' rows, one a sequence
+/// (`super::rows`), where the batch is the leading axis of q, the new key and the new value
+/// and of the product's output (row b of the product is sequence b's), and a norm before it
+/// has neither scale nor shift (folded into the weights).
 pub(super) fn projection(
     body: &mut Body<'_>,
     kernel: &Kernel,
     problem: &Problem,
     cluster: usize,
     addresses: [&str; 3],
+    rows: usize,
 ) -> Result<Option<Projection>, String> {
     let plan = body.plan;
     let graph = &plan.graph;
-    if knobs::off("FUSEC_ATTENTION_QKV") || cluster < 2 || plan.symbolic.is_some() {
+    let off = match rows {
+        1 => knobs::off("FUSEC_ATTENTION_QKV"),
+        _ => knobs::off("FUSEC_ATTENTION_QKV") || knobs::off("FUSEC_ATTENTION_QKV_ROWS"),
+    };
+    if off || cluster < 2 || plan.symbolic.is_some() {
         return Ok(None);
     }
     let dtype = graph.node(problem.anchor).ty.dtype;
@@ -77,7 +87,7 @@ pub(super) fn projection(
         None if reshapes && !c_input => None,
         _ => return Ok(None),
     };
-    let fits = spec.m == 1
+    let fits = spec.m == rows
         && spec.batch == 1
         && spec.alpha == 1.0
         && spec.dtype == dtype
@@ -90,6 +100,15 @@ pub(super) fn projection(
     if !fits || !read_here_alone(plan, kernel, c) {
         return Ok(None);
     }
+    if rows > 1 {
+        if !super::rows::fits(problem, spec.k, rows) {
+            return Ok(None);
+        }
+        let leads = |id: NodeId| super::rows::batch_leads(plan, kernel, id, c, rows, spec.n);
+        if !(leads(problem.inputs[0]) && leads(k_new) && leads(v_new)) {
+            return Ok(None);
+        }
+    }
     // Right before this kernel (nothing runs between that reads what this one stores), with
     // what it reads kept live through this kernel by the plan.
     let next = plan.kernels.get(index + 1).filter(|k| std::ptr::eq(*k, kernel));
@@ -99,6 +118,9 @@ pub(super) fn projection(
     // The norm before the product (of a sum of two, which it stores), taken in where the
     // product's own kernel could take it; else A as stored.
     let norm = norm_before(plan, index, node, &spec);
+    if rows > 1 && norm.as_ref().is_some_and(|n| n.gamma.is_some() || n.beta.is_some()) {
+        return Ok(None);
+    }
     let mut merges = vec![index];
     let x = match &norm {
         Some(n) => {
