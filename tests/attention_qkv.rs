@@ -103,7 +103,8 @@ fn the_projection_joins_the_decoding_attention_of_a_batch() {
                     if let [norm, _] = merged[..] {
                         assert_eq!(product, norm + 1, "{what}");
                     }
-                    let attention = steps.iter().position(|s| matches!(s, Step::Launch(k) if &k.merges == merged));
+                    let attention =
+                        steps.iter().position(|s| matches!(s, Step::Launch(k) if &k.merges == merged));
                     assert_eq!(attention, Some(product + 1), "{what}");
                 }
                 if fusec::nvrtc::available() {
@@ -149,13 +150,18 @@ fn one_sequence_with_the_projection_matches_tract() {
 #[test]
 fn a_batch_with_the_projection_matches_tract() {
     if !fusec::runtime::driver_available() {
-        println!("skipped: no CUDA driver (a batch's projection inside the attention is checked on a GPU machine)");
+        println!(
+            "skipped: no CUDA driver (a batch's projection inside the attention is checked on a GPU machine)"
+        );
         return;
     }
     for file in GPT2 {
-        for (precision, past, batch) in
-            [(DType::F16, 7usize, 2usize), (DType::F16, 300, 13), (DType::F16, 300, 32), (DType::BF16, 300, 32)]
-        {
+        for (precision, past, batch) in [
+            (DType::F16, 7usize, 2usize),
+            (DType::F16, 300, 13),
+            (DType::F16, 300, 32),
+            (DType::BF16, 300, 32),
+        ] {
             let bundle = compiled(file, batch, 1, past, precision, true);
             assert_eq!(rows_merges(&bundle.header.steps).len(), 2, "{file}");
             let total = past + 1;

@@ -207,8 +207,13 @@ fn a_layers_key_and_value_appends_are_one_kernel() {
                     // projection of a batch's rows itself, `codegen::attention::rows`), and
                     // taken from registers at their position, not from the cache.
                     let (from, taken) = match k.contains("A decoding step of") {
-                        true => ("n = *reinterpret_cast<const uint4*>(&qkv_s[", ["kr[u] = kn;", "vr[u] = vn;"]),
-                        false => ("n = *reinterpret_cast<const uint4*>((in", ["(fresh ? kn :", "(fresh ? vn :"]),
+                        true => (
+                            "n = *reinterpret_cast<const uint4*>(&qkv_s[",
+                            ["kr[u] = kn();", "vr[u] = vn();"],
+                        ),
+                        false => {
+                            ("n = *reinterpret_cast<const uint4*>((in", ["(fresh ? kn :", "(fresh ? vn :"])
+                        }
                     };
                     assert_eq!(k.matches(from).count(), 2, "{file}\n{k}");
                     assert!(taken.iter().all(|t| k.contains(t)), "{file}\n{k}");

@@ -92,7 +92,9 @@ pub(super) fn generate(
                 [Some(q), Some(k), Some(v)] if !k.is_empty() && !v.is_empty() => {
                     let (q, k, v) = (q.to_string(), k.to_string(), v.to_string());
                     let projection = match rows {
-                        Some(rows) => qkv::projection(&mut body, kernel, problem, rows::CLUSTER, [&q, &k, &v], rows)?,
+                        Some(rows) => {
+                            qkv::projection(&mut body, kernel, problem, rows::CLUSTER, [&q, &k, &v], rows)?
+                        }
                         None => qkv::projection(&mut body, kernel, problem, cluster, [&q, &k, &v], 1)?,
                     };
                     if let Some(p) = &projection {

@@ -50,11 +50,7 @@ pub(super) fn projection(
 ) -> Result<Option<Projection>, String> {
     let plan = body.plan;
     let graph = &plan.graph;
-    let off = match rows {
-        1 => knobs::off("FUSEC_ATTENTION_QKV"),
-        _ => knobs::off("FUSEC_ATTENTION_QKV") || knobs::off("FUSEC_ATTENTION_QKV_ROWS"),
-    };
-    if off || cluster < 2 || plan.symbolic.is_some() {
+    if knobs::off("FUSEC_ATTENTION_QKV") || cluster < 2 || plan.symbolic.is_some() {
         return Ok(None);
     }
     let dtype = graph.node(problem.anchor).ty.dtype;

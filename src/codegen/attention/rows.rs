@@ -17,10 +17,12 @@ use crate::plan::Plan;
 
 /// Blocks a head: each takes an eighth of K.
 pub(super) const CLUSTER: usize = 8;
-/// Threads a block: the rows' teams of warps (three warps a row at 32 rows), a warp a tile of
-/// 16 of the head's columns in the product (GPT-2 small's 192: 12 warps). At 512 threads
-/// ptxas holds the kernel to 128 registers and spills (GPT-2 small's sizes, sm_90).
-const THREADS: usize = 384;
+/// Threads a block: the rows' teams of warps (four warps a row at 32 rows), a warp a tile of
+/// 16 of the head's columns in the product (GPT-2 small's 192: 12 warps, four idle there).
+/// The keys a block has in flight are its threads': at 384 threads GPT-2 small's step at 32
+/// rows took 0.418–0.421 ms a token, at 512 0.414–0.416 (`benches/NOTES.md`, fifty-second
+/// session); ptxas fits 512 in 128 registers without spills (GPT-2 small's sizes, sm_90).
+const THREADS: usize = 512;
 
 /// [`THREADS`], unless `FUSEC_ATTENTION_ROWS_THREADS` (256, 384 or 512) says otherwise, for
 /// measuring it.
@@ -32,13 +34,20 @@ const MOST_CHUNKS: usize = 4;
 /// Static shared memory a block may use.
 const SHARED_BYTES: usize = 48 * 1024;
 
+/// The most rows at which the kernel is used by default.
+const DEFAULT_ROWS: usize = 32;
+
 /// The rows (sequences) of a batch whose decoding step this kernel can take: one query row
-/// each, the batch the leading of two batch axes (batch, heads), 2 to
-/// [`crate::codegen::PROJECTED_ROWS`] rows, and a mask the keys are found from (`scan`).
+/// each, the batch the leading of two batch axes (batch, heads), 2 to [`DEFAULT_ROWS`] rows
+/// (or as many as `FUSEC_ATTENTION_QKV_ROWS` says, at most [`crate::codegen::PROJECTED_ROWS`];
+/// `=0` none, for measuring), and a mask the keys are found from (`scan`).
 pub(super) fn batch(problem: &Problem, scan: bool) -> Option<usize> {
     let out = &problem.out;
     let rows = *out.first()?;
-    let fits = out.len() == 4 && out[2] == 1 && (2..=crate::codegen::PROJECTED_ROWS).contains(&rows);
+    let most = crate::knobs::number("FUSEC_ATTENTION_QKV_ROWS")
+        .unwrap_or(DEFAULT_ROWS)
+        .min(crate::codegen::PROJECTED_ROWS);
+    let fits = out.len() == 4 && out[2] == 1 && (2..=most).contains(&rows);
     (fits && scan).then_some(rows)
 }
 
@@ -77,13 +86,21 @@ pub(super) fn fits(problem: &Problem, k: usize, rows: usize) -> bool {
 /// Whether the leading axis of `id` (its batch of `rows` sequences) is, through views only,
 /// the leading axis of the stored value `c`, whose elements after it are `n` (a row of the
 /// product): then element (b, …) of `id` is at b·n plus what the other coordinates give.
-pub(super) fn batch_leads(plan: &Plan, kernel: &Kernel, id: NodeId, c: NodeId, rows: usize, n: usize) -> bool {
+pub(super) fn batch_leads(
+    plan: &Plan,
+    kernel: &Kernel,
+    id: NodeId,
+    c: NodeId,
+    rows: usize,
+    n: usize,
+) -> bool {
     use crate::ir::Op;
     let graph = &plan.graph;
     let stored = |n: NodeId| plan.locations.contains_key(&n) && !kernel.nodes.contains(&n);
     let shape = |id: NodeId| -> Option<Vec<usize>> { plan.dims(id).iter().map(|d| d.value()).collect() };
     // The axis is `axis` of `dims`, every axis before it of one element.
-    let leading = |dims: &[usize], axis: usize| dims.get(axis) == Some(&rows) && dims[..axis].iter().all(|&d| d == 1);
+    let leading =
+        |dims: &[usize], axis: usize| dims.get(axis) == Some(&rows) && dims[..axis].iter().all(|&d| d == 1);
     let (mut id, mut axis) = (id, 0usize);
     loop {
         let Some(dims) = shape(id) else { return false };
@@ -116,6 +133,21 @@ pub(super) fn batch_leads(plan: &Plan, kernel: &Kernel, id: NodeId, c: NodeId, r
     }
 }
 
+/// Bytes of a step's caches the kernels ask L2 for ahead of their reads, at most (L2 holds
+/// 50 MB on an H100, 60 on an H200).
+const PREFETCH_BYTES: usize = 32 << 20;
+
+/// Keys of a row whose K and V rows the kernel asks L2 for before it reads them: all of a
+/// step's rows' keys within [`PREFETCH_BYTES`]; none where `FUSEC_ATTENTION_ROWS_PREFETCH=0`,
+/// for measuring it.
+fn prefetch_keys(problem: &Problem, rows: usize) -> usize {
+    if crate::knobs::off("FUSEC_ATTENTION_ROWS_PREFETCH") {
+        return 0;
+    }
+    let row_bytes = (problem.depth + problem.dv()) * 2;
+    PREFETCH_BYTES / (rows * problem.out[1] * row_bytes).max(1)
+}
+
 /// The kernel's source: `data` the decoding kernel's fields (the operands' addresses, the
 /// appends, the projection), to which the launch's are added.
 pub(super) fn render(
@@ -134,6 +166,7 @@ pub(super) fn render(
             "rows": rows,
             "rows_per_block": rows_per_block(rows),
             "heads": heads,
+            "prefetch_keys": prefetch_keys(problem, rows),
         });
         if let serde_json::Value::Object(launch) = launch {
             fields.extend(launch);
