@@ -73,15 +73,6 @@ __device__ __forceinline__ void prefetch_l2(const void* base, unsigned long long
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + o));
 }
 
-// Asks L2 for the `bytes` from `p` (a few lines), by this thread alone, without waiting for
-// them: a decoding kernel asking for a row's cache before it reads it key by key.
-__device__ __forceinline__ void prefetch_l2_span(const void* p, unsigned bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (unsigned o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-    if (bytes % 128 != 0 || (reinterpret_cast<unsigned long long>(c) & 127) != 0)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + bytes - 1));
-}
-
 // `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

@@ -4,7 +4,8 @@
 //! 8), the norm before the product with them where the product's kernel could take it in,
 //! and hand their results to every block of the cluster through distributed shared memory.
 //! The product's step (and the norm's) are left out (`KernelSource::merges`): a step of
-//! GPT-2 small loses a dependent kernel a layer.
+//! GPT-2 small loses a dependent kernel a layer. Where a batch of sequences is decoded, the
+//! same match (`rows` above 1) feeds the batch's kernel (`super::rows`).
 
 use serde_json::json;
 

@@ -34,8 +34,14 @@ const MOST_CHUNKS: usize = 4;
 /// Static shared memory a block may use.
 const SHARED_BYTES: usize = 48 * 1024;
 
-/// The most rows at which the kernel is used by default.
-const DEFAULT_ROWS: usize = 32;
+/// The most rows at which the kernel is used by default. GPT-2 small's step on an H200 (`fusec
+/// generate` 128 + 256 fp16, ms a token, `FUSEC_ATTENTION_QKV_ROWS=0` against it): 8 rows
+/// 0.244–0.248 against 0.252–0.256, 16 rows 0.299–0.304 against 0.313–0.316, but 32 rows
+/// 0.409–0.416 against 0.398–0.402: there the product's kernel and the attention's overlap
+/// (the attention's blocks read their first keys while the product runs), and one cluster of 8
+/// blocks a head leaves 36 multiprocessors idle while the cache is read (`benches/NOTES.md`,
+/// fifty-second session).
+const DEFAULT_ROWS: usize = 16;
 
 /// The rows (sequences) of a batch whose decoding step this kernel can take: one query row
 /// each, the batch the leading of two batch axes (batch, heads), 2 to [`DEFAULT_ROWS`] rows
@@ -133,21 +139,6 @@ pub(super) fn batch_leads(
     }
 }
 
-/// Bytes of a step's caches the kernels ask L2 for ahead of their reads, at most (L2 holds
-/// 50 MB on an H100, 60 on an H200).
-const PREFETCH_BYTES: usize = 32 << 20;
-
-/// Keys of a row whose K and V rows the kernel asks L2 for before it reads them: all of a
-/// step's rows' keys within [`PREFETCH_BYTES`]; none where `FUSEC_ATTENTION_ROWS_PREFETCH=0`,
-/// for measuring it.
-fn prefetch_keys(problem: &Problem, rows: usize) -> usize {
-    if crate::knobs::off("FUSEC_ATTENTION_ROWS_PREFETCH") {
-        return 0;
-    }
-    let row_bytes = (problem.depth + problem.dv()) * 2;
-    PREFETCH_BYTES / (rows * problem.out[1] * row_bytes).max(1)
-}
-
 /// The kernel's source: `data` the decoding kernel's fields (the operands' addresses, the
 /// appends, the projection), to which the launch's are added.
 pub(super) fn render(
@@ -166,7 +157,6 @@ pub(super) fn render(
             "rows": rows,
             "rows_per_block": rows_per_block(rows),
             "heads": heads,
-            "prefetch_keys": prefetch_keys(problem, rows),
         });
         if let serde_json::Value::Object(launch) = launch {
             fields.extend(launch);
