@@ -1,8 +1,9 @@
 //! The Q, K and V projection taken into the decoding attention kernel (`codegen::attention::qkv`):
 //! at one sequence, the GPT-2 fixtures' attention steps run the product (and the norm before
 //! it) themselves, those steps left out, their kernels through NVRTC and ptxas without spills
-//! (CPU). At 2 to 16 sequences the batch's kernel (`codegen::attention::rows`) does the same;
-//! at 17 and 32 (by default) the product keeps its own step. On a GPU, the steps' logits and presents against
+//! (CPU). At 2 to 16 sequences the batch's kernel (`codegen::attention::rows`) does the same
+//! (to 32 with `FUSEC_ATTENTION_QKV_ROWS=32`, two clusters a head past 16); past that the
+//! product keeps its own step. On a GPU, the steps' logits and presents against
 //! tract in fp16 and bf16, at caches of 7 and 300 positions, with every position live and with
 //! empty slots (at a batch, each sequence at a length of its own).
 
@@ -82,13 +83,19 @@ fn rows_merges(steps: &[Step]) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// The most sequences at which the batch's kernel is used: `FUSEC_ATTENTION_QKV_ROWS` where
+/// set (a run with it at 32 checks the two clusters a head that 17 to 32 rows take), else 16.
+fn most_rows() -> usize {
+    std::env::var("FUSEC_ATTENTION_QKV_ROWS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(16).min(32)
+}
+
 #[test]
 fn the_projection_joins_the_decoding_attention_of_a_batch() {
     let dir = tempfile::tempdir().unwrap();
     let ptxas = common::ptxas();
     for file in GPT2 {
         for precision in [DType::F16, DType::BF16] {
-            for batch in [2, 13, 16] {
+            for batch in [2, 13, 16, 17, 32].into_iter().filter(|&b| b <= most_rows()) {
                 let what = format!("{file} {precision} batch {batch}");
                 let bundle = compiled(file, batch, 1, 16, precision, true);
                 let steps = &bundle.header.steps;
@@ -113,8 +120,8 @@ fn the_projection_joins_the_decoding_attention_of_a_batch() {
                     }
                 }
             }
-            // Past 16 sequences (by default) the product keeps its own step.
-            for batch in [17, 32] {
+            // Past them the product keeps its own step.
+            for batch in [17, 32, 33].into_iter().filter(|&b| b > most_rows()) {
                 let many = compiled(file, batch, 1, 16, precision, true);
                 let merges = rows_merges(&many.header.steps);
                 assert!(merges.is_empty(), "{file} {precision} batch {batch}: {merges:?}");
@@ -163,7 +170,12 @@ fn a_batch_with_the_projection_matches_tract() {
             (DType::F16, 300, 13),
             (DType::F16, 300, 16),
             (DType::BF16, 300, 16),
+            (DType::F16, 300, 32),
+            (DType::BF16, 300, 32),
         ] {
+            if batch > most_rows() {
+                continue;
+            }
             let bundle = compiled(file, batch, 1, past, precision, true);
             assert_eq!(rows_merges(&bundle.header.steps).len(), 2, "{file}");
             let total = past + 1;

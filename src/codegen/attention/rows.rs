@@ -63,17 +63,42 @@ fn rows_per_block(rows: usize) -> usize {
     rows.div_ceil(CLUSTER).next_power_of_two()
 }
 
+/// The most rows a cluster takes: past them a head has clusters for its rows in turn, of
+/// [`SPLIT_THREADS`] threads a block and two blocks a multiprocessor, so that a step of 32
+/// rows has 192 blocks on the 132 multiprocessors, not 96.
+const GROUP_ROWS: usize = 16;
+/// Threads a block where a head has several clusters.
+const SPLIT_THREADS: usize = 256;
+
+/// How the kernel is launched at `rows` rows: clusters a head, rows a cluster, rows a block,
+/// threads a block and the blocks a multiprocessor its launch bounds ask for.
+struct Launch {
+    groups: usize,
+    group_rows: usize,
+    rows_per_block: usize,
+    threads: usize,
+    blocks_per_sm: usize,
+}
+
+fn launch(rows: usize) -> Launch {
+    let groups = rows.div_ceil(GROUP_ROWS);
+    let group_rows = rows.div_ceil(groups);
+    let (threads, blocks_per_sm) = if groups > 1 { (SPLIT_THREADS, 2) } else { (threads(), 1) };
+    Launch { groups, group_rows, rows_per_block: rows_per_block(group_rows), threads, blocks_per_sm }
+}
+
 /// Whether a projection of K `k` fits the kernel at `rows` rows: K in chunks of 32, at most
-/// [`MOST_CHUNKS`] of them a block, the head's columns in tiles of 16 (a warp each), and the
-/// shared memory within [`SHARED_BYTES`].
+/// [`MOST_CHUNKS`] of them a block, the head's columns in tiles of 16 (two a warp at most),
+/// and the shared memory within [`SHARED_BYTES`].
 pub(super) fn fits(problem: &Problem, k: usize, rows: usize) -> bool {
+    let launch = launch(rows);
     let group = problem.depth.max(problem.dv()).div_ceil(8).next_power_of_two();
     let slots = 2 * problem.depth + problem.dv();
     let chunks = k / 32;
     let per_block = chunks.div_ceil(CLUSTER);
-    let warps = threads() / 32;
-    let rb = rows_per_block(rows);
-    let padded = rows.div_ceil(8) * 8;
+    let warps = launch.threads / 32;
+    let rb = launch.rows_per_block;
+    let padded = launch.group_rows.div_ceil(8) * 8;
     let shared = padded * (per_block * 32 + 8) * 2
         + padded * (slots + 4) * 4
         + 2 * padded * 4
@@ -83,7 +108,7 @@ pub(super) fn fits(problem: &Problem, k: usize, rows: usize) -> bool {
     k % 32 == 0
         && per_block <= MOST_CHUNKS
         && slots % 16 == 0
-        && slots / 16 <= warps
+        && slots / 16 <= 2 * warps
         && warps % rb == 0
         && (warps / rb * 32) % group == 0
         && shared <= SHARED_BYTES
@@ -150,19 +175,27 @@ pub(super) fn render(
 ) -> Result<KernelSource, String> {
     let problem = common.problem;
     let heads = problem.out[1];
+    let launch = launch(rows);
+    let data_early_scan = data["early_scan"] == true;
     if let Some(fields) = data.as_object_mut() {
-        let launch = json!({
-            "threads": threads(),
+        let values = json!({
+            "threads": launch.threads,
+            "blocks_per_sm": launch.blocks_per_sm,
+            // The first trip's keys requested before the wait (where the scan is made there).
+            "fetch_early": launch.groups == 1 && data_early_scan,
             "cluster": CLUSTER,
             "rows": rows,
-            "rows_per_block": rows_per_block(rows),
+            "groups": launch.groups,
+            "group_rows": launch.group_rows,
+            "rows_per_block": launch.rows_per_block,
             "heads": heads,
         });
-        if let serde_json::Value::Object(launch) = launch {
-            fields.extend(launch);
+        if let serde_json::Value::Object(values) = values {
+            fields.extend(values);
         }
     }
-    let mut source = common.render(hb, "attention_decode_rows", data, 1, heads * CLUSTER, threads())?;
+    let blocks = heads * launch.groups * CLUSTER;
+    let mut source = common.render(hb, "attention_decode_rows", data, 1, blocks, launch.threads)?;
     source.merges = merges;
     Ok(source)
 }
@@ -180,5 +213,19 @@ mod tests {
         assert_eq!(rows_per_block(9), 2);
         assert_eq!(rows_per_block(8), 1);
         assert_eq!(rows_per_block(2), 1);
+    }
+
+    /// Past 16 rows a head has two clusters, each for half of them, two blocks a
+    /// multiprocessor.
+    #[test]
+    fn many_rows_take_two_clusters_a_head() {
+        let at = |rows: usize| {
+            let l = launch(rows);
+            (l.groups, l.group_rows, l.rows_per_block, l.blocks_per_sm)
+        };
+        assert_eq!(at(16), (1, 16, 2, 1));
+        assert_eq!(at(17), (2, 9, 2, 2));
+        assert_eq!(at(32), (2, 16, 2, 2));
+        assert_eq!(at(8), (1, 8, 1, 1));
     }
 }
