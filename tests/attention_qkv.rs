@@ -15,15 +15,20 @@ use fusec::ir::DType;
 
 const GPT2: [&str; 2] = ["gpt2_cache_ts.onnx", "gpt2_cache_dynamo.onnx"];
 
-/// The decoding attention steps of `steps` and the steps each leaves out.
-fn attention_merges(steps: &[Step]) -> Vec<Vec<usize>> {
+/// The steps each launch of `steps` whose source says `about` leaves out.
+fn merges_of(steps: &[Step], about: &str) -> Vec<Vec<usize>> {
     steps
         .iter()
         .filter_map(|s| match s {
-            Step::Launch(k) if k.source.contains("Attention of one query row") => Some(k.merges.clone()),
+            Step::Launch(k) if k.source.contains(about) => Some(k.merges.clone()),
             _ => None,
         })
         .collect()
+}
+
+/// The one-row decoding attention steps of `steps` and the steps each leaves out.
+fn attention_merges(steps: &[Step]) -> Vec<Vec<usize>> {
+    merges_of(steps, "Attention of one query row")
 }
 
 #[test]
@@ -74,13 +79,7 @@ fn the_projection_joins_the_decoding_attention_at_one_sequence() {
 
 /// The steps of the kernel that computes a batch's projection (`codegen::attention::rows`).
 fn rows_merges(steps: &[Step]) -> Vec<Vec<usize>> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Launch(k) if k.source.contains("A decoding step of") => Some(k.merges.clone()),
-            _ => None,
-        })
-        .collect()
+    merges_of(steps, "A decoding step of")
 }
 
 /// The most sequences at which the batch's kernel is used: `FUSEC_ATTENTION_QKV_ROWS` where
