@@ -32,10 +32,6 @@ use crate::fusion::KernelKind;
 use crate::ir::SymDim;
 use crate::plan::{Location, Plan};
 
-/// The most rows (sequences of a batch) at which a decoding attention computes its Q, K and V
-/// projection itself (`attention::rows`).
-pub const PROJECTED_ROWS: usize = 32;
-
 /// The shared device code every kernel includes as `fusec.cuh`.
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/fusec.cuh");
 

@@ -308,8 +308,12 @@ fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> b
     is_norm && matches!(next.kind, KernelKind::Gemm { .. }) && rows <= FEW_ROWS
 }
 
+/// The most rows (sequences of a batch) at which a decoding attention may compute its Q, K and
+/// V projection itself (`codegen::attention::rows`).
+pub const PROJECTED_ROWS: usize = 32;
+
 /// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
-/// one row, or of a few (a batch of sequences, at most `codegen::PROJECTED_ROWS`): the
+/// one row, or of a few (a batch of sequences, at most [`PROJECTED_ROWS`]): the
 /// attention's kernel may compute the product, and the plan keeps what the GEMM
 /// reads until it has (`codegen::attention::qkv` and `rows` take the product in only where this holds).
 pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
@@ -319,7 +323,7 @@ pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: 
     let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
     matches!(gemm.kind, KernelKind::Gemm { .. })
         && next.kind == KernelKind::Attention
-        && (1..=crate::codegen::PROJECTED_ROWS).contains(&rows)
+        && (1..=PROJECTED_ROWS).contains(&rows)
         && next.nodes.iter().any(|&n| matches!(graph.node(n).op, Op::Append { .. }))
 }
 

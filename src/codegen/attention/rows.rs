@@ -45,14 +45,14 @@ const DEFAULT_ROWS: usize = 16;
 
 /// The rows (sequences) of a batch whose decoding step this kernel can take: one query row
 /// each, the batch the leading of two batch axes (batch, heads), 2 to [`DEFAULT_ROWS`] rows
-/// (or as many as `FUSEC_ATTENTION_QKV_ROWS` says, at most [`crate::codegen::PROJECTED_ROWS`];
+/// (or as many as `FUSEC_ATTENTION_QKV_ROWS` says, at most [`crate::plan::PROJECTED_ROWS`];
 /// `=0` none, for measuring), and a mask the keys are found from (`scan`).
 pub(super) fn batch(problem: &Problem, scan: bool) -> Option<usize> {
     let out = &problem.out;
     let rows = *out.first()?;
     let most = crate::knobs::number("FUSEC_ATTENTION_QKV_ROWS")
         .unwrap_or(DEFAULT_ROWS)
-        .min(crate::codegen::PROJECTED_ROWS);
+        .min(crate::plan::PROJECTED_ROWS);
     let fits = out.len() == 4 && out[2] == 1 && (2..=most).contains(&rows);
     (fits && scan).then_some(rows)
 }
