@@ -53,6 +53,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("skinny_rows_fragment", include_str!("../../templates/skinny_rows_fragment.cu.hbs")),
     ("attention_qkv_fetch", include_str!("../../templates/attention_qkv_fetch.cu.hbs")),
     ("attention_qkv_compute", include_str!("../../templates/attention_qkv_compute.cu.hbs")),
+    ("attention_decode_softmax", include_str!("../../templates/attention_decode_softmax.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

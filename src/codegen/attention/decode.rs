@@ -76,7 +76,7 @@ pub(super) fn generate(
     let k_address = problem.packed_address(&mut body, 1, &batch, ["d", "t"], 2, 8, dtype)?;
     let v_address = problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, 8, dtype)?;
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
-    let group = depth.max(dv).div_ceil(8).next_power_of_two();
+    let group = problem.lanes_a_key();
     let cluster = cluster_size(problem.heads());
     let scan = problem.inputs.len() > 3 && operands.causal.is_none();
     // A batch of sequences whose projection this kernel may compute (`rows`), in clusters of

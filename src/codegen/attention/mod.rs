@@ -99,6 +99,12 @@ impl Problem {
         self.out[self.rank() - 1]
     }
 
+    /// Lanes that read a key in the decoding kernels: 8 elements of the depth (and of the
+    /// value width) a lane, a power of two.
+    fn lanes_a_key(&self) -> usize {
+        self.depth.max(self.dv()).div_ceil(8).next_power_of_two()
+    }
+
     /// Batch × heads: the product of the leading dims.
     fn heads(&self) -> usize {
         self.out[..self.rank() - 2].iter().product()

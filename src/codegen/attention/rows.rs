@@ -17,11 +17,12 @@ use crate::plan::Plan;
 
 /// Blocks a head: each takes an eighth of K.
 pub(super) const CLUSTER: usize = 8;
-/// Threads a block: the rows' teams of warps (four warps a row at 32 rows), a warp a tile of
-/// 16 of the head's columns in the product (GPT-2 small's 192: 12 warps, four idle there).
-/// The keys a block has in flight are its threads': at 384 threads GPT-2 small's step at 32
-/// rows took 0.418–0.421 ms a token, at 512 0.414–0.416 (`benches/NOTES.md`, fifty-second
-/// session); ptxas fits 512 in 128 registers without spills (GPT-2 small's sizes, sm_90).
+/// Threads a block where a head has one cluster: the rows' teams of warps (eight warps a row
+/// at 16 rows), a warp a tile of 16 of the head's columns in the product (GPT-2 small's 192:
+/// 12 warps, four idle there). The keys a block has in flight are its threads': with one
+/// cluster a head at 32 rows GPT-2 small's step took 0.418–0.421 ms a token at 384 threads,
+/// 0.414–0.416 at 512 (`benches/NOTES.md`, fifty-second session); ptxas fits 512 in 128
+/// registers without spills (GPT-2 small's sizes, sm_90).
 const THREADS: usize = 512;
 
 /// [`THREADS`], unless `FUSEC_ATTENTION_ROWS_THREADS` (256, 384 or 512) says otherwise, for
@@ -92,7 +93,7 @@ fn launch(rows: usize) -> Launch {
 /// and the shared memory within [`SHARED_BYTES`].
 pub(super) fn fits(problem: &Problem, k: usize, rows: usize) -> bool {
     let launch = launch(rows);
-    let group = problem.depth.max(problem.dv()).div_ceil(8).next_power_of_two();
+    let group = problem.lanes_a_key();
     let slots = 2 * problem.depth + problem.dv();
     let chunks = k / 32;
     let per_block = chunks.div_ceil(CLUSTER);
