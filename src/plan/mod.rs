@@ -312,8 +312,25 @@ fn few_row_gemm_after_prologue(graph: &Graph, norm: &Kernel, next: &Kernel) -> b
 /// V projection itself (`codegen::attention::rows`).
 pub const PROJECTED_ROWS: usize = 32;
 
+/// The most rows at which a batch's decoding attention computes its projection by default. GPT-2
+/// small's step on an H200 (`fusec generate` 128 + 256 fp16, ms a token,
+/// `FUSEC_ATTENTION_QKV_ROWS=0` against it): 8 rows 0.244–0.248 against 0.252–0.256, 16 rows
+/// 0.299–0.304 against 0.313–0.316, but 32 rows 0.409–0.416 against 0.398–0.402: there the
+/// product's kernel and the attention's overlap (the attention's blocks read their first keys
+/// while the product runs), and one cluster of 8 blocks a head leaves 36 multiprocessors idle
+/// while the cache is read (`benches/NOTES.md`, fifty-second session).
+const DEFAULT_PROJECTED_ROWS: usize = 16;
+
+/// The most rows at which a batch's decoding attention computes its Q, K and V projection:
+/// [`DEFAULT_PROJECTED_ROWS`], or what `FUSEC_ATTENTION_QKV_ROWS` says (`=0` none, for
+/// measuring), at most [`PROJECTED_ROWS`]. The plan and the kernel's generator read the same
+/// number, so the product's inputs are kept live only where the kernel takes the product.
+pub fn projected_rows() -> usize {
+    crate::knobs::number("FUSEC_ATTENTION_QKV_ROWS").unwrap_or(DEFAULT_PROJECTED_ROWS).min(PROJECTED_ROWS)
+}
+
 /// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
-/// one row, or of a few (a batch of sequences, at most [`PROJECTED_ROWS`]): the
+/// one row, or of a few (a batch of sequences, at most [`projected_rows`]): the
 /// attention's kernel may compute the product, and the plan keeps what the GEMM
 /// reads until it has (`codegen::attention::qkv` and `rows` take the product in only where this holds).
 pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: &Kernel) -> bool {
@@ -323,7 +340,7 @@ pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: 
     let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
     matches!(gemm.kind, KernelKind::Gemm { .. })
         && next.kind == KernelKind::Attention
-        && (1..=PROJECTED_ROWS).contains(&rows)
+        && (rows == 1 || (2..=projected_rows()).contains(&rows))
         && next.nodes.iter().any(|&n| matches!(graph.node(n).op, Op::Append { .. }))
 }
 

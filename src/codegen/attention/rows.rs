@@ -35,25 +35,13 @@ const MOST_CHUNKS: usize = 4;
 /// Static shared memory a block may use.
 const SHARED_BYTES: usize = 48 * 1024;
 
-/// The most rows at which the kernel is used by default. GPT-2 small's step on an H200 (`fusec
-/// generate` 128 + 256 fp16, ms a token, `FUSEC_ATTENTION_QKV_ROWS=0` against it): 8 rows
-/// 0.244–0.248 against 0.252–0.256, 16 rows 0.299–0.304 against 0.313–0.316, but 32 rows
-/// 0.409–0.416 against 0.398–0.402: there the product's kernel and the attention's overlap
-/// (the attention's blocks read their first keys while the product runs), and one cluster of 8
-/// blocks a head leaves 36 multiprocessors idle while the cache is read (`benches/NOTES.md`,
-/// fifty-second session).
-const DEFAULT_ROWS: usize = 16;
-
 /// The rows (sequences) of a batch whose decoding step this kernel can take: one query row
-/// each, the batch the leading of two batch axes (batch, heads), 2 to [`DEFAULT_ROWS`] rows
-/// (or as many as `FUSEC_ATTENTION_QKV_ROWS` says, at most [`crate::plan::PROJECTED_ROWS`];
-/// `=0` none, for measuring), and a mask the keys are found from (`scan`).
+/// each, the batch the leading of two batch axes (batch, heads), 2 to
+/// [`crate::plan::projected_rows`] rows, and a mask the keys are found from (`scan`).
 pub(super) fn batch(problem: &Problem, scan: bool) -> Option<usize> {
     let out = &problem.out;
     let rows = *out.first()?;
-    let most = crate::knobs::number("FUSEC_ATTENTION_QKV_ROWS")
-        .unwrap_or(DEFAULT_ROWS)
-        .min(crate::plan::PROJECTED_ROWS);
+    let most = crate::plan::projected_rows();
     let fits = out.len() == 4 && out[2] == 1 && (2..=most).contains(&rows);
     (fits && scan).then_some(rows)
 }
