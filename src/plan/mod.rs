@@ -322,7 +322,7 @@ pub const PROJECTED_ROWS: usize = 32;
 const DEFAULT_PROJECTED_ROWS: usize = 16;
 
 /// The most rows at which a batch's decoding attention computes its Q, K and V projection:
-/// [`DEFAULT_PROJECTED_ROWS`], or what `FUSEC_ATTENTION_QKV_ROWS` says (`=0` none, for
+/// `DEFAULT_PROJECTED_ROWS`, or what `FUSEC_ATTENTION_QKV_ROWS` says (`=0` none, for
 /// measuring), at most [`PROJECTED_ROWS`]. The plan and the kernel's generator read the same
 /// number, so the product's inputs are kept live only where the kernel takes the product.
 pub fn projected_rows() -> usize {
