@@ -329,6 +329,12 @@ pub fn projected_rows() -> usize {
     crate::knobs::number("FUSEC_ATTENTION_QKV_ROWS").unwrap_or(DEFAULT_PROJECTED_ROWS).min(PROJECTED_ROWS)
 }
 
+/// Whether a batch of `rows` sequences (2 or more) has its decoding attention compute its Q, K
+/// and V projection: at most [`projected_rows`].
+pub fn projects_batch(rows: usize) -> bool {
+    (2..=projected_rows()).contains(&rows)
+}
+
 /// Whether `next` is a decoding attention (it appends to a cache) right after GEMM `gemm` of
 /// one row, or of a few (a batch of sequences, at most [`projected_rows`]): the
 /// attention's kernel may compute the product, and the plan keeps what the GEMM
@@ -340,7 +346,7 @@ pub(crate) fn decoding_attention_after_gemm(graph: &Graph, gemm: &Kernel, next: 
     let rows = ty.shape.split_last().map_or(0, |(_, lead)| lead.iter().product::<usize>());
     matches!(gemm.kind, KernelKind::Gemm { .. })
         && next.kind == KernelKind::Attention
-        && (rows == 1 || (2..=projected_rows()).contains(&rows))
+        && (rows == 1 || projects_batch(rows))
         && next.nodes.iter().any(|&n| matches!(graph.node(n).op, Op::Append { .. }))
 }
 

@@ -41,8 +41,7 @@ const SHARED_BYTES: usize = 48 * 1024;
 pub(super) fn batch(problem: &Problem, scan: bool) -> Option<usize> {
     let out = &problem.out;
     let rows = *out.first()?;
-    let most = crate::plan::projected_rows();
-    let fits = out.len() == 4 && out[2] == 1 && (2..=most).contains(&rows);
+    let fits = out.len() == 4 && out[2] == 1 && crate::plan::projects_batch(rows);
     (fits && scan).then_some(rows)
 }
 
