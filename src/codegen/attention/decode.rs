@@ -113,6 +113,7 @@ pub(super) fn generate(
     let (threads, unroll) = launch(projection.is_some());
     let early_scan = scan && mask_is_fixed(plan, kernel, problem);
     let early_fetch = early_scan && append.is_some() && !knobs::off("FUSEC_ATTENTION_EARLY_FETCH");
+    let bulk = early_fetch && projection.is_none() && bulk_prefetch(depth, dv);
     let data = json!({
         "half": half,
         "threads": threads,
@@ -124,7 +125,10 @@ pub(super) fn generate(
         "early_fetch": early_fetch,
         // The block's keys after its first trip asked of L2 in two bulk requests before the
         // wait; `FUSEC_ATTENTION_BULK_PREFETCH=0` leaves them to the trips, for measuring it.
-        "bulk_prefetch": early_fetch && projection.is_none() && bulk_prefetch(depth, dv),
+        "bulk_prefetch": bulk,
+        // `FUSEC_ATTENTION_BULK_PREFETCH=2`: the requests made before the first trip's loads
+        // rather than after them, for measuring it.
+        "bulk_prefetch_first": bulk && knobs::one_of("FUSEC_ATTENTION_BULK_PREFETCH", &[2]).is_some(),
         // A last key past a run of keys the mask leaves out (a decoding step's own, after the
         // cache's empty slots) taken apart, so that the run is not read;
         // `FUSEC_ATTENTION_TAIL=0` reads the run, for measuring it.
