@@ -73,15 +73,6 @@ __device__ __forceinline__ void prefetch_l2(const void* base, unsigned long long
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(base) + o));
 }
 
-// Asks L2 for `bytes` (a multiple of 16) from `base` (16-byte aligned) in one bulk request of
-// the copy engine (sm_90 and later; earlier, nothing), without waiting for them: one
-// instruction of one thread, where a request a 128-byte line would be many of every thread.
-__device__ __forceinline__ void prefetch_bulk_l2(const void* base, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(bytes) : "memory");
-#endif
-}
-
 // `N` consecutive elements, aligned for one vector load or store of their size (≤ 16 bytes).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

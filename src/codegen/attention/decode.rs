@@ -113,7 +113,6 @@ pub(super) fn generate(
     let (threads, unroll) = launch(projection.is_some());
     let early_scan = scan && mask_is_fixed(plan, kernel, problem);
     let early_fetch = early_scan && append.is_some() && !knobs::off("FUSEC_ATTENTION_EARLY_FETCH");
-    let bulk = early_fetch && projection.is_none() && bulk_prefetch(depth, dv);
     let data = json!({
         "half": half,
         "threads": threads,
@@ -123,12 +122,6 @@ pub(super) fn generate(
         "scan": scan,
         "early_scan": early_scan,
         "early_fetch": early_fetch,
-        // The block's keys after its first trip asked of L2 in two bulk requests before the
-        // wait; `FUSEC_ATTENTION_BULK_PREFETCH=0` leaves them to the trips, for measuring it.
-        "bulk_prefetch": bulk,
-        // `FUSEC_ATTENTION_BULK_PREFETCH=2`: the requests made before the first trip's loads
-        // rather than after them, for measuring it.
-        "bulk_prefetch_first": bulk && knobs::one_of("FUSEC_ATTENTION_BULK_PREFETCH", &[2]).is_some(),
         // A last key past a run of keys the mask leaves out (a decoding step's own, after the
         // cache's empty slots) taken apart, so that the run is not read;
         // `FUSEC_ATTENTION_TAIL=0` reads the run, for measuring it.
@@ -255,13 +248,4 @@ fn mask_is_fixed(plan: &Plan, kernel: &Kernel, problem: &Problem) -> bool {
 fn cluster_size(heads: usize) -> usize {
     forced_cluster()
         .unwrap_or_else(|| [8, 4, 2].into_iter().find(|&c| heads * c <= 4 * MULTIPROCESSORS).unwrap_or(1))
-}
-
-/// Whether the decoding kernel asks L2 for a block's keys after its first trip in two bulk
-/// requests before its wait (where the kernel reads its first trip before it): on by default,
-/// `FUSEC_ATTENTION_BULK_PREFETCH=0` off. The rows of `depth` (K) and `dv` (V) elements are
-/// 16-byte multiples wherever the kernel applies (multiples of 8 half elements); the kernel
-/// checks at run time that a block's rows lie back to back before it asks.
-fn bulk_prefetch(depth: usize, dv: usize) -> bool {
-    depth % 8 == 0 && dv % 8 == 0 && !knobs::off("FUSEC_ATTENTION_BULK_PREFETCH")
 }
