@@ -2,6 +2,7 @@
 //! random inputs for them.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod decoders;
 pub mod onnx;
 
