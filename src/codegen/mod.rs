@@ -54,6 +54,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("attention_qkv_fetch", include_str!("../../templates/attention_qkv_fetch.cu.hbs")),
     ("attention_qkv_compute", include_str!("../../templates/attention_qkv_compute.cu.hbs")),
     ("attention_decode_softmax", include_str!("../../templates/attention_decode_softmax.cu.hbs")),
+    ("attention_outproj_fetch", include_str!("../../templates/attention_outproj_fetch.cu.hbs")),
+    ("attention_outproj", include_str!("../../templates/attention_outproj.cu.hbs")),
 ];
 
 /// A kernel that could not be generated.

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use thiserror::Error;
 
 mod instance;
+pub mod outproj;
 pub mod siblings;
 
 use crate::fusion::{Kernel, Partition};
@@ -165,6 +166,10 @@ pub struct Plan {
     /// an expression of them (`None`: one size). The shapes of the graph are those at the top
     /// of every range, and memory is planned for them.
     pub symbolic: Option<crate::ir::SymbolicShapes>,
+    /// Memory of the arena no value is placed in, zeros when the program is loaded, where a
+    /// batch's decoding attention that computes the output projection after it adds the
+    /// heads' partial products ([`outproj`]): its offset in the arena, shared by every layer.
+    pub scratch: Option<Location>,
     /// The patterns of the constants [`Plan::constant_pattern`] was asked for.
     patterns: std::sync::Mutex<HashMap<NodeId, Option<Pattern>>>,
 }
@@ -445,6 +450,7 @@ impl Plan {
             let (this, next) = (&kernels[k], &kernels[k + 1]);
             if few_row_gemm_after_prologue(&graph, this, next)
                 || decoding_attention_after_gemm(&graph, this, next)
+                || outproj::scratch_bytes(&graph, this, next).is_some()
             {
                 for last in last_read.values_mut().filter(|last| **last == k) {
                     *last = k + 1;
@@ -523,6 +529,15 @@ impl Plan {
                 }
             }
         }
+        // The partial products' memory, past every value's: never reused, so the counters in it
+        // stay as the kernels leave them (zero).
+        let scratch_bytes =
+            kernels.windows(2).filter_map(|pair| outproj::scratch_bytes(&graph, &pair[0], &pair[1])).max();
+        let scratch = scratch_bytes.map(|bytes| {
+            let offset = arena.end;
+            arena.end += aligned(bytes);
+            Location::Arena(offset)
+        });
         let outputs = outputs_stored
             .into_iter()
             .map(|(name, value, source)| Binding { name, value, location: locations[&source], inside: None })
@@ -537,6 +552,7 @@ impl Plan {
             outputs,
             graph_breaks,
             symbolic: None,
+            scratch,
             patterns: Default::default(),
         })
     }

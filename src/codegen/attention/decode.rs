@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::{forced_cluster, half_names, qkv, rows, Common, Problem, MULTIPROCESSORS};
+use super::{forced_cluster, half_names, outproj, qkv, rows, Common, Problem, MULTIPROCESSORS};
 use crate::codegen::expr::header;
 use crate::codegen::index::trace_back;
 use crate::codegen::kernel::{coords_decl, Body};
@@ -77,7 +77,7 @@ pub(super) fn generate(
     let v_address = problem.packed_address(&mut body, 2, &batch, ["t", "e"], 1, 8, dtype)?;
     let (Some(k_address), Some(v_address)) = (k_address, v_address) else { return Ok(None) };
     let group = problem.lanes_a_key();
-    let cluster = cluster_size(problem.heads());
+    let mut cluster = cluster_size(problem.heads());
     let scan = problem.inputs.len() > 3 && operands.causal.is_none();
     // A batch of sequences whose projection this kernel may compute (`rows`), in clusters of
     // its own.
@@ -109,6 +109,15 @@ pub(super) fn generate(
         }
         None => None,
     };
+    // The output projection after it, where a batch's step allows: then a cluster is of
+    // sequences of a head, each block taking all of its sequence's keys.
+    let out_projection = match (&projection, rows) {
+        (None, None) => outproj::projection(&mut body, kernel, problem)?,
+        _ => None,
+    };
+    if out_projection.is_some() {
+        cluster = 1;
+    }
     let (half, _) = half_names(dtype);
     let (threads, unroll) = launch(projection.is_some());
     let early_scan = scan && mask_is_fixed(plan, kernel, problem);
@@ -137,6 +146,7 @@ pub(super) fn generate(
         "v_address": v_address,
         "append": append,
         "qkv": projection.as_ref().map(|p| p.data.clone()),
+        "outproj": out_projection.as_ref().map(|p| p.data.clone()),
     });
     let common = Common { name, kernel, problem, body: &body, coords: coord_decls, operands };
     if let (Some(rows), Some(projection)) = (rows, &projection) {
@@ -147,6 +157,9 @@ pub(super) fn generate(
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }
     source.merges = projection.map(|p| p.merges).unwrap_or_default();
+    if let Some(p) = out_projection {
+        source.merges = p.merges;
+    }
     Ok(Some(source))
 }
 

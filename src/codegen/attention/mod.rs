@@ -21,6 +21,7 @@ use crate::ir::{DType, NodeId, Op};
 use crate::plan::{Pattern, Plan};
 
 mod decode;
+mod outproj;
 mod qkv;
 mod rows;
 
