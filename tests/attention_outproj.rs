@@ -6,7 +6,8 @@
 //! clusters through NVRTC) on the CPU. Batches not a multiple of the cluster's 8 sequences
 //! keep the product's step. On a GPU, the steps' logits and presents against tract in fp16 and
 //! bf16, at caches of 7 and 300 positions, every position live and each sequence at a length
-//! of its own.
+//! of its own. Off by default (measured slower), the tests turn it on
+//! (`FUSEC_ATTENTION_OUTPROJ=1`, which every test of this file sets).
 
 mod common;
 
@@ -15,6 +16,12 @@ use fusec::codegen::Step;
 use fusec::ir::DType;
 
 const GPT2: [&str; 2] = ["gpt2_cache_ts.onnx", "gpt2_cache_dynamo.onnx"];
+
+/// The knob that turns the projection inside the attention on, read at compile time (every
+/// test of this file sets it alike, so they may run side by side).
+fn turned_on() {
+    std::env::set_var("FUSEC_ATTENTION_OUTPROJ", "1");
+}
 
 /// Each one-row decoding attention step of `steps` with the steps it leaves out.
 fn attention_merges(steps: &[Step]) -> Vec<(usize, Vec<usize>)> {
@@ -30,6 +37,7 @@ fn attention_merges(steps: &[Step]) -> Vec<(usize, Vec<usize>)> {
 
 #[test]
 fn the_output_projection_joins_a_batch_s_decoding_attention() {
+    turned_on();
     let dir = tempfile::tempdir().unwrap();
     let ptxas = common::ptxas();
     for file in GPT2 {
@@ -81,6 +89,7 @@ fn the_output_projection_joins_a_batch_s_decoding_attention() {
 /// none.
 #[test]
 fn the_partials_have_memory_of_their_own() {
+    turned_on();
     use fusec::plan::Location;
     let file = GPT2[0];
     let plan = |batch: usize| {
@@ -111,6 +120,7 @@ fn the_partials_have_memory_of_their_own() {
 
 #[test]
 fn a_batch_with_the_output_projection_matches_tract() {
+    turned_on();
     if !fusec::runtime::driver_available() {
         println!(
             "skipped: no CUDA driver (a batch's output projection inside the attention is checked on a GPU machine)"

@@ -9,11 +9,13 @@ use crate::ir::{Graph, Op};
 /// Sequences whose attention blocks form one cluster and share their outputs there.
 pub const SEQUENCES: usize = 8;
 
-/// Whether a batch's decoding attention computes the output projection after it: unless
-/// `FUSEC_ATTENTION_OUTPROJ=0` (the product in its own step, for measuring). The plan and the
-/// kernel's generator read the same knob.
+/// Whether a batch's decoding attention computes the output projection after it: only with
+/// `FUSEC_ATTENTION_OUTPROJ=1`. Off by default: GPT-2 small's step at 32 sequences on an H200
+/// took 0.465–0.468 ms a token with it against 0.400–0.402 without, the attention's kernel
+/// 15.2 µs a layer alone against 7.2 where the product's step took 3.2 (`benches/NOTES.md`,
+/// fifty-seventh session). The plan and the kernel's generator read the same knob.
 pub fn enabled() -> bool {
-    !crate::knobs::off("FUSEC_ATTENTION_OUTPROJ")
+    crate::knobs::on("FUSEC_ATTENTION_OUTPROJ")
 }
 
 /// Where `next` is a GEMM right after `this`, a decoding attention (it appends to a cache) of

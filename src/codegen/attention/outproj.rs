@@ -8,7 +8,9 @@
 //! shared memory) by its columns and stores f32 partial products; the last block of the
 //! heads to finish a chunk of rows and columns adds them up, with the bias and the residual,
 //! and stores the product where the GEMM's step would have. That step is left out
-//! (`KernelSource::merges`): a layer of a batch's step loses a dependent launch.
+//! (`KernelSource::merges`): a layer of a batch's step loses a dependent launch. Measured
+//! slower than the product's own step (`benches/NOTES.md`, fifty-seventh session), it is off
+//! unless `FUSEC_ATTENTION_OUTPROJ=1`.
 
 use serde_json::json;
 
@@ -33,7 +35,7 @@ pub(super) struct OutProjection {
 /// memory aside (`plan::outproj`), the GEMM's step right after this one, its A the attention's
 /// output as stored (`[batch, heads·dv]`, row b the sequence's heads in order), its weights
 /// `[K, N]` among the constants, its epilogue a bias and a residual at most, half types, one
-/// size. `FUSEC_ATTENTION_OUTPROJ=0` leaves the product to its own step, for measuring.
+/// size. Only with `FUSEC_ATTENTION_OUTPROJ=1` (`plan::outproj::enabled`: slower as measured).
 pub(super) fn projection(
     body: &mut Body<'_>,
     kernel: &Kernel,
