@@ -106,6 +106,11 @@
 #             alternated twice, each from a cold cache (FUSEC_CACHE_DIR, so the load's choice
 #             between cuBLAS and fusec's kernel for the vocabulary is made again), then `bench
 #             --profile` of the step both ways: which one the projection runs on, and its µs
+#   stepcheck one decoding step of each decoder of $DECODERS (default "gpt2 llama",
+#             export_cache.py --size small) at $BATCH sequences (default 32) after $PAST cached
+#             positions (default 256), each sequence at a length of its own
+#             (scripts/step_check.py): compiled fp16 with the cache in place for each setting of
+#             $SETTINGS (as decodeab), then fusec run --check against tract
 #   all       the whole suite in one call (export, fusec, torch eager / compile /
 #             reduce-overhead, report into $OUT/res), every step cut off by one deadline
 #             ($BUDGET seconds from the start of the part, default 570) so the results and the
@@ -179,6 +184,20 @@ for part in "$@"; do
               echo "round $round $m b$b $setting: $(grep -E 'time to first' /tmp/decodeab.txt | sed 's/.*token steps), //') tokens $(grep '^sequence' /tmp/decodeab.txt | md5sum | cut -c1-8) $(grep -i error /tmp/decodeab.txt | head -1)"
             done
           done
+        done
+      done ;;
+    stepcheck)
+      for m in ${DECODERS:-gpt2 llama}; do
+        export_cache $m
+        python3 scripts/step_check.py .bench-work/${m}_small_cache.onnx /tmp/stepcheck-$m "${BATCH:-32}" "${PAST:-256}" \
+          > /tmp/stepcheck-$m.txt || continue
+        for setting in ${SETTINGS:--}; do
+          vars=(); [ "$setting" = - ] || IFS=, read -ra vars <<< "$setting"
+          echo "--- $m $setting"
+          env "${vars[@]}" timeout 150 .gpu/fusec compile .bench-work/${m}_small_cache.onnx -o /tmp/stepcheck.bundle \
+            $(sed -n 1p /tmp/stepcheck-$m.txt) --precision fp16 --cache-in-place -q 2>&1 | tail -1
+          timeout 150 .gpu/fusec run /tmp/stepcheck.bundle $(sed -n 2p /tmp/stepcheck-$m.txt) --check 2>&1 \
+            | grep -iE "check|error|differ"
         done
       done ;;
     choices)
