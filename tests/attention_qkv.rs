@@ -183,14 +183,7 @@ fn a_batch_with_the_projection_matches_tract() {
             }
             let bundle = compiled(file, batch, 1, past, precision, true);
             assert_eq!(rows_merges(&bundle.header.steps).len(), 2, "{file}");
-            let total = past + 1;
-            // Every position live; then each sequence at a length of its own (empty slots
-            // between its last cached position and the new one).
-            let live = |b: usize, t: usize| t == past || t < past - (b * 37) % past;
-            let masks = [
-                vec![1i64; batch * total],
-                (0..batch * total).map(|i| i64::from(live(i / total, i % total))).collect(),
-            ];
+            let masks = common::decoders::batch_masks(batch, past);
             for (m, mask) in masks.iter().enumerate() {
                 let (inputs, values) = common::in_bundle_types(
                     &bundle,

@@ -390,6 +390,25 @@ pub(super) fn lt_epilogue(plan: &Plan, kernel: &Kernel, gemm: NodeId, spec: &Gem
     })
 }
 
+/// The bias and the residual of `kernel`'s epilogue (the GEMM `gemm`'s), where the epilogue is
+/// at most those two: no activation, no scale, or no epilogue but reshapes. What a kernel that
+/// computes the product itself (`codegen::attention`'s `qkv` and `outproj`) can take in.
+pub(super) fn bias_and_residual(
+    plan: &Plan,
+    kernel: &Kernel,
+    gemm: NodeId,
+    spec: &GemmSpec,
+) -> Option<(Option<Location>, Option<Location>)> {
+    let graph = &plan.graph;
+    let reshapes = kernel.nodes.iter().skip(1).all(|&n| matches!(graph.node(n).op, Op::Reshape { .. }));
+    let c_input = matches!(graph.node(gemm).op, Op::Gemm { beta, .. } if beta != 0.0 && graph.inputs_of(gemm).len() == 3);
+    match lt_epilogue(plan, kernel, gemm, spec) {
+        Some(e) if e.activation == LtActivation::None && e.scale() == 1.0 => Some((e.bias, e.residual)),
+        None if reshapes && !c_input => Some((None, None)),
+        _ => None,
+    }
+}
+
 /// The one value of constant `id` (or a broadcast or reshape of one), if all its elements are
 /// alike.
 fn uniform(plan: &Plan, mut id: NodeId) -> Option<f64> {

@@ -89,6 +89,15 @@ pub fn one_token_inputs(
         .collect()
 }
 
+/// A one-token step's masks for `batch` sequences after `past` cached positions: every position
+/// live; then each sequence at a length of its own (empty slots between its last cached
+/// position and the new one).
+pub fn batch_masks(batch: usize, past: usize) -> [Vec<i64>; 2] {
+    let total = past + 1;
+    let live = |b: usize, t: usize| t == past || t < past - (b * 37) % past;
+    [vec![1i64; batch * total], (0..batch * total).map(|i| i64::from(live(i / total, i % total))).collect()]
+}
+
 /// `bundle` (of fixture `file`) run on the GPU on `inputs`, and tract on `values` (the same
 /// inputs in f32): every output within `tolerance` rel-L2, each printed with `what`.
 pub fn step_matches_tract(

@@ -156,10 +156,7 @@ pub(super) fn generate(
     if let Some(scale) = &mut source.scale {
         scale.times = scale.times.mul(&SymDim::lit(cluster));
     }
-    source.merges = projection.map(|p| p.merges).unwrap_or_default();
-    if let Some(p) = out_projection {
-        source.merges = p.merges;
-    }
+    source.merges = projection.map(|p| p.merges).or(out_projection.map(|p| p.merges)).unwrap_or_default();
     Ok(Some(source))
 }
 

@@ -17,7 +17,7 @@ use serde_json::json;
 use super::Problem;
 use crate::codegen::gemm;
 use crate::codegen::kernel::Body;
-use crate::fusion::{Kernel, KernelKind};
+use crate::fusion::Kernel;
 use crate::ir::{DType, NodeId, Op};
 use crate::plan::outproj::{self, SEQUENCES};
 use crate::plan::{Location, Plan};
@@ -57,13 +57,7 @@ pub(super) fn projection(
     let node = product.nodes[0];
     let Some(&out) = plan.locations.get(&product.outputs[0]) else { return Ok(None) };
     let Ok(spec) = gemm::spec(plan, node, out) else { return Ok(None) };
-    let reshapes = product.nodes.iter().skip(1).all(|&n| matches!(graph.node(n).op, Op::Reshape { .. }));
-    let c_input = matches!(graph.node(node).op, Op::Gemm { beta, .. } if beta != 0.0 && graph.inputs_of(node).len() == 3);
-    let (bias, residual) = match gemm::lt_epilogue(plan, product, node, &spec) {
-        Some(e) if e.activation == gemm::LtActivation::None && e.scale() == 1.0 => (e.bias, e.residual),
-        None if reshapes && !c_input => (None, None),
-        _ => return Ok(None),
-    };
+    let Some((bias, residual)) = gemm::bias_and_residual(plan, product, node, &spec) else { return Ok(None) };
     let n = spec.n;
     let fits = spec.m == batch
         && spec.k == heads * dv
@@ -78,7 +72,6 @@ pub(super) fn projection(
         && matches!(spec.b.location, Location::Weights(_))
         && product.store_views.is_empty()
         && !product.kind.widens()
-        && matches!(product.kind, KernelKind::Gemm { .. })
         && n % (8 * SEQUENCES) == 0
         && dv * (n / SEQUENCES) * 2 <= WEIGHT_BYTES;
     if !fits || !stores_a(plan, kernel, problem.anchor, node, spec.a.location) {

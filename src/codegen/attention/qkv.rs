@@ -14,7 +14,7 @@ use crate::codegen::kernel::Body;
 use crate::codegen::skinny::norm_before;
 use crate::codegen::{gemm, index::trace_back};
 use crate::fusion::{Kernel, KernelKind};
-use crate::ir::{DType, NodeId, Op};
+use crate::ir::{DType, NodeId};
 use crate::knobs;
 use crate::plan::{Location, Plan};
 
@@ -75,15 +75,7 @@ pub(super) fn projection(
     let Some(&out) = plan.locations.get(&c) else { return Ok(None) };
     let Ok(spec) = gemm::spec(plan, node, out) else { return Ok(None) };
     // Its epilogue: a bias at most (the ONNX Gemm's C, or an `Add` of a constant).
-    let reshapes = product.nodes.iter().skip(1).all(|&n| matches!(graph.node(n).op, Op::Reshape { .. }));
-    let c_input = matches!(graph.node(node).op, Op::Gemm { beta, .. } if beta != 0.0 && graph.inputs_of(node).len() == 3);
-    let bias = match gemm::lt_epilogue(plan, product, node, &spec) {
-        Some(e) if e.activation == gemm::LtActivation::None && e.residual.is_none() && e.scale() == 1.0 => {
-            e.bias
-        }
-        None if reshapes && !c_input => None,
-        _ => return Ok(None),
-    };
+    let Some((bias, None)) = gemm::bias_and_residual(plan, product, node, &spec) else { return Ok(None) };
     let fits = spec.m == rows
         && spec.batch == 1
         && spec.alpha == 1.0
