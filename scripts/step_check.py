@@ -1,7 +1,7 @@
 # Writes a one-token step's inputs for a decoder with a cache into DIR: usage
 # step_check.py MODEL.onnx DIR B PAST. B sequences after PAST cached positions, each sequence at
-# a length of its own, ids below 30,000, the caches fp16 (what a --cache-in-place fp16 bundle
-# takes). Prints two lines: the --input shapes for fusec compile (as the model declares its
+# a length of its own, ids below 30,000, the caches f32 as the model declares them, of values fp16
+# holds exactly (fusec run converts them to the f16 a --cache-in-place fp16 bundle takes). Prints two lines: the --input shapes for fusec compile (as the model declares its
 # types) and the --input NAME=FILE pairs for fusec run --check (part `stepcheck` of
 # scripts/gpu-call.sh).
 import os, sys
@@ -24,7 +24,7 @@ for inp in model.graph.input:
     elif name == "position_ids":
         a = np.full((b, 1), 100, np.int64)
     elif name.startswith("past"):
-        a = rng.uniform(-1, 1, (b, dims[1], past, dims[3])).astype(np.float16)
+        a = rng.uniform(-1, 1, (b, dims[1], past, dims[3])).astype(np.float16).astype(np.float32)
     else:
         raise SystemExit(f"unknown input {name}")
     np.save(f"{d}/{name}.npy", a)

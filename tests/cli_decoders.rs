@@ -101,3 +101,95 @@ fn generate_text_prompts_need_a_readable_tokenizer() {
     let out = fusec(&["generate", model]);
     assert_eq!(out.status.code(), Some(2), "a prompt is required: {}", text(&out.stderr));
 }
+
+/// The tokens `generate` printed for each sequence (`sequence B: id,id,…`).
+fn printed_tokens(stdout: &str) -> Vec<Vec<i64>> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("sequence "))
+        .filter(|l| !l.contains(" text: "))
+        .map(|l| {
+            let ids = l.split_once(": ").map_or("", |(_, ids)| ids);
+            ids.split(',').filter(|t| !t.is_empty()).map(|t| t.parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+/// `generate --cpu`: the decoding loop with tract on the CPU, no GPU needed — for each fixture
+/// and two prompts of different lengths (one as a prompt step, the other token by token after
+/// it), the greedy tokens of recomputing every prefix whole without a cache.
+#[test]
+fn generate_on_the_cpu_gives_the_tokens_of_recomputing_without_a_cache() {
+    let prompts = [vec![5i64, 77, 300], vec![11, 2, 480, 9, 160]];
+    for file in ["gpt2_cache_ts.onnx", "llama_cache_dynamo.onnx"] {
+        let model = common::model_path(file);
+        let ids: Vec<String> =
+            prompts.iter().map(|p| p.iter().map(i64::to_string).collect::<Vec<_>>().join(",")).collect();
+        let args =
+            ["generate", model.to_str().unwrap(), "--cpu", "--max-new-tokens", "5", "--prompt-ids", &ids[0]];
+        let out = fusec(&[&args[..], &["--prompt-ids", &ids[1]]].concat());
+        assert!(out.status.success(), "{file}: {}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains("tokens/s (2 sequences, greedy) on the CPU"), "{stdout}");
+        let tokens = printed_tokens(&stdout);
+        assert_eq!(tokens.len(), 2, "{stdout}");
+        for (prompt, tokens) in prompts.iter().zip(&tokens) {
+            assert_eq!(
+                tokens,
+                &common::decoders::reference_tokens(file, prompt, 5),
+                "{file} after {prompt:?}"
+            );
+        }
+    }
+}
+
+/// What `--cpu` and `--check` refuse, each named: a bundle (tract needs the ONNX file), a
+/// draw for `--check` (it compares greedy tokens), a half type for `--cpu`, both at once.
+#[test]
+fn generate_reference_flags_refuse_what_they_cannot_do() {
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let b = bundle.to_str().unwrap();
+    let out = fusec(&["compile", m, "-o", b, "--dim", "batch=1", "--dim", "seq=1", "--dim", "past=7"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = fusec(&["generate", b, "--prompt-ids", "1,2", "--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("needs its ONNX file") && text(&out.stderr).contains(b),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fusec(&["generate", m, "--prompt-ids", "1,2", "--check", "--sample", "top-k=3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--check compares greedy tokens"), "{}", text(&out.stderr));
+    let out = fusec(&["generate", m, "--prompt-ids", "1,2", "--cpu", "--precision", "fp16"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("leave out --precision fp16"), "{}", text(&out.stderr));
+    let out = fusec(&["generate", m, "--prompt-ids", "1,2", "--cpu", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+/// `generate --check` on a GPU: the GPU's greedy tokens against tract's, for an fp32 build
+/// (every token) and an fp16 one (at least the first); skipped without a GPU.
+#[test]
+fn generate_check_compares_the_gpus_tokens_with_the_cpus() {
+    if !fusec::runtime::driver_available() {
+        println!("skipped: no CUDA driver (generate --check runs the decoder on a GPU)");
+        return;
+    }
+    let model = common::model_path("gpt2_cache_ts.onnx");
+    for precision in ["fp32", "fp16"] {
+        let args =
+            ["generate", model.to_str().unwrap(), "--prompt-ids", "5,77,300", "--prompt-ids", "11,2,480,9"];
+        let out =
+            fusec(&[&args[..], &["--max-new-tokens", "12", "--check", "--precision", precision]].concat());
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{precision}: {stdout}{}", text(&out.stderr));
+        assert_eq!(stdout.matches("check sequence ").count(), 2, "{stdout}");
+        if precision == "fp32" {
+            assert_eq!(stdout.matches("all 12 tokens as on the CPU: pass").count(), 2, "{stdout}");
+        }
+    }
+}

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::decoders::{cache_dims, compiled, one_token_inputs, specs, step_matches_tract, DECODERS};
+use common::decoders::{
+    cache_dims, compiled, one_token_inputs, reference_tokens, specs, step_matches_tract, DECODERS,
+};
 
 use fusec::generate::{CacheLayout, GenerateOptions, Generator};
 use fusec::import::{run_tract, ImportOptions};
@@ -131,34 +133,6 @@ fn a_one_step_bundle_has_a_cache_layout() {
     .unwrap();
     let err = CacheLayout::of(&bert.header.inputs, &bert.header.outputs).unwrap_err();
     assert!(err.contains("attention_mask") || err.contains("input_ids"), "{err}");
-}
-
-/// The next token after each prefix of `tokens` as tract computes it with no cache: the
-/// whole sequence at once after one empty, masked cache slot.
-fn reference_tokens(file: &str, prompt: &[i64], count: usize) -> Vec<i64> {
-    let path = common::model_path(file);
-    let (heads, size) = cache_dims(file);
-    let mut tokens = prompt.to_vec();
-    let mut out = Vec::new();
-    for _ in 0..count {
-        let n = tokens.len();
-        let ints = |shape: &[usize], v: Vec<i64>| {
-            Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
-        };
-        let mut mask = vec![1i64; n + 1];
-        mask[0] = 0;
-        let inputs =
-            [ints(&[1, n], tokens.clone()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
-        let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
-        let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
-        let outputs = run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
-        let logits = outputs[0].to_f64_vec();
-        let last = &logits[(n - 1) * 512..n * 512];
-        let best = (0..512).fold(0, |b, i| if last[i] > last[b] { i } else { b });
-        out.push(best as i64);
-        tokens.push(best as i64);
-    }
-    out
 }
 
 /// The decoding loop itself, its steps run by tract on the CPU: prompts of different lengths

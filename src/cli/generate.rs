@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use fusec::generate::{GenerateOptions, Generator, Sampling, StepCompile};
+use fusec::generate::{GenerateOptions, Generation, Generator, Sampling, StepCompile};
+use fusec::ir::DType;
 use fusec::Bundle;
 
 /// Generate tokens with a decoder exported with its key/value cache (inputs `input_ids`,
@@ -17,7 +18,9 @@ use fusec::Bundle;
     fusec generate models/llama_cache_ts.onnx --prompt-ids 5,6 --prompt-ids 7,8,9 --sample top-k=20 --seed 3\n  \
     fusec generate models/gpt2_cache_ts.onnx --tokenizer models/tokenizer_words.json --prompt \"the cat sat\"\n  \
     fusec compile models/gpt2_cache_ts.onnx -o step.bundle --dim batch=1 --dim seq=1 --dim past=63 --dim total=past+seq\n  \
-    fusec generate step.bundle --prompt-ids 1,2,3")]
+    fusec generate step.bundle --prompt-ids 1,2,3\n  \
+    fusec generate models/gpt2_cache_ts.onnx --prompt-ids 1,2,3 --max-new-tokens 8 --check\n  \
+    fusec generate models/gpt2_cache_ts.onnx --prompt-ids 1,2,3 --max-new-tokens 8 --cpu")]
 pub struct Generate {
     /// The decoder: an ONNX model (compiled here for one decoding step), or a bundle compiled
     /// with `--dim seq=1` and `past` set to the cache's capacity.
@@ -65,6 +68,15 @@ pub struct Generate {
     /// compile of the model.
     #[arg(long)]
     token_by_token: bool,
+    /// Run the steps with tract on the CPU instead of a GPU (an ONNX model, in f32 as
+    /// exported): the same loop and tokens, slowly, on a machine without one.
+    #[arg(long, conflicts_with = "check")]
+    cpu: bool,
+    /// Generate on the GPU, then again with tract on the CPU (f32), and compare each
+    /// sequence's greedy tokens: all of them in an fp32 build, the first in fp16/bf16 (the
+    /// count that agree is printed).
+    #[arg(long)]
+    check: bool,
 }
 
 fn parse_sampling(text: &str) -> Result<Sampling, String> {
@@ -94,33 +106,43 @@ impl Generate {
                 prompts.push(ids);
             }
         }
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
-        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
-        let mut generator = if is_onnx {
-            let batch = self.batch.unwrap_or(prompts.len());
-            let capacity = self.capacity.unwrap_or(longest + self.max_new_tokens);
-            let precision = super::shapes::precision(&self.precision);
-            let prompt_step = (!self.token_by_token).then_some(shortest);
-            eprintln!(
-                "compiling {} for one step: batch {batch}, cache of {capacity} positions{}",
-                self.model.display(),
-                match prompt_step {
-                    Some(p) if p > 1 => format!(", and for a prompt step of {p} tokens"),
-                    _ => String::new(),
-                }
-            );
-            let how = StepCompile { batch, capacity, precision, no_fuse: false, prompt: prompt_step };
-            Generator::compile(&self.model, &how, self.device)?.0
-        } else {
-            Generator::new(&Bundle::load(&self.model)?, self.device)?
-        };
+        self.check_reference_flags(is_onnx)?;
         let options = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             sampling: self.sample,
             temperature: self.temperature,
             seed: self.seed,
             stop: self.stop,
+        };
+        if self.cpu {
+            let how = self.step_compile(&prompts, DType::F32);
+            eprintln!(
+                "compiling {} for one step (its inputs and outputs), the steps run by tract on the CPU: batch {}, cache of {} positions",
+                self.model.display(),
+                how.batch,
+                how.capacity
+            );
+            let mut generator = Generator::compile_on_cpu(&self.model, &how)?;
+            let generation = generator.generate(&prompts, &options, |_, _| {})?;
+            self.report(&generation, &prompts, codec.as_ref(), generator.prompt_length(), "on the CPU")?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut generator = if is_onnx {
+            let how = self.step_compile(&prompts, super::shapes::precision(&self.precision));
+            eprintln!(
+                "compiling {} for one step: batch {}, cache of {} positions{}",
+                self.model.display(),
+                how.batch,
+                how.capacity,
+                match how.prompt {
+                    Some(p) if p > 1 => format!(", and for a prompt step of {p} tokens"),
+                    _ => String::new(),
+                }
+            );
+            Generator::compile(&self.model, &how, self.device)?.0
+        } else {
+            Generator::new(&Bundle::load(&self.model)?, self.device)?
         };
         let generation = generator.generate(&prompts, &options, |_, _| {})?;
         if verbose {
@@ -137,29 +159,92 @@ impl Generate {
                 eprintln!("step {} after the first tokens, ms: {}", i + 1, each.join(", "));
             }
         }
+        self.report(&generation, &prompts, codec.as_ref(), generator.prompt_length(), "")?;
+        if let Some(gpu) = generation.gpu_phase_ms {
+            let steps = generation.step_ms.len().max(1) as f64;
+            let phases: Vec<String> = fusec::generate::PHASES
+                .iter()
+                .zip(gpu)
+                .map(|(name, ms)| format!("{name} {:.4}", ms / steps))
+                .collect();
+            println!("GPU ms per step after the first tokens: {}", phases.join(", "));
+        }
+        if self.check {
+            drop(generator);
+            return self.check_on_cpu(&prompts, &options, &generation.tokens);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// `--cpu` and `--check` run the ONNX file with tract: not a bundle, and `--check` compares
+    /// greedy tokens; `--cpu` runs the file's own f32.
+    fn check_reference_flags(&self, is_onnx: bool) -> anyhow::Result<()> {
+        let flag = if self.cpu { "--cpu" } else { "--check" };
+        if (self.cpu || self.check) && !is_onnx {
+            bail!(
+                "{flag} runs the decoder with tract on the CPU, which needs its ONNX file: give MODEL.onnx, not the bundle {}",
+                self.model.display()
+            );
+        }
+        if self.check && self.sample != Sampling::Greedy {
+            bail!("--check compares greedy tokens: leave out --sample {}", self.sample);
+        }
+        if self.cpu && self.precision != "fp32" {
+            bail!("--cpu runs the model as exported, in f32: leave out --precision {}", self.precision);
+        }
+        Ok(())
+    }
+
+    /// What an ONNX model is compiled for: the batch and the cache's capacity (the options', else
+    /// from the prompts) and the prompt step's length.
+    fn step_compile(&self, prompts: &[Vec<i64>], precision: DType) -> StepCompile {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        StepCompile {
+            batch: self.batch.unwrap_or(prompts.len()),
+            capacity: self.capacity.unwrap_or(longest + self.max_new_tokens),
+            precision,
+            no_fuse: false,
+            prompt: (!self.token_by_token).then_some(shortest),
+        }
+    }
+
+    /// Prints each sequence's tokens (and text), then the times: to the first token, a token
+    /// after it, tokens/s and each phase's share of a step. `where_` names where it ran.
+    fn report(
+        &self,
+        generation: &Generation,
+        prompts: &[Vec<i64>],
+        codec: Option<&fusec::generate::TextCodec>,
+        prompt_length: Option<usize>,
+        where_: &str,
+    ) -> anyhow::Result<()> {
         for (b, tokens) in generation.tokens.iter().enumerate() {
             let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
             println!("sequence {b}: {}", ids.join(","));
-            if let Some(codec) = &codec {
+            if let Some(codec) = codec {
                 println!("sequence {b} text: {:?} + {:?}", codec.decode(&prompts[b])?, codec.decode(tokens)?);
             }
         }
         if generation.tokens.iter().all(Vec::is_empty) && self.max_new_tokens > 0 {
             bail!("no tokens were generated");
         }
-        let prompt_steps = match generator.prompt_length() {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        let prompt_steps = match prompt_length {
             Some(p) if p > 1 && p <= shortest => {
                 format!("a prompt step of {p} tokens, then {} token steps", longest - p)
             }
             _ => format!("{longest} prompt steps"),
         };
         println!(
-            "time to first token {:.2} ms ({prompt_steps}), {:.3} ms per token after it, {:.0} tokens/s ({}, {})",
+            "time to first token {:.2} ms ({prompt_steps}), {:.3} ms per token after it, {:.0} tokens/s ({}, {}){}",
             generation.first_token_ms,
             generation.ms_per_token(),
             generation.tokens_per_second(prompts.len()),
             sequences(prompts.len()),
-            self.sample
+            self.sample,
+            if where_.is_empty() { String::new() } else { format!(" {where_}") }
         );
         let steps = generation.step_ms.len().max(1) as f64;
         let phases: Vec<String> = fusec::generate::PHASES
@@ -168,16 +253,57 @@ impl Generate {
             .map(|(name, ms)| format!("{name} {:.3}", ms / steps))
             .collect();
         println!("ms per step after the first tokens: {}", phases.join(", "));
-        if let Some(gpu) = generation.gpu_phase_ms {
-            let phases: Vec<String> = fusec::generate::PHASES
-                .iter()
-                .zip(gpu)
-                .map(|(name, ms)| format!("{name} {:.4}", ms / steps))
-                .collect();
-            println!("GPU ms per step after the first tokens: {}", phases.join(", "));
+        Ok(())
+    }
+
+    /// `--check`: the same generation with tract on the CPU (f32), each sequence's tokens
+    /// against the GPU's. In an fp32 build every token must agree; in fp16/bf16 the first
+    /// must, and how many agree is printed (two logits within a rounding of each other can
+    /// part the sequences at a later token without a fault).
+    fn check_on_cpu(
+        &self,
+        prompts: &[Vec<i64>],
+        options: &GenerateOptions,
+        gpu: &[Vec<i64>],
+    ) -> anyhow::Result<ExitCode> {
+        let how = self.step_compile(prompts, DType::F32);
+        eprintln!("checking: the same generation with tract on the CPU (f32)");
+        let mut generator = Generator::compile_on_cpu(&self.model, &how)?;
+        let cpu = generator.generate(prompts, options, |_, _| {})?.tokens;
+        let exact = self.precision == "fp32";
+        let mut failed = 0;
+        for (b, (ours, theirs)) in gpu.iter().zip(&cpu).enumerate() {
+            let agree = ours.iter().zip(theirs).take_while(|(a, b)| a == b).count();
+            let pass =
+                if exact { ours == theirs } else { agree > 0 || (ours.is_empty() && theirs.is_empty()) };
+            let detail = if ours == theirs {
+                format!("all {} tokens as on the CPU", ours.len())
+            } else {
+                format!(
+                    "{agree} of {} tokens as on the CPU, then {} where the CPU chose {}",
+                    ours.len().max(theirs.len()),
+                    token_at(ours, agree),
+                    token_at(theirs, agree)
+                )
+            };
+            println!("check sequence {b}: {detail}: {}", if pass { "pass" } else { "FAIL" });
+            failed += usize::from(!pass);
+        }
+        if failed > 0 {
+            let why = if exact {
+                "an fp32 build chooses every greedy token as tract does"
+            } else {
+                "a half-type build chooses at least the first token as tract does"
+            };
+            bail!("{failed} sequence(s) differ from the CPU reference ({why})");
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Token `i` of `tokens` as text: its id, or "the end" past the last.
+fn token_at(tokens: &[i64], i: usize) -> String {
+    tokens.get(i).map_or_else(|| "the end".to_string(), i64::to_string)
 }
 
 /// `n` sequences, in words ("1 sequence", "8 sequences").

@@ -70,6 +70,30 @@ fn read_inputs(specs: &[String]) -> anyhow::Result<Vec<(String, Tensor)>> {
         .collect()
 }
 
+/// `inputs` with each floating-point tensor converted to the floating-point type `declared` names
+/// for its input, where it is another (an f32 `.npy` for a bundle whose cache input is f16, an f16
+/// one for an ONNX file that declares f32), with a note naming the input; anything else is left
+/// for the session to refuse with the types in its message.
+fn float_types_as<'a>(
+    inputs: &[(String, Tensor)],
+    taker: &str,
+    declared: impl Fn(&str) -> Option<&'a str>,
+) -> Vec<(String, Tensor)> {
+    inputs
+        .iter()
+        .map(|(name, t)| {
+            let wanted = declared(name).and_then(DType::from_name);
+            match wanted {
+                Some(d) if d != t.dtype() && d.is_float() && t.dtype().is_float() => {
+                    eprintln!("note: input '{name}' is {}, {taker} takes {d}: converted", t.dtype());
+                    (name.clone(), t.cast(d))
+                }
+                _ => (name.clone(), t.clone()),
+            }
+        })
+        .collect()
+}
+
 /// Compiles an ONNX model for the shapes of `inputs`.
 fn compile_for(model: &Path, inputs: &[(String, Tensor)]) -> anyhow::Result<Bundle> {
     let specs = inputs
@@ -147,7 +171,9 @@ impl Run {
         let options =
             fusec::runtime::SessionOptions { cuda_graph: !self.no_cuda_graph, ..Default::default() };
         let mut session = fusec::runtime::Session::with_options(&bundle, self.device, options)?;
-        let outputs = session.run(&inputs)?;
+        let declared =
+            |name: &str| bundle.header.inputs.iter().find(|s| s.name == name).map(|s| s.dtype.as_str());
+        let outputs = session.run(&float_types_as(&inputs, "the bundle", declared))?;
         if let Some(dir) = &self.output_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, t) in &outputs {
@@ -163,11 +189,18 @@ impl Run {
             return Ok(ExitCode::SUCCESS);
         }
         let onnx = PathBuf::from(&bundle.header.model);
+        // tract takes each input as the ONNX file declares it (a half-type bundle's cache inputs
+        // are f16 where the file's are f32).
+        let summary = fusec::import::summarize(&onnx)?;
+        let onnx_type = |name: &str| {
+            summary.inputs.iter().find(|i| i.name == name).and_then(|i| i.dtype).map(|d| d.name())
+        };
+        let as_declared = float_types_as(&inputs, &onnx.display().to_string(), onnx_type);
         let ordered: Vec<Tensor> = bundle
             .header
             .inputs
             .iter()
-            .map(|spec| inputs.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t.clone()))
+            .map(|spec| as_declared.iter().find(|(n, _)| *n == spec.name).map(|(_, t)| t.clone()))
             .collect::<Option<_>>()
             .context("an input is missing")?;
         let reference = run_tract(&onnx, &ordered).map_err(anyhow::Error::msg)?;
@@ -202,5 +235,35 @@ impl Run {
             bail!("{failed} output(s) differ from the CPU reference{hint}");
         }
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_inputs_take_the_declared_float_type_and_others_stay() {
+        let x = Tensor::F32(ndarray::ArrayD::from_shape_vec(vec![3], vec![0.1f32, -2.5, 7.0]).unwrap());
+        let ids = Tensor::I64(ndarray::ArrayD::from_shape_vec(vec![2], vec![4i64, 9]).unwrap());
+        let inputs =
+            vec![("past".to_string(), x.clone()), ("ids".to_string(), ids.clone()), ("y".into(), x.clone())];
+        // `past` is declared f16, `ids` f32 (not a float given: left for the session to refuse),
+        // `y` not declared at all.
+        let declared = |name: &str| match name {
+            "past" => Some("f16"),
+            "ids" => Some("f32"),
+            _ => None,
+        };
+        let out = float_types_as(&inputs, "the bundle", declared);
+        assert_eq!(out[0].1.dtype(), DType::F16);
+        assert_eq!(out[0].1.to_f64_vec(), x.cast(DType::F16).to_f64_vec());
+        assert!((out[0].1.to_f64_vec()[0] - 0.1).abs() < 1e-3, "{:?}", out[0].1.to_f64_vec());
+        assert_eq!(out[1].1.dtype(), DType::I64);
+        assert_eq!(out[2].1.dtype(), DType::F32);
+        // Back to f32 for a file that declares f32: the values of the f16 tensor, exactly.
+        let back = float_types_as(&out[..1], "model.onnx", |_| Some("f32"));
+        assert_eq!(back[0].1.dtype(), DType::F32);
+        assert_eq!(back[0].1.to_f64_vec(), out[0].1.to_f64_vec());
     }
 }

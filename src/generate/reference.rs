@@ -14,6 +14,8 @@ pub struct TractSteps {
     inputs: Vec<(String, Tensor)>,
     output_names: Vec<String>,
     outputs: Vec<Tensor>,
+    /// tract's plan, made at the first step (the inputs keep their types and shapes).
+    plan: Option<crate::import::TractPlan>,
 }
 
 fn io_type(spec: &IoSpec) -> Result<TensorType, GenerateError> {
@@ -30,7 +32,7 @@ impl TractSteps {
             .map(|spec| Ok((spec.name.clone(), Tensor::full(&io_type(spec)?, 0.0))))
             .collect::<Result<_, GenerateError>>()?;
         let output_names = outputs.iter().map(|o| o.name.clone()).collect();
-        Ok(TractSteps { path: path.to_path_buf(), inputs, output_names, outputs: Vec::new() })
+        Ok(TractSteps { path: path.to_path_buf(), inputs, output_names, outputs: Vec::new(), plan: None })
     }
 
     fn input(&mut self, name: &str) -> Result<&mut Tensor, GenerateError> {
@@ -64,7 +66,13 @@ impl Steps for TractSteps {
 
     fn execute(&mut self) -> Result<(), GenerateError> {
         let values: Vec<Tensor> = self.inputs.iter().map(|(_, t)| t.clone()).collect();
-        self.outputs = crate::import::run_tract(&self.path, &values).map_err(GenerateError::Input)?;
+        let plan = match self.plan.take() {
+            Some(plan) => plan,
+            None => crate::import::TractPlan::new(&self.path, &values).map_err(GenerateError::Input)?,
+        };
+        let outputs = plan.run(&values).map_err(GenerateError::Input);
+        self.plan = Some(plan);
+        self.outputs = outputs?;
         Ok(())
     }
 

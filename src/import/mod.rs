@@ -21,7 +21,7 @@ use tract_onnx::prelude::Framework;
 pub use error::ImportError;
 pub use ops::SHAPE_OPS;
 pub use options::{resolve_sums, DimSpec, ImportOptions, InputSpec};
-pub use reference::{fixed_output_dims, in_reference_run, run_tract};
+pub use reference::{fixed_output_dims, in_reference_run, run_tract, TractPlan};
 pub use tensor::from_tract as tensor_from_tract;
 
 use crate::ir::{self, DType, Graph, NodeId, Origin, TensorType};

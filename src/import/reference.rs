@@ -51,32 +51,55 @@ impl Drop for InReferenceRun {
 /// Runs the ONNX model at `path` with tract on `inputs` (in the model's input order) and
 /// returns its outputs in order.
 pub fn run_tract(path: &Path, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, String> {
-    let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
-    // Exporters annotate intermediate values with symbolic shapes; with concrete inputs tract
-    // must infer them instead of unifying with the annotations.
-    let onnx = tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true);
-    let mut model = onnx.model_for_path(path).map_err(context)?;
-    for (i, t) in inputs.iter().enumerate() {
-        let t = to_tract(t);
-        model.set_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape())).map_err(context)?;
+    TractPlan::new(path, inputs)?.run(inputs)
+}
+
+/// The ONNX model at a path, optimised by tract for inputs of one set of types and shapes:
+/// run again and again without importing it again (a decoding loop's steps on the CPU).
+pub struct TractPlan {
+    path: std::path::PathBuf,
+    plan: Arc<TypedRunnableModel>,
+}
+
+impl TractPlan {
+    /// The model at `path` for inputs of the types and shapes of `inputs` (in its input order).
+    pub fn new(path: &Path, inputs: &[IrTensor]) -> Result<Self, String> {
+        let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
+        // Exporters annotate intermediate values with symbolic shapes; with concrete inputs tract
+        // must infer them instead of unifying with the annotations.
+        let onnx = tract_onnx::onnx().with_ignore_value_info(true).with_ignore_output_shapes(true);
+        let mut model = onnx.model_for_path(path).map_err(context)?;
+        for (i, t) in inputs.iter().enumerate() {
+            let t = to_tract(t);
+            model.set_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape())).map_err(context)?;
+        }
+        let plan = model.into_optimized().map_err(context)?.into_runnable().map_err(context)?;
+        Ok(TractPlan { path: path.to_path_buf(), plan })
     }
-    let plan = model.into_optimized().map_err(context)?.into_runnable().map_err(context)?;
-    let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
-    // tract panics on some inputs (an index past a Gather's table, a negative one in GatherND):
-    // an error, not a crash. While it runs, `in_reference_run` says so, for a program's panic
-    // hook to leave the message to that error.
-    let outputs =
-        InReferenceRun::during(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(feeds))))
-            .map_err(|panic| {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("no message");
-                format!("tract on {} failed on these inputs: it panicked ({what})", path.display())
-            })?
-            .map_err(context)?;
-    outputs.iter().map(|t| from_tract(t)).collect()
+
+    /// Runs it on `inputs` (the types and shapes it was made for) and returns the outputs in order.
+    pub fn run(&self, inputs: &[IrTensor]) -> Result<Vec<IrTensor>, String> {
+        let path = &self.path;
+        let context = |e: TractError| format!("tract on {}: {e:#}", path.display());
+        let feeds: TVec<TValue> = inputs.iter().map(|t| to_tract(t).into_tvalue()).collect();
+        // tract panics on some inputs (an index past a Gather's table, a negative one in GatherND):
+        // an error, not a crash. While it runs, `in_reference_run` says so, for a program's panic
+        // hook to leave the message to that error.
+        let plan = &self.plan;
+        let outputs = InReferenceRun::during(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(feeds)))
+        })
+        .map_err(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            format!("tract on {} failed on these inputs: it panicked ({what})", path.display())
+        })?
+        .map_err(context)?;
+        outputs.iter().map(|t| from_tract(t)).collect()
+    }
 }
 
 /// Each output's dims that tract infers to be fixed for any value of the inputs' symbolic
