@@ -143,24 +143,36 @@ fn generate_on_the_cpu_gives_the_tokens_of_recomputing_without_a_cache() {
     }
 }
 
-/// What `--cpu` and `--check` refuse, each named: a bundle (tract needs the ONNX file), a
-/// draw for `--check` (it compares greedy tokens), a half type for `--cpu`, both at once.
+/// `generate --cpu` on a step bundle runs the ONNX file it was compiled from at the bundle's
+/// batch and cache: the tokens of recomputing every prefix whole. A bundle whose file is gone
+/// is an error naming both.
+#[test]
+fn generate_on_the_cpu_takes_a_bundles_own_onnx_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("decoder.onnx");
+    std::fs::copy(common::model_path("gpt2_cache_ts.onnx"), &model).unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let (m, b) = (model.to_str().unwrap(), bundle.to_str().unwrap());
+    let dims = ["--dim", "batch=1", "--dim", "seq=1", "--dim", "past=9", "--dim", "total=past+seq"];
+    let out = fusec(&[&["compile", m, "-o", b][..], &dims].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = fusec(&["generate", b, "--prompt-ids", "5,77,300", "--max-new-tokens", "6", "--cpu"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tokens = printed_tokens(&text(&out.stdout));
+    assert_eq!(tokens, vec![common::decoders::reference_tokens("gpt2_cache_ts.onnx", &[5, 77, 300], 6)]);
+    std::fs::remove_file(&model).unwrap();
+    let out = fusec(&["generate", b, "--prompt-ids", "5,77,300", "--cpu"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains(b) && err.contains(m) && err.contains("not there"), "{err}");
+}
+
+/// What `--cpu` and `--check` refuse, each named: a draw for `--check` (it compares greedy
+/// tokens), a half type for `--cpu`, both at once.
 #[test]
 fn generate_reference_flags_refuse_what_they_cannot_do() {
     let model = common::model_path("gpt2_cache_ts.onnx");
     let m = model.to_str().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let bundle = dir.path().join("step.bundle");
-    let b = bundle.to_str().unwrap();
-    let out = fusec(&["compile", m, "-o", b, "--dim", "batch=1", "--dim", "seq=1", "--dim", "past=7"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let out = fusec(&["generate", b, "--prompt-ids", "1,2", "--check"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("needs its ONNX file") && text(&out.stderr).contains(b),
-        "{}",
-        text(&out.stderr)
-    );
     let out = fusec(&["generate", m, "--prompt-ids", "1,2", "--check", "--sample", "top-k=3"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--check compares greedy tokens"), "{}", text(&out.stderr));
@@ -192,4 +204,16 @@ fn generate_check_compares_the_gpus_tokens_with_the_cpus() {
             assert_eq!(stdout.matches("all 12 tokens as on the CPU: pass").count(), 2, "{stdout}");
         }
     }
+    // A step bundle (fp16, the cache in place): checked against its own ONNX file.
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("step.bundle");
+    let (m, b) = (model.to_str().unwrap(), bundle.to_str().unwrap());
+    let dims = ["--dim", "batch=1", "--dim", "seq=1", "--dim", "past=15", "--dim", "total=past+seq"];
+    let out =
+        fusec(&[&["compile", m, "-o", b, "--precision", "fp16", "--cache-in-place"][..], &dims].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = fusec(&["generate", b, "--prompt-ids", "5,77,300", "--max-new-tokens", "12", "--check"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(stdout.matches("check sequence 0: ").count(), 1, "{stdout}");
 }

@@ -107,7 +107,9 @@ impl Generate {
             }
         }
         let is_onnx = self.model.extension().is_some_and(|e| e == "onnx");
-        self.check_reference_flags(is_onnx)?;
+        self.check_reference_flags()?;
+        // A bundle's steps: on the GPU as compiled; on the CPU, its own ONNX file's.
+        let bundle = if is_onnx { None } else { Some(Bundle::load(&self.model)?) };
         let options = GenerateOptions {
             max_new_tokens: self.max_new_tokens,
             sampling: self.sample,
@@ -116,19 +118,21 @@ impl Generate {
             stop: self.stop,
         };
         if self.cpu {
-            let how = self.step_compile(&prompts, DType::F32);
+            let (model, how) = self.reference(&prompts, bundle.as_ref())?;
             eprintln!(
                 "compiling {} for one step (its inputs and outputs), the steps run by tract on the CPU: batch {}, cache of {} positions",
-                self.model.display(),
+                model.display(),
                 how.batch,
                 how.capacity
             );
-            let mut generator = Generator::compile_on_cpu(&self.model, &how)?;
+            let mut generator = Generator::compile_on_cpu(&model, &how)?;
             let generation = generator.generate(&prompts, &options, |_, _| {})?;
             self.report(&generation, &prompts, codec.as_ref(), generator.prompt_length(), "on the CPU")?;
             return Ok(ExitCode::SUCCESS);
         }
-        let mut generator = if is_onnx {
+        let mut generator = if let Some(bundle) = &bundle {
+            Generator::new(bundle, self.device)?
+        } else {
             let how = self.step_compile(&prompts, super::shapes::precision(&self.precision));
             eprintln!(
                 "compiling {} for one step: batch {}, cache of {} positions{}",
@@ -141,8 +145,6 @@ impl Generate {
                 }
             );
             Generator::compile(&self.model, &how, self.device)?.0
-        } else {
-            Generator::new(&Bundle::load(&self.model)?, self.device)?
         };
         let generation = generator.generate(&prompts, &options, |_, _| {})?;
         if verbose {
@@ -171,21 +173,13 @@ impl Generate {
         }
         if self.check {
             drop(generator);
-            return self.check_on_cpu(&prompts, &options, &generation.tokens);
+            return self.check_on_cpu(&prompts, &options, bundle.as_ref(), &generation.tokens);
         }
         Ok(ExitCode::SUCCESS)
     }
 
-    /// `--cpu` and `--check` run the ONNX file with tract: not a bundle, and `--check` compares
-    /// greedy tokens; `--cpu` runs the file's own f32.
-    fn check_reference_flags(&self, is_onnx: bool) -> anyhow::Result<()> {
-        let flag = if self.cpu { "--cpu" } else { "--check" };
-        if (self.cpu || self.check) && !is_onnx {
-            bail!(
-                "{flag} runs the decoder with tract on the CPU, which needs its ONNX file: give MODEL.onnx, not the bundle {}",
-                self.model.display()
-            );
-        }
+    /// `--check` compares greedy tokens; `--cpu` runs the ONNX file's own f32.
+    fn check_reference_flags(&self) -> anyhow::Result<()> {
         if self.check && self.sample != Sampling::Greedy {
             bail!("--check compares greedy tokens: leave out --sample {}", self.sample);
         }
@@ -193,6 +187,37 @@ impl Generate {
             bail!("--cpu runs the model as exported, in f32: leave out --precision {}", self.precision);
         }
         Ok(())
+    }
+
+    /// The ONNX file tract runs and what its steps are compiled for: the model given, or a
+    /// bundle's own file (the one it was compiled from) at the bundle's batch and capacity,
+    /// without a prompt step (a bundle has none).
+    fn reference(
+        &self,
+        prompts: &[Vec<i64>],
+        bundle: Option<&Bundle>,
+    ) -> anyhow::Result<(PathBuf, StepCompile)> {
+        let Some(bundle) = bundle else {
+            return Ok((self.model.clone(), self.step_compile(prompts, DType::F32)));
+        };
+        let layout = fusec::generate::CacheLayout::of(&bundle.header.inputs, &bundle.header.outputs)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.model.display()))?;
+        let model = PathBuf::from(&bundle.header.model);
+        if !model.is_file() {
+            bail!(
+                "{} was compiled from {}, which is not there: tract runs that ONNX file on the CPU",
+                self.model.display(),
+                model.display()
+            );
+        }
+        let how = StepCompile {
+            batch: layout.batch,
+            capacity: layout.capacity,
+            precision: DType::F32,
+            no_fuse: false,
+            prompt: None,
+        };
+        Ok((model, how))
     }
 
     /// What an ONNX model is compiled for: the batch and the cache's capacity (the options', else
@@ -264,13 +289,17 @@ impl Generate {
         &self,
         prompts: &[Vec<i64>],
         options: &GenerateOptions,
+        bundle: Option<&Bundle>,
         gpu: &[Vec<i64>],
     ) -> anyhow::Result<ExitCode> {
-        let how = self.step_compile(prompts, DType::F32);
-        eprintln!("checking: the same generation with tract on the CPU (f32)");
-        let mut generator = Generator::compile_on_cpu(&self.model, &how)?;
+        let (model, how) = self.reference(prompts, bundle)?;
+        eprintln!("checking: the same generation with tract on the CPU (f32, {})", model.display());
+        let mut generator = Generator::compile_on_cpu(&model, &how)?;
         let cpu = generator.generate(prompts, options, |_, _| {})?.tokens;
-        let exact = self.precision == "fp32";
+        let exact = match bundle {
+            Some(bundle) => bundle.header.precision == DType::F32,
+            None => self.precision == "fp32",
+        };
         let mut failed = 0;
         for (b, (ours, theirs)) in gpu.iter().zip(&cpu).enumerate() {
             let agree = ours.iter().zip(theirs).take_while(|(a, b)| a == b).count();
