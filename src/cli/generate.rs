@@ -68,8 +68,9 @@ pub struct Generate {
     /// compile of the model.
     #[arg(long)]
     token_by_token: bool,
-    /// Run the steps with tract on the CPU instead of a GPU (an ONNX model, in f32 as
-    /// exported): the same loop and tokens, slowly, on a machine without one.
+    /// Run the steps with tract on the CPU instead of a GPU (the ONNX model, or the one a
+    /// bundle was compiled from, in f32 as exported): the same loop and tokens, slowly, on a
+    /// machine without one.
     #[arg(long, conflicts_with = "check")]
     cpu: bool,
     /// Generate on the GPU, then again with tract on the CPU (f32), and compare each
