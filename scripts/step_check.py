@@ -1,9 +1,9 @@
 # Writes a one-token step's inputs for a decoder with a cache into DIR: usage
 # step_check.py MODEL.onnx DIR B PAST. B sequences after PAST cached positions, each sequence at
 # a length of its own, ids below 30,000, the caches f32 as the model declares them, of values fp16
-# holds exactly (fusec run converts them to the f16 a --cache-in-place fp16 bundle takes). Prints two lines: the --input shapes for fusec compile (as the model declares its
-# types) and the --input NAME=FILE pairs for fusec run --check (part `stepcheck` of
-# scripts/gpu-call.sh).
+# holds exactly (fusec run converts them to the f16 a --cache-in-place fp16 bundle takes). Prints
+# two lines: the --input shapes for fusec compile (as the model declares its types) and the
+# --input NAME=FILE pairs for fusec run --check (part `stepcheck` of scripts/gpu-call.sh).
 import os, sys
 import numpy as np
 import onnx

@@ -10,7 +10,7 @@ use common::decoders::{
 
 use fusec::generate::{CacheLayout, GenerateOptions, Generator};
 use fusec::import::{run_tract, ImportOptions};
-use fusec::ir::{DType, Tensor, TensorType};
+use fusec::ir::{DType, Tensor};
 use fusec::{Bundle, CompileOptions};
 use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
@@ -532,18 +532,7 @@ fn drift_over_2000_tokens(precision: DType, tolerance: f64) {
     assert_eq!(generation.steps, n);
     let ours = fusec::generate::Steps::read_output(generator.steps_mut(), "logits").unwrap();
 
-    let (heads, size) = cache_dims(file);
-    let ints = |shape: &[usize], v: Vec<i64>| {
-        Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
-    };
-    let mut mask = vec![1i64; n + 1];
-    mask[0] = 0;
-    let inputs =
-        [ints(&[1, n], prompt.clone()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
-    let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
-    let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
-    let outputs = run_tract(&common::model_path(file), &values).unwrap();
-    let all = outputs[0].to_f64_vec();
+    let all = common::decoders::whole_sequence_logits(file, &prompt);
     let last: Vec<f32> = all[(n - 1) * 512..n * 512].iter().map(|&v| v as f32).collect();
     let theirs = Tensor::from_f64(
         ArrayD::from_shape_vec(IxDyn(&[1, 1, 512]), last.iter().map(|&v| f64::from(v)).collect()).unwrap(),

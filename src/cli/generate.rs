@@ -119,16 +119,8 @@ impl Generate {
             stop: self.stop,
         };
         if self.cpu {
-            let (model, how) = self.reference(&prompts, bundle.as_ref())?;
-            eprintln!(
-                "compiling {} for one step (its inputs and outputs), the steps run by tract on the CPU: batch {}, cache of {} positions",
-                model.display(),
-                how.batch,
-                how.capacity
-            );
-            let mut generator = Generator::compile_on_cpu(&model, &how)?;
-            let generation = generator.generate(&prompts, &options, |_, _| {})?;
-            self.report(&generation, &prompts, codec.as_ref(), generator.prompt_length(), "on the CPU")?;
+            let (generation, prompt_length) = self.generate_on_cpu(&prompts, &options, bundle.as_ref())?;
+            self.report(&generation, &prompts, codec.as_ref(), prompt_length, "on the CPU")?;
             return Ok(ExitCode::SUCCESS);
         }
         let mut generator = if let Some(bundle) = &bundle {
@@ -221,6 +213,26 @@ impl Generate {
         Ok((model, how))
     }
 
+    /// The generation with tract on the CPU ([`Self::reference`]'s file and steps), and its
+    /// prompt step's length.
+    fn generate_on_cpu(
+        &self,
+        prompts: &[Vec<i64>],
+        options: &GenerateOptions,
+        bundle: Option<&Bundle>,
+    ) -> anyhow::Result<(Generation, Option<usize>)> {
+        let (model, how) = self.reference(prompts, bundle)?;
+        eprintln!(
+            "compiling {} for one step (its inputs and outputs), the steps run by tract on the CPU (f32): batch {}, cache of {} positions",
+            model.display(),
+            how.batch,
+            how.capacity
+        );
+        let mut generator = Generator::compile_on_cpu(&model, &how)?;
+        let generation = generator.generate(prompts, options, |_, _| {})?;
+        Ok((generation, generator.prompt_length()))
+    }
+
     /// What an ONNX model is compiled for: the batch and the cache's capacity (the options', else
     /// from the prompts) and the prompt step's length.
     fn step_compile(&self, prompts: &[Vec<i64>], precision: DType) -> StepCompile {
@@ -293,10 +305,7 @@ impl Generate {
         bundle: Option<&Bundle>,
         gpu: &[Vec<i64>],
     ) -> anyhow::Result<ExitCode> {
-        let (model, how) = self.reference(prompts, bundle)?;
-        eprintln!("checking: the same generation with tract on the CPU (f32, {})", model.display());
-        let mut generator = Generator::compile_on_cpu(&model, &how)?;
-        let cpu = generator.generate(prompts, options, |_, _| {})?.tokens;
+        let cpu = self.generate_on_cpu(prompts, options, bundle)?.0.tokens;
         let exact = match bundle {
             Some(bundle) => bundle.header.precision == DType::F32,
             None => self.precision == "fp32",

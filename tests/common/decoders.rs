@@ -131,26 +131,33 @@ pub fn session_matches_tract(
     }
 }
 
-/// The next token after each prefix of `tokens` as tract computes it with no cache: the
-/// whole sequence at once after one empty, masked cache slot.
-pub fn reference_tokens(file: &str, prompt: &[i64], count: usize) -> Vec<i64> {
-    let path = super::model_path(file);
+/// The logits tract gives for `tokens` (one sequence) recomputed whole with no cache: the
+/// sequence at once after one empty, masked cache slot; `[tokens.len() × 512]`, flat.
+pub fn whole_sequence_logits(file: &str, tokens: &[i64]) -> Vec<f64> {
     let (heads, size) = cache_dims(file);
+    let n = tokens.len();
+    let ints = |shape: &[usize], v: Vec<i64>| {
+        Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
+    };
+    let mut mask = vec![1i64; n + 1];
+    mask[0] = 0;
+    let inputs =
+        [ints(&[1, n], tokens.to_vec()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
+    let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
+    let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
+    let outputs =
+        fusec::import::run_tract(&super::model_path(file), &values).unwrap_or_else(|e| panic!("{e}"));
+    outputs[0].to_f64_vec()
+}
+
+/// The next token after each prefix of `tokens` as tract computes it with no cache
+/// ([`whole_sequence_logits`]).
+pub fn reference_tokens(file: &str, prompt: &[i64], count: usize) -> Vec<i64> {
     let mut tokens = prompt.to_vec();
     let mut out = Vec::new();
     for _ in 0..count {
         let n = tokens.len();
-        let ints = |shape: &[usize], v: Vec<i64>| {
-            Tensor::from_i64(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(), DType::I64)
-        };
-        let mut mask = vec![1i64; n + 1];
-        mask[0] = 0;
-        let inputs =
-            [ints(&[1, n], tokens.clone()), ints(&[1, n + 1], mask), ints(&[1, n], (0..n as i64).collect())];
-        let cache = (0..4).map(|_| Tensor::full(&TensorType::new(DType::F32, vec![1, heads, 1, size]), 0.0));
-        let values: Vec<Tensor> = inputs.into_iter().chain(cache).collect();
-        let outputs = fusec::import::run_tract(&path, &values).unwrap_or_else(|e| panic!("{e}"));
-        let logits = outputs[0].to_f64_vec();
+        let logits = whole_sequence_logits(file, &tokens);
         let last = &logits[(n - 1) * 512..n * 512];
         let best = (0..512).fold(0, |b, i| if last[i] > last[b] { i } else { b });
         out.push(best as i64);
