@@ -71,7 +71,8 @@
 #   cnncheck  each model of cnnsuite against tract at batch 1 (fusec run --check, x_1.npy) in
 #             $PRECISION (default fp32; the tolerance follows it)
 #   gputests  every staged test binary but test-gpu (FUSEC_STAGE_TESTS in scripts/gpu-stage.sh):
-#             their GPU halves (tests/generate.rs, tests/attention_tiles.rs, ...)
+#             their GPU halves (tests/generate.rs, tests/attention_tiles.rs, ...); the CLI tests
+#             run the staged release fusec (FUSEC_TEST_BIN)
 #   python    the staged wheel (FUSEC_STAGE_WHEEL=1) installed, then python/tests run from
 #             outside the checkout (so that `import fusec` is the wheel, not python/fusec/)
 #   decode    GPT-2 small with its cache (models/export_cache.py --size small): fusec generate,
@@ -106,6 +107,11 @@
 #             alternated twice, each from a cold cache (FUSEC_CACHE_DIR, so the load's choice
 #             between cuBLAS and fusec's kernel for the vocabulary is made again), then `bench
 #             --profile` of the step both ways: which one the projection runs on, and its µs
+#   gencheck  fusec generate --check: each decoder fixture of models/ in fp32, fp16 and bf16
+#             (two prompts, $FIX_TOKENS new tokens, default 24), then each decoder of $DECODERS
+#             (default "gpt2 llama", export_cache.py --size small) in each precision of
+#             $PRECISIONS (default "fp32 fp16 bf16"): two prompts of 128 and 97 tokens and
+#             $NEW_TOKENS new ones (default 64); each run's check lines and its exit status
 #   stepcheck one decoding step of each decoder of $DECODERS (default "gpt2 llama",
 #             export_cache.py --size small) at $BATCH sequences (default 32) after $PAST cached
 #             positions (default 256), each sequence at a length of its own
@@ -154,7 +160,7 @@ for part in "$@"; do
       for t in .gpu/test-*; do
         [ "$t" = .gpu/test-gpu ] && continue
         echo "--- $t"
-        FUSEC_MODELS_DIR="$PWD/models" timeout 300 "$t" --nocapture 2>&1 | grep -E "^test |test result|panicked|rel-L2"
+        FUSEC_MODELS_DIR="$PWD/models" FUSEC_TEST_BIN="$PWD/.gpu/fusec" timeout 300 "$t" --nocapture 2>&1 | grep -E "^test |test result|panicked|rel-L2"
       done ;;
     python)
       python3 -m pip install --no-deps --no-index -q .gpu/whl/*.whl
@@ -184,6 +190,26 @@ for part in "$@"; do
               echo "round $round $m b$b $setting: $(grep -E 'time to first' /tmp/decodeab.txt | sed 's/.*token steps), //') tokens $(grep '^sequence' /tmp/decodeab.txt | md5sum | cut -c1-8) $(grep -i error /tmp/decodeab.txt | head -1)"
             done
           done
+        done
+      done ;;
+    gencheck)
+      for m in gpt2_cache_ts llama_cache_ts gpt2_cache_dynamo llama_cache_dynamo; do
+        for p in fp32 fp16 bf16; do
+          echo "--- $m $p"
+          timeout 120 .gpu/fusec generate "models/$m.onnx" --prompt-ids 5,77,300 --prompt-ids 11,2,480,9 \
+            --max-new-tokens "${FIX_TOKENS:-24}" --precision "$p" --check 2>&1 | grep -E "check|error|Error"
+          echo "exit ${PIPESTATUS[0]}"
+        done
+      done
+      for d in ${DECODERS:-gpt2 llama}; do
+        export_cache "$d"
+        long=$(prompt_ids "$d"); short=$(echo "$long" | cut -d, -f1-97)
+        for p in ${PRECISIONS:-fp32 fp16 bf16}; do
+          echo "--- $d small $p"
+          start=$(date +%s)
+          timeout 240 .gpu/fusec generate ".bench-work/${d}_small_cache.onnx" --prompt-ids "$long" --prompt-ids "$short" \
+            --max-new-tokens "${NEW_TOKENS:-64}" --precision "$p" --check 2>&1 | grep -E "check|error|Error|ms per token"
+          echo "exit ${PIPESTATUS[0]} ($(( $(date +%s) - start )) s)"
         done
       done ;;
     stepcheck)

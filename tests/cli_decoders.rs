@@ -183,8 +183,9 @@ fn generate_reference_flags_refuse_what_they_cannot_do() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
-/// `generate --check` on a GPU: the GPU's greedy tokens against tract's, for an fp32 build
-/// (every token) and an fp16 one (at least the first); skipped without a GPU.
+/// `generate --check` on a GPU: the GPU's greedy tokens scored by tract's logits at the same
+/// prefix, for an fp32 build (every token tract's best) and an fp16 one (each within a near
+/// tie of it); skipped without a GPU.
 #[test]
 fn generate_check_compares_the_gpus_tokens_with_the_cpus() {
     if !fusec::runtime::driver_available() {

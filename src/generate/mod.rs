@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod forced;
 mod on_gpu;
 pub mod positions;
 pub mod prompt;
@@ -26,6 +27,7 @@ use crate::ir::{DType, Element, Tensor};
 use crate::runtime::{CacheCopy, RowCopy, RowDraw, RuntimeError, SampledRows, Session};
 pub use cache::CacheLayout;
 pub use compile::StepCompile;
+pub use forced::Scored;
 pub use sampling::{Sampler, Sampling};
 pub use text::TextCodec;
 pub use timing::PHASES;
