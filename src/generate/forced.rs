@@ -5,7 +5,8 @@
 //! logits at the same prefix, so that a near tie which parts two free-running generations at
 //! one token does not hide whether the tokens after it are right (`fusec generate --check`).
 
-use super::{cache, GenerateError, Generator, Steps};
+use super::sampling::greedy;
+use super::{cache, step_mask, GenerateError, Generator, Steps};
 
 /// What a step's logits made of the token given after it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,13 +25,10 @@ pub struct Scored {
 impl Scored {
     /// The scores of `token` in `row` (one step's logits of one sequence).
     pub fn of(row: &[f32], token: i64) -> Scored {
-        let (best, best_logit) =
-            row.iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |(i, m), (j, &v)| if v > m { (j, v) } else { (i, m) });
+        let best = greedy(row);
         let squares: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
         let rms = (squares / row.len().max(1) as f64).sqrt() as f32;
-        Scored { token, logit: row[token as usize], best: (best as i64, best_logit), rms }
+        Scored { token, logit: row[token as usize], best: (best as i64, row[best]), rms }
     }
 
     /// How far the token's logit lies below the row's best, in units of the row's root mean
@@ -59,12 +57,7 @@ impl<S: Steps> Generator<S> {
         continuations: &[Vec<i64>],
     ) -> Result<Vec<Vec<Scored>>, GenerateError> {
         let (batch, capacity, vocab) = (self.layout.batch, self.layout.capacity, self.layout.vocab);
-        if prompts.is_empty() || prompts.len() > batch || prompts.iter().any(Vec::is_empty) {
-            return Err(GenerateError::Input(format!(
-                "{} prompts given: give 1 to {batch} (the batch the bundle was compiled for), none empty",
-                prompts.len()
-            )));
-        }
+        self.check_prompts(prompts)?;
         if continuations.len() != prompts.len() {
             return Err(GenerateError::Input(format!(
                 "{} prompts and {} continuations: give one continuation a prompt",
@@ -72,11 +65,9 @@ impl<S: Steps> Generator<S> {
                 continuations.len()
             )));
         }
+        self.check_vocabulary(continuations)?;
         let sequences: Vec<Vec<i64>> =
             prompts.iter().zip(continuations).map(|(p, c)| [&p[..], c].concat()).collect();
-        if let Some(t) = sequences.iter().flatten().find(|&&t| t < 0 || t as usize >= vocab) {
-            return Err(GenerateError::Input(format!("token {t} is outside the vocabulary of {vocab}")));
-        }
         let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
         // A step a token but the last, as generating them took.
         if longest - 1 > capacity + 1 {
@@ -101,10 +92,7 @@ impl<S: Steps> Generator<S> {
                 .collect();
             self.write(cache::TOKENS, &[batch, 1], tokens)?;
             self.write(cache::POSITIONS, &[batch, 1], vec![t as f64; batch])?;
-            let mask: Vec<f64> = (0..batch)
-                .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
-                .collect();
-            self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+            self.write(cache::MASK, &[batch, capacity + 1], step_mask(batch, capacity, t))?;
             self.steps.execute()?;
             self.steps.read_output_f32(&self.layout.logits, &mut logits)?;
             for (b, s) in sequences.iter().enumerate() {

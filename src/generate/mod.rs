@@ -328,15 +328,7 @@ impl<S: Steps> Generator<S> {
     ) -> Result<Generation, GenerateError> {
         let started = Instant::now();
         let (batch, capacity, vocab) = (self.layout.batch, self.layout.capacity, self.layout.vocab);
-        if prompts.is_empty() || prompts.len() > batch || prompts.iter().any(Vec::is_empty) {
-            return Err(GenerateError::Input(format!(
-                "{} prompts given: give 1 to {batch} (the batch the bundle was compiled for), none empty",
-                prompts.len()
-            )));
-        }
-        if let Some(t) = prompts.iter().flatten().find(|&&t| t < 0 || t as usize >= vocab) {
-            return Err(GenerateError::Input(format!("token {t} is outside the vocabulary of {vocab}")));
-        }
+        self.check_prompts(prompts)?;
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let steps = longest + options.max_new_tokens.max(1) - 1;
         if steps > capacity + 1 {
@@ -398,10 +390,7 @@ impl<S: Steps> Generator<S> {
             // column): written whole at the first step, then one column a step, where the
             // steps can set one on the device.
             if !preset && (t == start || !self.steps.set_input_column(cache::MASK, t - 1, 1.0)?) {
-                let mask: Vec<f64> = (0..batch)
-                    .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
-                    .collect();
-                self.write(cache::MASK, &[batch, capacity + 1], mask)?;
+                self.write(cache::MASK, &[batch, capacity + 1], step_mask(batch, capacity, t))?;
             }
             clock.lap(0, &mut self.steps)?;
             // Not waited for: what reads its results next waits (or, feeding ids back, only
@@ -531,6 +520,36 @@ impl<S: Steps> Generator<S> {
     fn write(&mut self, name: &str, shape: &[usize], values: Vec<f64>) -> Result<(), GenerateError> {
         write_input(&mut self.steps, name, shape, values)
     }
+
+    /// Refuses prompts the step cannot take: none, more than its batch, an empty one, or a
+    /// token outside the vocabulary.
+    fn check_prompts(&self, prompts: &[Vec<i64>]) -> Result<(), GenerateError> {
+        let batch = self.layout.batch;
+        if prompts.is_empty() || prompts.len() > batch || prompts.iter().any(Vec::is_empty) {
+            return Err(GenerateError::Input(format!(
+                "{} prompts given: give 1 to {batch} (the batch the bundle was compiled for), none empty",
+                prompts.len()
+            )));
+        }
+        self.check_vocabulary(prompts)
+    }
+
+    /// Refuses a token outside the vocabulary.
+    fn check_vocabulary(&self, tokens: &[Vec<i64>]) -> Result<(), GenerateError> {
+        let vocab = self.layout.vocab;
+        match tokens.iter().flatten().find(|&&t| t < 0 || t as usize >= vocab) {
+            Some(t) => Err(GenerateError::Input(format!("token {t} is outside the vocabulary of {vocab}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A one-token step's mask at step `t` for `batch` rows over a cache of `capacity` positions:
+/// the positions cached (before `t`) and the step's own (the last column).
+fn step_mask(batch: usize, capacity: usize, t: usize) -> Vec<f64> {
+    (0..batch)
+        .flat_map(|_| (0..=capacity).map(move |j| f64::from(u8::from(j < t || j == capacity))))
+        .collect()
 }
 
 /// One draw each for the rows that take a token (`picks`), in order, where the sampler draws;

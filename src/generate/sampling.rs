@@ -144,7 +144,7 @@ impl Sampler {
 
 /// The largest value's index (the first of equals; NaNs never win; 0 where none is above
 /// -inf).
-fn greedy(logits: &[f32]) -> usize {
+pub(super) fn greedy(logits: &[f32]) -> usize {
     let (mut best, mut top) = (0, f32::NEG_INFINITY);
     for (i, &v) in logits.iter().enumerate() {
         if v > top {
